@@ -1,0 +1,1 @@
+"""durable-agents: durable AI-agent runs on Kubernetes."""
