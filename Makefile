@@ -1,0 +1,80 @@
+# durable-agents: every target installs what it needs (venv from PyPI, control plane from Go modules).
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
+PYTEST_ARGS ?=
+KIND_CLUSTER ?= durable-agents
+
+.PHONY: help
+help: ## list targets
+	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	@test -n "$(PYTHON)" || { echo "Python 3.11+ is required" >&2; exit 1; }
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required")'
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	rm -f $(VENV)/.installed-* && touch $@
+
+.PHONY: venv
+venv: $(STAMP) ## create .venv with the pinned dependencies
+
+.PHONY: binaries
+binaries: ## build etcd, kube-apiserver, kube-controller-manager, kubectl (cached by version)
+	bash hack/build.sh
+
+.PHONY: hack-gomod
+hack-gomod: ## regenerate hack/*/go.mod after changing hack/versions.env
+	bash hack/gen-gomod.sh
+
+.PHONY: crds
+crds: $(STAMP) ## generate crds/*.yaml from the pydantic API types
+	$(PY) -m durable_agents.api.crdgen crds
+
+.PHONY: lint
+lint: $(STAMP) ## ruff and mypy
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+.PHONY: test-unit
+test-unit: $(STAMP) ## pure-core tests, no cluster
+	$(VENV)/bin/pytest -m unit $(PYTEST_ARGS)
+
+.PHONY: test
+test: $(STAMP) lint binaries ## lint, then every test (unit, integration, e2e) on the local control plane
+	DURABLE_AGENTS_BIN_DIR=$$(bash hack/build.sh | tail -n1) $(VENV)/bin/pytest $(PYTEST_ARGS)
+
+.PHONY: cluster-up
+cluster-up: $(STAMP) binaries ## start the local control plane in the background; prints the kubeconfig path
+	@DURABLE_AGENTS_BIN_DIR=$$(bash hack/build.sh | tail -n1) $(VENV)/bin/durable-agents-cluster up
+
+.PHONY: cluster-down
+cluster-down: $(STAMP) ## stop the local control plane started by cluster-up
+	@$(VENV)/bin/durable-agents-cluster down
+
+.PHONY: demo
+demo: $(STAMP) ## run the main job on the embedded local control plane (see README)
+	@echo "make demo arrives with the operator runtime (issue 3); until then try: make cluster-up" >&2
+	@exit 2
+
+.PHONY: kind-up
+kind-up: ## laptops with Docker: a kind cluster for the same suites
+	kind create cluster --name $(KIND_CLUSTER) --config e2e/kind-config.yaml --kubeconfig .kind-kubeconfig
+
+.PHONY: test-kind
+test-kind: $(STAMP) ## run integration and e2e suites against the kind cluster
+	DURABLE_AGENTS_TEST_KUBECONFIG=$(CURDIR)/.kind-kubeconfig $(VENV)/bin/pytest -m 'integration or e2e' $(PYTEST_ARGS)
+
+.PHONY: kind-down
+kind-down:
+	kind delete cluster --name $(KIND_CLUSTER)
+
+.PHONY: clean
+clean: ## remove the venv and caches (the control-plane binaries stay cached by version)
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -1,0 +1,58 @@
+"""Shared pytest fixtures: the real API server every integration and e2e test talks to.
+
+By default a local control plane (etcd + kube-apiserver built from Go modules, see hack/) is
+started once per session. Set DURABLE_AGENTS_TEST_KUBECONFIG to run the same suite against any
+existing cluster instead (for example kind on a laptop with Docker).
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+
+from durable_agents.testing.kube import KubeEnv, install_crds
+
+REPO = Path(__file__).resolve().parent
+_MARK_BY_DIR = {"unit": "unit", "integration": "integration"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # Markers follow the folder, so a test cannot end up in the wrong tier by a forgotten mark.
+    for item in items:
+        parts = Path(str(item.fspath)).relative_to(REPO).parts
+        if parts[0] == "e2e":
+            item.add_marker(pytest.mark.e2e)
+        elif parts[0] == "tests" and len(parts) > 1 and parts[1] in _MARK_BY_DIR:
+            item.add_marker(getattr(pytest.mark, _MARK_BY_DIR[parts[1]]))
+
+
+@pytest.fixture(scope="session")
+def kube() -> Iterator[KubeEnv]:
+    """A real API server with the CRDs installed."""
+    external = os.environ.get("DURABLE_AGENTS_TEST_KUBECONFIG")
+    if external:
+        env = KubeEnv.external(Path(external))
+        install_crds(env.api, REPO / "crds")
+        yield env
+        return
+    from durable_agents.localcluster.controlplane import LocalControlPlane
+
+    with LocalControlPlane() as plane:
+        env = KubeEnv.local(plane)
+        install_crds(env.api, REPO / "crds")
+        yield env
+
+
+@pytest.fixture
+def namespace(kube: KubeEnv) -> Iterator[str]:
+    """A fresh namespace per test, deleted afterwards."""
+    name = f"t-{uuid.uuid4().hex[:10]}"
+    core = client.CoreV1Api(kube.api)
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    yield name
+    core.delete_namespace(name, propagation_policy="Background")

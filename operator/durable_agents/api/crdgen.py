@@ -1,0 +1,226 @@
+"""Generates the CustomResourceDefinitions under ``crds/`` from the pydantic API types.
+
+pydantic emits JSON Schema; Kubernetes wants a *structural* OpenAPI v3 schema: no ``$ref``, no
+``anyOf`` for optional fields, no ``additionalProperties: true`` (open objects use
+``x-kubernetes-preserve-unknown-fields``), no ``title``. This module does that translation and
+adds what only a CRD has: scope, names, printer columns, the status subresource.
+
+Run ``python -m durable_agents.api.crdgen crds/`` (``make crds``); a test fails on drift.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel
+
+from durable_agents.api import v1alpha1 as api
+
+JsonSchema = dict[str, Any]
+
+_DROP = {"title"}
+
+
+def _resolve(node: Any, defs: dict[str, JsonSchema]) -> Any:
+    if isinstance(node, list):
+        return [_resolve(n, defs) for n in node]
+    if not isinstance(node, dict):
+        return node
+    if "$ref" in node:
+        target = defs[node["$ref"].rsplit("/", 1)[-1]]
+        merged = {**_resolve(target, defs), **{k: v for k, v in node.items() if k != "$ref"}}
+        return _resolve(merged, defs)
+    return {k: _resolve(v, defs) for k, v in node.items() if k != "$defs"}
+
+
+def _structural(node: JsonSchema) -> JsonSchema:
+    """Rewrite one resolved JSON-Schema node into a structural OpenAPI node."""
+    node = {k: v for k, v in node.items() if k not in _DROP}
+    any_of = node.pop("anyOf", None)
+    if any_of is not None:
+        # Optional[X] is anyOf [X, null]: the field is simply optional (we never serialize None).
+        non_null = [s for s in any_of if s.get("type") != "null"]
+        if len(non_null) != 1:
+            raise ValueError(f"cannot express a union in a structural schema: {any_of}")
+        inner = _structural(non_null[0])
+        rules = inner.pop("x-kubernetes-validations", []) + node.pop("x-kubernetes-validations", [])
+        node = {**inner, **node}
+        if rules:
+            node["x-kubernetes-validations"] = rules
+        if node.get("default", 0) is None:
+            del node["default"]
+    if "const" in node:
+        node["enum"] = [node.pop("const")]
+    if node.get("x-kubernetes-preserve-unknown-fields"):
+        node["type"] = "object"
+        node.pop("additionalProperties", None)
+    if "properties" in node:
+        node["properties"] = {k: _structural(v) for k, v in node["properties"].items()}
+    if isinstance(node.get("additionalProperties"), dict):
+        node["additionalProperties"] = _structural(node["additionalProperties"])
+    elif node.get("additionalProperties") is True:
+        del node["additionalProperties"]
+        node["x-kubernetes-preserve-unknown-fields"] = True
+    if "items" in node:
+        node["items"] = _structural(node["items"])
+    if "enum" in node and "type" not in node:
+        node["type"] = "string"
+    return node
+
+
+def openapi_schema(model: type[BaseModel]) -> JsonSchema:
+    """Structural OpenAPI v3 schema of a pydantic model, as the API server stores it."""
+    raw = model.model_json_schema(by_alias=True, mode="validation")
+    return _structural(_resolve(raw, raw.get("$defs", {})))
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    json_path: str
+    type: str = "string"
+    description: str = ""
+    priority: int = 0
+
+    def render(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, "type": self.type, "jsonPath": self.json_path}
+        if self.description:
+            out["description"] = self.description
+        if self.priority:
+            out["priority"] = self.priority
+        return out
+
+
+@dataclass(frozen=True)
+class Kind:
+    kind: str
+    plural: str
+    short_names: tuple[str, ...]
+    spec: type[BaseModel]
+    status: type[BaseModel] | None
+    columns: tuple[Column, ...] = ()
+    scope: str = "Namespaced"
+    categories: tuple[str, ...] = ("durable-agents",)
+    extra_rules: list[dict[str, str]] = field(default_factory=list)
+
+    @property
+    def singular(self) -> str:
+        return self.kind.lower()
+
+    def crd(self) -> dict[str, Any]:
+        properties: dict[str, Any] = {
+            "apiVersion": {"type": "string"},
+            "kind": {"type": "string"},
+            "metadata": {"type": "object"},
+            "spec": openapi_schema(self.spec),
+        }
+        version: dict[str, Any] = {
+            "name": api.VERSION,
+            "served": True,
+            "storage": True,
+            "schema": {
+                "openAPIV3Schema": {
+                    "type": "object",
+                    "required": ["spec"],
+                    "properties": properties,
+                }
+            },
+        }
+        if self.status is not None:
+            properties["status"] = openapi_schema(self.status)
+            version["subresources"] = {"status": {}}
+        if self.columns:
+            version["additionalPrinterColumns"] = [c.render() for c in self.columns]
+        return {
+            "apiVersion": "apiextensions.k8s.io/v1",
+            "kind": "CustomResourceDefinition",
+            "metadata": {"name": f"{self.plural}.{api.GROUP}"},
+            "spec": {
+                "group": api.GROUP,
+                "scope": self.scope,
+                "names": {
+                    "kind": self.kind,
+                    "listKind": f"{self.kind}List",
+                    "plural": self.plural,
+                    "singular": self.singular,
+                    "shortNames": list(self.short_names),
+                    "categories": list(self.categories),
+                },
+                "versions": [version],
+            },
+        }
+
+
+KINDS: tuple[Kind, ...] = (
+    Kind(
+        kind="AgentRun",
+        plural="agentruns",
+        short_names=("ar", "arun"),
+        spec=api.AgentRunSpec,
+        status=api.AgentRunStatus,
+        columns=(
+            Column("State", ".status.state", description="Position in the run state machine"),
+            Column("Version", ".status.stateVersion", "integer", "Committed transitions"),
+            Column("Waiting For", ".status.waitingFor", description="What a waiting run needs"),
+            Column("In State", ".status.stateSince", "date", "Time in the current state"),
+            Column("Outcome", ".status.outcome.reason", description="Terminal outcome"),
+            Column("Task", ".spec.taskType", priority=1),
+            Column("Age", ".metadata.creationTimestamp", "date"),
+        ),
+    ),
+    Kind(
+        kind="ActionRecord",
+        plural="actionrecords",
+        short_names=("actrec",),
+        spec=api.ActionRecordSpec,
+        status=api.ActionRecordStatus,
+        columns=(
+            Column("State", ".status.state", description="Dispatch state"),
+            Column("Effect", ".spec.effect"),
+            Column("Tier", ".spec.tier"),
+            Column("Attempts", ".status.attempts", "integer"),
+            Column("Run", ".spec.runRef.name"),
+            Column("Key", ".spec.idempotencyKey", priority=1),
+            Column("Age", ".metadata.creationTimestamp", "date"),
+        ),
+    ),
+    Kind(
+        kind="AgentPolicy",
+        plural="agentpolicies",
+        short_names=("apol",),
+        spec=api.AgentPolicySpec,
+        status=None,
+        columns=(
+            Column("Version", ".spec.version"),
+            Column("Age", ".metadata.creationTimestamp", "date"),
+        ),
+    ),
+)
+
+
+def render(kind: Kind) -> str:
+    header = "# Generated by `make crds` from operator/durable_agents/api/v1alpha1.py. DO NOT EDIT.\n"
+    return header + yaml.safe_dump(kind.crd(), sort_keys=False, width=100)
+
+
+def generate() -> dict[str, str]:
+    """File name -> content for every CRD."""
+    return {f"{api.GROUP}_{k.plural}.yaml": render(k) for k in KINDS}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    out = Path(args[0] if args else "crds")
+    out.mkdir(parents=True, exist_ok=True)
+    for name, text in generate().items():
+        (out / name).write_text(text)
+        print(out / name)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

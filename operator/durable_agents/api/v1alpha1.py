@@ -1,0 +1,427 @@
+"""The API types of group ``durable-agents.io``, version ``v1alpha1``: the one source of truth.
+
+AgentRun, ActionRecord and AgentPolicy are defined here once, as pydantic models. The CRD YAML
+under ``crds/`` is generated from these models (see :mod:`durable_agents.api.crdgen`), so API
+server validation (OpenAPI + CEL) and operator-side parsing can never disagree. Constraints the
+API server can enforce alone (enums, bounds, immutability) are declared here as schema extras.
+
+The checkpoint is deliberately an open object at this layer: the API server must store a
+checkpoint written by a *newer* operator untouched, so that an older operator can quarantine it
+instead of the API server rejecting or pruning it. The operator validates it
+(:mod:`durable_agents.core.checkpoint`).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from durable_agents.core.statemachine import RunState
+
+GROUP = "durable-agents.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+
+# Go-style durations ("90s", "15m", "1h30m"), as in metav1.Duration.
+DURATION_PATTERN = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"
+NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+REQUEST_ID_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+
+Answer = Annotated[str, Field(max_length=4096)]
+
+
+def cel(rule: str, message: str, **extra: str) -> dict[str, Any]:
+    """One ``x-kubernetes-validations`` entry."""
+    return {"rule": rule, "message": message, **extra}
+
+
+def immutable(field: str) -> dict[str, Any]:
+    """Schema extra that makes a field immutable once set (CEL transition rule)."""
+    return {"x-kubernetes-validations": [cel("self == oldSelf", f"{field} is immutable")]}
+
+
+class ApiModel(BaseModel):
+    """camelCase on the wire, snake_case in Python; unknown fields from newer servers ignored."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+    def wire(self) -> dict[str, Any]:
+        """The JSON-ready dict as the API server stores it."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+# --- shared pieces ---------------------------------------------------------------------------
+
+
+class ConditionStatus(StrEnum):
+    TRUE = "True"
+    FALSE = "False"
+    UNKNOWN = "Unknown"
+
+
+class Condition(ApiModel):
+    """metav1.Condition, so that ``kubectl wait --for=condition=...`` works."""
+
+    type: str = Field(max_length=316, pattern=r"^([a-zA-Z0-9]([-a-zA-Z0-9.]*[a-zA-Z0-9])?/)?[A-Za-z]+$")
+    status: ConditionStatus
+    reason: str = Field(max_length=1024, pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
+    message: str = Field(default="", max_length=32768)
+    last_transition_time: datetime
+    observed_generation: int | None = Field(default=None, ge=0)
+
+
+CONDITIONS_SCHEMA_EXTRA: dict[str, Any] = {
+    "x-kubernetes-list-type": "map",
+    "x-kubernetes-list-map-keys": ["type"],
+}
+
+
+class ObjectReference(ApiModel):
+    """A Kubernetes object a step reads or targets. Namespace defaults to the run's."""
+
+    api_version: str = Field(max_length=253)
+    kind: str = Field(max_length=63)
+    name: str = Field(max_length=253)
+    namespace: str | None = Field(default=None, max_length=63)
+
+
+class LocalReference(ApiModel):
+    name: str = Field(max_length=253, pattern=NAME_PATTERN)
+
+
+# --- AgentRun ------------------------------------------------------------------------------
+
+
+class PlannerKind(StrEnum):
+    SCRIPTED = "scripted"
+
+
+class AgentConfig(ApiModel):
+    """Runtime configuration identifiers recorded in the checkpoint and checked on resume."""
+
+    planner: PlannerKind = PlannerKind.SCRIPTED
+    model: str | None = Field(default=None, max_length=253)
+    prompt: str | None = Field(default=None, max_length=253)
+    tool_set: str | None = Field(default=None, max_length=253)
+
+
+class ReadStep(ApiModel):
+    """Read a Kubernetes object as the run's ServiceAccount; record it as an evidence reference."""
+
+    object: ObjectReference
+
+
+class AskStep(ApiModel):
+    """Enter waiting_input with a question; answered via ``spec.answers[requestId]``."""
+
+    question: str = Field(max_length=4096)
+    expires_in: str | None = Field(default=None, max_length=32, pattern=DURATION_PATTERN)
+
+
+class AwaitStep(ApiModel):
+    """Enter waiting_external until ``spec.events[event]`` is set."""
+
+    event: str = Field(max_length=63, pattern=REQUEST_ID_PATTERN)
+    expires_in: str | None = Field(default=None, max_length=32, pattern=DURATION_PATTERN)
+
+
+class CompleteStep(ApiModel):
+    """Finish the run with a result."""
+
+    result: str = Field(default="", max_length=4096)
+
+
+STEP_KINDS = ("read", "ask", "await", "complete")
+
+
+class Step(ApiModel):
+    """One scripted step: exactly one of the step kinds is set."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    " + ".join(f"(has(self.{k}) ? 1 : 0)" for k in STEP_KINDS) + " == 1",
+                    "exactly one of " + ", ".join(STEP_KINDS) + " must be set in a step",
+                )
+            ]
+        }
+    )
+
+    name: str = Field(max_length=63, pattern=NAME_PATTERN)
+    read: ReadStep | None = None
+    ask: AskStep | None = None
+    await_: AwaitStep | None = Field(default=None, alias="await")
+    complete: CompleteStep | None = None
+
+
+class AgentRunSpec(ApiModel):
+    """What the user asked for, plus the user's requests to a live run (answers, events)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    f"has(self.{f}) == has(oldSelf.{f})",
+                    f"{f} cannot be added or removed after creation",
+                    fieldPath=f".{f}",
+                )
+                for f in ("tenant", "owner", "policyRef", "deadline", "agent", "steps")
+            ]
+        }
+    )
+
+    task_type: str = Field(max_length=63, pattern=NAME_PATTERN, json_schema_extra=immutable("taskType"))
+    objective: str = Field(max_length=4096, json_schema_extra=immutable("objective"))
+    owner: str | None = Field(default=None, max_length=253, json_schema_extra=immutable("owner"))
+    tenant: str | None = Field(default=None, max_length=63, json_schema_extra=immutable("tenant"))
+    service_account_name: str = Field(
+        default="default",
+        max_length=253,
+        pattern=NAME_PATTERN,
+        json_schema_extra=immutable("serviceAccountName"),
+    )
+    policy_ref: LocalReference | None = Field(default=None, json_schema_extra=immutable("policyRef"))
+    agent: AgentConfig | None = Field(default=None, json_schema_extra=immutable("agent"))
+    deadline: datetime | None = Field(default=None, json_schema_extra=immutable("deadline"))
+    steps: list[Step] = Field(default_factory=list, max_length=64, json_schema_extra=immutable("steps"))
+    answers: dict[str, Answer] = Field(
+        default_factory=dict,
+        max_length=64,
+        description="Answers to questions, keyed by the request ID shown in status.",
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "oldSelf.all(k, k in self && self[k] == oldSelf[k])",
+                    "an answer cannot be changed or withdrawn once given",
+                )
+            ],
+        },
+    )
+    events: dict[str, Answer] = Field(
+        default_factory=dict,
+        max_length=64,
+        description="External events delivered to the run, keyed by event name.",
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "oldSelf.all(k, k in self && self[k] == oldSelf[k])",
+                    "an event cannot be changed or withdrawn once delivered",
+                )
+            ],
+        },
+    )
+
+
+class Outcome(ApiModel):
+    reason: str = Field(max_length=128)
+    message: str = Field(default="", max_length=4096)
+    result: str | None = Field(default=None, max_length=4096)
+
+
+class HistoryEntry(ApiModel):
+    """One committed transition; a bounded timeline for people (Events carry the full trail)."""
+
+    state_version: int = Field(ge=0)
+    event: str = Field(max_length=63)
+    from_state: RunState = Field(alias="from")
+    to_state: RunState = Field(alias="to")
+    at: datetime
+    holder: str | None = Field(default=None, max_length=253)
+    detail: str | None = Field(default=None, max_length=512)
+
+
+HISTORY_LIMIT = 64
+
+
+class AgentRunStatus(ApiModel):
+    """The operator's authoritative record. Written only by the operator, one write per transition."""
+
+    state: RunState = RunState.PENDING
+    state_version: int = Field(default=0, ge=0)
+    state_since: datetime | None = None
+    waiting_for: str | None = Field(default=None, max_length=253)
+    observed_generation: int | None = Field(default=None, ge=0)
+    outcome: Outcome | None = None
+    conditions: list[Condition] = Field(
+        default_factory=list, max_length=16, json_schema_extra=CONDITIONS_SCHEMA_EXTRA
+    )
+    history: list[HistoryEntry] = Field(default_factory=list, max_length=HISTORY_LIMIT)
+    checkpoint: dict[str, Any] | None = Field(
+        default=None,
+        description="The typed checkpoint contract; validated by the operator, never by the API server.",
+        json_schema_extra={
+            "x-kubernetes-preserve-unknown-fields": True,
+            "required": ["schemaVersion"],
+            "properties": {"schemaVersion": {"type": "integer", "minimum": 1}},
+        },
+    )
+
+
+class AgentRun(ApiModel):
+    api_version: Literal["durable-agents.io/v1alpha1"] = API_VERSION  # type: ignore[assignment]
+    kind: Literal["AgentRun"] = "AgentRun"
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    spec: AgentRunSpec
+    status: AgentRunStatus | None = None
+
+
+# --- ActionRecord --------------------------------------------------------------------------
+
+
+class ActionTier(StrEnum):
+    READ_ONLY = "read-only"
+    REVERSIBLE = "reversible"
+    CONSEQUENTIAL = "consequential"
+
+
+class ActionState(StrEnum):
+    INTENT = "intent"
+    DISPATCHING = "dispatching"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    OUTCOME_UNKNOWN = "outcome_unknown"
+    CANCELED = "canceled"
+
+
+class RunReference(ApiModel):
+    name: str = Field(max_length=253)
+    uid: str = Field(max_length=64)
+
+
+class ActionRecordSpec(ApiModel):
+    """The intent: immutable once committed; the name of the record derives from the key."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [cel("self == oldSelf", "an action intent is immutable")]
+        }
+    )
+
+    idempotency_key: str = Field(max_length=253)
+    run_ref: RunReference
+    step_index: int = Field(ge=0)
+    effect: str = Field(max_length=128)
+    tier: ActionTier
+    target: dict[str, Any] | None = Field(
+        default=None, json_schema_extra={"x-kubernetes-preserve-unknown-fields": True}
+    )
+    arguments: dict[str, Any] | None = Field(
+        default=None, json_schema_extra={"x-kubernetes-preserve-unknown-fields": True}
+    )
+    approval_request_id: str | None = Field(default=None, max_length=128)
+    compensates: str | None = Field(default=None, max_length=253)
+
+
+class ActionRecordStatus(ApiModel):
+    state: ActionState = ActionState.INTENT
+    attempts: int = Field(default=0, ge=0)
+    claimed_by: str | None = Field(default=None, max_length=253)
+    first_dispatched_at: datetime | None = None
+    last_attempt_at: datetime | None = None
+    outcome_unknown_since: datetime | None = None
+    finished_at: datetime | None = None
+    outcome: dict[str, Any] | None = Field(
+        default=None, json_schema_extra={"x-kubernetes-preserve-unknown-fields": True}
+    )
+    message: str | None = Field(default=None, max_length=4096)
+    conditions: list[Condition] = Field(
+        default_factory=list, max_length=16, json_schema_extra=CONDITIONS_SCHEMA_EXTRA
+    )
+
+
+class ActionRecord(ApiModel):
+    api_version: Literal["durable-agents.io/v1alpha1"] = API_VERSION  # type: ignore[assignment]
+    kind: Literal["ActionRecord"] = "ActionRecord"
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    spec: ActionRecordSpec
+    status: ActionRecordStatus | None = None
+
+
+# --- AgentPolicy ---------------------------------------------------------------------------
+
+
+class ChangeResponse(StrEnum):
+    """What a material change during a wait means for a pending approval."""
+
+    REAPPROVE = "reapprove"
+    REFRESH = "refresh"
+    IMMATERIAL = "immaterial"
+
+
+class ExpiryAction(StrEnum):
+    EXPIRE = "expire"
+    REAPPROVE = "reapprove"
+
+
+class Decision(StrEnum):
+    APPROVE = "approve"
+    REJECT = "reject"
+
+
+class WaitExpiries(ApiModel):
+    input: str = Field(default="24h", max_length=32, pattern=DURATION_PATTERN)
+    approval: str = Field(default="72h", max_length=32, pattern=DURATION_PATTERN)
+    external: str = Field(default="24h", max_length=32, pattern=DURATION_PATTERN)
+    retry: str = Field(default="1h", max_length=32, pattern=DURATION_PATTERN)
+
+
+class ApproverRule(ApiModel):
+    """Who may approve: a Kubernetes RBAC question (SubjectAccessReview on this verb/resource)."""
+
+    verb: str = Field(default="approve", max_length=63)
+    resource: str = Field(default="agentruns", max_length=63)
+    four_eyes: bool = Field(default=False, description="The run's creator may not approve it.")
+
+
+class FreshnessRules(ApiModel):
+    evidence_changed: ChangeResponse = ChangeResponse.REAPPROVE
+    policy_changed: ChangeResponse = ChangeResponse.REAPPROVE
+    approval_expired: ExpiryAction = ExpiryAction.EXPIRE
+
+
+class RetryPolicy(ApiModel):
+    max_attempts: int = Field(default=3, ge=1, le=100)
+    initial_backoff: str = Field(default="1s", max_length=32, pattern=DURATION_PATTERN)
+    max_backoff: str = Field(default="5m", max_length=32, pattern=DURATION_PATTERN)
+    jitter: float = Field(default=0.2, ge=0, le=1)
+
+
+class AgentPolicySpec(ApiModel):
+    """GitOps-owned: the operator reads it and records ``version`` in every run it governs."""
+
+    version: str = Field(max_length=63)
+    tiers: dict[str, ActionTier] = Field(
+        default_factory=dict,
+        description="Tier of each effect or tool, by name.",
+        max_length=128,
+    )
+    approval_required_tiers: list[ActionTier] = Field(
+        default_factory=lambda: [ActionTier.CONSEQUENTIAL],
+        max_length=3,
+        json_schema_extra={"x-kubernetes-list-type": "set"},
+    )
+    approvers: ApproverRule = Field(default_factory=ApproverRule)
+    approval_expiry: str = Field(default="24h", max_length=32, pattern=DURATION_PATTERN)
+    allowed_decisions: list[Decision] = Field(
+        default_factory=lambda: [Decision.APPROVE, Decision.REJECT],
+        min_length=1,
+        max_length=2,
+        json_schema_extra={"x-kubernetes-list-type": "set"},
+    )
+    freshness: FreshnessRules = Field(default_factory=FreshnessRules)
+    wait_expiries: WaitExpiries = Field(default_factory=WaitExpiries)
+    retry: RetryPolicy = Field(default_factory=RetryPolicy)
+    deadline: str | None = Field(default=None, max_length=32, pattern=DURATION_PATTERN)
+    retention: str = Field(default="720h", max_length=32, pattern=DURATION_PATTERN)
+
+
+class AgentPolicy(ApiModel):
+    api_version: Literal["durable-agents.io/v1alpha1"] = API_VERSION  # type: ignore[assignment]
+    kind: Literal["AgentPolicy"] = "AgentPolicy"
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    spec: AgentPolicySpec

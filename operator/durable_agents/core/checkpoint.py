@@ -1,0 +1,406 @@
+"""The checkpoint contract: ``status.checkpoint`` of an AgentRun.
+
+This module owns the typed, versioned record a run resumes from: state-machine position, the
+lease epoch that committed it (fencing token), evidence references, completed tool-call records,
+pending actions, approval records, policy version, runtime configuration IDs, trace link, attempt
+count, timestamps, what a wait is waiting on, and sealed sensitive values. It also owns the way a
+stored checkpoint is read back: migrated from an older schema version, or quarantined.
+
+It is an application contract, not a memory dump: plain JSON with camelCase keys, compact, and
+large data (transcripts, tool results, documents) is referenced, never copied. It must not do I/O
+and must not import Kubernetes; which state names exist is the state machine's business.
+
+Adding schema version 2 later: change ``Checkpoint.schema_version`` to ``Literal[2]`` and
+``CURRENT_SCHEMA_VERSION`` to 2, register ``MIGRATIONS[1]`` (a function from a version-1 dict to a
+version-2 dict), and record version-2 fixtures beside the version-1 ones so that every older
+recorded checkpoint stays under test.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Annotated, Any, Final, Literal, Self
+
+from pydantic import (
+    AfterValidator,
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
+
+from durable_agents.core.sealing import Keyring, SealedField, UndecryptableError, seal, sealing_aad, unseal
+
+CURRENT_SCHEMA_VERSION: Final = 1
+
+
+def _to_utc(value: datetime) -> datetime:
+    try:
+        return value.astimezone(UTC)
+    except OverflowError as exc:  # 0001-01-01T00:00+05:00 has no UTC instant; must not escape validation
+        raise ValueError("instant is out of range in UTC") from exc
+
+
+UtcDatetime = Annotated[AwareDatetime, AfterValidator(_to_utc)]
+"""A timezone-aware instant, normalised to UTC; naive datetimes are rejected."""
+Digest = Annotated[str, StringConstraints(pattern=r"^sha256:[0-9a-f]{64}$")]
+"""A SHA-256 content or approval digest: ``sha256:`` and 64 lowercase hex digits."""
+Identifier = Annotated[str, StringConstraints(min_length=1, max_length=253)]
+KubernetesName = Annotated[str, StringConstraints(pattern=r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")]
+Namespace = Annotated[str, StringConstraints(pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")]
+FieldName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z][A-Za-z0-9_.-]{0,62}$")]
+Traceparent = Annotated[
+    str, StringConstraints(pattern=r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")
+]
+StepIndex = Annotated[int, Field(ge=0)]
+
+ActionTier = Literal["read-only", "reversible", "consequential"]
+ApprovalDecision = Literal["approved", "rejected"]
+ToolCallOutcome = Literal["succeeded", "failed"]
+QuarantineReason = Literal[
+    "MissingCheckpoint", "UnknownSchemaVersion", "InvalidCheckpoint", "MigrationFailed", "Undecryptable"
+]
+
+
+class _Contract(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, alias_generator=to_camel, frozen=True)
+
+
+class Position(_Contract):
+    """Where the run stands in its state machine; selects the permitted transitions."""
+
+    state: Annotated[str, StringConstraints(min_length=1, max_length=63)]
+    step: StepIndex
+    """Index of the next scripted step."""
+    state_version: Annotated[int, Field(ge=0)]
+
+
+class Fencing(_Contract):
+    """The lease epoch of the worker that committed this checkpoint: a stale holder's commit fails."""
+
+    holder: Identifier
+    lease_transitions: Annotated[int, Field(ge=0)]
+
+
+class _EvidenceRefBase(_Contract):
+    id: Identifier
+    """Stable reference ID, unique within the checkpoint; tool-call records point at it."""
+    step_index: StepIndex
+    """The step that recorded the reference."""
+    recorded_at: UtcDatetime
+
+
+class KubernetesEvidenceRef(_EvidenceRefBase):
+    """A Kubernetes object, pinned to the version and content the run saw."""
+
+    source: Literal["kubernetes"] = "kubernetes"
+    api_version: Identifier
+    kind: Annotated[str, StringConstraints(min_length=1, max_length=63)]
+    namespace: Namespace | None = None
+    """None for cluster-scoped objects."""
+    name: Identifier
+    uid: Identifier | None = None
+    resource_version: Identifier
+    content_digest: Digest
+
+
+class ExternalEvidenceRef(_EvidenceRefBase):
+    """A record in an authoritative system outside Kubernetes."""
+
+    source: Literal["external"] = "external"
+    uri: Annotated[str, StringConstraints(min_length=1, max_length=2048)]
+    content_digest: Digest | None = None
+
+
+EvidenceRef = Annotated[KubernetesEvidenceRef | ExternalEvidenceRef, Field(discriminator="source")]
+"""An evidence reference; ``source`` says which kind."""
+
+
+class ToolCallRecord(_Contract):
+    """A completed tool call. Its result is an evidence reference, never the raw body."""
+
+    id: Identifier
+    tool: Identifier
+    step_index: StepIndex
+    started_at: UtcDatetime
+    finished_at: UtcDatetime
+    outcome: ToolCallOutcome
+    result_ref: Identifier | None = None
+    """ID of an evidence reference in this checkpoint."""
+
+
+class PendingAction(_Contract):
+    """A side effect whose intent is committed in the action ledger and not yet reconciled here."""
+
+    idempotency_key: Identifier
+    action_record_name: KubernetesName
+    effect: Identifier
+    tier: ActionTier
+    step_index: StepIndex
+    approval_request_id: Identifier | None = None
+    """ID of the approval record that authorises this action, when its tier needs one."""
+
+
+class ApprovalRecord(_Contract):
+    """An approval request, bound by digest to the consequential fields it covers."""
+
+    request_id: Identifier
+    digest: Digest
+    """SHA-256 over the canonical JSON of the consequential fields."""
+    expires_at: UtcDatetime
+    policy_version: Identifier
+    decision: ApprovalDecision | None = None
+    decided_by: Identifier | None = None
+    decided_at: UtcDatetime | None = None
+
+    @model_validator(mode="after")
+    def _decided_together(self) -> Self:
+        decided = (self.decision is not None, self.decided_by is not None, self.decided_at is not None)
+        if any(decided) and not all(decided):
+            raise ValueError("decision, decidedBy and decidedAt are set together or not at all")
+        return self
+
+
+class PolicyRef(_Contract):
+    """The AgentPolicy the run was evaluated under."""
+
+    name: Identifier
+    version: Identifier | None = None
+
+
+class RuntimeConfig(_Contract):
+    """Identifiers of the behavioural dependencies: model, prompt and tool set."""
+
+    model: Identifier | None = None
+    prompt: Identifier | None = None
+    tool_set: Identifier | None = None
+
+
+class Timestamps(_Contract):
+    """Wall-clock instants. Deliberately not cross-checked: workers' clocks skew, runs must not die of it."""
+
+    created_at: UtcDatetime
+    updated_at: UtcDatetime
+    entered_state_at: UtcDatetime
+
+
+class PendingInput(_Contract):
+    """The question a run in ``waiting_input`` waits to have answered."""
+
+    request_id: Identifier
+    question: Annotated[str, StringConstraints(min_length=1, max_length=4096)]
+    expires_at: UtcDatetime
+
+
+class PendingExternal(_Contract):
+    """The external event a run in ``waiting_external`` waits for."""
+
+    request_id: Identifier
+    event: Identifier
+    expires_at: UtcDatetime
+
+
+class Checkpoint(_Contract):
+    """The authoritative, resumable record of one run, schema version 1."""
+
+    schema_version: Literal[1] = 1
+    position: Position
+    fencing: Fencing | None = None
+    """None only before any worker has committed under a lease."""
+    input_refs: list[EvidenceRef] = Field(default_factory=list)
+    output_refs: list[EvidenceRef] = Field(default_factory=list)
+    evidence: list[EvidenceRef] = Field(default_factory=list)
+    tool_calls: list[ToolCallRecord] = Field(default_factory=list)
+    pending_actions: list[PendingAction] = Field(default_factory=list)
+    approvals: list[ApprovalRecord] = Field(default_factory=list)
+    policy: PolicyRef | None = None
+    runtime_config: RuntimeConfig = Field(default_factory=RuntimeConfig)
+    trace_link: Traceparent | None = None
+    """W3C ``traceparent`` of the run's trace."""
+    attempt: Annotated[int, Field(ge=0)] = 0
+    timestamps: Timestamps
+    pending_input: PendingInput | None = None
+    pending_external: PendingExternal | None = None
+    sealed: dict[FieldName, SealedField] | None = None
+    """Sensitive values, sealed, by field name; see :func:`seal_field`."""
+
+    def evidence_refs(self) -> list[KubernetesEvidenceRef | ExternalEvidenceRef]:
+        """All evidence references: inputs, outputs and evidence, in that order."""
+        return [*self.input_refs, *self.output_refs, *self.evidence]
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        ref_ids = _unique("evidence reference id", (ref.id for ref in self.evidence_refs()))
+        _unique("tool call id", (call.id for call in self.tool_calls))
+        _unique("pending action idempotencyKey", (action.idempotency_key for action in self.pending_actions))
+        request_ids = _unique("approval requestId", (approval.request_id for approval in self.approvals))
+        for call in self.tool_calls:
+            if call.result_ref is not None and call.result_ref not in ref_ids:
+                raise ValueError(
+                    f"tool call {call.id!r} names unknown evidence reference {call.result_ref!r}"
+                )
+        for action in self.pending_actions:
+            if action.approval_request_id is not None and action.approval_request_id not in request_ids:
+                raise ValueError(
+                    f"pending action {action.idempotency_key!r} names unknown approval request "
+                    f"{action.approval_request_id!r}"
+                )
+        if self.pending_input is not None and self.pending_external is not None:
+            raise ValueError("a run waits on pendingInput or pendingExternal, not both")
+        return self
+
+
+def _unique(what: str, values: Iterable[str]) -> set[str]:
+    seen: set[str] = set()
+    for value in values:
+        if value in seen:
+            raise ValueError(f"duplicate {what} {value!r}")
+        seen.add(value)
+    return seen
+
+
+Migration = Callable[[dict[str, Any]], dict[str, Any]]
+"""Turns a checkpoint dict of schema version N into one of version N+1."""
+
+MIGRATIONS: Final[Mapping[int, Migration]] = {}
+"""Schema version N -> its migration to N+1. Empty while version 1 is the only version."""
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """A checkpoint that validated against the current schema."""
+
+    checkpoint: Checkpoint
+    migrated_from: int | None = None
+    """The stored schema version when migrations ran; None when it was already current."""
+
+
+@dataclass(frozen=True)
+class Quarantine:
+    """A checkpoint this deployment must not resume from; the run goes to ``quarantined``."""
+
+    reason: QuarantineReason
+    """Machine-readable, suitable for a condition reason and a metric label."""
+    message: str
+    """Human-readable, names the offending field or version."""
+
+
+def dump_checkpoint(checkpoint: Checkpoint) -> dict[str, Any]:
+    """The JSON-ready, camelCase form stored in ``status.checkpoint``."""
+    return checkpoint.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def load_checkpoint(
+    raw: Mapping[str, Any] | None,
+    *,
+    migrations: Mapping[int, Migration] = MIGRATIONS,
+    current: int = CURRENT_SCHEMA_VERSION,
+    model: type[Checkpoint] = Checkpoint,
+) -> Loaded | Quarantine:
+    """Read a stored checkpoint: validate it, migrating it first when it is older.
+
+    Never raises and never mutates ``raw``. A checkpoint that is absent, malformed, from an unknown
+    (for example newer) schema version, or whose migration fails is answered with a
+    :class:`Quarantine`; a newer checkpoint is never rewritten. ``migrations``, ``current`` and
+    ``model`` exist so tests can exercise other chains.
+    """
+    if raw is None:
+        return Quarantine("MissingCheckpoint", "the run has no checkpoint")
+    try:
+        document = _plain(raw)
+    except (TypeError, RecursionError) as exc:
+        return Quarantine("InvalidCheckpoint", f"checkpoint is not plain JSON: {exc}")
+    if not isinstance(document, dict):
+        return Quarantine("InvalidCheckpoint", f"checkpoint must be an object, got {type(document).__name__}")
+
+    stored = document.get("schemaVersion")
+    if type(stored) is not int:  # bool is an int subclass, and "1" is not a version
+        return Quarantine("InvalidCheckpoint", f"schemaVersion must be an integer, got {repr(stored)[:64]}")
+    if stored > current:
+        return Quarantine(
+            "UnknownSchemaVersion",
+            f"schemaVersion {stored} is newer than {current}, the newest this deployment reads",
+        )
+
+    version: int = stored
+    while version < current:
+        migration = migrations.get(version)
+        if migration is None:
+            return Quarantine("UnknownSchemaVersion", f"no migration from schemaVersion {version}")
+        try:
+            document = migration(document)
+        except Exception as exc:  # any failure inside a migration is a quarantine, never a crash
+            return Quarantine(
+                "MigrationFailed",
+                f"migration from schemaVersion {version} failed: {type(exc).__name__}: {exc}",
+            )
+        if not isinstance(document, dict) or document.get("schemaVersion") != version + 1:
+            return Quarantine(
+                "MigrationFailed",
+                f"migration from schemaVersion {version} did not produce schemaVersion {version + 1}",
+            )
+        version += 1
+
+    try:
+        checkpoint = model.model_validate(document)
+    except ValidationError as exc:
+        return Quarantine("InvalidCheckpoint", _describe(exc))
+    return Loaded(checkpoint, migrated_from=stored if stored != current else None)
+
+
+def seal_field(
+    checkpoint: Checkpoint, name: str, plaintext: bytes, *, keyring: Keyring, run_uid: str
+) -> Checkpoint:
+    """A copy of ``checkpoint`` with ``plaintext`` sealed under ``name``, bound to the run and field."""
+    sealed = {**(checkpoint.sealed or {}), name: seal(keyring, plaintext, sealing_aad(run_uid, name))}
+    # Validate the whole record again: the field name must be acceptable to the contract.
+    return type(checkpoint).model_validate({**checkpoint.model_dump(), "sealed": sealed})
+
+
+def unseal_field(checkpoint: Checkpoint, name: str, *, keyring: Keyring, run_uid: str) -> bytes:
+    """The plaintext sealed under ``name``; ``KeyError`` if absent, ``UndecryptableError`` if unreadable."""
+    sealed = (checkpoint.sealed or {})[name]
+    return unseal(keyring, sealed, sealing_aad(run_uid, name))
+
+
+def verify_sealed(checkpoint: Checkpoint, *, keyring: Keyring, run_uid: str) -> Quarantine | None:
+    """Check that every sealed value still unseals with ``keyring``; a quarantine if one does not."""
+    for name in sorted(checkpoint.sealed or {}):
+        try:
+            unseal_field(checkpoint, name, keyring=keyring, run_uid=run_uid)
+        except UndecryptableError as exc:
+            return Quarantine("Undecryptable", f"sealed field {name!r}: {exc}")
+    return None
+
+
+def _plain(value: Any) -> Any:
+    """A deep, plain copy (dicts, lists, scalars) of a JSON-like value; the input is left untouched."""
+    if isinstance(value, Mapping):
+        if not all(isinstance(key, str) for key in value):
+            raise TypeError("object keys must be strings")
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(item) for item in value]
+    if value is None or isinstance(value, str | int | float | bool):
+        return value  # immutable
+    raise TypeError(f"unexpected {type(value).__name__} in checkpoint")
+
+
+_MAX_REPORTED_ERRORS: Final = 5
+
+
+def _describe(error: ValidationError) -> str:
+    """A short message naming each offending field by its camelCase path, e.g. ``position.stateVersion``."""
+    problems = []
+    for detail in error.errors()[:_MAX_REPORTED_ERRORS]:
+        path = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in detail["loc"])
+        problems.append(f"{path.lstrip('.') or '(checkpoint)'}: {detail['msg']}")
+    more = error.error_count() - _MAX_REPORTED_ERRORS
+    suffix = f" (and {more} more)" if more > 0 else ""
+    return "checkpoint invalid: " + "; ".join(problems) + suffix

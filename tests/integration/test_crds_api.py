@@ -1,0 +1,167 @@
+"""The CRDs on a real API server: create and read back, admission rejects bad input by field,
+and status writes are optimistic-concurrency controlled by resourceVersion."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes.client.rest import ApiException
+
+from durable_agents.api.v1alpha1 import GROUP, VERSION
+from durable_agents.testing.kube import KubeEnv
+
+REPO = Path(__file__).resolve().parents[2]
+PLURALS = {"AgentRun": "agentruns", "ActionRecord": "actionrecords", "AgentPolicy": "agentpolicies"}
+
+
+def sample(name: str) -> dict[str, Any]:
+    body: dict[str, Any] = yaml.safe_load((REPO / "config" / "samples" / name).read_text())
+    return body
+
+
+def create(kube: KubeEnv, ns: str, body: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = kube.custom().create_namespaced_custom_object(
+        GROUP, VERSION, ns, PLURALS[body["kind"]], body
+    )
+    return out
+
+
+def rejection(kube: KubeEnv, ns: str, body: dict[str, Any]) -> str:
+    with pytest.raises(ApiException) as err:
+        create(kube, ns, body)
+    assert err.value.status == 422, err.value.body
+    return str(err.value.body)
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["agentpolicy-default.yaml", "agentrun-read-ask-complete.yaml", "actionrecord-example.yaml"],
+)
+def test_each_kind_round_trips(kube: KubeEnv, namespace: str, name: str) -> None:
+    body = sample(name)
+    if body["kind"] == "AgentRun":
+        del body["spec"]["serviceAccountName"]  # defaulted by the generated schema
+    created = create(kube, namespace, body)
+    read = kube.custom().get_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURALS[body["kind"]], body["metadata"]["name"]
+    )
+    assert read["metadata"]["uid"] == created["metadata"]["uid"]
+    for key, value in body["spec"].items():
+        assert read["spec"][key] == value, key
+    if body["kind"] == "AgentRun":
+        assert read["spec"]["serviceAccountName"] == "default"
+
+
+def test_missing_required_field_is_named(kube: KubeEnv, namespace: str) -> None:
+    body = sample("agentrun-read-ask-complete.yaml")
+    del body["spec"]["objective"]
+    assert "spec.objective: Required value" in rejection(kube, namespace, body)
+
+
+def test_wrong_enum_is_named(kube: KubeEnv, namespace: str) -> None:
+    body = sample("agentrun-read-ask-complete.yaml")
+    body["spec"]["agent"]["planner"] = "freestyle"
+    message = rejection(kube, namespace, body)
+    assert "spec.agent.planner" in message
+    assert 'Unsupported value: \\"freestyle\\"' in message or "Unsupported value" in message
+
+
+def test_step_with_two_kinds_is_rejected(kube: KubeEnv, namespace: str) -> None:
+    body = sample("agentrun-read-ask-complete.yaml")
+    body["spec"]["steps"][0]["complete"] = {"result": "x"}
+    message = rejection(kube, namespace, body)
+    assert "spec.steps[0]" in message
+    assert "exactly one of read, ask, await, complete" in message
+
+
+def test_oversized_field_is_rejected(kube: KubeEnv, namespace: str) -> None:
+    body = sample("agentrun-read-ask-complete.yaml")
+    body["spec"]["objective"] = "x" * 5000
+    message = rejection(kube, namespace, body)
+    assert "spec.objective" in message
+    assert "4096" in message
+
+
+def _patch_spec(kube: KubeEnv, ns: str, name: str, spec: dict[str, Any]) -> ApiException:
+    with pytest.raises(ApiException) as err:
+        kube.custom().patch_namespaced_custom_object(GROUP, VERSION, ns, "agentruns", name, {"spec": spec})
+    assert err.value.status == 422, err.value.body
+    return err.value
+
+
+def test_immutable_fields_cannot_change(kube: KubeEnv, namespace: str) -> None:
+    body = sample("agentrun-read-ask-complete.yaml")
+    create(kube, namespace, body)
+    name = body["metadata"]["name"]
+    err = _patch_spec(kube, namespace, name, {"taskType": "something-else"})
+    assert "spec.taskType" in str(err.body)
+    assert "taskType is immutable" in str(err.body)
+    steps = copy.deepcopy(body["spec"]["steps"])
+    steps[1]["ask"]["question"] = "a different question"
+    assert "steps is immutable" in str(_patch_spec(kube, namespace, name, {"steps": steps}).body)
+
+
+def test_an_answer_cannot_be_changed_once_given(kube: KubeEnv, namespace: str) -> None:
+    body = sample("agentrun-read-ask-complete.yaml")
+    create(kube, namespace, body)
+    name = body["metadata"]["name"]
+    kube.custom().patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, "agentruns", name, {"spec": {"answers": {"req-1": "yes"}}}
+    )
+    err = _patch_spec(kube, namespace, name, {"answers": {"req-1": "no"}})
+    assert "an answer cannot be changed or withdrawn once given" in str(err.body)
+
+
+def test_stale_status_write_gets_409(kube: KubeEnv, namespace: str) -> None:
+    body = sample("agentrun-read-ask-complete.yaml")
+    create(kube, namespace, body)
+    name = body["metadata"]["name"]
+    custom = kube.custom()
+    first = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, "agentruns", name)
+    second = copy.deepcopy(first)  # a second writer read the same resourceVersion
+
+    first["status"] = {"state": "ready", "stateVersion": 1, "checkpoint": {"schemaVersion": 1}}
+    written = custom.replace_namespaced_custom_object_status(
+        GROUP, VERSION, namespace, "agentruns", name, first
+    )
+    assert written["status"]["stateVersion"] == 1
+    assert written["metadata"]["resourceVersion"] != second["metadata"]["resourceVersion"]
+
+    second["status"] = {"state": "failed", "stateVersion": 1, "checkpoint": {"schemaVersion": 1}}
+    with pytest.raises(ApiException) as err:
+        custom.replace_namespaced_custom_object_status(GROUP, VERSION, namespace, "agentruns", name, second)
+    assert err.value.status == 409
+    now = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, "agentruns", name)
+    assert now["status"]["state"] == "ready"
+
+
+def test_future_checkpoint_is_stored_untouched(kube: KubeEnv, namespace: str) -> None:
+    """An older operator must be able to quarantine a newer checkpoint, so the API server keeps it."""
+    body = sample("agentrun-read-ask-complete.yaml")
+    created = create(kube, namespace, body)
+    future = {"schemaVersion": 99, "somethingNew": {"nested": [1, 2, 3]}}
+    created["status"] = {"state": "ready", "stateVersion": 1, "checkpoint": future}
+    written = kube.custom().replace_namespaced_custom_object_status(
+        GROUP, VERSION, namespace, "agentruns", body["metadata"]["name"], created
+    )
+    assert written["status"]["checkpoint"] == future
+    created = kube.custom().get_namespaced_custom_object(
+        GROUP, VERSION, namespace, "agentruns", body["metadata"]["name"]
+    )
+    created["status"]["checkpoint"] = {"noVersion": True}
+    with pytest.raises(ApiException) as err:
+        kube.custom().replace_namespaced_custom_object_status(
+            GROUP, VERSION, namespace, "agentruns", body["metadata"]["name"], created
+        )
+    assert "status.checkpoint.schemaVersion: Required value" in str(err.value.body)
+
+
+def test_status_cannot_be_set_through_the_main_resource(kube: KubeEnv, namespace: str) -> None:
+    body = sample("agentrun-read-ask-complete.yaml")
+    body["status"] = {"state": "completed", "stateVersion": 42}
+    created = create(kube, namespace, body)
+    assert "status" not in created or created["status"].get("state") != "completed"

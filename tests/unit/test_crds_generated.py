@@ -1,0 +1,110 @@
+"""The committed CRDs are exactly what the API types generate, and the samples parse."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from durable_agents.api import crdgen
+from durable_agents.api import v1alpha1 as api
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_committed_crds_match_the_api_types() -> None:
+    generated = crdgen.generate()
+    committed = {p.name: p.read_text() for p in (REPO / "crds").glob("*.yaml")}
+    assert set(committed) == set(generated), "run `make crds`: the set of CRD files drifted"
+    for name, text in generated.items():
+        assert committed[name] == text, f"crds/{name} drifted from the API types: run `make crds`"
+
+
+def _walk(node: Any, path: str = "") -> list[str]:
+    """Paths of every schema node that would make a CRD non-structural."""
+    bad: list[str] = []
+    if isinstance(node, dict):
+        for key in ("$ref", "anyOf", "oneOf", "allOf", "title", "const"):
+            if key in node and not path.endswith(".properties"):
+                bad.append(f"{path}.{key}")
+        if node.get("additionalProperties") is True:
+            bad.append(f"{path}.additionalProperties")
+        for k, v in node.items():
+            bad += _walk(v, f"{path}.{k}")
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            bad += _walk(v, f"{path}[{i}]")
+    return bad
+
+
+@pytest.mark.parametrize("kind", crdgen.KINDS, ids=lambda k: k.kind)
+def test_schemas_are_structural(kind: crdgen.Kind) -> None:
+    crd = kind.crd()
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    assert _walk(schema) == []
+    # Every string carries a bound, so CEL cost estimation stays within the API server's budget.
+    unbounded = [
+        p
+        for p in _string_paths(schema)
+        if p[1].get("maxLength") is None and "enum" not in p[1] and p[1].get("format") != "date-time"
+    ]
+    assert [p[0] for p in unbounded if "metadata" not in p[0] and p[0].count("kind") == 0] == []
+
+
+def _string_paths(node: Any, path: str = "") -> list[tuple[str, dict[str, Any]]]:
+    out: list[tuple[str, dict[str, Any]]] = []
+    if isinstance(node, dict):
+        if node.get("type") == "string" and path.split(".")[-1] not in ("apiVersion", "kind"):
+            out.append((path, node))
+        for k, v in node.items():
+            out += _string_paths(v, f"{path}.{k}")
+    return out
+
+
+def test_agentrun_has_status_subresource_and_useful_columns() -> None:
+    crd = crdgen.KINDS[0].crd()
+    version = crd["spec"]["versions"][0]
+    assert version["subresources"] == {"status": {}}
+    columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
+    assert columns["State"] == ".status.state"
+    assert columns["Version"] == ".status.stateVersion"
+    assert columns["Waiting For"] == ".status.waitingFor"
+    assert "ar" in crd["spec"]["names"]["shortNames"]
+
+
+def test_checkpoint_is_open_but_needs_a_schema_version() -> None:
+    status = api.AgentRunStatus.model_json_schema(by_alias=True)
+    schema = crdgen.openapi_schema(api.AgentRunStatus)["properties"]["checkpoint"]
+    assert "checkpoint" in status["properties"]
+    assert schema["x-kubernetes-preserve-unknown-fields"] is True
+    assert schema["required"] == ["schemaVersion"]
+
+
+SAMPLES = sorted((REPO / "config" / "samples").glob("*.yaml"))
+MODELS: dict[str, type[api.ApiModel]] = {
+    "AgentRun": api.AgentRun,
+    "ActionRecord": api.ActionRecord,
+    "AgentPolicy": api.AgentPolicy,
+}
+
+
+@pytest.mark.parametrize("path", SAMPLES, ids=lambda p: p.name)
+def test_samples_parse_as_api_types(path: Path) -> None:
+    body = yaml.safe_load(path.read_text())
+    wire = MODELS[body["kind"]].model_validate(body).wire()
+    # Nothing the sample sets is silently dropped (a typo in a sample would be).
+    assert _missing(body["spec"], wire["spec"]) == []
+
+
+def _missing(given: Any, kept: Any, path: str = "spec") -> list[str]:
+    if isinstance(given, dict):
+        if not isinstance(kept, dict):
+            return [path]
+        return [m for k, v in given.items() for m in _missing(v, kept.get(k), f"{path}.{k}")]
+    if isinstance(given, list):
+        if not isinstance(kept, list) or len(kept) != len(given):
+            return [path]
+        return [m for i, v in enumerate(given) for m in _missing(v, kept[i], f"{path}[{i}]")]
+    return [] if kept == given or str(kept) == str(given) else [path]
