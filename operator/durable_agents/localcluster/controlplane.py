@@ -49,10 +49,14 @@ APISERVER = "kube-apiserver"
 CONTROLLER_MANAGER = "kube-controller-manager"
 KUBECTL = "kubectl"
 
-# The smallest set that gives garbage collection (ownerReferences cascade) and namespace
-# deletion. Nothing else is wanted: there are no nodes, and the ServiceAccount admission plugin
-# is off, so pods never need a default service account.
-DEFAULT_CONTROLLERS: tuple[str, ...] = ("garbage-collector-controller", "namespace-controller")
+# Garbage collection (owner references), namespace deletion, the default ServiceAccount of each
+# namespace, and aggregation of the built-in view/edit/admin roles.
+DEFAULT_CONTROLLERS: tuple[str, ...] = (
+    "garbage-collector-controller",
+    "namespace-controller",
+    "serviceaccount-controller",
+    "clusterrole-aggregation-controller",
+)
 
 STATE_FILE = "state.json"
 ADMIN_USER = "durable-agents-admin"

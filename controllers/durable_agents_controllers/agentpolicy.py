@@ -1,0 +1,15 @@
+"""AgentPolicy watch events keep the worker's read-only view of the policies current."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kopf
+
+from durable_agents.shell.kube import GROUP, VERSION
+from durable_agents_controllers.runtime import worker
+
+
+@kopf.on.event(GROUP, VERSION, "agentpolicies")
+async def agentpolicy_event(event: kopf.RawEvent, **_: Any) -> None:
+    worker().observe_policy(event.get("type"), dict(event["object"]))

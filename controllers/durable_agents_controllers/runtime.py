@@ -1,0 +1,47 @@
+"""The one RunWorker of this operator process, created at kopf startup and stopped at cleanup."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import kopf
+from prometheus_client import start_http_server
+
+from durable_agents.shell.kube import Kube, load_api_client
+from durable_agents.shell.worker import RunWorker, WorkerConfig
+
+log = logging.getLogger(__name__)
+_worker: RunWorker | None = None
+
+
+def worker() -> RunWorker:
+    if _worker is None:
+        raise RuntimeError("the run worker is not started (kopf startup has not run)")
+    return _worker
+
+
+@kopf.on.startup()
+async def start(settings: kopf.OperatorSettings, **_: object) -> None:
+    global _worker
+    # kopf is the event source and scheduler, not the commit path: no kopf posting, and no
+    # change-detecting handlers, so kopf writes no annotations or finalizers on our records.
+    settings.posting.enabled = False
+    settings.scanning.disabled = True
+    settings.watching.server_timeout = int(os.environ.get("DURABLE_AGENTS_WATCH_TIMEOUT", "300"))
+    port = os.environ.get("DURABLE_AGENTS_METRICS_PORT")
+    if port:
+        start_http_server(int(port))
+    config = WorkerConfig.from_env()
+    _worker = RunWorker(Kube(load_api_client()), config)
+    _worker.start()
+    log.info("durable-agents worker %s started (lease %ss)", config.identity, config.lease_duration)
+
+
+@kopf.on.cleanup()
+async def stop(**_: object) -> None:
+    global _worker
+    if _worker is not None:
+        await _worker.stop()
+        _worker.kube.close()
+        _worker = None

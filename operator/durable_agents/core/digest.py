@@ -1,0 +1,24 @@
+"""Content digests: SHA-256 over RFC 8785 canonical JSON, so equal content has one digest."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from typing import Any
+
+import rfc8785
+
+# The metadata that belongs to what an object says (the rest is server bookkeeping).
+_CONTENT_METADATA = ("labels", "annotations")
+
+
+def canonical_digest(value: Any) -> str:
+    return "sha256:" + hashlib.sha256(rfc8785.dumps(value)).hexdigest()
+
+
+def object_content_digest(obj: Mapping[str, Any]) -> str:
+    """Digest of what a Kubernetes object says: everything but server bookkeeping and status."""
+    meta = obj.get("metadata") or {}
+    content = {k: v for k, v in obj.items() if k not in ("metadata", "status")}
+    content["metadata"] = {k: meta[k] for k in _CONTENT_METADATA if meta.get(k)}
+    return canonical_digest(content)

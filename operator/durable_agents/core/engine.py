@@ -1,0 +1,510 @@
+"""The run engine: from a snapshot of an AgentRun to the next committed status, purely.
+
+Given what the run's record says (spec, status, checkpoint), the clock, the worker's lease epoch
+and, where a step needed one, the result of a read, :func:`decide` answers one of:
+
+- :class:`Idle`: nothing to do now (a wait whose answer has not arrived; wake at ``wake_at``);
+- :class:`NeedRead`: the step needs a read first; the shell performs it and calls back;
+- :class:`Commit`: the complete next status, to be written in ONE compare-and-swap.
+
+Every commit goes through the state machine's table, increments the state version by exactly one
+and stamps the lease epoch (fencing token) into the checkpoint. No I/O, no Kubernetes here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from durable_agents.api.v1alpha1 import (
+    HISTORY_LIMIT,
+    AgentRunSpec,
+    AgentRunStatus,
+    Condition,
+    ConditionStatus,
+    HistoryEntry,
+    ObjectReference,
+    Outcome,
+    WaitExpiries,
+)
+from durable_agents.core.checkpoint import (
+    Checkpoint,
+    ExternalEvidenceRef,
+    Fencing,
+    KubernetesEvidenceRef,
+    Loaded,
+    PendingExternal,
+    PendingInput,
+    PolicyRef,
+    Position,
+    Quarantine,
+    RuntimeConfig,
+    Timestamps,
+    ToolCallRecord,
+    dump_checkpoint,
+    load_checkpoint,
+)
+from durable_agents.core.digest import canonical_digest
+from durable_agents.core.durations import parse_duration
+from durable_agents.core.planner import (
+    AskHuman,
+    AwaitEvent,
+    Finish,
+    Planner,
+    PlannerError,
+    PlanningContext,
+    ReadObject,
+)
+from durable_agents.core.statemachine import Position as MachinePosition
+from durable_agents.core.statemachine import RunEvent, RunState, transition
+
+E = RunEvent
+S = RunState
+
+
+@dataclass(frozen=True)
+class RunSnapshot:
+    """One read of an AgentRun, as the engine needs it."""
+
+    uid: str
+    name: str
+    namespace: str
+    generation: int
+    resource_version: str
+    spec: AgentRunSpec
+    status: AgentRunStatus
+    raw_checkpoint: Mapping[str, Any] | None
+
+    @classmethod
+    def from_object(cls, obj: Mapping[str, Any]) -> RunSnapshot:
+        meta = obj["metadata"]
+        raw_status = dict(obj.get("status") or {})
+        raw_checkpoint = raw_status.pop("checkpoint", None)
+        return cls(
+            uid=meta["uid"],
+            name=meta["name"],
+            namespace=meta["namespace"],
+            generation=int(meta.get("generation", 1)),
+            resource_version=meta["resourceVersion"],
+            spec=AgentRunSpec.model_validate(obj["spec"]),
+            status=AgentRunStatus.model_validate(raw_status),
+            raw_checkpoint=raw_checkpoint,
+        )
+
+    @property
+    def state(self) -> RunState:
+        return self.status.state
+
+
+@dataclass(frozen=True)
+class ReadResult:
+    """What the shell observed when it performed a read step."""
+
+    step_index: int
+    evidence: KubernetesEvidenceRef | None = None
+    error_reason: str | None = None
+    error_message: str = ""
+
+
+@dataclass(frozen=True)
+class Idle:
+    wake_at: datetime | None = None
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class NeedRead:
+    step_index: int
+    step_name: str
+    ref: ObjectReference
+
+
+@dataclass(frozen=True)
+class Commit:
+    event: RunEvent
+    status: AgentRunStatus
+    checkpoint: dict[str, Any] | None
+    detail: str = ""
+
+    @property
+    def state(self) -> RunState:
+        return self.status.state
+
+    def wire_status(self) -> dict[str, Any]:
+        out = self.status.wire()
+        if self.checkpoint is not None:
+            out["checkpoint"] = self.checkpoint
+        return out
+
+
+Decision = Idle | NeedRead | Commit
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Policy inputs the engine needs; the shell resolves them from the AgentPolicy, if any."""
+
+    wait_expiries: WaitExpiries = field(default_factory=WaitExpiries)
+    policy_name: str | None = None
+    policy_version: str | None = None
+
+
+def decide(
+    run: RunSnapshot,
+    *,
+    now: datetime,
+    epoch: Fencing,
+    planner: Planner,
+    settings: Settings | None = None,
+    read: ReadResult | None = None,
+) -> Decision:
+    """The next thing to do for ``run``; see the module docstring."""
+    settings = settings or Settings()
+    state = run.state
+    if state.terminal or state is S.QUARANTINED:
+        return Idle(reason=f"run is {state.value}")
+    if state is S.PENDING and run.raw_checkpoint is None:
+        return _accept(run, now, epoch, settings)
+
+    loaded = load_checkpoint(run.raw_checkpoint)
+    if isinstance(loaded, Quarantine):
+        return _quarantine(run, now, epoch, loaded)
+    b = _Builder(run, loaded, now, epoch)
+
+    if run.spec.deadline is not None and now >= run.spec.deadline:
+        return b.commit(
+            E.DEADLINE_EXCEEDED,
+            outcome=Outcome(
+                reason="DeadlineExceeded",
+                message=f"the run's deadline {run.spec.deadline.isoformat()} passed",
+            ),
+        )
+
+    cp = b.cp
+    if state is S.WAITING_INPUT:
+        pending_input = cp.pending_input
+        if pending_input is None:
+            return b.commit(E.INPUT_RECEIVED, detail="no pending question recorded")
+        answer = run.spec.answers.get(pending_input.request_id)
+        if answer is not None:
+            ref = ExternalEvidenceRef(
+                id=f"answer-{pending_input.request_id}",
+                step_index=cp.position.step,
+                recorded_at=now,
+                uri=f"agentrun://{run.namespace}/{run.name}/spec.answers/{pending_input.request_id}",
+                content_digest=canonical_digest(answer),
+            )
+            return b.commit(
+                E.INPUT_RECEIVED,
+                checkpoint=cp.model_copy(
+                    update={
+                        "input_refs": [*cp.input_refs, ref],
+                        "pending_input": None,
+                        "position": cp.position.model_copy(update={"step": cp.position.step + 1}),
+                    }
+                ),
+                detail=f"answer to {pending_input.request_id}",
+            )
+        return _expire_or_idle(b, pending_input.expires_at, "InputExpired", run.spec.deadline)
+
+    if state is S.WAITING_EXTERNAL:
+        pending = cp.pending_external
+        if pending is None:
+            return b.commit(E.EXTERNAL_RECEIVED, detail="no pending event recorded")
+        payload = run.spec.events.get(pending.event)
+        if payload is not None:
+            ref = ExternalEvidenceRef(
+                id=f"event-{pending.request_id}",
+                step_index=cp.position.step,
+                recorded_at=now,
+                uri=f"agentrun://{run.namespace}/{run.name}/spec.events/{pending.event}",
+                content_digest=canonical_digest(payload),
+            )
+            return b.commit(
+                E.EXTERNAL_RECEIVED,
+                checkpoint=cp.model_copy(
+                    update={
+                        "input_refs": [*cp.input_refs, ref],
+                        "pending_external": None,
+                        "position": cp.position.model_copy(update={"step": cp.position.step + 1}),
+                    }
+                ),
+                detail=f"event {pending.event}",
+            )
+        return _expire_or_idle(b, pending.expires_at, "ExternalEventExpired", run.spec.deadline)
+
+    if state in (S.WAITING_APPROVAL, S.WAITING_RETRY, S.CANCEL_REQUESTED):
+        return Idle(reason=f"{state.value} is handled by a later component")
+
+    if state is S.RESUME_VALIDATION:
+        # Material facts of a read-only run: the deadline (checked above) and the checkpoint.
+        return b.commit(E.REVALIDATED, detail="checkpoint valid, deadline not passed")
+
+    if state is S.PENDING:  # a checkpoint exists but acceptance was not committed: accept again
+        return b.commit(E.ACCEPTED)
+
+    return _plan(b, run, planner, settings, read)
+
+
+def _plan(
+    b: _Builder, run: RunSnapshot, planner: Planner, settings: Settings, read: ReadResult | None
+) -> Decision:
+    cp, now = b.cp, b.now
+    try:
+        step = planner.next_step(PlanningContext(run.spec, cp))
+    except PlannerError as err:
+        return b.commit(E.ATTEMPT_FAILED, outcome=Outcome(reason="PlannerError", message=str(err)))
+    index = cp.position.step
+    if isinstance(step, ReadObject):
+        if read is None or read.step_index != index:
+            return NeedRead(index, step.name, step.ref)
+        if read.evidence is None:
+            return b.commit(
+                E.ATTEMPT_FAILED,
+                outcome=Outcome(reason=read.error_reason or "ReadFailed", message=read.error_message),
+                detail=f"read {step.ref.kind}/{step.ref.name} failed",
+            )
+        call = ToolCallRecord(
+            id=f"call-{index}-{step.name}",
+            tool="kubernetes.read",
+            step_index=index,
+            started_at=now,
+            finished_at=now,
+            outcome="succeeded",
+            result_ref=read.evidence.id,
+        )
+        return b.commit(
+            E.STEP_COMPLETED,
+            checkpoint=cp.model_copy(
+                update={
+                    "evidence": [*cp.evidence, read.evidence],
+                    "tool_calls": [*cp.tool_calls, call],
+                    "position": cp.position.model_copy(update={"step": index + 1}),
+                }
+            ),
+            detail=f"read {step.ref.kind}/{step.ref.name}@{read.evidence.resource_version}",
+        )
+    if isinstance(step, AskHuman):
+        expires = now + (step.expires_in or parse_duration(settings.wait_expiries.input))
+        pending = PendingInput(request_id=step.request_id, question=step.question, expires_at=expires)
+        return b.commit(
+            E.INPUT_REQUESTED,
+            checkpoint=cp.model_copy(update={"pending_input": pending}),
+            waiting_for=f"input:{step.request_id}",
+            detail=f"asked {step.request_id}",
+        )
+    if isinstance(step, AwaitEvent):
+        expires = now + (step.expires_in or parse_duration(settings.wait_expiries.external))
+        ext = PendingExternal(request_id=step.request_id, event=step.event, expires_at=expires)
+        return b.commit(
+            E.EXTERNAL_AWAITED,
+            checkpoint=cp.model_copy(update={"pending_external": ext}),
+            waiting_for=f"event:{step.event}",
+            detail=f"awaiting {step.event}",
+        )
+    assert isinstance(step, Finish)
+    return b.commit(
+        E.SUCCEEDED,
+        checkpoint=cp.model_copy(update={"position": cp.position.model_copy(update={"step": index + 1})}),
+        outcome=Outcome(reason="Completed", message=f"finished at step {step.name}", result=step.result),
+    )
+
+
+def _expire_or_idle(b: _Builder, expires_at: datetime, reason: str, deadline: datetime | None) -> Decision:
+    if b.now >= expires_at:
+        return b.commit(
+            E.WAIT_EXPIRED,
+            outcome=Outcome(reason=reason, message=f"nothing arrived before {expires_at.isoformat()}"),
+        )
+    return Idle(wake_at=min(expires_at, deadline) if deadline else expires_at, reason="waiting")
+
+
+def fence(
+    run: RunSnapshot, epoch: Fencing, *, now: datetime, settings: Settings | None = None
+) -> dict[str, Any] | None:
+    """The status that stamps a new lease epoch into the run without a transition, or None.
+
+    A worker that takes over an expired (not released) lease writes this first, by compare-and-
+    swap, before the Lease names it: from then on a zombie holder's commit, prepared against the
+    old resourceVersion, is refused. A run without a checkpoint gets its initial checkpoint (still
+    ``pending``); an unreadable checkpoint is never rewritten (None: quarantine will follow).
+    """
+    if run.raw_checkpoint is None:
+        status = run.status.wire()
+        status["checkpoint"] = _initial_checkpoint(run, now, epoch, settings or Settings())
+        return status
+    loaded = load_checkpoint(run.raw_checkpoint)
+    if isinstance(loaded, Quarantine):
+        return None
+    status = run.status.wire()
+    status["checkpoint"] = dump_checkpoint(loaded.checkpoint.model_copy(update={"fencing": epoch}))
+    return status
+
+
+# --- building commits ------------------------------------------------------------------------
+
+
+def _accept(run: RunSnapshot, now: datetime, epoch: Fencing, settings: Settings) -> Commit:
+    cp = Checkpoint.model_validate(_initial_checkpoint(run, now, epoch, settings))
+    return _Builder(run, Loaded(cp), now, epoch).commit(E.ACCEPTED, detail="spec accepted")
+
+
+def _initial_checkpoint(
+    run: RunSnapshot, now: datetime, epoch: Fencing, settings: Settings
+) -> dict[str, Any]:
+    agent = run.spec.agent
+    cp = Checkpoint(
+        position=Position(state=S.PENDING.value, step=0, state_version=run.status.state_version),
+        fencing=epoch,
+        runtime_config=RuntimeConfig(
+            model=agent.model if agent else None,
+            prompt=agent.prompt if agent else None,
+            tool_set=agent.tool_set if agent else None,
+        ),
+        policy=PolicyRef(name=settings.policy_name, version=settings.policy_version)
+        if settings.policy_name
+        else None,
+        timestamps=Timestamps(created_at=now, updated_at=now, entered_state_at=now),
+    )
+    return dump_checkpoint(cp)
+
+
+def _quarantine(run: RunSnapshot, now: datetime, epoch: Fencing, q: Quarantine) -> Commit:
+    # The checkpoint is left byte-for-byte as stored: a newer operator may still read it.
+    after = transition(MachinePosition(run.state, run.status.state_version), E.QUARANTINE)
+    status = _status(
+        run,
+        after.state,
+        after.state_version,
+        E.QUARANTINE,
+        now,
+        epoch.holder,
+        waiting_for=None,
+        outcome=Outcome(reason=q.reason, message=q.message),
+        detail=q.reason,
+    )
+    raw = dict(run.raw_checkpoint) if run.raw_checkpoint is not None else None
+    return Commit(E.QUARANTINE, status, raw, detail=q.message)
+
+
+class _Builder:
+    """Assembles one commit: state machine, version, fencing, timestamps, conditions, history."""
+
+    def __init__(self, run: RunSnapshot, loaded: Loaded, now: datetime, epoch: Fencing) -> None:
+        self.run, self.cp, self.now, self.epoch = run, loaded.checkpoint, now, epoch
+
+    def commit(
+        self,
+        event: RunEvent,
+        *,
+        checkpoint: Checkpoint | None = None,
+        waiting_for: str | None = None,
+        outcome: Outcome | None = None,
+        detail: str = "",
+    ) -> Commit:
+        run, now = self.run, self.now
+        after = transition(MachinePosition(run.state, run.status.state_version), event)
+        cp = checkpoint or self.cp
+        changed = after.state is not run.state
+        ts = cp.timestamps.model_copy(
+            update={"updated_at": now, "entered_state_at": now if changed else cp.timestamps.entered_state_at}
+        )
+        cp = cp.model_copy(
+            update={
+                "position": cp.position.model_copy(
+                    update={"state": after.state.value, "state_version": after.state_version}
+                ),
+                "fencing": self.epoch,
+                "timestamps": ts,
+            }
+        )
+        status = _status(
+            run,
+            after.state,
+            after.state_version,
+            event,
+            now,
+            self.epoch.holder,
+            waiting_for=waiting_for if after.state.waiting else None,
+            outcome=outcome,
+            detail=detail,
+        )
+        return Commit(event, status, dump_checkpoint(cp), detail)
+
+
+def _status(
+    run: RunSnapshot,
+    state: RunState,
+    version: int,
+    event: RunEvent,
+    now: datetime,
+    holder: str,
+    *,
+    waiting_for: str | None,
+    outcome: Outcome | None,
+    detail: str,
+) -> AgentRunStatus:
+    old = run.status
+    entry = HistoryEntry(
+        state_version=version,
+        event=event.value,
+        from_state=old.state,
+        to_state=state,
+        at=now,
+        holder=holder,
+        detail=detail[:512] or None,
+    )
+    return AgentRunStatus(
+        state=state,
+        state_version=version,
+        state_since=now if state is not old.state or old.state_since is None else old.state_since,
+        waiting_for=waiting_for,
+        observed_generation=run.generation,
+        outcome=outcome if outcome is not None else old.outcome,
+        conditions=conditions_for(state, old.conditions, now, run.generation, outcome, waiting_for),
+        history=[*old.history, entry][-HISTORY_LIMIT:],
+    )
+
+
+def conditions_for(
+    state: RunState,
+    previous: list[Condition],
+    now: datetime,
+    generation: int,
+    outcome: Outcome | None,
+    waiting_for: str | None,
+) -> list[Condition]:
+    """Waiting, Succeeded, Finished, Quarantined: kept current so ``kubectl wait`` is useful."""
+    t, f, u = ConditionStatus.TRUE, ConditionStatus.FALSE, ConditionStatus.UNKNOWN
+    camel = "".join(p.capitalize() for p in state.value.split("_"))
+    message = (outcome.message if outcome else "") or ""
+    wanted = {
+        "Waiting": (t, camel, waiting_for or "") if state.waiting else (f, camel, ""),
+        "Succeeded": (t, "Completed", message)
+        if state is S.COMPLETED
+        else (f, outcome.reason if outcome else camel, message)
+        if state.terminal
+        else (u, camel, ""),
+        "Finished": (t, camel, message) if state.terminal else (f, camel, ""),
+        "Quarantined": (t, outcome.reason if outcome else camel, message)
+        if state is S.QUARANTINED
+        else (f, camel, ""),
+    }
+    before = {c.type: c for c in previous}
+    out: list[Condition] = []
+    for ctype, (status, reason, msg) in wanted.items():
+        prior = before.get(ctype)
+        since = prior.last_transition_time if prior is not None and prior.status == status else now
+        out.append(
+            Condition(
+                type=ctype,
+                status=status,
+                reason=reason,
+                message=msg[:32768],
+                last_transition_time=since,
+                observed_generation=generation,
+            )
+        )
+    return out

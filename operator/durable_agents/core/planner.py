@@ -1,0 +1,106 @@
+"""Planners: the plugin interface that gives a run its next step, and the built-in ``scripted`` one.
+
+A planner sees the run's reconstructed context (its spec and its checkpoint) and names the next
+step. It never performs I/O and never commits anything: the engine turns the step into a
+transition, and the shell performs the reads or effects a step needs. Third-party planners
+register under the entry-point group ``durable_agents.planners``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from importlib.metadata import entry_points
+from typing import Protocol
+
+from durable_agents.api.v1alpha1 import AgentRunSpec, ObjectReference
+from durable_agents.core.checkpoint import Checkpoint
+from durable_agents.core.durations import parse_duration
+
+ENTRY_POINT_GROUP = "durable_agents.planners"
+
+
+@dataclass(frozen=True)
+class ReadObject:
+    """A read-only tool step: read a Kubernetes object as the run's ServiceAccount."""
+
+    name: str
+    ref: ObjectReference
+
+
+@dataclass(frozen=True)
+class AskHuman:
+    name: str
+    request_id: str
+    question: str
+    expires_in: timedelta | None
+
+
+@dataclass(frozen=True)
+class AwaitEvent:
+    name: str
+    request_id: str
+    event: str
+    expires_in: timedelta | None
+
+
+@dataclass(frozen=True)
+class Finish:
+    name: str
+    result: str
+
+
+PlannedStep = ReadObject | AskHuman | AwaitEvent | Finish
+
+
+@dataclass(frozen=True)
+class PlanningContext:
+    spec: AgentRunSpec
+    checkpoint: Checkpoint
+
+
+class PlannerError(Exception):
+    """The planner cannot name a next step: a defined attempt that cannot continue."""
+
+
+class Planner(Protocol):
+    name: str
+
+    def next_step(self, context: PlanningContext) -> PlannedStep: ...
+
+
+def _expiry(text: str | None) -> timedelta | None:
+    return parse_duration(text) if text else None
+
+
+class ScriptedPlanner:
+    """Steps declared in ``spec.steps``, taken in order; running off the end completes the run."""
+
+    name = "scripted"
+
+    def next_step(self, context: PlanningContext) -> PlannedStep:
+        index = context.checkpoint.position.step
+        steps = context.spec.steps
+        if index >= len(steps):
+            return Finish(name="end", result="")
+        step = steps[index]
+        if step.read is not None:
+            return ReadObject(step.name, step.read.object)
+        if step.ask is not None:
+            return AskHuman(step.name, step.name, step.ask.question, _expiry(step.ask.expires_in))
+        if step.await_ is not None:
+            return AwaitEvent(step.name, step.name, step.await_.event, _expiry(step.await_.expires_in))
+        if step.complete is not None:
+            return Finish(step.name, step.complete.result)
+        raise PlannerError(f"step {step.name!r} names no step kind")
+
+
+BUILTIN: dict[str, Planner] = {"scripted": ScriptedPlanner()}
+
+
+def load_planners() -> dict[str, Planner]:
+    """Built-in planners plus those registered through entry points (built-ins win on a clash)."""
+    found: dict[str, Planner] = {}
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        found[ep.name] = ep.load()()
+    return {**found, **BUILTIN}

@@ -1,0 +1,56 @@
+"""Test hooks that make the process die or freeze at a chosen status commit. Inert by default.
+
+``DURABLE_AGENTS_TEST_KILL_AT=before:N`` (or ``after:N``) sends SIGKILL to this process right
+before (after) its Nth status commit; ``DURABLE_AGENTS_TEST_STOP_AT`` sends SIGSTOP instead, to
+make a zombie worker. The e2e suites use them to crash the operator at every commit boundary.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from dataclasses import dataclass
+
+KILL_ENV = "DURABLE_AGENTS_TEST_KILL_AT"
+STOP_ENV = "DURABLE_AGENTS_TEST_STOP_AT"
+
+
+@dataclass(frozen=True)
+class Trigger:
+    phase: str  # "before" or "after"
+    nth: int
+    sig: signal.Signals
+
+    @classmethod
+    def parse(cls, text: str, sig: signal.Signals) -> Trigger:
+        phase, _, nth = text.partition(":")
+        if phase not in ("before", "after") or not nth.isdigit() or int(nth) < 1:
+            raise ValueError(f"expected before:N or after:N with N >= 1, got {text!r}")
+        return cls(phase, int(nth), sig)
+
+
+class CommitHooks:
+    def __init__(self, triggers: list[Trigger]) -> None:
+        self.triggers = triggers
+        self.commits = 0
+
+    @classmethod
+    def from_env(cls) -> CommitHooks:
+        triggers = [
+            Trigger.parse(os.environ[env], sig)
+            for env, sig in ((KILL_ENV, signal.SIGKILL), (STOP_ENV, signal.SIGSTOP))
+            if os.environ.get(env)
+        ]
+        return cls(triggers)
+
+    def before(self) -> None:
+        self.commits += 1
+        self._fire("before")
+
+    def after(self) -> None:
+        self._fire("after")
+
+    def _fire(self, phase: str) -> None:
+        for t in self.triggers:
+            if t.phase == phase and t.nth == self.commits:
+                os.kill(os.getpid(), t.sig)

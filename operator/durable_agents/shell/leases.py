@@ -1,0 +1,214 @@
+"""Per-run leases on ``coordination.k8s.io/v1`` Lease objects, natively in asyncio.
+
+A Lease says which worker may advance a run right now; it never holds business state. Fields are
+kept as client-go's leader election keeps them (holderIdentity, leaseDurationSeconds,
+acquireTime, renewTime, leaseTransitions). A worker deletes its Lease when the run enters a wait
+or ends, so a parked run costs no Lease at all; ``leaseTransitions`` of a new Lease continues
+from the epoch recorded in the run's checkpoint, so lease epochs only ever grow.
+
+Expiry is judged from ``renewTime + leaseDurationSeconds`` against the local clock. That alone
+is not what keeps a run safe: the epoch (holder + transitions) is a fencing token written into
+the run's checkpoint, and every commit is a compare-and-swap (see the worker).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from durable_agents.core.checkpoint import Fencing
+from durable_agents.shell import metrics
+from durable_agents.shell.kube import GROUP, VERSION, Kube
+
+RUN_LABEL = "durable-agents.io/run"
+
+
+def lease_name(run_name: str) -> str:
+    name = f"agentrun-{run_name}"
+    if len(name) <= 253:
+        return name
+    digest = hashlib.sha256(run_name.encode()).hexdigest()[:12]
+    return f"{name[:240]}-{digest}"
+
+
+@dataclass(frozen=True)
+class LeaseRecord:
+    namespace: str
+    name: str
+    holder: str
+    duration_seconds: int
+    acquire_time: datetime | None
+    renew_time: datetime | None
+    transitions: int
+    resource_version: str
+
+    @classmethod
+    def parse(cls, lease: Any) -> LeaseRecord:
+        spec = lease.spec
+        return cls(
+            namespace=lease.metadata.namespace,
+            name=lease.metadata.name,
+            holder=spec.holder_identity or "",
+            duration_seconds=int(spec.lease_duration_seconds or 0),
+            acquire_time=spec.acquire_time,
+            renew_time=spec.renew_time,
+            transitions=int(spec.lease_transitions or 0),
+            resource_version=lease.metadata.resource_version,
+        )
+
+    @property
+    def released(self) -> bool:
+        return not self.holder
+
+    def expires_at(self) -> datetime:
+        base = self.renew_time or self.acquire_time or datetime.fromtimestamp(0, UTC)
+        return base + timedelta(seconds=self.duration_seconds)
+
+    def expired(self, now: datetime) -> bool:
+        return self.released or now >= self.expires_at()
+
+
+@dataclass
+class Hold:
+    """A lease this worker holds. ``valid_until`` is on the local monotonic clock."""
+
+    record: LeaseRecord
+    epoch: Fencing
+    valid_until: float
+    lost: bool = False
+
+    def valid(self, margin: float = 0.0) -> bool:
+        return not self.lost and time.monotonic() + margin < self.valid_until
+
+
+def _micro(t: datetime) -> str:
+    # MicroTime: RFC 3339 with exactly six fractional digits, as client-go writes it.
+    return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+MERGE_PATCH = "application/merge-patch+json"
+
+
+class RunLeases:
+    def __init__(self, kube: Kube, identity: str, duration_seconds: int = 15) -> None:
+        self.kube = kube
+        self.identity = identity
+        self.duration = duration_seconds
+
+    @property
+    def api(self) -> client.CoordinationV1Api:
+        return self.kube.coordination
+
+    async def get(self, namespace: str, run_name: str) -> LeaseRecord | None:
+        try:
+            lease = await self.kube.call(self.api.read_namespaced_lease, lease_name(run_name), namespace)
+        except ApiException as err:
+            if err.status == 404:
+                return None
+            raise
+        return LeaseRecord.parse(lease)
+
+    def _spec(self, transitions: int, now: datetime) -> dict[str, Any]:
+        return {
+            "holderIdentity": self.identity,
+            "leaseDurationSeconds": self.duration,
+            "acquireTime": _micro(now),
+            "renewTime": _micro(now),
+            "leaseTransitions": transitions,
+        }
+
+    async def _patch(self, rec: LeaseRecord, spec: dict[str, Any]) -> Any:
+        # resourceVersion in a merge patch is a precondition: 409 if the Lease moved meanwhile.
+        body = {"metadata": {"resourceVersion": rec.resource_version}, "spec": spec}
+        return await self.kube.call(
+            self.api.patch_namespaced_lease, rec.name, rec.namespace, body, _content_type=MERGE_PATCH
+        )
+
+    def _hold(self, lease: Any, started: float) -> Hold:
+        record = LeaseRecord.parse(lease)
+        # Validity counts from before the request was sent: the server may have stamped it later.
+        return Hold(
+            record,
+            Fencing(holder=self.identity, lease_transitions=record.transitions),
+            started + self.duration,
+        )
+
+    async def create(self, namespace: str, run_name: str, run_uid: str, transitions: int) -> Hold | None:
+        """A new Lease held by us; None when it already exists (someone else was faster)."""
+        body = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {
+                "name": lease_name(run_name),
+                "namespace": namespace,
+                "labels": {RUN_LABEL: run_name},
+                "ownerReferences": [
+                    {"apiVersion": f"{GROUP}/{VERSION}", "kind": "AgentRun", "name": run_name, "uid": run_uid}
+                ],
+            },
+            "spec": self._spec(transitions, datetime.now(UTC)),
+        }
+        started = time.monotonic()
+        try:
+            lease = await self.kube.call(self.api.create_namespaced_lease, namespace, body)
+        except ApiException as err:
+            metrics.API_WRITES.labels("leases", "create").inc()
+            if err.status == 409:
+                return None
+            raise
+        metrics.API_WRITES.labels("leases", "create").inc()
+        return self._hold(lease, started)
+
+    async def take_over(self, record: LeaseRecord, transitions: int) -> Hold | None:
+        """Take an expired or released Lease by compare-and-swap; None when we lost the race."""
+        started = time.monotonic()
+        try:
+            lease = await self._patch(record, self._spec(transitions, datetime.now(UTC)))
+        except ApiException as err:
+            metrics.API_WRITES.labels("leases", "patch").inc()
+            if err.status in (404, 409):
+                return None
+            raise
+        metrics.API_WRITES.labels("leases", "patch").inc()
+        if not record.released:
+            metrics.LEASE_TAKEOVERS.inc()
+        return self._hold(lease, started)
+
+    async def renew(self, hold: Hold) -> bool:
+        """Extend our hold by compare-and-swap; False (and the hold marked lost) if it was taken."""
+        started = time.monotonic()
+        try:
+            lease = await self._patch(hold.record, {"renewTime": _micro(datetime.now(UTC))})
+        except ApiException as err:
+            metrics.API_WRITES.labels("leases", "patch").inc()
+            if err.status in (404, 409):
+                hold.lost = True
+                return False
+            raise
+        metrics.API_WRITES.labels("leases", "patch").inc()
+        hold.record = LeaseRecord.parse(lease)
+        hold.valid_until = started + self.duration
+        return True
+
+    async def release(self, hold: Hold) -> None:
+        """Delete our Lease (precondition: still the version we hold). A lost hold is left alone."""
+        hold.lost = True
+        rec = hold.record
+        try:
+            await self.kube.call(
+                self.api.delete_namespaced_lease,
+                rec.name,
+                rec.namespace,
+                body={"preconditions": {"resourceVersion": rec.resource_version}},
+            )
+        except ApiException as err:
+            if err.status not in (404, 409):
+                raise
+        finally:
+            metrics.API_WRITES.labels("leases", "delete").inc()

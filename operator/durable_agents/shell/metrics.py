@@ -1,0 +1,32 @@
+"""Prometheus metrics of the operator (prometheus-client); names follow the seed's list."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+API_WRITES = Counter(
+    "durable_agents_api_writes_total", "API writes made by the operator", ["resource", "verb"]
+)
+TRANSITIONS = Counter("durable_agents_transitions_total", "Committed run transitions", ["event"])
+COMMIT_CONFLICTS = Counter(
+    "durable_agents_commit_conflicts_total", "Status commits refused with 409 (stale read)"
+)
+LEASE_TAKEOVERS = Counter(
+    "durable_agents_lease_takeovers_total", "Run leases taken over from an expired holder"
+)
+TERMINAL_OUTCOMES = Counter(
+    "durable_agents_terminal_outcomes_total", "Runs that reached a terminal state", ["state", "reason"]
+)
+QUARANTINES = Counter("durable_agents_quarantines_total", "Runs quarantined", ["reason"])
+CHECKPOINT_MIGRATIONS = Counter(
+    "durable_agents_checkpoint_migrations_total", "Checkpoints migrated on read", ["from_version"]
+)
+RESUME_FAILURES = Counter("durable_agents_resume_failures_total", "Resume validations that failed")
+WAITING_RUNS = Gauge(
+    "durable_agents_waiting_runs", "Runs in a waiting state known to this process", ["state"]
+)
+COMMIT_LATENCY = Histogram(
+    "durable_agents_commit_seconds",
+    "Status commit round trip",
+    buckets=(0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2),
+)

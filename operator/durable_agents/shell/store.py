@@ -1,0 +1,84 @@
+"""The run store: reads AgentRuns and commits their status by compare-and-swap.
+
+A commit is ONE ``PUT .../status`` carrying the resourceVersion that was read as precondition.
+A 409 means someone committed in between: the caller throws its computation away and reloads.
+kopf's own patch path is never used for business state (it is a merge patch without a
+precondition).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from kubernetes.client.rest import ApiException
+
+from durable_agents.shell import metrics
+from durable_agents.shell.hooks import CommitHooks
+from durable_agents.shell.kube import GROUP, VERSION, Kube
+
+PLURAL = "agentruns"
+
+
+class Conflict(Exception):
+    """The record changed since it was read; reload and decide again."""
+
+
+class Gone(Exception):
+    """The record no longer exists."""
+
+
+class RunStore:
+    def __init__(self, kube: Kube, hooks: CommitHooks | None = None) -> None:
+        self.kube = kube
+        self.hooks = hooks or CommitHooks([])
+
+    async def get(self, namespace: str, name: str) -> dict[str, Any]:
+        try:
+            obj: dict[str, Any] = await self.kube.call(
+                self.kube.custom.get_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, name
+            )
+        except ApiException as err:
+            if err.status == 404:
+                raise Gone(f"{namespace}/{name}") from err
+            raise
+        return obj
+
+    async def commit_status(self, current: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
+        """Replace ``status`` iff the record is still at ``current``'s resourceVersion."""
+        meta = current["metadata"]
+        body = {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "AgentRun",
+            "metadata": {
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "resourceVersion": meta["resourceVersion"],
+            },
+            "spec": current["spec"],
+            "status": status,
+        }
+        self.hooks.before()
+        started = time.perf_counter()
+        try:
+            out: dict[str, Any] = await self.kube.call(
+                self.kube.custom.replace_namespaced_custom_object_status,
+                GROUP,
+                VERSION,
+                meta["namespace"],
+                PLURAL,
+                meta["name"],
+                body,
+            )
+        except ApiException as err:
+            metrics.API_WRITES.labels("agentruns/status", "update").inc()
+            if err.status == 409:
+                metrics.COMMIT_CONFLICTS.inc()
+                raise Conflict(f"{meta['namespace']}/{meta['name']}@{meta['resourceVersion']}") from err
+            if err.status == 404:
+                raise Gone(f"{meta['namespace']}/{meta['name']}") from err
+            raise
+        metrics.API_WRITES.labels("agentruns/status", "update").inc()
+        metrics.COMMIT_LATENCY.observe(time.perf_counter() - started)
+        self.hooks.after()
+        return out

@@ -1,0 +1,357 @@
+"""The run worker: bounded work under a lease, committed by compare-and-swap.
+
+For one run, one unit of work is (architecture §5):
+
+1. decide from the latest known record whether there is work at all (a parked run has none: it
+   gets a wake-up at its expiry and costs nothing else);
+2. acquire the run's Lease, or do nothing while another live holder has it; taking over an
+   *expired* holder's Lease first stamps the new epoch into the run (a fencing write), so a
+   zombie's commit prepared against the old resourceVersion is refused;
+3. do bounded work: ask the engine for the next status, performing the read a step needs;
+4. commit it in ONE status write with the read resourceVersion as precondition;
+5. on 409, throw the computation away and reload;
+6. when the run waits or ends, delete the Lease.
+
+The queue gives each run to one task at a time (like client-go's workqueue); events that arrive
+meanwhile mark the run dirty and it is processed once more afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import random
+import socket
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from kubernetes.client.rest import ApiException
+
+from durable_agents.api.v1alpha1 import AgentPolicySpec
+from durable_agents.core.checkpoint import Fencing, Loaded, load_checkpoint
+from durable_agents.core.engine import (
+    Commit,
+    Idle,
+    NeedRead,
+    ReadResult,
+    RunSnapshot,
+    Settings,
+    decide,
+    fence,
+)
+from durable_agents.core.planner import Planner, load_planners
+from durable_agents.core.statemachine import RunState
+from durable_agents.shell import metrics
+from durable_agents.shell.events import EventRecorder, reason_of
+from durable_agents.shell.evidence import EvidenceReader
+from durable_agents.shell.hooks import CommitHooks
+from durable_agents.shell.kube import GROUP, VERSION, Kube
+from durable_agents.shell.leases import Hold, RunLeases
+from durable_agents.shell.scheduler import Key, WakeScheduler
+from durable_agents.shell.store import Conflict, Gone, RunStore
+
+log = logging.getLogger(__name__)
+
+
+def new_identity() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    identity: str = field(default_factory=new_identity)
+    lease_duration: int = 15
+    concurrency: int = 8
+    max_transitions_per_unit: int = 16
+    # Renew when less than this fraction of the lease remains (client-go renews at ~2/3 too).
+    renew_fraction: float = 2 / 3
+    retry_backoff: float = 2.0
+
+    @classmethod
+    def from_env(cls) -> WorkerConfig:
+        env = os.environ
+        return cls(
+            identity=env.get("DURABLE_AGENTS_IDENTITY") or new_identity(),
+            lease_duration=int(env.get("DURABLE_AGENTS_LEASE_DURATION", "15")),
+            concurrency=int(env.get("DURABLE_AGENTS_WORKERS", "8")),
+        )
+
+
+class Lost(Exception):
+    """Our lease epoch is no longer the run's: stop touching the run."""
+
+
+def _checkpoint_epoch(raw: Any) -> Fencing | None:
+    if not isinstance(raw, dict):
+        return None
+    loaded = load_checkpoint(raw)
+    return loaded.checkpoint.fencing if isinstance(loaded, Loaded) else None
+
+
+class RunWorker:
+    def __init__(self, kube: Kube, config: WorkerConfig | None = None) -> None:
+        self.kube = kube
+        self.config = config or WorkerConfig()
+        self.identity = self.config.identity
+        self.store = RunStore(kube, CommitHooks.from_env())
+        self.leases = RunLeases(kube, self.identity, self.config.lease_duration)
+        self.reader = EvidenceReader(kube)
+        self.events = EventRecorder(kube, self.identity)
+        self.scheduler = WakeScheduler(self.enqueue)
+        self.planners: dict[str, Planner] = load_planners()
+        self.policies: dict[Key, AgentPolicySpec] = {}
+        self.holds: dict[Key, Hold] = {}
+        self._latest: dict[Key, dict[str, Any]] = {}
+        self._queue: asyncio.Queue[Key] = asyncio.Queue()
+        self._queued: set[Key] = set()
+        self._active: set[Key] = set()
+        self._dirty: set[Key] = set()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._background: set[asyncio.Task[None]] = set()
+
+    # --- intake ---------------------------------------------------------------------------
+
+    def observe(self, event_type: str | None, body: dict[str, Any]) -> None:
+        """A watch event for an AgentRun (from kopf)."""
+        meta = body.get("metadata") or {}
+        key = (meta.get("namespace", ""), meta.get("name", ""))
+        if event_type == "DELETED":
+            self.scheduler.schedule(key, None)
+            self._latest.pop(key, None)
+            hold = self.holds.pop(key, None)
+            if hold is not None:
+                hold.lost = True
+            return
+        self._latest[key] = body
+        self.enqueue(key)
+
+    def observe_policy(self, event_type: str | None, body: dict[str, Any]) -> None:
+        meta = body.get("metadata") or {}
+        key = (meta.get("namespace", ""), meta.get("name", ""))
+        if event_type == "DELETED":
+            self.policies.pop(key, None)
+            return
+        try:
+            self.policies[key] = AgentPolicySpec.model_validate(body.get("spec") or {})
+        except ValueError:
+            log.warning("ignoring invalid AgentPolicy %s/%s", *key)
+
+    def enqueue(self, key: Key) -> None:
+        if key in self._active:
+            self._dirty.add(key)
+        elif key not in self._queued:
+            self._queued.add(key)
+            self._queue.put_nowait(key)
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._tasks.append(asyncio.create_task(self.scheduler.run(), name="wake-scheduler"))
+        self._tasks.append(asyncio.create_task(self._renew_loop(), name="lease-renewer"))
+        for i in range(self.config.concurrency):
+            self._tasks.append(asyncio.create_task(self._consume(), name=f"run-worker-{i}"))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+
+    async def _consume(self) -> None:
+        while True:
+            key = await self._queue.get()
+            self._queued.discard(key)
+            self._active.add(key)
+            try:
+                await self.process(key)
+            except Exception:
+                log.exception("processing %s/%s failed; retrying", *key)
+                self._retry_later(key)
+            finally:
+                self._active.discard(key)
+                if key in self._dirty:
+                    self._dirty.discard(key)
+                    self.enqueue(key)
+
+    def _retry_later(self, key: Key) -> None:
+        delay = self.config.retry_backoff * (1 + random.random())
+        self.scheduler.schedule(key, datetime.now(UTC) + timedelta(seconds=delay))
+
+    async def _renew_loop(self) -> None:
+        while True:
+            await asyncio.sleep(max(0.2, self.config.lease_duration / 15))
+            for key, hold in list(self.holds.items()):
+                if hold.lost:
+                    self.holds.pop(key, None)
+                    continue
+                if not hold.valid(self.config.lease_duration * self.config.renew_fraction):
+                    try:
+                        await self.leases.renew(hold)
+                    except ApiException:
+                        log.warning("renewing the lease of %s/%s failed", *key)
+
+    # --- one unit of work -----------------------------------------------------------------
+
+    def settings_for(self, run: RunSnapshot) -> Settings:
+        ref = run.spec.policy_ref
+        if ref is None:
+            return Settings()
+        policy = self.policies.get((run.namespace, ref.name))
+        if policy is None:
+            return Settings(policy_name=ref.name)
+        return Settings(
+            wait_expiries=policy.wait_expiries, policy_name=ref.name, policy_version=policy.version
+        )
+
+    def planner_for(self, run: RunSnapshot) -> Planner:
+        kind = run.spec.agent.planner.value if run.spec.agent else "scripted"
+        return self.planners[kind]
+
+    async def process(self, key: Key) -> None:
+        body = self._latest.pop(key, None)
+        if body is None:
+            try:
+                body = await self.store.get(*key)
+            except Gone:
+                self.scheduler.schedule(key, None)
+                return
+        snap = RunSnapshot.from_object(body)
+        now = datetime.now(UTC)
+        hold = self.holds.get(key)
+        provisional = hold.epoch if hold else Fencing(holder=self.identity, lease_transitions=0)
+        decision = decide(
+            snap, now=now, epoch=provisional, planner=self.planner_for(snap), settings=self.settings_for(snap)
+        )
+        if isinstance(decision, Idle):
+            self.scheduler.schedule(key, decision.wake_at)
+            if hold is not None:
+                await self._release(key)
+            return
+        if hold is None or not hold.valid(margin=1.0):
+            acquired = await self._acquire(key, snap, body)
+            if acquired is None:
+                return
+            hold, body = acquired
+        try:
+            await self._advance(key, hold, body)
+        except Lost:
+            log.info("lease epoch of %s/%s moved on; dropping our hold", *key)
+            hold.lost = True
+            self.holds.pop(key, None)
+        except Gone:
+            await self._release(key)
+
+    async def _acquire(
+        self, key: Key, snap: RunSnapshot, body: dict[str, Any]
+    ) -> tuple[Hold, dict[str, Any]] | None:
+        now = datetime.now(UTC)
+        record = await self.leases.get(snap.namespace, snap.name)
+        cp_epoch = _checkpoint_epoch(snap.raw_checkpoint)
+        cp_transitions = cp_epoch.lease_transitions if cp_epoch else -1
+        if record is None:
+            hold = await self.leases.create(snap.namespace, snap.name, snap.uid, cp_transitions + 1)
+            if hold is None:  # someone else created it first: look again when it could expire
+                self._recheck(key, now + timedelta(seconds=self.config.lease_duration))
+                return None
+        elif not record.expired(now) and record.holder != self.identity:
+            self._recheck(key, record.expires_at())
+            return None
+        else:
+            transitions = max(record.transitions, cp_transitions) + 1
+            if not record.released:
+                # The holder may be a zombie with a commit in flight: fence the run first.
+                epoch = Fencing(holder=self.identity, lease_transitions=transitions)
+                status = fence(snap, epoch, now=now, settings=self.settings_for(snap))
+                if status is not None:
+                    try:
+                        body = await self.store.commit_status(body, status)
+                    except Conflict:
+                        self.enqueue(key)  # reload and decide again
+                        return None
+            hold = await self.leases.take_over(record, transitions)
+            if hold is None:
+                self._recheck(key, now + timedelta(seconds=1))
+                return None
+        self.holds[key] = hold
+        return hold, body
+
+    def _recheck(self, key: Key, at: datetime) -> None:
+        jitter = timedelta(milliseconds=random.randint(50, 250))
+        self.scheduler.schedule(key, at + jitter)
+
+    async def _advance(self, key: Key, hold: Hold, body: dict[str, Any]) -> None:
+        read: ReadResult | None = None
+        for _ in range(self.config.max_transitions_per_unit):
+            snap = RunSnapshot.from_object(body)
+            epoch = _checkpoint_epoch(snap.raw_checkpoint)
+            if (
+                epoch is not None
+                and epoch != hold.epoch
+                and epoch.lease_transitions >= hold.epoch.lease_transitions
+            ):
+                raise Lost(f"{key} now at epoch {epoch}")
+            now = datetime.now(UTC)
+            decision = decide(
+                snap,
+                now=now,
+                epoch=hold.epoch,
+                planner=self.planner_for(snap),
+                settings=self.settings_for(snap),
+                read=read,
+            )
+            if isinstance(decision, NeedRead):
+                read = await self.reader.read(snap, decision, now)
+                continue
+            if isinstance(decision, Idle):
+                self.scheduler.schedule(key, decision.wake_at)
+                await self._release(key)
+                return
+            if not hold.valid(margin=1.0) and not await self.leases.renew(hold):
+                raise Lost(f"{key}: lease lost before commit")
+            try:
+                body = await self.store.commit_status(body, decision.wire_status())
+            except Conflict:
+                body = await self.store.get(*key)  # discard the computation, reload
+                read = None
+                continue
+            read = None
+            self._after_commit(body, snap.state, decision)
+        self.enqueue(key)  # bounded work done; keep the hold and come back
+
+    def _after_commit(self, body: dict[str, Any], before: RunState, commit: Commit) -> None:
+        metrics.TRANSITIONS.labels(commit.event.value).inc()
+        status = commit.status
+        if status.state.terminal:
+            reason = status.outcome.reason if status.outcome else status.state.value
+            metrics.TERMINAL_OUTCOMES.labels(status.state.value, reason).inc()
+        if status.state is RunState.QUARANTINED and status.outcome:
+            metrics.QUARANTINES.labels(status.outcome.reason).inc()
+        policy = ""
+        cp = commit.checkpoint or {}
+        if isinstance(cp.get("policy"), dict):
+            policy = f" policy={cp['policy'].get('name')}@{cp['policy'].get('version', '')}"
+        message = (
+            f"task={body['metadata']['uid']} stateVersion={status.state_version} "
+            f"{before.value} -> {status.state.value} attempt={cp.get('attempt', 0)}{policy}"
+            + (f": {commit.detail}" if commit.detail else "")
+        )
+        warning = status.state in (RunState.FAILED, RunState.QUARANTINED, RunState.EXPIRED)
+        task = asyncio.create_task(
+            self.events.record(body, reason_of(commit.event.value), message, warning=warning)
+        )
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _release(self, key: Key) -> None:
+        hold = self.holds.pop(key, None)
+        if hold is not None and not hold.lost:
+            await self.leases.release(hold)
+
+
+__all__ = ["GROUP", "VERSION", "RunWorker", "WorkerConfig"]
