@@ -34,7 +34,7 @@ hack-gomod: ## regenerate hack/*/go.mod after changing hack/versions.env
 
 .PHONY: crds
 crds: $(STAMP) ## generate crds/*.yaml from the pydantic API types
-	$(PY) -m durable_agents.api.crdgen crds
+	$(PY) -m durable_agents.api.crdgen crds charts/durable-agents/crds
 
 .PHONY: lint
 lint: $(STAMP) ## ruff and mypy

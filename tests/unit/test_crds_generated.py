@@ -14,12 +14,13 @@ from durable_agents.api import v1alpha1 as api
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_committed_crds_match_the_api_types() -> None:
+@pytest.mark.parametrize("directory", ["crds", "charts/durable-agents/crds"])
+def test_committed_crds_match_the_api_types(directory: str) -> None:
     generated = crdgen.generate()
-    committed = {p.name: p.read_text() for p in (REPO / "crds").glob("*.yaml")}
-    assert set(committed) == set(generated), "run `make crds`: the set of CRD files drifted"
+    committed = {p.name: p.read_text() for p in (REPO / directory).glob("*.yaml")}
+    assert set(committed) == set(generated), f"run `make crds`: the set of files in {directory} drifted"
     for name, text in generated.items():
-        assert committed[name] == text, f"crds/{name} drifted from the API types: run `make crds`"
+        assert committed[name] == text, f"{directory}/{name} drifted from the API types: run `make crds`"
 
 
 def _walk(node: Any, path: str = "") -> list[str]:

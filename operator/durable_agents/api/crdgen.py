@@ -5,7 +5,7 @@ pydantic emits JSON Schema; Kubernetes wants a *structural* OpenAPI v3 schema: n
 ``x-kubernetes-preserve-unknown-fields``), no ``title``. This module does that translation and
 adds what only a CRD has: scope, names, printer columns, the status subresource.
 
-Run ``python -m durable_agents.api.crdgen crds/`` (``make crds``); a test fails on drift.
+Run ``make crds`` (it writes ``crds/`` and the Helm chart's ``crds/``); a test fails on drift.
 """
 
 from __future__ import annotations
@@ -213,12 +213,14 @@ def generate() -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Write every CRD into each directory given (default: crds/)."""
     args = sys.argv[1:] if argv is None else argv
-    out = Path(args[0] if args else "crds")
-    out.mkdir(parents=True, exist_ok=True)
-    for name, text in generate().items():
-        (out / name).write_text(text)
-        print(out / name)
+    for directory in args or ["crds"]:
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        for name, text in generate().items():
+            (out / name).write_text(text)
+            print(out / name)
     return 0
 
 

@@ -232,6 +232,7 @@ class HistoryEntry(ApiModel):
     to_state: RunState = Field(alias="to")
     at: datetime
     holder: str | None = Field(default=None, max_length=253)
+    epoch: int | None = Field(default=None, ge=0, description="Lease transitions of the holder (fencing)")
     detail: str | None = Field(default=None, max_length=512)
 
 

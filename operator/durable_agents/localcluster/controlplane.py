@@ -59,6 +59,12 @@ DEFAULT_CONTROLLERS: tuple[str, ...] = (
 )
 
 STATE_FILE = "state.json"
+AUDIT_POLICY = """apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+  - level: Metadata
+"""
 ADMIN_USER = "durable-agents-admin"
 CONTEXT_NAME = "durable-agents-local"
 SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"
@@ -365,6 +371,7 @@ class LocalControlPlane:
         work_dir: Path | str | None = None,
         *,
         fsync: bool = False,
+        audit: bool = True,
         controller_manager: bool = True,
         controllers: Sequence[str] = DEFAULT_CONTROLLERS,
         bin_dir: Path | str | None = None,
@@ -375,6 +382,7 @@ class LocalControlPlane:
         self._work_dir = Path(work_dir).resolve() if work_dir is not None else None
         self._owns_work_dir = work_dir is None
         self.fsync = fsync
+        self.audit = audit
         self.controller_manager = controller_manager
         self.controllers = tuple(controllers)
         self._bin_dir = Path(bin_dir) if bin_dir is not None else None
@@ -415,6 +423,10 @@ class LocalControlPlane:
     @property
     def etcd_url(self) -> str:
         return f"http://127.0.0.1:{self.ports.etcd_client}"
+
+    @property
+    def audit_log_path(self) -> Path:
+        return self.work_dir / "logs" / "audit.log"
 
     @property
     def kubeconfig_path(self) -> Path:
@@ -596,6 +608,7 @@ class LocalControlPlane:
         plane = cls(
             directory,
             fsync=bool(state["fsync"]),
+            audit=bool(state.get("audit", True)),
             controller_manager=bool(state["controller_manager"]),
             controllers=state["controllers"],
             bin_dir=state["bin_dir"],
@@ -615,6 +628,7 @@ class LocalControlPlane:
             "server_url": self.server_url,
             "bin_dir": str(self.bin_dir),
             "fsync": self.fsync,
+            "audit": self.audit,
             "controller_manager": self.controller_manager,
             "controllers": list(self.controllers),
             "ports": asdict(self.ports),
@@ -743,6 +757,17 @@ class LocalControlPlane:
             # manager (or an operator) connected would take a minute.
             "--shutdown-send-retry-after=true",
         ]
+        if self.audit:
+            # One JSON line per request (metadata only: who, verb, resource), so tests can count
+            # exactly what one client did, e.g. the operator's writes per transition.
+            policy = self.work_dir / "audit-policy.yaml"
+            policy.write_text(AUDIT_POLICY)
+            apiserver += [
+                f"--audit-policy-file={policy}",
+                f"--audit-log-path={self.audit_log_path}",
+                "--audit-log-format=json",
+                "--audit-log-mode=blocking",
+            ]
         processes = {
             ETCD: ManagedProcess(ETCD, etcd, logs / f"{ETCD}.log"),
             APISERVER: ManagedProcess(APISERVER, apiserver, logs / f"{APISERVER}.log"),

@@ -2,7 +2,9 @@
 
 ``DURABLE_AGENTS_TEST_KILL_AT=before:N`` (or ``after:N``) sends SIGKILL to this process right
 before (after) its Nth status commit; ``DURABLE_AGENTS_TEST_STOP_AT`` sends SIGSTOP instead, to
-make a zombie worker. The e2e suites use them to crash the operator at every commit boundary.
+make a zombie worker. ``DURABLE_AGENTS_TEST_COMMIT_DELAY=0.3`` makes each commit wait that many
+seconds first, like slow bounded work (a model call), so a test can catch a worker mid-step. The
+e2e suites use them to crash the operator at every commit boundary.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from dataclasses import dataclass
 
 KILL_ENV = "DURABLE_AGENTS_TEST_KILL_AT"
 STOP_ENV = "DURABLE_AGENTS_TEST_STOP_AT"
+DELAY_ENV = "DURABLE_AGENTS_TEST_COMMIT_DELAY"
 
 
 @dataclass(frozen=True)
@@ -30,8 +33,9 @@ class Trigger:
 
 
 class CommitHooks:
-    def __init__(self, triggers: list[Trigger]) -> None:
+    def __init__(self, triggers: list[Trigger], delay: float = 0.0) -> None:
         self.triggers = triggers
+        self.delay = delay
         self.commits = 0
 
     @classmethod
@@ -41,7 +45,7 @@ class CommitHooks:
             for env, sig in ((KILL_ENV, signal.SIGKILL), (STOP_ENV, signal.SIGSTOP))
             if os.environ.get(env)
         ]
-        return cls(triggers)
+        return cls(triggers, float(os.environ.get(DELAY_ENV) or 0))
 
     def before(self) -> None:
         self.commits += 1

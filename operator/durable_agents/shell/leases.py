@@ -62,6 +62,25 @@ class LeaseRecord:
             resource_version=lease.metadata.resource_version,
         )
 
+    @classmethod
+    def from_dict(cls, body: dict[str, Any]) -> LeaseRecord:
+        meta, spec = body["metadata"], body.get("spec") or {}
+
+        def when(key: str) -> datetime | None:
+            value = spec.get(key)
+            return datetime.fromisoformat(value.replace("Z", "+00:00")) if value else None
+
+        return cls(
+            namespace=meta["namespace"],
+            name=meta["name"],
+            holder=spec.get("holderIdentity") or "",
+            duration_seconds=int(spec.get("leaseDurationSeconds") or 0),
+            acquire_time=when("acquireTime"),
+            renew_time=when("renewTime"),
+            transitions=int(spec.get("leaseTransitions") or 0),
+            resource_version=meta["resourceVersion"],
+        )
+
     @property
     def released(self) -> bool:
         return not self.holder
@@ -197,9 +216,12 @@ class RunLeases:
         return True
 
     async def release(self, hold: Hold) -> None:
-        """Delete our Lease (precondition: still the version we hold). A lost hold is left alone."""
+        """Delete our Lease (precondition: still the version we hold)."""
         hold.lost = True
-        rec = hold.record
+        await self.delete(hold.record)
+
+    async def delete(self, rec: LeaseRecord) -> None:
+        """Delete exactly this version of a Lease; gone or moved on meanwhile is fine."""
         try:
             await self.kube.call(
                 self.api.delete_namespaced_lease,

@@ -8,6 +8,7 @@ precondition).
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -58,6 +59,8 @@ class RunStore:
             "spec": current["spec"],
             "status": status,
         }
+        if self.hooks.delay:
+            await asyncio.sleep(self.hooks.delay)
         self.hooks.before()
         started = time.perf_counter()
         try:

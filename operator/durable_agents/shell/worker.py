@@ -50,7 +50,7 @@ from durable_agents.shell.events import EventRecorder, reason_of
 from durable_agents.shell.evidence import EvidenceReader
 from durable_agents.shell.hooks import CommitHooks
 from durable_agents.shell.kube import GROUP, VERSION, Kube
-from durable_agents.shell.leases import Hold, RunLeases
+from durable_agents.shell.leases import RUN_LABEL, Hold, LeaseRecord, RunLeases
 from durable_agents.shell.scheduler import Key, WakeScheduler
 from durable_agents.shell.store import Conflict, Gone, RunStore
 
@@ -105,6 +105,7 @@ class RunWorker:
         self.planners: dict[str, Planner] = load_planners()
         self.policies: dict[Key, AgentPolicySpec] = {}
         self.holds: dict[Key, Hold] = {}
+        self.leases_seen: dict[Key, LeaseRecord] = {}
         self._latest: dict[Key, dict[str, Any]] = {}
         self._queue: asyncio.Queue[Key] = asyncio.Queue()
         self._queued: set[Key] = set()
@@ -139,6 +140,21 @@ class RunWorker:
             self.policies[key] = AgentPolicySpec.model_validate(body.get("spec") or {})
         except ValueError:
             log.warning("ignoring invalid AgentPolicy %s/%s", *key)
+
+    def observe_lease(self, event_type: str | None, body: dict[str, Any]) -> None:
+        """A watch event for a run Lease: lets an idle run's orphaned Lease be reaped."""
+        meta = body.get("metadata") or {}
+        run = (meta.get("labels") or {}).get(RUN_LABEL)
+        if not run:
+            return
+        key = (meta.get("namespace", ""), run)
+        if event_type == "DELETED":
+            self.leases_seen.pop(key, None)
+            return
+        record = LeaseRecord.from_dict(body)
+        self.leases_seen[key] = record
+        if event_type is None and record.holder != self.identity:
+            self.enqueue(key)  # found at start-up: its holder may be gone, look at the run again
 
     def enqueue(self, key: Key) -> None:
         if key in self._active:
@@ -229,9 +245,11 @@ class RunWorker:
             snap, now=now, epoch=provisional, planner=self.planner_for(snap), settings=self.settings_for(snap)
         )
         if isinstance(decision, Idle):
-            self.scheduler.schedule(key, decision.wake_at)
             if hold is not None:
+                self.scheduler.schedule(key, decision.wake_at)
                 await self._release(key)
+            else:
+                await self._idle(key, decision.wake_at, now)
             return
         if hold is None or not hold.valid(margin=1.0):
             acquired = await self._acquire(key, snap, body)
@@ -281,6 +299,18 @@ class RunWorker:
         self.holds[key] = hold
         return hold, body
 
+    async def _idle(self, key: Key, wake_at: datetime | None, now: datetime) -> None:
+        """Park an idle run: a wake-up at its expiry, and no Lease left behind by a dead holder."""
+        orphan = self.leases_seen.get(key)
+        if orphan is not None and orphan.holder != self.identity:
+            if orphan.expired(now):
+                log.info("reaping the expired Lease of idle run %s/%s (holder %s)", *key, orphan.holder)
+                await self.leases.delete(orphan)
+            else:
+                expiry = orphan.expires_at()
+                wake_at = expiry if wake_at is None else min(wake_at, expiry)
+        self.scheduler.schedule(key, wake_at)
+
     def _recheck(self, key: Key, at: datetime) -> None:
         jitter = timedelta(milliseconds=random.randint(50, 250))
         self.scheduler.schedule(key, at + jitter)
@@ -317,6 +347,7 @@ class RunWorker:
             try:
                 body = await self.store.commit_status(body, decision.wire_status())
             except Conflict:
+                log.info("commit to %s/%s refused (409: the record moved); reloading", *key)
                 body = await self.store.get(*key)  # discard the computation, reload
                 read = None
                 continue

@@ -1,0 +1,94 @@
+"""e2e fixtures: the operator runs as separate processes, as its own user with the chart's RBAC."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from durable_agents.testing.kube import KubeEnv
+from durable_agents.testing.operator_process import OperatorProcess
+from durable_agents.testing.runs import Runs
+
+REPO = Path(__file__).resolve().parents[1]
+OPERATOR_USER = "durable-agents-operator"
+
+
+@pytest.fixture(scope="session")
+def operator_kubeconfig(kube: KubeEnv) -> Path:
+    """A kubeconfig for the operator's own user, bound to exactly the chart's ClusterRole rules."""
+    rules = yaml.safe_load((REPO / "charts/durable-agents/files/operator-rules.yaml").read_text())
+    rbac = client.RbacAuthorizationV1Api(kube.api)
+    role = {"metadata": {"name": OPERATOR_USER}, "rules": rules}
+    binding = {
+        "metadata": {"name": OPERATOR_USER},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": OPERATOR_USER},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": OPERATOR_USER}],
+    }
+    for create, body in ((rbac.create_cluster_role, role), (rbac.create_cluster_role_binding, binding)):
+        try:
+            create(body)
+        except ApiException as err:
+            if err.status != 409:
+                raise
+    if kube.plane is None:  # an external cluster: run the operator with the given credentials
+        return kube.kubeconfig
+    return Path(kube.plane.write_user_kubeconfig(OPERATOR_USER, []))
+
+
+@pytest.fixture
+def start_operator(operator_kubeconfig: Path, tmp_path: Path) -> Iterator[Callable[..., OperatorProcess]]:
+    started: list[OperatorProcess] = []
+
+    def start(name: str = "op", lease_duration: int = 3, **env: str) -> OperatorProcess:
+        op = OperatorProcess(
+            operator_kubeconfig, tmp_path / "operators", name=name, lease_duration=lease_duration, env=env
+        )
+        started.append(op)
+        return op.start()
+
+    yield start
+    for op in started:
+        op.stop()
+
+
+@pytest.fixture
+def runs(kube: KubeEnv, namespace: str) -> Runs:
+    return Runs(kube, namespace)
+
+
+@pytest.fixture
+def readable_configmap(kube: KubeEnv, namespace: str) -> str:
+    """A ConfigMap the namespace's default ServiceAccount may read (and nothing more)."""
+    core = client.CoreV1Api(kube.api)
+    core.create_namespaced_config_map(
+        namespace, {"metadata": {"name": "settings"}, "data": {"maxSurge": "25%"}}
+    )
+    rbac = client.RbacAuthorizationV1Api(kube.api)
+    rbac.create_namespaced_role(
+        namespace,
+        {
+            "metadata": {"name": "read-settings"},
+            "rules": [
+                {
+                    "apiGroups": [""],
+                    "resources": ["configmaps"],
+                    "verbs": ["get"],
+                    "resourceNames": ["settings"],
+                }
+            ],
+        },
+    )
+    rbac.create_namespaced_role_binding(
+        namespace,
+        {
+            "metadata": {"name": "read-settings"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "read-settings"},
+            "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": namespace}],
+        },
+    )
+    return "settings"

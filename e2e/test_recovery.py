@@ -1,0 +1,208 @@
+"""Fresh-process recovery: SIGKILL at every commit boundary, zombies, two operators at once.
+
+Every scenario asserts the run's history is gapless (stateVersion +1 per transition), that no
+step was committed twice, and who committed what, from the fencing epochs in the history.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from durable_agents.testing.operator_process import OperatorProcess, wait_for
+from durable_agents.testing.runs import (
+    EXPECTED_EVENTS,
+    Runs,
+    assert_history_is_gapless,
+    read_ask_await_complete,
+)
+
+LEASE = 2  # seconds; short so that takeovers are quick
+
+
+def drive_to_completion(
+    runs: Runs, name: str, timeout: float = 60, until: Callable[[], bool] = lambda: False
+) -> dict[str, Any] | None:
+    """Answer the question and deliver the event whenever the run waits for them.
+
+    Returns the completed run, or None as soon as ``until()`` holds (e.g. the operator died).
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if until():
+            return None
+        run = runs.get(name)
+        status = run.get("status") or {}
+        state = status.get("state")
+        if state == "completed":
+            return run
+        if state in ("failed", "expired", "quarantined", "canceled"):
+            raise AssertionError(f"run {name} ended {state}: {status.get('outcome')}")
+        spec = run["spec"]
+        if state == "waiting_input" and "confirm" not in spec.get("answers", {}):
+            runs.patch_spec(name, {"answers": {"confirm": "yes"}})
+        if state == "waiting_external" and "window-open" not in spec.get("events", {}):
+            runs.patch_spec(name, {"events": {"window-open": "now"}})
+        time.sleep(0.1)
+    raise TimeoutError(f"run {name} did not complete within {timeout}s: {runs.get(name).get('status')}")
+
+
+def holders(history: list[dict[str, Any]]) -> list[tuple[str, int]]:
+    return [(h["holder"], h["epoch"]) for h in history]
+
+
+@pytest.mark.parametrize("phase", ["before", "after"])
+def test_sigkill_at_every_commit_boundary(
+    start_operator: Callable[..., OperatorProcess], runs: Runs, readable_configmap: str, phase: str
+) -> None:
+    for nth in range(1, len(EXPECTED_EVENTS) + 1):
+        victim = start_operator(f"victim-{phase}{nth}", LEASE, DURABLE_AGENTS_TEST_KILL_AT=f"{phase}:{nth}")
+        name = runs.create(read_ask_await_complete(readable_configmap), name=f"{phase}-{nth}")
+        # Answer while the victim lives, so that every boundary is reached by it.
+        drive_to_completion(runs, name, timeout=30, until=lambda v=victim: not v.alive)  # type: ignore[misc]
+        code = victim.wait_exit(30)
+        assert code == -signal.SIGKILL, f"victim should have been killed at {phase}:{nth}"
+
+        rescuer = start_operator(f"rescuer-{phase}{nth}", LEASE)
+        done = drive_to_completion(runs, name)
+        assert done is not None
+
+        history = assert_history_is_gapless(done)
+        assert [h["event"] for h in history] == EXPECTED_EVENTS, (
+            f"a step repeated or went missing at {phase}:{nth}"
+        )
+        by_victim = [h for h in history if h["holder"] == victim.identity]
+        committed_by_victim = nth if phase == "after" else nth - 1
+        assert len(by_victim) == committed_by_victim, (phase, nth, holders(history))
+        assert all(h["holder"] == rescuer.identity for h in history[committed_by_victim:])
+        cp = done["status"]["checkpoint"]
+        assert len(cp["evidence"]) == 1, "the evidence must be recorded exactly once"
+        assert len(cp["toolCalls"]) == 1
+        assert cp["fencing"]["holder"] == history[-1]["holder"]
+        # A Lease the victim left behind is reaped once expired: a finished run costs no Lease.
+        wait_for(lambda: runs.leases() == [], 10, "the victim's orphaned Lease to be reaped")
+        rescuer.stop()
+
+
+def test_zombie_cannot_commit_after_takeover(
+    start_operator: Callable[..., OperatorProcess], runs: Runs, readable_configmap: str
+) -> None:
+    """The zombie wakes right after the takeover, before the new holder committed any step.
+
+    At that moment the zombie's Lease is still the one the Lease object names (the new holder
+    fences the run first, then takes the Lease), and the run's resourceVersion would still match
+    a commit prepared before the freeze if the new holder had not written first: the fencing
+    write is what refuses the zombie.
+    """
+    spec = read_ask_await_complete(readable_configmap, answered=True)
+    # Freeze right before the 2nd commit (the read step): the zombie holds a computed step.
+    zombie = start_operator("zombie", LEASE, DURABLE_AGENTS_TEST_STOP_AT="before:2")
+    name = runs.create(spec)
+    wait_for(zombie.stopped, 30, "the zombie to freeze before its 2nd commit")
+    stale = runs.get(name)
+    # The new holder freezes right after its 1st write, which is the fencing write.
+    rescuer = start_operator("rescuer", LEASE, DURABLE_AGENTS_TEST_STOP_AT="after:1")
+    wait_for(rescuer.stopped, 30, "the rescuer to fence the run and freeze")
+    fenced = runs.get(name)
+    assert fenced["status"]["checkpoint"]["fencing"]["holder"] == rescuer.identity
+    assert fenced["status"]["stateVersion"] == stale["status"]["stateVersion"] == 1, (
+        "fencing is no transition"
+    )
+    assert fenced["metadata"]["resourceVersion"] != stale["metadata"]["resourceVersion"]
+
+    zombie.signal(signal.SIGCONT)  # wakes with its computed step and tries to commit it
+    wait_for(lambda: "refused (409" in zombie.log_tail(400), 30, "the zombie's commit to be refused")
+    wait_for(lambda: "moved on" in zombie.log_tail(400), 30, "the zombie to drop its stale epoch")
+    rescuer.signal(signal.SIGCONT)
+    done = runs.wait_state(name, "completed", timeout=60)
+
+    history = assert_history_is_gapless(done)
+    assert [h["event"] for h in history] == EXPECTED_EVENTS
+    zombie_epoch = history[0]["epoch"]
+    assert history[0]["holder"] == zombie.identity
+    # Nothing after the takeover carries the zombie's epoch (it may later win a NEW epoch).
+    assert all(h["epoch"] > zombie_epoch for h in history[1:]), holders(history)
+
+
+def test_zombie_after_new_holder_committed_steps(
+    start_operator: Callable[..., OperatorProcess], runs: Runs, readable_configmap: str
+) -> None:
+    zombie = start_operator("zombie", LEASE, DURABLE_AGENTS_TEST_STOP_AT="before:2")
+    name = runs.create(read_ask_await_complete(readable_configmap))
+    wait_for(zombie.stopped, 30, "the zombie to freeze")
+    rescuer = start_operator("rescuer", LEASE)
+    parked = runs.wait_state(name, "waiting_input", timeout=30)
+    zombie.signal(signal.SIGCONT)
+    wait_for(
+        lambda: "moved on" in zombie.log_tail(200) or "Conflict" in zombie.log_tail(200),
+        30,
+        "the zombie to notice",
+    )
+    assert runs.get(name)["metadata"]["resourceVersion"] == parked["metadata"]["resourceVersion"]
+    done = drive_to_completion(runs, name)
+    assert done is not None
+    history = assert_history_is_gapless(done)
+    assert [h["event"] for h in history] == EXPECTED_EVENTS
+    assert all(h["epoch"] > history[0]["epoch"] for h in history[1:]), holders(history)
+    assert history[1]["holder"] == rescuer.identity
+
+
+def test_two_operators_one_holder_at_a_time_and_takeover(
+    start_operator: Callable[..., OperatorProcess], runs: Runs, readable_configmap: str
+) -> None:
+    slow = {"DURABLE_AGENTS_TEST_COMMIT_DELAY": "0.2"}  # each step takes a while: like a model call
+    a = start_operator("a", LEASE, **slow)
+    b = start_operator("b", LEASE, **slow)
+    names = [
+        runs.create(read_ask_await_complete(readable_configmap, answered=True), name=f"pair-{i}")
+        for i in range(12)
+    ]
+
+    def advancing_by_a() -> list[str]:
+        """Runs whose Lease A holds and on which A has already committed a step."""
+        held = [
+            lease.metadata.labels["durable-agents.io/run"]
+            for lease in runs.leases()
+            if lease.spec.holder_identity == a.identity
+        ]
+        history = {n: (runs.get(n).get("status") or {}).get("history", []) for n in held}
+        return [n for n in held if any(h["holder"] == a.identity for h in history[n])]
+
+    # Kill A while it holds the Lease of a run it is advancing.
+    held_by_a = wait_for(advancing_by_a, 30, "A to be advancing a run", interval=0.02)
+    a.kill()
+    killed_at = datetime.now(UTC)
+    done = {name: runs.wait_state(name, "completed", timeout=90) for name in names}
+
+    holders_seen: set[str] = set()
+    for run in done.values():
+        history = assert_history_is_gapless(run)
+        assert [h["event"] for h in history] == EXPECTED_EVENTS
+        # One holder per epoch, and epochs never go back: exactly one holder at a time.
+        per_epoch: dict[int, set[str]] = {}
+        for h in history:
+            per_epoch.setdefault(h["epoch"], set()).add(h["holder"])
+        assert all(len(v) == 1 for v in per_epoch.values()), holders(history)
+        epochs = [h["epoch"] for h in history]
+        assert epochs == sorted(epochs), holders(history)
+        assert run["status"]["checkpoint"]["fencing"]["holder"] == history[-1]["holder"]
+        holders_seen |= {h["holder"] for h in history}
+    assert holders_seen == {a.identity, b.identity}, (
+        "both operators must have advanced runs",
+        held_by_a,
+        [holders(done[n]["status"]["history"]) for n in held_by_a],
+    )
+
+    takeovers = []
+    for name in held_by_a:
+        history = done[name]["status"]["history"]
+        first_b = next(h for h in history if h["holder"] == b.identity)
+        takeovers.append((datetime.fromisoformat(first_b["at"]) - killed_at).total_seconds())
+    print(f"takeover after SIGKILL with a {LEASE}s lease: {[round(t, 2) for t in sorted(takeovers)]}")
+    assert takeovers
+    assert max(takeovers) <= LEASE + 1.5, f"takeover took {max(takeovers):.2f}s with a {LEASE}s lease"

@@ -1,0 +1,67 @@
+"""The operator runtime end to end: a read-only run that pauses, resumes and completes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from durable_agents.testing.operator_process import OperatorProcess
+from durable_agents.testing.runs import (
+    EXPECTED_EVENTS,
+    Runs,
+    assert_history_is_gapless,
+    read_ask_await_complete,
+)
+
+
+def test_run_pauses_without_a_lease_and_resumes_on_patch(
+    start_operator: Callable[..., OperatorProcess], runs: Runs, readable_configmap: str
+) -> None:
+    start_operator()
+    name = runs.create(read_ask_await_complete(readable_configmap))
+
+    parked = runs.wait_state(name, "waiting_input")
+    assert parked["status"]["waitingFor"] == "input:confirm"
+    assert runs.leases() == [], "a parked run must not hold a Lease"
+    waiting = {c["type"]: c for c in parked["status"]["conditions"]}["Waiting"]
+    assert (waiting["status"], waiting["reason"]) == ("True", "WaitingInput")
+
+    runs.patch_spec(name, {"answers": {"confirm": "yes"}})
+    runs.wait_state(name, "waiting_external")
+    assert runs.leases() == []
+    runs.patch_spec(name, {"events": {"window-open": "now"}})
+    done = runs.wait_state(name, "completed")
+
+    history = assert_history_is_gapless(done)
+    assert [h["event"] for h in history] == EXPECTED_EVENTS
+    cp = done["status"]["checkpoint"]
+    assert len(cp["evidence"]) == 1
+    evidence = cp["evidence"][0]
+    assert (evidence["kind"], evidence["name"]) == ("ConfigMap", readable_configmap)
+    assert evidence["contentDigest"].startswith("sha256:")
+    assert [r["id"] for r in cp["inputRefs"]] == ["answer-confirm", "event-window"]
+    assert done["status"]["outcome"]["result"] == "ok"
+    conditions = {c["type"]: c["status"] for c in done["status"]["conditions"]}
+    assert conditions["Succeeded"] == "True"
+    assert conditions["Waiting"] == "False"
+    # kopf wrote nothing on the business record: no annotations, no finalizers.
+    assert "finalizers" not in done["metadata"]
+    assert not any(k.startswith("kopf.") for k in (done["metadata"].get("annotations") or {}))
+    # One Event per transition, reason = the transition.
+    reasons = sorted(e.reason for e in runs.events(name))
+    assert reasons == sorted("".join(p.capitalize() for p in ev.split("_")) for ev in EXPECTED_EVENTS)
+    assert runs.leases() == []
+
+
+def test_read_as_a_service_account_without_permission_fails_with_the_reason(
+    start_operator: Callable[..., OperatorProcess], runs: Runs
+) -> None:
+    start_operator()
+    # The operator's own user may not read ConfigMaps either, but the point is the run's
+    # ServiceAccount: no Role grants it anything here.
+    name = runs.create(read_ask_await_complete("kube-root-ca.crt"))
+    failed = runs.wait_state(name, "failed")
+    assert failed["status"]["outcome"]["reason"] == "Forbidden"
+    assert (
+        f"ServiceAccount {runs.namespace}/default may not read ConfigMap"
+        in failed["status"]["outcome"]["message"]
+    )

@@ -1,0 +1,71 @@
+"""Reads the API server's audit log: exactly which requests one user made, and when."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})
+
+
+@dataclass(frozen=True)
+class AuditEntry:
+    user: str
+    verb: str
+    resource: str
+    subresource: str
+    namespace: str
+    name: str
+    code: int
+    at: datetime
+
+    @property
+    def is_write(self) -> bool:
+        return self.verb in WRITE_VERBS
+
+    @property
+    def what(self) -> str:
+        return f"{self.resource}/{self.subresource}" if self.subresource else self.resource
+
+
+def _parse(line: str) -> AuditEntry | None:
+    try:
+        raw: dict[str, Any] = json.loads(line)
+    except json.JSONDecodeError:
+        return None  # a line still being written
+    if raw.get("stage") != "ResponseComplete":
+        return None
+    ref = raw.get("objectRef") or {}
+    return AuditEntry(
+        user=(raw.get("user") or {}).get("username", ""),
+        verb=raw.get("verb", ""),
+        resource=ref.get("resource", ""),
+        subresource=ref.get("subresource", ""),
+        namespace=ref.get("namespace", ""),
+        name=ref.get("name", ""),
+        code=int((raw.get("responseStatus") or {}).get("code", 0)),
+        at=datetime.fromisoformat(raw["requestReceivedTimestamp"].replace("Z", "+00:00")),
+    )
+
+
+def read_audit(
+    path: Path, *, user: str | None = None, since: datetime | None = None, until: datetime | None = None
+) -> list[AuditEntry]:
+    entries: list[AuditEntry] = []
+    with path.open() as f:
+        for line in f:
+            entry = _parse(line)
+            if entry is None or (user is not None and entry.user != user):
+                continue
+            if (since is not None and entry.at < since) or (until is not None and entry.at >= until):
+                continue
+            entries.append(entry)
+    return entries
+
+
+def count_by(entries: list[AuditEntry]) -> Counter[str]:
+    return Counter(f"{e.verb} {e.what}" for e in entries)

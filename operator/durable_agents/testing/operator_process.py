@@ -1,0 +1,116 @@
+"""The operator as a separate OS process, for e2e tests: start, kill, freeze, thaw, read its log."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
+
+READY_LINE = "durable-agents worker"
+
+
+def wait_for(predicate: Callable[[], T | None], timeout: float, what: str, interval: float = 0.05) -> T:
+    """Poll until ``predicate`` returns a truthy value; TimeoutError naming ``what`` otherwise."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)
+
+
+class OperatorProcess:
+    def __init__(
+        self,
+        kubeconfig: Path,
+        log_dir: Path,
+        *,
+        name: str = "operator",
+        lease_duration: int = 3,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.identity = f"{name}-{uuid.uuid4().hex[:6]}"
+        self.kubeconfig = kubeconfig
+        self.log_path = log_dir / f"{self.identity}.log"
+        self.lease_duration = lease_duration
+        self.extra_env = env or {}
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 60.0) -> OperatorProcess:
+        env = {
+            **os.environ,
+            "KUBECONFIG": str(self.kubeconfig),
+            "DURABLE_AGENTS_IDENTITY": self.identity,
+            "DURABLE_AGENTS_LEASE_DURATION": str(self.lease_duration),
+            "PYTHONUNBUFFERED": "1",
+            **self.extra_env,
+        }
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "durable_agents_controllers"],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        wait_for(lambda: self._ready_or_dead(), timeout, f"operator {self.identity} to start")
+        if not self.alive:
+            raise RuntimeError(f"operator {self.identity} exited at start:\n{self.log_tail()}")
+        return self
+
+    def _ready_or_dead(self) -> bool:
+        return not self.alive or (self.log_path.exists() and READY_LINE in self.log_path.read_text())
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def signal(self, sig: signal.Signals) -> None:
+        if self.alive:
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.signal(signal.SIGKILL)
+        self.wait_exit(10)
+
+    def wait_exit(self, timeout: float) -> int:
+        assert self.proc is not None
+        return self.proc.wait(timeout)
+
+    def stopped(self) -> bool:
+        """True when the process is frozen by SIGSTOP (state T in /proc)."""
+        try:
+            stat = Path(f"/proc/{self.pid}/stat").read_text()
+        except FileNotFoundError:
+            return False
+        return stat.rsplit(")", 1)[1].split()[0] == "T"
+
+    def stop(self) -> None:
+        if self.alive:
+            self.signal(signal.SIGCONT)
+            self.signal(signal.SIGTERM)
+            try:
+                self.wait_exit(15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def log_tail(self, lines: int = 40) -> str:
+        if not self.log_path.exists():
+            return ""
+        return "\n".join(self.log_path.read_text().splitlines()[-lines:])

@@ -1,0 +1,119 @@
+"""AgentRuns as a test drives them: create, read, patch, wait for a state, list Leases and Events."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from kubernetes import client
+
+from durable_agents.api.v1alpha1 import GROUP, VERSION
+from durable_agents.testing.kube import KubeEnv
+from durable_agents.testing.operator_process import wait_for
+
+
+class Runs:
+    """AgentRuns in one namespace, as a test drives them."""
+
+    def __init__(self, kube: KubeEnv, namespace: str) -> None:
+        self.kube = kube
+        self.namespace = namespace
+        self.custom = kube.custom()
+
+    def create(self, spec: dict[str, Any], name: str | None = None) -> str:
+        name = name or f"run-{uuid.uuid4().hex[:8]}"
+        body = {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "AgentRun",
+            "metadata": {"name": name},
+            "spec": spec,
+        }
+        self.custom.create_namespaced_custom_object(GROUP, VERSION, self.namespace, "agentruns", body)
+        return name
+
+    def get(self, name: str) -> dict[str, Any]:
+        out: dict[str, Any] = self.custom.get_namespaced_custom_object(
+            GROUP, VERSION, self.namespace, "agentruns", name
+        )
+        return out
+
+    def all(self) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = self.custom.list_namespaced_custom_object(
+            GROUP, VERSION, self.namespace, "agentruns"
+        )["items"]
+        return items
+
+    def state(self, name: str) -> str:
+        return str((self.get(name).get("status") or {}).get("state", ""))
+
+    def patch_spec(self, name: str, spec: dict[str, Any]) -> None:
+        self.custom.patch_namespaced_custom_object(
+            GROUP, VERSION, self.namespace, "agentruns", name, {"spec": spec}
+        )
+
+    def wait_state(self, name: str, *states: str, timeout: float = 60) -> dict[str, Any]:
+        def reached() -> dict[str, Any] | None:
+            run = self.get(name)
+            return run if (run.get("status") or {}).get("state") in states else None
+
+        try:
+            return wait_for(reached, timeout, f"run {name} to reach {states}", interval=0.1)
+        except TimeoutError as err:
+            status = self.get(name).get("status") or {}
+            raise TimeoutError(
+                f"{err}; it is {status.get('state')!r} at v{status.get('stateVersion')}"
+            ) from None
+
+    def leases(self) -> list[Any]:
+        return list(client.CoordinationV1Api(self.kube.api).list_namespaced_lease(self.namespace).items)
+
+    def events(self, name: str) -> list[Any]:
+        return list(
+            client.CoreV1Api(self.kube.api)
+            .list_namespaced_event(self.namespace, field_selector=f"involvedObject.name={name}")
+            .items
+        )
+
+
+def read_ask_await_complete(configmap: str, *, answered: bool = False, expires: str = "1h") -> dict[str, Any]:
+    """The canonical read-only scenario of the seed: read, ask, wait for an event, complete."""
+    spec: dict[str, Any] = {
+        "taskType": "e2e",
+        "objective": "read a config map, confirm with a human, wait for a window, finish",
+        "steps": [
+            {
+                "name": "read-settings",
+                "read": {"object": {"apiVersion": "v1", "kind": "ConfigMap", "name": configmap}},
+            },
+            {"name": "confirm", "ask": {"question": "proceed?", "expiresIn": expires}},
+            {"name": "window", "await": {"event": "window-open", "expiresIn": expires}},
+            {"name": "done", "complete": {"result": "ok"}},
+        ],
+    }
+    if answered:
+        spec["answers"] = {"confirm": "yes"}
+        spec["events"] = {"window-open": "now"}
+    return spec
+
+
+# The transitions of read_ask_await_complete, in order.
+EXPECTED_EVENTS = [
+    "accepted",
+    "step_completed",
+    "input_requested",
+    "input_received",
+    "revalidated",
+    "external_awaited",
+    "external_received",
+    "revalidated",
+    "succeeded",
+]
+
+
+def assert_history_is_gapless(run: dict[str, Any]) -> list[dict[str, Any]]:
+    history = run["status"]["history"]
+    versions = [h["stateVersion"] for h in history]
+    assert versions == list(range(1, len(history) + 1)), f"state versions must grow by one: {versions}"
+    assert run["status"]["stateVersion"] == len(history)
+    assert run["status"]["checkpoint"]["position"]["stateVersion"] == len(history)
+    return list(history)
