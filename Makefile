@@ -59,9 +59,8 @@ cluster-down: $(STAMP) ## stop the local control plane started by cluster-up
 	@$(VENV)/bin/durable-agents-cluster down
 
 .PHONY: demo
-demo: $(STAMP) ## run the main job on the embedded local control plane (see README)
-	@echo "make demo arrives with the operator runtime (issue 3); until then try: make cluster-up" >&2
-	@exit 2
+demo: $(STAMP) binaries ## the main job on the embedded local control plane (or KUBECONFIG's cluster)
+	@DURABLE_AGENTS_BIN_DIR=$$(bash hack/build.sh | tail -n1) $(PY) -m durable_agents.demo
 
 .PHONY: kind-up
 kind-up: ## laptops with Docker: a kind cluster for the same suites

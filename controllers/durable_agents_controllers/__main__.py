@@ -20,6 +20,8 @@ def main() -> None:
         level=os.environ.get("DURABLE_AGENTS_LOG_LEVEL", "INFO"),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    # kopf logs every handler call at INFO; our own log says what matters per run.
+    logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     namespace = os.environ.get("DURABLE_AGENTS_NAMESPACE")
     kopf.run(
         standalone=True,

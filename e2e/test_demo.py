@@ -1,0 +1,37 @@
+"""`make demo` end to end: its own local control plane, operator, run, kubectl patches."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from durable_agents.testing.kube import KubeEnv
+
+
+def test_demo_completes_the_run(kube: KubeEnv) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
+    if kube.plane is None:  # on an external cluster the demo runs there
+        env["KUBECONFIG"] = str(kube.kubeconfig)
+    out = subprocess.run(
+        [sys.executable, "-m", "durable_agents.demo"], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    text = out.stdout
+    assert "kubectl -n demo-" in text
+    assert "patch agentrun rollout-check" in text
+    final = text[text.index("==> the completed run") :]
+    assert "rollout-check   completed   9" in final
+    assert "'result': 'rollout settings verified and confirmed'" in final
+    timeline = text[text.index("transition timeline") : text.index("==> the completed run")]
+    assert [line.split()[1] for line in timeline.splitlines()[2:11]] == [
+        "accepted",
+        "step_completed",
+        "input_requested",
+        "input_received",
+        "revalidated",
+        "external_awaited",
+        "external_received",
+        "revalidated",
+        "succeeded",
+    ]

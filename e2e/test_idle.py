@@ -1,0 +1,97 @@
+"""Parked runs cost nothing: no Lease, no periodic API requests; and each expires on time."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from durable_agents.testing.audit import count_by, read_audit
+from durable_agents.testing.kube import KubeEnv
+from durable_agents.testing.operator_process import OperatorProcess, wait_for
+from durable_agents.testing.runs import Runs
+
+OPERATOR_USER = "durable-agents-operator"
+PARKED = 200
+EXPIRES_IN = 100  # seconds: long enough for the idle minute, short enough for the suite
+
+
+def parked_spec() -> dict[str, Any]:
+    return {
+        "taskType": "parked",
+        "objective": "ask a question nobody answers",
+        "steps": [
+            {"name": "confirm", "ask": {"question": "anyone there?", "expiresIn": f"{EXPIRES_IN}s"}},
+            {"name": "done", "complete": {"result": "answered"}},
+        ],
+    }
+
+
+def test_parked_runs_cost_no_lease_and_no_requests_and_expire_on_time(
+    kube: KubeEnv, start_operator: Callable[..., OperatorProcess], runs: Runs
+) -> None:
+    if kube.plane is None:
+        pytest.skip("counts requests in the local control plane's audit log")
+    audit = kube.plane.audit_log_path
+    op = start_operator("idle", 15)
+    started = datetime.now(UTC)
+    names = [runs.create(parked_spec(), name=f"parked-{i:03d}") for i in range(PARKED)]
+
+    def all_parked() -> bool:
+        return sum((r.get("status") or {}).get("state") == "waiting_input" for r in runs.all()) == PARKED
+
+    wait_for(all_parked, 120, f"{PARKED} runs to park in waiting_input", interval=0.5)
+    parked_at = datetime.now(UTC)
+    assert runs.leases() == [], "parked runs must hold no Lease"
+
+    # Writes per transition while parking (2 transitions each: accepted, input_requested).
+    parking = read_audit(audit, user=OPERATOR_USER, since=started, until=parked_at)
+    writes = count_by([e for e in parking if e.is_write])
+    transitions = 2 * PARKED
+    status_writes = writes["update agentruns/status"]
+    lease_writes = writes["create leases"] + writes["delete leases"]
+    print(
+        f"\nparking {PARKED} runs: {transitions} transitions, {status_writes} status writes, "
+        f"{lease_writes} lease writes, {writes['create events']} events; "
+        f"business writes per transition {(status_writes + lease_writes) / transitions:.2f} "
+        f"(status only {status_writes / transitions:.2f}); all writes: {dict(writes)}"
+    )
+    assert status_writes == transitions, "exactly one status write per transition"
+
+    # One idle minute: count every request the operator makes.
+    window_start = datetime.now(UTC)
+    time.sleep(60)  # the measurement window itself, not a wait for a condition
+    window_end = datetime.now(UTC)
+    idle = read_audit(audit, user=OPERATOR_USER, since=window_start, until=window_end)
+    print(f"idle minute with {PARKED} parked runs: {len(idle)} requests {dict(count_by(idle))}")
+    assert [e for e in idle if e.is_write] == [], "no periodic writes while runs are parked"
+    assert len(idle) <= 5, "no polling of parked runs"
+    assert runs.leases() == []
+
+    # Nobody answers: each run expires at its expiry, without any worker having waited for it.
+    def all_expired() -> list[dict[str, Any]] | None:
+        items = runs.all()
+        done = [r for r in items if (r.get("status") or {}).get("state") == "expired"]
+        return done if len(done) == PARKED else None
+
+    expired = wait_for(all_expired, EXPIRES_IN + 60, f"{PARKED} runs to expire", interval=1)
+    lateness = []
+    for run in expired:
+        history = run["status"]["history"]
+        asked = next(h for h in history if h["event"] == "input_requested")
+        expiry = next(h for h in history if h["event"] == "wait_expired")
+        due = datetime.fromisoformat(asked["at"]).timestamp() + EXPIRES_IN
+        late = datetime.fromisoformat(expiry["at"]).timestamp() - due
+        assert late >= 0, f"{run['metadata']['name']} expired {-late:.2f}s early"
+        lateness.append(late)
+        assert run["status"]["outcome"]["reason"] == "InputExpired"
+    print(
+        f"expiry lateness over {PARKED} runs: p50 {statistics.median(lateness):.2f}s max {max(lateness):.2f}s"
+    )
+    assert max(lateness) < 10, "each run expires on time"
+    assert op.alive
+    assert names

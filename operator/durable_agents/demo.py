@@ -1,0 +1,220 @@
+"""``make demo``: the main job, start to finish, on the embedded local control plane.
+
+Starts the local control plane (or uses the cluster named by KUBECONFIG), installs the CRDs,
+starts the operator as its own user with the chart's RBAC rules, applies a run that reads a
+ConfigMap, asks a question and waits for an event; answers both with ``kubectl patch`` (printing
+each command), and prints the completed run and its transition timeline. Stops everything it
+started.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes import client
+
+from durable_agents.localcluster.controlplane import LocalControlPlane, find_repo_root
+from durable_agents.testing.kube import KubeEnv, install_crds
+from durable_agents.testing.operator_process import OperatorProcess
+from durable_agents.testing.runs import Runs
+
+OPERATOR_USER = "durable-agents-operator"
+
+
+def say(text: str = "") -> None:
+    print(text, flush=True)
+
+
+def step(text: str) -> None:
+    say(f"\n==> {text}")
+
+
+@contextlib.contextmanager
+def cluster() -> Iterator[tuple[KubeEnv, list[str]]]:
+    """The demo's cluster and the kubectl command line to reach it."""
+    external = os.environ.get("KUBECONFIG")
+    if external:
+        step(f"using the cluster of KUBECONFIG={external}")
+        bin_dir = os.environ.get("DURABLE_AGENTS_BIN_DIR")
+        kubectl = str(Path(bin_dir) / "kubectl") if bin_dir else shutil.which("kubectl") or "kubectl"
+        yield KubeEnv.external(Path(external)), [kubectl, "--kubeconfig", external]
+        return
+    step("starting the embedded local control plane (etcd + kube-apiserver, built from Go modules)")
+    with LocalControlPlane() as plane:
+        env = KubeEnv.local(plane)
+        say(f"    API server {plane.server_url}, ready in {plane.startup_seconds or 0:.1f}s")
+        yield env, [str(plane.bin_dir / "kubectl"), "--kubeconfig", str(plane.kubeconfig_path)]
+
+
+def kubectl(base: list[str], *args: str, show: bool = True) -> str:
+    cmd = [*base, *args]
+    if show:
+        shown = ["kubectl", *args]
+        say("    $ " + " ".join(shlex.quote(a) for a in shown))
+    out = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        raise SystemExit(f"kubectl failed: {out.stderr.strip()}")
+    return out.stdout
+
+
+def operator_kubeconfig(env: KubeEnv, repo: Path) -> Path:
+    rules = yaml.safe_load((repo / "charts/durable-agents/files/operator-rules.yaml").read_text())
+    rbac = client.RbacAuthorizationV1Api(env.api)
+    with contextlib.suppress(client.ApiException):
+        rbac.create_cluster_role({"metadata": {"name": OPERATOR_USER}, "rules": rules})
+    with contextlib.suppress(client.ApiException):
+        rbac.create_cluster_role_binding(
+            {
+                "metadata": {"name": OPERATOR_USER},
+                "roleRef": {
+                    "apiGroup": "rbac.authorization.k8s.io",
+                    "kind": "ClusterRole",
+                    "name": OPERATOR_USER,
+                },
+                "subjects": [
+                    {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": OPERATOR_USER}
+                ],
+            }
+        )
+    if env.plane is None:
+        return env.kubeconfig
+    return Path(env.plane.write_user_kubeconfig(OPERATOR_USER, []))
+
+
+def prepare_namespace(env: KubeEnv, ns: str, repo: Path) -> None:
+    core = client.CoreV1Api(env.api)
+    rbac = client.RbacAuthorizationV1Api(env.api)
+    core.create_namespace({"metadata": {"name": ns}})
+    core.create_namespaced_config_map(
+        ns, {"metadata": {"name": "rollout-settings"}, "data": {"maxSurge": "25%", "maxUnavailable": "0"}}
+    )
+    # The run reads as its ServiceAccount: grant it exactly this one read.
+    rbac.create_namespaced_role(
+        ns,
+        {
+            "metadata": {"name": "read-rollout-settings"},
+            "rules": [
+                {
+                    "apiGroups": [""],
+                    "resources": ["configmaps"],
+                    "verbs": ["get"],
+                    "resourceNames": ["rollout-settings"],
+                }
+            ],
+        },
+    )
+    rbac.create_namespaced_role_binding(
+        ns,
+        {
+            "metadata": {"name": "read-rollout-settings"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "Role",
+                "name": "read-rollout-settings",
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": ns}],
+        },
+    )
+
+
+def timeline(run: dict[str, Any]) -> str:
+    rows = [f"    {'VERSION':>7}  {'EVENT':<18} {'FROM':<18} {'TO':<18} DETAIL"]
+    for h in run["status"]["history"]:
+        moved = f"{h['event']:<18} {h['from']:<18} {h['to']:<18}"
+        rows.append(f"    {h['stateVersion']:>7}  {moved} {h.get('detail', '')}")
+    return "\n".join(rows)
+
+
+def main() -> int:
+    repo = find_repo_root()
+    if repo is None:
+        raise SystemExit("run the demo from a checkout of durable-agents (make demo)")
+    ns = f"demo-{uuid.uuid4().hex[:4]}"
+    with cluster() as (env, kc), tempfile.TemporaryDirectory() as logs:
+        step("installing the CRDs (generated from the pydantic API types)")
+        for name in install_crds(env.api, repo / "crds"):
+            say(f"    {name}")
+        step(f"namespace {ns}: a ConfigMap to read, and a Role letting the run's ServiceAccount read it")
+        prepare_namespace(env, ns, repo)
+        kubectl(kc, "-n", ns, "apply", "-f", str(repo / "config/samples/agentpolicy-default.yaml"))
+
+        step("starting the operator (its own user, bound to the chart's ClusterRole)")
+        op = OperatorProcess(
+            operator_kubeconfig(env, repo),
+            Path(logs),
+            name="demo-operator",
+            lease_duration=15,
+            env={"DURABLE_AGENTS_NAMESPACE": ns},
+        ).start()
+        say(f"    operator {op.identity} (pid {op.pid}) is watching namespace {ns}")
+        try:
+            runs = Runs(env, ns)
+            step("applying the run: read the settings, ask the on-call engineer, await the window, complete")
+            kubectl(kc, "-n", ns, "apply", "-f", str(repo / "config/samples/agentrun-read-ask-complete.yaml"))
+            name = "rollout-check"
+            parked = runs.wait_state(name, "waiting_input", timeout=60)
+            question = parked["status"]["checkpoint"]["pendingInput"]["question"]
+            say(f"    the run is parked in waiting_input (no worker, no Lease): {question!r}")
+            say(kubectl(kc, "-n", ns, "get", "agentruns", show=True).rstrip())
+
+            step("answering the question by patching the run's spec")
+            kubectl(
+                kc,
+                "-n",
+                ns,
+                "patch",
+                "agentrun",
+                name,
+                "--type=merge",
+                "-p",
+                '{"spec":{"answers":{"confirm":"yes"}}}',
+            )
+            runs.wait_state(name, "waiting_external", timeout=60)
+            say("    the run resumed, and now waits for the event maintenance-window-open")
+
+            step("delivering the external event")
+            kubectl(
+                kc,
+                "-n",
+                ns,
+                "patch",
+                "agentrun",
+                name,
+                "--type=merge",
+                "-p",
+                '{"spec":{"events":{"maintenance-window-open":"opened by the demo"}}}',
+            )
+            done = runs.wait_state(name, "completed", timeout=60)
+
+            step("the run's transition timeline (status.history; stateVersion +1 per commit)")
+            say(timeline(done))
+            cp = done["status"]["checkpoint"]
+            ev = cp["evidence"][0]
+            say(
+                f"\n    evidence: {ev['kind']}/{ev['name']} at resourceVersion {ev['resourceVersion']} "
+                f"({ev['contentDigest'][:23]}...)"
+            )
+            step("the completed run")
+            say(kubectl(kc, "-n", ns, "get", "agentruns", "-o", "wide").rstrip())
+            say(f"\n    outcome: {done['status']['outcome']}")
+        finally:
+            op.stop()
+            if env.plane is None:
+                client.CoreV1Api(env.api).delete_namespace(ns)
+        step("stopped the operator" + ("" if env.plane is None else " and the local control plane"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
