@@ -2,7 +2,7 @@
 
 Environment: KUBECONFIG (outside a Pod), DURABLE_AGENTS_NAMESPACE (watch one namespace instead of
 all), DURABLE_AGENTS_LEASE_DURATION, DURABLE_AGENTS_WORKERS, DURABLE_AGENTS_METRICS_PORT,
-DURABLE_AGENTS_IDENTITY.
+DURABLE_AGENTS_IDENTITY, DURABLE_AGENTS_DISPATCH_TIMEOUT.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import os
 
 import kopf
 
-from durable_agents_controllers import agentpolicy, agentrun, runtime
+from durable_agents_controllers import actionrecord, agentpolicy, agentrun, runtime
 
 
 def main() -> None:
@@ -30,7 +30,7 @@ def main() -> None:
     )
 
 
-__all__ = ["agentpolicy", "agentrun", "main", "runtime"]
+__all__ = ["actionrecord", "agentpolicy", "agentrun", "main", "runtime"]
 
 if __name__ == "__main__":
     main()

@@ -8,11 +8,13 @@ import os
 import kopf
 from prometheus_client import start_http_server
 
+from durable_agents.shell.dispatcher import Dispatcher, DispatcherConfig
 from durable_agents.shell.kube import Kube, load_api_client
 from durable_agents.shell.worker import RunWorker, WorkerConfig
 
 log = logging.getLogger(__name__)
 _worker: RunWorker | None = None
+_dispatcher: Dispatcher | None = None
 
 
 def worker() -> RunWorker:
@@ -21,9 +23,15 @@ def worker() -> RunWorker:
     return _worker
 
 
+def dispatcher() -> Dispatcher:
+    if _dispatcher is None:
+        raise RuntimeError("the dispatcher is not started (kopf startup has not run)")
+    return _dispatcher
+
+
 @kopf.on.startup()
 async def start(settings: kopf.OperatorSettings, **_: object) -> None:
-    global _worker
+    global _worker, _dispatcher
     # kopf is the event source and scheduler, not the commit path: no kopf posting, and no
     # change-detecting handlers, so kopf writes no annotations or finalizers on our records.
     settings.posting.enabled = False
@@ -33,14 +41,21 @@ async def start(settings: kopf.OperatorSettings, **_: object) -> None:
     if port:
         start_http_server(int(port))
     config = WorkerConfig.from_env()
-    _worker = RunWorker(Kube(load_api_client()), config)
+    kube = Kube(load_api_client())
+    _worker = RunWorker(kube, config)
     _worker.start()
+    timeout = float(os.environ.get("DURABLE_AGENTS_DISPATCH_TIMEOUT", "5"))
+    _dispatcher = Dispatcher(kube, DispatcherConfig(identity=config.identity, timeout=timeout))
+    _dispatcher.start()
     log.info("durable-agents worker %s started (lease %ss)", config.identity, config.lease_duration)
 
 
 @kopf.on.cleanup()
 async def stop(**_: object) -> None:
-    global _worker
+    global _worker, _dispatcher
+    if _dispatcher is not None:
+        await _dispatcher.stop()
+        _dispatcher = None
     if _worker is not None:
         await _worker.stop()
         _worker.kube.close()

@@ -75,7 +75,7 @@ def test_step_with_two_kinds_is_rejected(kube: KubeEnv, namespace: str) -> None:
     body["spec"]["steps"][0]["complete"] = {"result": "x"}
     message = rejection(kube, namespace, body)
     assert "spec.steps[0]" in message
-    assert "exactly one of read, ask, await, complete" in message
+    assert "exactly one of read, ask, await, effect, complete" in message
 
 
 def test_oversized_field_is_rejected(kube: KubeEnv, namespace: str) -> None:
@@ -165,3 +165,17 @@ def test_status_cannot_be_set_through_the_main_resource(kube: KubeEnv, namespace
     body["status"] = {"state": "completed", "stateVersion": 42}
     created = create(kube, namespace, body)
     assert "status" not in created or created["status"].get("state") != "completed"
+
+
+def test_duplicate_step_names_are_rejected(kube: KubeEnv, namespace: str) -> None:
+    body = sample("agentrun-read-ask-complete.yaml")
+    body["spec"]["steps"][2]["name"] = body["spec"]["steps"][1]["name"]
+    message = rejection(kube, namespace, body)
+    assert "spec.steps" in message
+    assert "step names must be unique" in message
+
+
+def test_empty_question_is_rejected(kube: KubeEnv, namespace: str) -> None:
+    body = sample("agentrun-read-ask-complete.yaml")
+    body["spec"]["steps"][1]["ask"]["question"] = ""
+    assert "spec.steps[1].ask.question" in rejection(kube, namespace, body)

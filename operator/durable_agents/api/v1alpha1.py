@@ -104,9 +104,9 @@ class AgentConfig(ApiModel):
     """Runtime configuration identifiers recorded in the checkpoint and checked on resume."""
 
     planner: PlannerKind = PlannerKind.SCRIPTED
-    model: str | None = Field(default=None, max_length=253)
-    prompt: str | None = Field(default=None, max_length=253)
-    tool_set: str | None = Field(default=None, max_length=253)
+    model: str | None = Field(default=None, min_length=1, max_length=253)
+    prompt: str | None = Field(default=None, min_length=1, max_length=253)
+    tool_set: str | None = Field(default=None, min_length=1, max_length=253)
 
 
 class ReadStep(ApiModel):
@@ -118,7 +118,7 @@ class ReadStep(ApiModel):
 class AskStep(ApiModel):
     """Enter waiting_input with a question; answered via ``spec.answers[requestId]``."""
 
-    question: str = Field(max_length=4096)
+    question: str = Field(min_length=1, max_length=4096)
     expires_in: str | None = Field(default=None, max_length=32, pattern=DURATION_PATTERN)
 
 
@@ -135,7 +135,25 @@ class CompleteStep(ApiModel):
     result: str = Field(default="", max_length=4096)
 
 
-STEP_KINDS = ("read", "ask", "await", "complete")
+class EffectStep(ApiModel):
+    """Perform a side effect through the action ledger (intent, dispatch, reconcile).
+
+    ``effect`` names an effect plugin (built in: ``http.post``, ``kubernetes.apply``); ``target``
+    and ``arguments`` are the plugin's. ``compensates`` names an earlier effect step whose action
+    this one compensates: compensation is a new action, never a rollback by assumption.
+    """
+
+    effect: str = Field(max_length=128, pattern=r"^[a-z0-9]([-a-z0-9._]*[a-z0-9])?$")
+    target: dict[str, Any] = Field(
+        default_factory=dict, json_schema_extra={"x-kubernetes-preserve-unknown-fields": True}
+    )
+    arguments: dict[str, Any] = Field(
+        default_factory=dict, json_schema_extra={"x-kubernetes-preserve-unknown-fields": True}
+    )
+    compensates: str | None = Field(default=None, max_length=63, pattern=NAME_PATTERN)
+
+
+STEP_KINDS = ("read", "ask", "await", "effect", "complete")
 
 
 class Step(ApiModel):
@@ -156,6 +174,7 @@ class Step(ApiModel):
     read: ReadStep | None = None
     ask: AskStep | None = None
     await_: AwaitStep | None = Field(default=None, alias="await")
+    effect: EffectStep | None = None
     complete: CompleteStep | None = None
 
 
@@ -188,7 +207,17 @@ class AgentRunSpec(ApiModel):
     policy_ref: LocalReference | None = Field(default=None, json_schema_extra=immutable("policyRef"))
     agent: AgentConfig | None = Field(default=None, json_schema_extra=immutable("agent"))
     deadline: datetime | None = Field(default=None, json_schema_extra=immutable("deadline"))
-    steps: list[Step] = Field(default_factory=list, max_length=64, json_schema_extra=immutable("steps"))
+    steps: list[Step] = Field(
+        default_factory=list,
+        max_length=64,
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel("self == oldSelf", "steps is immutable"),
+                # Step names are request IDs and idempotency-key parts: they must be unique.
+                cel("self.all(s, self.exists_one(t, t.name == s.name))", "step names must be unique"),
+            ]
+        },
+    )
     answers: dict[str, Answer] = Field(
         default_factory=dict,
         max_length=64,
@@ -305,6 +334,7 @@ class ActionRecordSpec(ApiModel):
 
     idempotency_key: str = Field(max_length=253)
     run_ref: RunReference
+    service_account_name: str = Field(default="default", max_length=253, description="Who the effect acts as")
     step_index: int = Field(ge=0)
     effect: str = Field(max_length=128)
     tier: ActionTier
@@ -321,7 +351,9 @@ class ActionRecordSpec(ApiModel):
 class ActionRecordStatus(ApiModel):
     state: ActionState = ActionState.INTENT
     attempts: int = Field(default=0, ge=0)
+    queries: int = Field(default=0, ge=0, description="Times the authoritative system was asked")
     claimed_by: str | None = Field(default=None, max_length=253)
+    claim_expires_at: datetime | None = None
     first_dispatched_at: datetime | None = None
     last_attempt_at: datetime | None = None
     outcome_unknown_since: datetime | None = None
@@ -329,6 +361,7 @@ class ActionRecordStatus(ApiModel):
     outcome: dict[str, Any] | None = Field(
         default=None, json_schema_extra={"x-kubernetes-preserve-unknown-fields": True}
     )
+    reason: str | None = Field(default=None, max_length=128)
     message: str | None = Field(default=None, max_length=4096)
     conditions: list[Condition] = Field(
         default_factory=list, max_length=16, json_schema_extra=CONDITIONS_SCHEMA_EXTRA

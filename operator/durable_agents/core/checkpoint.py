@@ -133,6 +133,8 @@ class ToolCallRecord(_Contract):
     outcome: ToolCallOutcome
     result_ref: Identifier | None = None
     """ID of an evidence reference in this checkpoint."""
+    error: Annotated[str, StringConstraints(max_length=1024)] | None = None
+    """Why a failed call failed (reason: message); never a raw response body."""
 
 
 class PendingAction(_Contract):

@@ -14,12 +14,15 @@ and stamps the lease epoch (fencing token) into the checkpoint. No I/O, no Kuber
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
 from durable_agents.api.v1alpha1 import (
     HISTORY_LIMIT,
+    ActionRecordSpec,
+    ActionState,
+    ActionTier,
     AgentRunSpec,
     AgentRunStatus,
     Condition,
@@ -27,6 +30,7 @@ from durable_agents.api.v1alpha1 import (
     HistoryEntry,
     ObjectReference,
     Outcome,
+    RunReference,
     WaitExpiries,
 )
 from durable_agents.core.checkpoint import (
@@ -35,6 +39,7 @@ from durable_agents.core.checkpoint import (
     Fencing,
     KubernetesEvidenceRef,
     Loaded,
+    PendingAction,
     PendingExternal,
     PendingInput,
     PolicyRef,
@@ -48,10 +53,12 @@ from durable_agents.core.checkpoint import (
 )
 from durable_agents.core.digest import canonical_digest
 from durable_agents.core.durations import parse_duration
+from durable_agents.core.ledger import action_record_name, idempotency_key
 from durable_agents.core.planner import (
     AskHuman,
     AwaitEvent,
     Finish,
+    PerformEffect,
     Planner,
     PlannerError,
     PlanningContext,
@@ -109,6 +116,23 @@ class ReadResult:
 
 
 @dataclass(frozen=True)
+class ActionObservation:
+    """What the ledger says about one action: its dispatch state and authoritative outcome."""
+
+    state: ActionState
+    outcome: Mapping[str, Any] | None = None
+    reason: str | None = None
+    message: str | None = None
+
+
+@dataclass(frozen=True)
+class NeedActions:
+    """The run waits on these actions: make sure each record exists, then report its state."""
+
+    records: dict[str, ActionRecordSpec | None]
+
+
+@dataclass(frozen=True)
 class Idle:
     wake_at: datetime | None = None
     reason: str = ""
@@ -127,6 +151,7 @@ class Commit:
     status: AgentRunStatus
     checkpoint: dict[str, Any] | None
     detail: str = ""
+    intents: tuple[ActionRecordSpec, ...] = ()  # action records to create right after this commit
 
     @property
     def state(self) -> RunState:
@@ -139,7 +164,7 @@ class Commit:
         return out
 
 
-Decision = Idle | NeedRead | Commit
+Decision = Idle | NeedRead | NeedActions | Commit
 
 
 @dataclass(frozen=True)
@@ -149,6 +174,8 @@ class Settings:
     wait_expiries: WaitExpiries = field(default_factory=WaitExpiries)
     policy_name: str | None = None
     policy_version: str | None = None
+    # Tier of each effect: the plugin's declared tier, overridden by the policy's.
+    tiers: Mapping[str, ActionTier] = field(default_factory=dict)
 
 
 def decide(
@@ -159,21 +186,28 @@ def decide(
     planner: Planner,
     settings: Settings | None = None,
     read: ReadResult | None = None,
+    actions: Mapping[str, ActionObservation] | None = None,
 ) -> Decision:
     """The next thing to do for ``run``; see the module docstring."""
     settings = settings or Settings()
     state = run.state
     if state.terminal or state is S.QUARANTINED:
         return Idle(reason=f"run is {state.value}")
-    if state is S.PENDING and run.raw_checkpoint is None:
+    past_deadline = run.spec.deadline is not None and now >= run.spec.deadline
+    if state is S.PENDING and run.raw_checkpoint is None and not past_deadline:
         return _accept(run, now, epoch, settings)
 
-    loaded = load_checkpoint(run.raw_checkpoint)
+    loaded = (
+        Loaded(Checkpoint.model_validate(_initial_checkpoint(run, now, epoch, settings)))
+        if run.raw_checkpoint is None
+        else load_checkpoint(run.raw_checkpoint)
+    )
     if isinstance(loaded, Quarantine):
         return _quarantine(run, now, epoch, loaded)
     b = _Builder(run, loaded, now, epoch)
 
-    if run.spec.deadline is not None and now >= run.spec.deadline:
+    if past_deadline:
+        assert run.spec.deadline is not None
         return b.commit(
             E.DEADLINE_EXCEEDED,
             outcome=Outcome(
@@ -209,6 +243,9 @@ def decide(
             )
         return _expire_or_idle(b, pending_input.expires_at, "InputExpired", run.spec.deadline)
 
+    if state is S.WAITING_EXTERNAL and cp.pending_actions:
+        return _reconcile_actions(b, run, planner, settings, actions)
+
     if state is S.WAITING_EXTERNAL:
         pending = cp.pending_external
         if pending is None:
@@ -239,7 +276,14 @@ def decide(
         return Idle(reason=f"{state.value} is handled by a later component")
 
     if state is S.RESUME_VALIDATION:
-        # Material facts of a read-only run: the deadline (checked above) and the checkpoint.
+        failed = _failed_call_of_step(cp)
+        if failed is not None:
+            return b.commit(
+                E.ATTEMPT_FAILED,
+                outcome=Outcome(reason="ActionFailed", message=f"{failed.tool}: {failed.error or 'failed'}"),
+                detail=f"step {cp.position.step} failed",
+            )
+        # Material facts: the deadline (checked above) and the checkpoint itself.
         return b.commit(E.REVALIDATED, detail="checkpoint valid, deadline not passed")
 
     if state is S.PENDING:  # a checkpoint exists but acceptance was not committed: accept again
@@ -304,12 +348,129 @@ def _plan(
             waiting_for=f"event:{step.event}",
             detail=f"awaiting {step.event}",
         )
+    if isinstance(step, PerformEffect):
+        spec = action_spec(run, index, step, settings)
+        name = action_record_name(spec.idempotency_key)
+        action = PendingAction(
+            idempotency_key=spec.idempotency_key,
+            action_record_name=name,
+            effect=step.effect,
+            tier=spec.tier.value,
+            step_index=index,
+        )
+        # The intent is committed before anything is dispatched (semantic boundary).
+        commit = b.commit(
+            E.EXTERNAL_AWAITED,
+            checkpoint=cp.model_copy(update={"pending_actions": [*cp.pending_actions, action]}),
+            waiting_for=f"action:{name}",
+            detail=f"intent {step.effect} key={spec.idempotency_key}",
+        )
+        return replace(commit, intents=(spec,))
     assert isinstance(step, Finish)
     return b.commit(
         E.SUCCEEDED,
         checkpoint=cp.model_copy(update={"position": cp.position.model_copy(update={"step": index + 1})}),
         outcome=Outcome(reason="Completed", message=f"finished at step {step.name}", result=step.result),
     )
+
+
+def action_spec(run: RunSnapshot, index: int, step: PerformEffect, settings: Settings) -> ActionRecordSpec:
+    """The immutable intent of one effect step: the same on every recomputation."""
+    key = idempotency_key(run.uid, index, step.name)
+    compensates = None
+    if step.compensates is not None:
+        names = [s.name for s in run.spec.steps]
+        if step.compensates in names:
+            target = names.index(step.compensates)
+            compensates = action_record_name(idempotency_key(run.uid, target, step.compensates))
+    return ActionRecordSpec(
+        idempotency_key=key,
+        run_ref=RunReference(name=run.name, uid=run.uid),
+        service_account_name=run.spec.service_account_name,
+        step_index=index,
+        effect=step.effect,
+        tier=settings.tiers.get(step.effect, ActionTier.CONSEQUENTIAL),
+        target=step.target or None,
+        arguments=step.arguments or None,
+        compensates=compensates,
+    )
+
+
+def _reconcile_actions(
+    b: _Builder,
+    run: RunSnapshot,
+    planner: Planner,
+    settings: Settings,
+    actions: Mapping[str, ActionObservation] | None,
+) -> Decision:
+    cp = b.cp
+    if actions is None:
+        specs: dict[str, ActionRecordSpec | None] = {}
+        for pending in cp.pending_actions:
+            specs[pending.action_record_name] = _rebuild_spec(run, cp, planner, settings, pending)
+        return NeedActions(specs)
+    for pending in cp.pending_actions:
+        seen = actions.get(pending.action_record_name)
+        if seen is None or seen.state not in (
+            ActionState.SUCCEEDED,
+            ActionState.FAILED,
+            ActionState.CANCELED,
+        ):
+            continue
+        # Reconciled: resume from a checkpoint committed after reconciliation, with the
+        # authoritative outcome as an evidence reference (never the raw response body).
+        ref = ExternalEvidenceRef(
+            id=f"action-{pending.step_index}-{pending.action_record_name[4:16]}",
+            step_index=pending.step_index,
+            recorded_at=b.now,
+            uri=f"actionrecord://{run.namespace}/{pending.action_record_name}",
+            content_digest=canonical_digest(dict(seen.outcome or {})),
+        )
+        ok = seen.state is ActionState.SUCCEEDED
+        call = ToolCallRecord(
+            id=f"call-{pending.step_index}-{pending.action_record_name[4:16]}",
+            tool=pending.effect,
+            step_index=pending.step_index,
+            started_at=b.now,
+            finished_at=b.now,
+            outcome="succeeded" if ok else "failed",
+            result_ref=ref.id,
+            error=None if ok else f"{seen.reason or seen.state.value}: {seen.message or ''}"[:1024],
+        )
+        remaining = [p for p in cp.pending_actions if p is not pending]
+        step = cp.position.step + 1 if ok and not remaining else cp.position.step
+        return b.commit(
+            E.EXTERNAL_RECEIVED,
+            checkpoint=cp.model_copy(
+                update={
+                    "pending_actions": remaining,
+                    "evidence": [*cp.evidence, ref],
+                    "tool_calls": [*cp.tool_calls, call],
+                    "position": cp.position.model_copy(update={"step": step}),
+                }
+            ),
+            detail=f"action {pending.effect} {seen.state.value}",
+        )
+    # Still in flight or unknown: the run waits (no expiry: an unknown outcome is never assumed).
+    return Idle(wake_at=run.spec.deadline, reason="action in flight")
+
+
+def _rebuild_spec(
+    run: RunSnapshot, cp: Checkpoint, planner: Planner, settings: Settings, pending: PendingAction
+) -> ActionRecordSpec | None:
+    try:
+        step = planner.next_step(PlanningContext(run.spec, cp))
+    except PlannerError:
+        return None
+    if not isinstance(step, PerformEffect):
+        return None
+    spec = action_spec(run, pending.step_index, step, settings)
+    return spec if spec.idempotency_key == pending.idempotency_key else None
+
+
+def _failed_call_of_step(cp: Checkpoint) -> ToolCallRecord | None:
+    calls = [c for c in cp.tool_calls if c.step_index == cp.position.step]
+    return calls[-1] if calls and calls[-1].outcome == "failed" else None
 
 
 def _expire_or_idle(b: _Builder, expires_at: datetime, reason: str, deadline: datetime | None) -> Decision:
@@ -382,11 +543,11 @@ def _quarantine(run: RunSnapshot, now: datetime, epoch: Fencing, q: Quarantine) 
         now,
         epoch,
         waiting_for=None,
-        outcome=Outcome(reason=q.reason, message=q.message),
+        outcome=Outcome(reason=q.reason, message=q.message[:4000]),
         detail=q.reason,
     )
     raw = dict(run.raw_checkpoint) if run.raw_checkpoint is not None else None
-    return Commit(E.QUARANTINE, status, raw, detail=q.message)
+    return Commit(E.QUARANTINE, status, raw, detail=q.message[:512])
 
 
 class _Builder:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 from importlib.metadata import entry_points
-from typing import Protocol
+from typing import Any, Protocol
 
 from durable_agents.api.v1alpha1 import AgentRunSpec, ObjectReference
 from durable_agents.core.checkpoint import Checkpoint
@@ -45,12 +45,23 @@ class AwaitEvent:
 
 
 @dataclass(frozen=True)
+class PerformEffect:
+    """A side effect: committed as an intent first, dispatched by the ledger, then reconciled."""
+
+    name: str
+    effect: str
+    target: dict[str, Any]
+    arguments: dict[str, Any]
+    compensates: str | None = None  # the name of the earlier effect step this one compensates
+
+
+@dataclass(frozen=True)
 class Finish:
     name: str
     result: str
 
 
-PlannedStep = ReadObject | AskHuman | AwaitEvent | Finish
+PlannedStep = ReadObject | AskHuman | AwaitEvent | PerformEffect | Finish
 
 
 @dataclass(frozen=True)
@@ -90,6 +101,9 @@ class ScriptedPlanner:
             return AskHuman(step.name, step.name, step.ask.question, _expiry(step.ask.expires_in))
         if step.await_ is not None:
             return AwaitEvent(step.name, step.name, step.await_.event, _expiry(step.await_.expires_in))
+        if step.effect is not None:
+            e = step.effect
+            return PerformEffect(step.name, e.effect, e.target, e.arguments, e.compensates)
         if step.complete is not None:
             return Finish(step.name, step.complete.result)
         raise PlannerError(f"step {step.name!r} names no step kind")

@@ -1,4 +1,7 @@
-"""Kubernetes Events on a run, one per transition (reason = the transition), never prompt content."""
+"""Kubernetes Events on runs (one per transition, reason = the transition) and on action records.
+
+Events carry task ID, state version, attempt and policy version; never prompt content.
+"""
 
 from __future__ import annotations
 
@@ -31,8 +34,8 @@ class EventRecorder:
             "kind": "Event",
             "metadata": {"name": f"{meta['name']}.{uuid.uuid4().hex[:16]}", "namespace": meta["namespace"]},
             "involvedObject": {
-                "apiVersion": f"{GROUP}/{VERSION}",
-                "kind": "AgentRun",
+                "apiVersion": run.get("apiVersion", f"{GROUP}/{VERSION}"),
+                "kind": run.get("kind", "AgentRun"),
                 "name": meta["name"],
                 "namespace": meta["namespace"],
                 "uid": meta["uid"],

@@ -1,10 +1,11 @@
-"""Test hooks that make the process die or freeze at a chosen status commit. Inert by default.
+"""Test hooks that make the process die or freeze at a chosen write. Inert by default.
 
 ``DURABLE_AGENTS_TEST_KILL_AT=before:N`` (or ``after:N``) sends SIGKILL to this process right
-before (after) its Nth status commit; ``DURABLE_AGENTS_TEST_STOP_AT`` sends SIGSTOP instead, to
-make a zombie worker. ``DURABLE_AGENTS_TEST_COMMIT_DELAY=0.3`` makes each commit wait that many
-seconds first, like slow bounded work (a model call), so a test can catch a worker mid-step. The
-e2e suites use them to crash the operator at every commit boundary.
+before (after) its Nth successful write of record: run status commits, action-record creations
+and action status writes, counted together in the order they happen.
+``DURABLE_AGENTS_TEST_STOP_AT`` sends SIGSTOP instead, to make a zombie worker.
+``DURABLE_AGENTS_TEST_COMMIT_DELAY=0.3`` makes each run commit wait that long first, like slow
+bounded work (a model call), so a test can catch a worker mid-step.
 """
 
 from __future__ import annotations
@@ -47,14 +48,26 @@ class CommitHooks:
         ]
         return cls(triggers, float(os.environ.get(DELAY_ENV) or 0))
 
+    # Counted in successful writes, so a write refused with 409 does not shift the boundaries.
     def before(self) -> None:
-        self.commits += 1
-        self._fire("before")
+        self._fire("before", self.commits + 1)
 
     def after(self) -> None:
-        self._fire("after")
+        self.commits += 1
+        self._fire("after", self.commits)
 
-    def _fire(self, phase: str) -> None:
+    def _fire(self, phase: str, nth: int) -> None:
         for t in self.triggers:
-            if t.phase == phase and t.nth == self.commits:
+            if t.phase == phase and t.nth == nth:
                 os.kill(os.getpid(), t.sig)
+
+
+_process_hooks: CommitHooks | None = None
+
+
+def process_hooks() -> CommitHooks:
+    """The one hook counter of this process: run and action-record commits count together."""
+    global _process_hooks
+    if _process_hooks is None:
+        _process_hooks = CommitHooks.from_env()
+    return _process_hooks

@@ -30,3 +30,19 @@ COMMIT_LATENCY = Histogram(
     "Status commit round trip",
     buckets=(0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2),
 )
+DUPLICATE_SUPPRESSIONS = Counter(
+    "durable_agents_duplicate_suppressions_total",
+    "Action intents refused by the API server because the record already existed (AlreadyExists)",
+)
+ACTION_DISPATCHES = Counter(
+    "durable_agents_action_dispatches_total", "Effect dispatches by answer", ["effect", "answer"]
+)
+ACTION_QUERIES = Counter(
+    "durable_agents_action_queries_total", "Authoritative-system queries by answer", ["effect", "answer"]
+)
+UNKNOWN_OUTCOME_SECONDS = Histogram(
+    "durable_agents_unknown_outcome_seconds",
+    "How long an action's outcome stayed unknown before reconciliation",
+    buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 300, 1800),
+)
+UNKNOWN_OUTCOMES = Gauge("durable_agents_unknown_outcomes", "Actions whose outcome is unknown right now")

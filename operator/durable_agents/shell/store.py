@@ -15,7 +15,7 @@ from typing import Any
 from kubernetes.client.rest import ApiException
 
 from durable_agents.shell import metrics
-from durable_agents.shell.hooks import CommitHooks
+from durable_agents.shell.hooks import CommitHooks, process_hooks
 from durable_agents.shell.kube import GROUP, VERSION, Kube
 
 PLURAL = "agentruns"
@@ -32,7 +32,7 @@ class Gone(Exception):
 class RunStore:
     def __init__(self, kube: Kube, hooks: CommitHooks | None = None) -> None:
         self.kube = kube
-        self.hooks = hooks or CommitHooks([])
+        self.hooks = hooks or process_hooks()
 
     async def get(self, namespace: str, name: str) -> dict[str, Any]:
         try:

@@ -31,11 +31,13 @@ from typing import Any
 
 from kubernetes.client.rest import ApiException
 
-from durable_agents.api.v1alpha1 import AgentPolicySpec
+from durable_agents.api.v1alpha1 import ActionRecordStatus, AgentPolicySpec
 from durable_agents.core.checkpoint import Fencing, Loaded, load_checkpoint
 from durable_agents.core.engine import (
+    ActionObservation,
     Commit,
     Idle,
+    NeedActions,
     NeedRead,
     ReadResult,
     RunSnapshot,
@@ -46,13 +48,15 @@ from durable_agents.core.engine import (
 from durable_agents.core.planner import Planner, load_planners
 from durable_agents.core.statemachine import RunState
 from durable_agents.shell import metrics
+from durable_agents.shell.actions import ActionStore
+from durable_agents.shell.effects import load_effects
 from durable_agents.shell.events import EventRecorder, reason_of
 from durable_agents.shell.evidence import EvidenceReader
-from durable_agents.shell.hooks import CommitHooks
 from durable_agents.shell.kube import GROUP, VERSION, Kube
 from durable_agents.shell.leases import RUN_LABEL, Hold, LeaseRecord, RunLeases
-from durable_agents.shell.scheduler import Key, WakeScheduler
+from durable_agents.shell.scheduler import Key
 from durable_agents.shell.store import Conflict, Gone, RunStore
+from durable_agents.shell.workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +73,6 @@ class WorkerConfig:
     max_transitions_per_unit: int = 16
     # Renew when less than this fraction of the lease remains (client-go renews at ~2/3 too).
     renew_fraction: float = 2 / 3
-    retry_backoff: float = 2.0
 
     @classmethod
     def from_env(cls) -> WorkerConfig:
@@ -85,6 +88,10 @@ class Lost(Exception):
     """Our lease epoch is no longer the run's: stop touching the run."""
 
 
+def _state_version(body: dict[str, Any]) -> int:
+    return int((body.get("status") or {}).get("stateVersion") or 0)
+
+
 def _checkpoint_epoch(raw: Any) -> Fencing | None:
     if not isinstance(raw, dict):
         return None
@@ -97,20 +104,20 @@ class RunWorker:
         self.kube = kube
         self.config = config or WorkerConfig()
         self.identity = self.config.identity
-        self.store = RunStore(kube, CommitHooks.from_env())
+        self.store = RunStore(kube)
+        self.actions = ActionStore(kube)
         self.leases = RunLeases(kube, self.identity, self.config.lease_duration)
         self.reader = EvidenceReader(kube)
         self.events = EventRecorder(kube, self.identity)
-        self.scheduler = WakeScheduler(self.enqueue)
+        self.queue = WorkQueue("run-worker", self.process, concurrency=self.config.concurrency)
         self.planners: dict[str, Planner] = load_planners()
+        self.effect_tiers = {name: effect.tier for name, effect in load_effects().items()}
         self.policies: dict[Key, AgentPolicySpec] = {}
         self.holds: dict[Key, Hold] = {}
+        # The newest state version this process committed or saw, per run: a watch event can
+        # arrive after our own later commit, and deciding from it would only earn a 409.
+        self.versions: dict[Key, int] = {}
         self.leases_seen: dict[Key, LeaseRecord] = {}
-        self._latest: dict[Key, dict[str, Any]] = {}
-        self._queue: asyncio.Queue[Key] = asyncio.Queue()
-        self._queued: set[Key] = set()
-        self._active: set[Key] = set()
-        self._dirty: set[Key] = set()
         self._tasks: list[asyncio.Task[None]] = []
         self._background: set[asyncio.Task[None]] = set()
 
@@ -121,14 +128,13 @@ class RunWorker:
         meta = body.get("metadata") or {}
         key = (meta.get("namespace", ""), meta.get("name", ""))
         if event_type == "DELETED":
-            self.scheduler.schedule(key, None)
-            self._latest.pop(key, None)
+            self.queue.forget(key)
+            self.versions.pop(key, None)
             hold = self.holds.pop(key, None)
             if hold is not None:
                 hold.lost = True
             return
-        self._latest[key] = body
-        self.enqueue(key)
+        self.queue.add(key, body)
 
     def observe_policy(self, event_type: str | None, body: dict[str, Any]) -> None:
         meta = body.get("metadata") or {}
@@ -157,47 +163,22 @@ class RunWorker:
             self.enqueue(key)  # found at start-up: its holder may be gone, look at the run again
 
     def enqueue(self, key: Key) -> None:
-        if key in self._active:
-            self._dirty.add(key)
-        elif key not in self._queued:
-            self._queued.add(key)
-            self._queue.put_nowait(key)
+        self.queue.add(key)
 
     # --- lifecycle ------------------------------------------------------------------------
 
     def start(self) -> None:
-        self._tasks.append(asyncio.create_task(self.scheduler.run(), name="wake-scheduler"))
+        self.queue.start()
         self._tasks.append(asyncio.create_task(self._renew_loop(), name="lease-renewer"))
-        for i in range(self.config.concurrency):
-            self._tasks.append(asyncio.create_task(self._consume(), name=f"run-worker-{i}"))
 
     async def stop(self) -> None:
+        await self.queue.stop()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks.clear()
-
-    async def _consume(self) -> None:
-        while True:
-            key = await self._queue.get()
-            self._queued.discard(key)
-            self._active.add(key)
-            try:
-                await self.process(key)
-            except Exception:
-                log.exception("processing %s/%s failed; retrying", *key)
-                self._retry_later(key)
-            finally:
-                self._active.discard(key)
-                if key in self._dirty:
-                    self._dirty.discard(key)
-                    self.enqueue(key)
-
-    def _retry_later(self, key: Key) -> None:
-        delay = self.config.retry_backoff * (1 + random.random())
-        self.scheduler.schedule(key, datetime.now(UTC) + timedelta(seconds=delay))
 
     async def _renew_loop(self) -> None:
         while True:
@@ -229,24 +210,32 @@ class RunWorker:
         kind = run.spec.agent.planner.value if run.spec.agent else "scripted"
         return self.planners[kind]
 
-    async def process(self, key: Key) -> None:
-        body = self._latest.pop(key, None)
+    async def process(self, key: Key, body: dict[str, Any] | None) -> None:
+        if body is not None and _state_version(body) < self.versions.get(key, 0):
+            body = None  # stale: read the current record instead
         if body is None:
             try:
                 body = await self.store.get(*key)
             except Gone:
-                self.scheduler.schedule(key, None)
+                self.queue.forget(key)
                 return
+        self.versions[key] = max(self.versions.get(key, 0), _state_version(body))
         snap = RunSnapshot.from_object(body)
         now = datetime.now(UTC)
         hold = self.holds.get(key)
         provisional = hold.epoch if hold else Fencing(holder=self.identity, lease_transitions=0)
-        decision = decide(
-            snap, now=now, epoch=provisional, planner=self.planner_for(snap), settings=self.settings_for(snap)
-        )
+        planner, settings = self.planner_for(snap), self.settings_for(snap)
+        decision = decide(snap, now=now, epoch=provisional, planner=planner, settings=settings)
+        actions: dict[str, ActionObservation] | None = None
+        if isinstance(decision, NeedActions):
+            # Looking at the ledger needs no Lease: only a commit does.
+            actions = await self._observe_actions(snap, decision)
+            decision = decide(
+                snap, now=now, epoch=provisional, planner=planner, settings=settings, actions=actions
+            )
         if isinstance(decision, Idle):
             if hold is not None:
-                self.scheduler.schedule(key, decision.wake_at)
+                self.queue.wake_at(key, decision.wake_at)
                 await self._release(key)
             else:
                 await self._idle(key, decision.wake_at, now)
@@ -257,7 +246,7 @@ class RunWorker:
                 return
             hold, body = acquired
         try:
-            await self._advance(key, hold, body)
+            await self._advance(key, hold, body, actions)
         except Lost:
             log.info("lease epoch of %s/%s moved on; dropping our hold", *key)
             hold.lost = True
@@ -309,13 +298,15 @@ class RunWorker:
             else:
                 expiry = orphan.expires_at()
                 wake_at = expiry if wake_at is None else min(wake_at, expiry)
-        self.scheduler.schedule(key, wake_at)
+        self.queue.wake_at(key, wake_at)
 
     def _recheck(self, key: Key, at: datetime) -> None:
         jitter = timedelta(milliseconds=random.randint(50, 250))
-        self.scheduler.schedule(key, at + jitter)
+        self.queue.wake_at(key, at + jitter)
 
-    async def _advance(self, key: Key, hold: Hold, body: dict[str, Any]) -> None:
+    async def _advance(
+        self, key: Key, hold: Hold, body: dict[str, Any], actions: dict[str, ActionObservation] | None
+    ) -> None:
         read: ReadResult | None = None
         for _ in range(self.config.max_transitions_per_unit):
             snap = RunSnapshot.from_object(body)
@@ -334,12 +325,16 @@ class RunWorker:
                 planner=self.planner_for(snap),
                 settings=self.settings_for(snap),
                 read=read,
+                actions=actions,
             )
             if isinstance(decision, NeedRead):
                 read = await self.reader.read(snap, decision, now)
                 continue
+            if isinstance(decision, NeedActions):
+                actions = await self._observe_actions(snap, decision)
+                continue
             if isinstance(decision, Idle):
-                self.scheduler.schedule(key, decision.wake_at)
+                self.queue.wake_at(key, decision.wake_at)
                 await self._release(key)
                 return
             if not hold.valid(margin=1.0) and not await self.leases.renew(hold):
@@ -349,11 +344,33 @@ class RunWorker:
             except Conflict:
                 log.info("commit to %s/%s refused (409: the record moved); reloading", *key)
                 body = await self.store.get(*key)  # discard the computation, reload
-                read = None
+                read, actions = None, None
                 continue
-            read = None
+            read, actions = None, None
+            self.versions[key] = decision.status.state_version
             self._after_commit(body, snap.state, decision)
+            for intent in decision.intents:
+                # Right after the intent commit: the record the dispatcher works from. If it
+                # exists already, the API server says so and the ledger counts a suppressed duplicate.
+                await self.actions.ensure(snap.namespace, intent)
         self.enqueue(key)  # bounded work done; keep the hold and come back
+
+    async def _observe_actions(self, run: RunSnapshot, need: NeedActions) -> dict[str, ActionObservation]:
+        """The ledger's word on each pending action; an intent whose record is missing is created."""
+        seen: dict[str, ActionObservation] = {}
+        for name, spec in need.records.items():
+            try:
+                record = await self.actions.get(run.namespace, name)
+            except Gone:
+                if spec is None:
+                    log.warning(
+                        "run %s/%s waits on a missing action record %s", run.namespace, run.name, name
+                    )
+                    continue
+                record = await self.actions.ensure(run.namespace, spec)
+            status = ActionRecordStatus.model_validate(record.get("status") or {})
+            seen[name] = ActionObservation(status.state, status.outcome, status.reason, status.message)
+        return seen
 
     def _after_commit(self, body: dict[str, Any], before: RunState, commit: Commit) -> None:
         metrics.TRANSITIONS.labels(commit.event.value).inc()

@@ -1,0 +1,23 @@
+"""ActionRecord watch events: the dispatcher takes every change; a run waits on its records' outcomes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kopf
+
+from durable_agents.core.ledger import TERMINAL_ACTION_STATES
+from durable_agents.shell.kube import GROUP, VERSION
+from durable_agents_controllers.runtime import dispatcher, worker
+
+
+@kopf.on.event(GROUP, VERSION, "actionrecords")
+async def actionrecord_event(event: kopf.RawEvent, **_: Any) -> None:
+    body: dict[str, Any] = dict(event["object"])
+    dispatcher().observe(event.get("type"), body)
+    status: dict[str, Any] = body.get("status") or {}
+    if status.get("state") in {s.value for s in TERMINAL_ACTION_STATES}:
+        spec: dict[str, Any] = body.get("spec") or {}
+        run = (spec.get("runRef") or {}).get("name")
+        if run:
+            worker().enqueue((body["metadata"]["namespace"], run))

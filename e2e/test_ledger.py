@@ -1,0 +1,334 @@
+"""The action ledger end to end: intent, dispatch, reconcile; faults, crashes, RBAC, metrics."""
+
+from __future__ import annotations
+
+import socket
+import urllib.request
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from durable_agents.api.v1alpha1 import GROUP, VERSION
+from durable_agents.core.ledger import action_record_name, idempotency_key
+from durable_agents.refsystem import ReferenceSystemThread
+from durable_agents.testing.kube import KubeEnv
+from durable_agents.testing.operator_process import OperatorProcess, wait_for
+from durable_agents.testing.runs import Runs, assert_history_is_gapless
+
+LEASE = 2
+EFFECT_EVENTS = ["accepted", "external_awaited", "external_received", "revalidated", "succeeded"]
+
+
+@pytest.fixture
+def refsystem() -> Iterator[ReferenceSystemThread]:
+    with ReferenceSystemThread() as system:
+        yield system
+
+
+def http_effect_run(url: str, amount: int = 10) -> dict[str, Any]:
+    return {
+        "taskType": "payment",
+        "objective": "pay once, whatever happens",
+        "steps": [
+            {
+                "name": "pay",
+                "effect": {
+                    "effect": "http.post",
+                    "target": {"url": f"{url}/effects", "queryUrl": f"{url}/effects"},
+                    "arguments": {"amount": amount},
+                },
+            },
+            {"name": "done", "complete": {"result": "paid"}},
+        ],
+    }
+
+
+def key_of(run: dict[str, Any], step: int = 0, name: str = "pay") -> str:
+    return idempotency_key(run["metadata"]["uid"], step, name)
+
+
+def record_of(runs: Runs, key: str) -> dict[str, Any]:
+    out: dict[str, Any] = runs.custom.get_namespaced_custom_object(
+        GROUP, VERSION, runs.namespace, "actionrecords", action_record_name(key)
+    )
+    return out
+
+
+def test_effect_is_applied_once_and_its_outcome_becomes_evidence(
+    start_operator: Callable[..., OperatorProcess], runs: Runs, refsystem: ReferenceSystemThread
+) -> None:
+    start_operator("ledger", LEASE)
+    name = runs.create(http_effect_run(refsystem.url))
+    done = runs.wait_state(name, "completed", timeout=60)
+    history = assert_history_is_gapless(done)
+    assert [h["event"] for h in history] == EFFECT_EVENTS
+    key = key_of(done)
+    assert refsystem.counts() == {key: 1}
+    record = record_of(runs, key)
+    assert record["status"]["state"] == "succeeded"
+    assert record["status"]["attempts"] == 1
+    assert record["status"]["outcome"]["receipt"].startswith("rcpt-")
+    assert record["spec"]["idempotencyKey"] == key
+    cp = done["status"]["checkpoint"]
+    assert cp["pendingActions"] == [] if "pendingActions" in cp else True
+    evidence = [e for e in cp["evidence"] if e["uri"].startswith("actionrecord://")]
+    assert len(evidence) == 1
+    assert evidence[0]["contentDigest"].startswith("sha256:")
+    assert [c["outcome"] for c in cp["toolCalls"]] == ["succeeded"]
+
+
+FAULTS = ["slow", "drop_after_apply", "error_after_apply", "error_before_apply"]
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_fault_matrix_never_applies_twice(
+    start_operator: Callable[..., OperatorProcess],
+    runs: Runs,
+    refsystem: ReferenceSystemThread,
+    fault: str,
+) -> None:
+    many = 6
+    refsystem.inject(fault, times=many, delay=2.0)
+    # A dispatch answer later than 1 s is an unknown outcome (the slow fault answers after 2 s).
+    start_operator("faults", LEASE, DURABLE_AGENTS_DISPATCH_TIMEOUT="1")
+    names = [
+        runs.create(http_effect_run(refsystem.url, i), name=f"{fault.replace('_', '-')}-{i}")
+        for i in range(many)
+    ]
+    done = [runs.wait_state(n, "completed", timeout=90) for n in names]
+    counts = refsystem.counts()
+    keys = [key_of(run) for run in done]
+    assert {k: counts.get(k) for k in keys} == dict.fromkeys(keys, 1), f"{fault}: {counts}"
+    duplicates = sum(n - 1 for n in counts.values())
+    print(f"\nfault {fault}: {many} runs, {sum(counts.values())} applications, {duplicates} duplicates")
+    for run in done:
+        record = record_of(runs, key_of(run))
+        status = record["status"]
+        assert status["state"] == "succeeded"
+        assert status["queries"] >= 1, "an ambiguous answer must be reconciled by a query"
+        assert status["attempts"] == (2 if fault == "error_before_apply" else 1)
+        assert "outcomeUnknownSince" in status
+
+
+def test_sigkill_around_every_ledger_write(
+    start_operator: Callable[..., OperatorProcess], runs: Runs, refsystem: ReferenceSystemThread
+) -> None:
+    """Writes in order: accepted, intent, record created, claimed, outcome, received, revalidated,
+    succeeded. Kill right before and right after each; a fresh process finishes the run."""
+    writes = 8
+    for phase in ("before", "after"):
+        for nth in range(1, writes + 1):
+            victim = start_operator(
+                f"v-{phase}{nth}",
+                LEASE,
+                DURABLE_AGENTS_TEST_KILL_AT=f"{phase}:{nth}",
+                DURABLE_AGENTS_DISPATCH_TIMEOUT="1",
+            )
+            name = runs.create(http_effect_run(refsystem.url, nth), name=f"crash-{phase}-{nth}")
+            code = victim.wait_exit(60)
+            assert code < 0, f"the victim should have been killed at {phase}:{nth}"
+            rescuer = start_operator(f"r-{phase}{nth}", LEASE, DURABLE_AGENTS_DISPATCH_TIMEOUT="1")
+            done = runs.wait_state(name, "completed", timeout=60)
+            rescuer.stop()
+            key = key_of(done)
+            assert refsystem.counts().get(key) == 1, (
+                f"{phase}:{nth}: applied {refsystem.counts().get(key)} times"
+            )
+            history = assert_history_is_gapless(done)
+            assert [h["event"] for h in history] == EFFECT_EVENTS, f"{phase}:{nth}"
+    assert refsystem.duplicates() == []
+
+
+def test_existing_intent_is_a_suppressed_duplicate_and_not_dispatched_again(
+    kube: KubeEnv,
+    start_operator: Callable[..., OperatorProcess],
+    runs: Runs,
+    refsystem: ReferenceSystemThread,
+) -> None:
+    """An intent already in the ledger (e.g. restored from a backup) is never dispatched twice."""
+    port = _free_port()
+    op = start_operator("dup", LEASE, DURABLE_AGENTS_METRICS_PORT=str(port))
+    first = runs.create(http_effect_run(refsystem.url), name="first")
+    done = runs.wait_state(first, "completed", timeout=60)
+    key = key_of(done)
+    assert refsystem.counts() == {key: 1}
+    metrics = _scrape(port)
+    assert _metric(metrics, "durable_agents_duplicate_suppressions_total") == 0
+    # Re-deliver the same intent: the API server refuses the second record by name.
+    record = record_of(runs, key)
+    body = {
+        "apiVersion": record["apiVersion"],
+        "kind": "ActionRecord",
+        "metadata": {"name": record["metadata"]["name"]},
+        "spec": record["spec"],
+    }
+    with pytest.raises(client.ApiException) as err:
+        runs.custom.create_namespaced_custom_object(GROUP, VERSION, runs.namespace, "actionrecords", body)
+    assert err.value.status == 409
+    assert op.alive
+    assert refsystem.counts() == {key: 1}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        text: str = resp.read().decode()
+    return text
+
+
+def _metric(text: str, name: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"metric {name} not exported")
+
+
+def test_unknown_outcome_duration_is_observable(
+    start_operator: Callable[..., OperatorProcess], runs: Runs, refsystem: ReferenceSystemThread
+) -> None:
+    port = _free_port()
+    refsystem.inject("error_after_apply", times=1)
+    start_operator("metrics", LEASE, DURABLE_AGENTS_METRICS_PORT=str(port))
+    done = runs.wait_state(runs.create(http_effect_run(refsystem.url)), "completed", timeout=60)
+    status = record_of(runs, key_of(done))["status"]
+    assert status["outcomeUnknownSince"] <= status["finishedAt"]
+    text = wait_for(lambda: _scrape(port), 10, "metrics")
+    assert _metric(text, "durable_agents_unknown_outcome_seconds_count") == 1
+    assert _metric(text, 'durable_agents_action_dispatches_total{answer="Unknown",effect="http.post"}') == 1
+    assert _metric(text, 'durable_agents_action_queries_total{answer="Applied",effect="http.post"}') == 1
+
+
+def configmap_apply_run(cm: str, sa: str = "default") -> dict[str, Any]:
+    return {
+        "taskType": "config-change",
+        "objective": "turn the feature on, once",
+        "serviceAccountName": sa,
+        "steps": [
+            {
+                "name": "apply",
+                "effect": {
+                    "effect": "kubernetes.apply",
+                    "arguments": {
+                        "object": {
+                            "apiVersion": "v1",
+                            "kind": "ConfigMap",
+                            "metadata": {"name": cm},
+                            "data": {"feature": "on"},
+                        }
+                    },
+                },
+            },
+            {"name": "done", "complete": {"result": "applied"}},
+        ],
+    }
+
+
+def grant(kube: KubeEnv, namespace: str, subject: dict[str, str], verbs: list[str], name: str) -> None:
+    rbac = client.RbacAuthorizationV1Api(kube.api)
+    rbac.create_namespaced_role(
+        namespace,
+        {
+            "metadata": {"name": name},
+            "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": verbs}],
+        },
+    )
+    rbac.create_namespaced_role_binding(
+        namespace,
+        {
+            "metadata": {"name": name},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "subjects": [subject],
+        },
+    )
+
+
+def applies_of(kube: KubeEnv, namespace: str, name: str) -> int:
+    """Successful writes to one ConfigMap, from the API server's audit log."""
+    from durable_agents.testing.audit import read_audit
+
+    assert kube.plane is not None
+    return sum(
+        1
+        for e in read_audit(kube.plane.audit_log_path)
+        if e.namespace == namespace
+        and e.resource == "configmaps"
+        and e.name == name
+        and e.verb in ("patch", "create", "update")
+        and e.code in (200, 201)
+    )
+
+
+@pytest.mark.parametrize(
+    ("phase", "nth"), [("after", 2), ("after", 3), ("after", 4), ("before", 5), ("after", 5)]
+)
+def test_kubernetes_apply_changes_a_configmap_once_across_crashes(
+    kube: KubeEnv, start_operator: Callable[..., OperatorProcess], runs: Runs, phase: str, nth: int
+) -> None:
+    """after:2 intent committed; after:3 record created; after:4 claimed (dispatch in flight);
+    before:5 applied but the outcome not written: recovery must query, not apply again."""
+    if kube.plane is None:
+        pytest.skip("counts writes in the local control plane's audit log")
+    sa = {"kind": "ServiceAccount", "name": "default", "namespace": runs.namespace}
+    grant(kube, runs.namespace, sa, ["get", "create", "patch"], "configmap-writer")
+    cm = f"feature-{phase}-{nth}"
+    victim = start_operator(
+        "v", LEASE, DURABLE_AGENTS_TEST_KILL_AT=f"{phase}:{nth}", DURABLE_AGENTS_DISPATCH_TIMEOUT="1"
+    )
+    name = runs.create(configmap_apply_run(cm))
+    assert victim.wait_exit(60) < 0
+    start_operator("r", LEASE, DURABLE_AGENTS_DISPATCH_TIMEOUT="1")
+    done = runs.wait_state(name, "completed", timeout=60)
+    record = record_of(runs, idempotency_key(done["metadata"]["uid"], 0, "apply"))
+    assert record["status"]["state"] == "succeeded"
+    if (phase, nth) == ("before", 5):
+        assert record["status"]["queries"] >= 1, "the apply that happened before the crash was recognised"
+        assert record["status"]["attempts"] == 1
+    configmap = client.CoreV1Api(kube.api).read_namespaced_config_map(cm, runs.namespace)
+    assert configmap.data == {"feature": "on"}
+    assert (
+        configmap.metadata.annotations["durable-agents.io/idempotency-key"]
+        == record["spec"]["idempotencyKey"]
+    )
+    assert applies_of(kube, runs.namespace, cm) == 1
+
+
+def test_effect_acts_as_the_run_service_account_never_the_operator(
+    kube: KubeEnv, start_operator: Callable[..., OperatorProcess], runs: Runs
+) -> None:
+    # Give the operator's own user write access here: it must still not leak into the effect.
+    operator_user = {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "User",
+        "name": "durable-agents-operator",
+    }
+    grant(kube, runs.namespace, operator_user, ["get", "create", "patch", "update"], "operator-could-write")
+    writer = {"kind": "ServiceAccount", "name": "writer", "namespace": runs.namespace}
+    grant(kube, runs.namespace, writer, ["get", "create", "patch"], "writer")
+    start_operator("rbac", LEASE)
+
+    denied = runs.wait_state(runs.create(configmap_apply_run("denied-cm", sa="reader")), "failed", timeout=60)
+    assert denied["status"]["outcome"]["reason"] == "ActionFailed"
+    message = denied["status"]["outcome"]["message"]
+    assert "Forbidden" in message
+    assert f"ServiceAccount {runs.namespace}/reader may not apply ConfigMap" in message
+    record = record_of(runs, idempotency_key(denied["metadata"]["uid"], 0, "apply"))
+    assert (record["status"]["state"], record["status"]["reason"]) == ("failed", "Forbidden")
+    assert record["status"]["attempts"] == 1, "a 403 is a definite failure, not retried"
+    with pytest.raises(client.ApiException) as err:
+        client.CoreV1Api(kube.api).read_namespaced_config_map("denied-cm", runs.namespace)
+    assert err.value.status == 404
+
+    allowed = runs.wait_state(
+        runs.create(configmap_apply_run("allowed-cm", sa="writer")), "completed", timeout=60
+    )
+    assert allowed["status"]["outcome"]["result"] == "applied"
+    assert client.CoreV1Api(kube.api).read_namespaced_config_map("allowed-cm", runs.namespace).data == {
+        "feature": "on"
+    }

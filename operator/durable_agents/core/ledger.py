@@ -1,0 +1,90 @@
+"""The action ledger's pure rules: idempotency keys, record names, and the dispatch state machine.
+
+An effect is an ActionRecord whose name derives from a stable idempotency key, so a second
+intent for the same step is refused by the API server (``AlreadyExists``): the ledger
+deduplicates by construction. The dispatch states move only along :data:`ACTION_TRANSITIONS`;
+:func:`next_dispatch_step` says what a dispatcher may do with a record now. No I/O here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from durable_agents.api.v1alpha1 import ActionRecordStatus, ActionState
+
+A = ActionState
+
+ACTION_TRANSITIONS: dict[ActionState, frozenset[ActionState]] = {
+    A.INTENT: frozenset({A.DISPATCHING, A.CANCELED}),
+    # A dispatch ends in a definite answer, or in not knowing: a timeout is never a failure.
+    A.DISPATCHING: frozenset({A.SUCCEEDED, A.FAILED, A.OUTCOME_UNKNOWN}),
+    # Only the authoritative system's "it did not happen" allows another dispatch (same key).
+    A.OUTCOME_UNKNOWN: frozenset({A.SUCCEEDED, A.DISPATCHING}),
+    A.SUCCEEDED: frozenset(),
+    A.FAILED: frozenset(),
+    A.CANCELED: frozenset(),
+}
+TERMINAL_ACTION_STATES = frozenset(s for s, nxt in ACTION_TRANSITIONS.items() if not nxt)
+
+
+class IllegalActionTransition(Exception):
+    def __init__(self, state: ActionState, target: ActionState) -> None:
+        super().__init__(f"an action cannot go from {state.value!r} to {target.value!r}")
+
+
+def check_action_transition(state: ActionState, target: ActionState) -> None:
+    if target not in ACTION_TRANSITIONS[state]:
+        raise IllegalActionTransition(state, target)
+
+
+def idempotency_key(run_uid: str, step_index: int, step_name: str) -> str:
+    """Stable across retries, crashes and operator versions: the run and the step it serves."""
+    return f"{run_uid}/{step_index}/{step_name}"
+
+
+def action_record_name(key: str) -> str:
+    return "act-" + hashlib.sha256(key.encode()).hexdigest()[:40]
+
+
+@dataclass(frozen=True)
+class Claim:
+    """Take the record for dispatching (a compare-and-swap on its status)."""
+
+
+@dataclass(frozen=True)
+class GiveUpClaim:
+    """A claim expired mid-dispatch: whether the effect happened is unknown now."""
+
+
+@dataclass(frozen=True)
+class Query:
+    """Ask the authoritative system by idempotency key before anything is retried."""
+
+
+@dataclass(frozen=True)
+class WaitUntil:
+    at: datetime | None
+
+
+DispatchStep = Claim | GiveUpClaim | Query | WaitUntil
+
+
+def next_dispatch_step(status: ActionRecordStatus, now: datetime) -> DispatchStep:
+    state = status.state
+    if state is A.INTENT:
+        return Claim()
+    if state is A.DISPATCHING:
+        expires = status.claim_expires_at
+        if expires is None or now >= expires:
+            return GiveUpClaim()
+        return WaitUntil(expires)
+    if state is A.OUTCOME_UNKNOWN:
+        return Query()
+    return WaitUntil(None)
+
+
+def query_backoff(queries: int, base: float = 1.0, cap: float = 60.0) -> timedelta:
+    """How long to wait before asking again after an answer that was itself unknown."""
+    return timedelta(seconds=min(cap, base * 2 ** min(queries, 10)))

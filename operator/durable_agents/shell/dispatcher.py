@@ -1,0 +1,272 @@
+"""The dispatcher and reconciler of the action ledger.
+
+For each ActionRecord it does what :func:`durable_agents.core.ledger.next_dispatch_step` allows:
+
+- ``intent``: claim it by compare-and-swap on its status (one dispatcher wins), dispatch it with
+  its idempotency key, record the answer: ``succeeded``, ``failed`` (definite), or
+  ``outcome_unknown`` (timeout, dropped connection, 5xx: never a failure);
+- ``dispatching`` whose claim expired (its dispatcher died mid-call): ``outcome_unknown``;
+- ``outcome_unknown``: ask the authoritative system by key. Applied: ``succeeded``. Not applied:
+  claim and dispatch again with the SAME key. Still unknown: stay visible and ask again later.
+
+Effects act as the run's ServiceAccount. A dispatcher paused past its claim can still send its
+request late: only the authoritative system's deduplication by key can absorb that (documented).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from durable_agents.api.v1alpha1 import ActionRecordSpec, ActionRecordStatus, ActionState
+from durable_agents.core.ledger import (
+    Claim,
+    GiveUpClaim,
+    Query,
+    WaitUntil,
+    check_action_transition,
+    next_dispatch_step,
+    query_backoff,
+)
+from durable_agents.shell import metrics
+from durable_agents.shell.actions import ActionStore
+from durable_agents.shell.effects import (
+    Action,
+    Applied,
+    Effect,
+    EffectContext,
+    Failed,
+    NotApplied,
+    Unknown,
+    load_effects,
+)
+from durable_agents.shell.events import EventRecorder
+from durable_agents.shell.kube import Kube
+from durable_agents.shell.scheduler import Key
+from durable_agents.shell.store import Conflict, Gone
+from durable_agents.shell.workqueue import WorkQueue
+
+log = logging.getLogger(__name__)
+A = ActionState
+
+
+@dataclass(frozen=True)
+class DispatcherConfig:
+    identity: str
+    timeout: float = 5.0  # a dispatch answer later than this is an unknown outcome
+    concurrency: int = 8
+
+    @property
+    def claim_ttl(self) -> timedelta:
+        # Long enough for one dispatch to answer, so a live dispatcher is never second-guessed.
+        return timedelta(seconds=self.timeout * 2 + 1)
+
+
+class Dispatcher:
+    def __init__(
+        self, kube: Kube, config: DispatcherConfig, effects: dict[str, Effect] | None = None
+    ) -> None:
+        self.kube = kube
+        self.config = config
+        self.store = ActionStore(kube)
+        self.events = EventRecorder(kube, config.identity)
+        self.effects = effects if effects is not None else load_effects()
+        self.queue = WorkQueue("dispatcher", self.process, concurrency=config.concurrency)
+        self._unknown: set[Key] = set()
+
+    def observe(self, event_type: str | None, body: dict[str, Any]) -> None:
+        meta = body.get("metadata") or {}
+        key = (meta.get("namespace", ""), meta.get("name", ""))
+        if event_type == "DELETED":
+            self.queue.forget(key)
+            return
+        self.queue.add(key, body)
+
+    def start(self) -> None:
+        self.queue.start()
+
+    async def stop(self) -> None:
+        await self.queue.stop()
+
+    # --- one record -----------------------------------------------------------------------
+
+    async def process(self, key: Key, body: dict[str, Any] | None) -> None:
+        if body is None:
+            try:
+                body = await self.store.get(*key)
+            except Gone:
+                return
+        for _ in range(8):  # bounded: a record moves through at most a few states per pass
+            status = ActionRecordStatus.model_validate(body.get("status") or {})
+            self._track_unknown(key, status)
+            step = next_dispatch_step(status, datetime.now(UTC))
+            if isinstance(step, WaitUntil):
+                self.queue.wake_at(key, step.at)
+                return
+            try:
+                if isinstance(step, Claim):
+                    body = await self._claim_and_dispatch(body, status)
+                elif isinstance(step, GiveUpClaim):
+                    body = await self._write(
+                        body,
+                        status,
+                        A.OUTCOME_UNKNOWN,
+                        reason="ClaimExpired",
+                        message=f"{status.claimed_by} did not record an answer in time",
+                    )
+                elif isinstance(step, Query):
+                    next_body = await self._query(body, status)
+                    if next_body is None:
+                        return
+                    body = next_body
+            except Conflict:
+                body = await self.store.get(*key)  # someone else moved it: decide again
+
+    def _track_unknown(self, key: Key, status: ActionRecordStatus) -> None:
+        if status.state is A.OUTCOME_UNKNOWN:
+            self._unknown.add(key)
+        else:
+            self._unknown.discard(key)
+        metrics.UNKNOWN_OUTCOMES.set(len(self._unknown))
+
+    def _context(self, spec: ActionRecordSpec, namespace: str) -> EffectContext:
+        return EffectContext(self.kube, namespace, spec.service_account_name, self.config.timeout)
+
+    async def _claim_and_dispatch(self, body: dict[str, Any], status: ActionRecordStatus) -> dict[str, Any]:
+        spec = ActionRecordSpec.model_validate(body["spec"])
+        effect = self.effects.get(spec.effect)
+        if effect is None:
+            return await self._fail_unknown_effect(body, status, spec)
+        claimed = await self._write(body, status, A.DISPATCHING, claim=True)
+        claimed_status = ActionRecordStatus.model_validate(claimed["status"])
+        namespace = body["metadata"]["namespace"]
+        action = Action(spec.idempotency_key, spec.target or {}, spec.arguments or {})
+        await self._event(
+            claimed,
+            "Dispatched",
+            f"{spec.effect} attempt {claimed_status.attempts} key={spec.idempotency_key}",
+        )
+        result = await effect.dispatch(self._context(spec, namespace), action)
+        metrics.ACTION_DISPATCHES.labels(spec.effect, type(result).__name__).inc()
+        if isinstance(result, Applied):
+            out = await self._write(claimed, claimed_status, A.SUCCEEDED, outcome=result.outcome)
+            await self._event(out, "Succeeded", f"{spec.effect} applied key={spec.idempotency_key}")
+            return out
+        if isinstance(result, Failed):
+            out = await self._write(
+                claimed, claimed_status, A.FAILED, reason=result.reason, message=result.message
+            )
+            await self._event(out, "Failed", f"{result.reason}: {result.message}", warning=True)
+            return out
+        out = await self._write(
+            claimed, claimed_status, A.OUTCOME_UNKNOWN, reason=result.reason, message=result.message
+        )
+        await self._event(
+            out,
+            "OutcomeUnknown",
+            f"{result.reason}: {result.message}; asking the authoritative system",
+            warning=True,
+        )
+        return out
+
+    async def _fail_unknown_effect(
+        self, body: dict[str, Any], status: ActionRecordStatus, spec: ActionRecordSpec
+    ) -> dict[str, Any]:
+        # Nothing was dispatched: a definite failure, visible with its reason.
+        claimed = await self._write(body, status, A.DISPATCHING, claim=True)
+        return await self._write(
+            claimed,
+            ActionRecordStatus.model_validate(claimed["status"]),
+            A.FAILED,
+            reason="UnknownEffect",
+            message=f"no effect plugin named {spec.effect!r} is installed",
+        )
+
+    async def _query(self, body: dict[str, Any], status: ActionRecordStatus) -> dict[str, Any] | None:
+        spec = ActionRecordSpec.model_validate(body["spec"])
+        effect = self.effects.get(spec.effect)
+        if effect is None:
+            self.queue.wake_at(self._key(body), datetime.now(UTC) + query_backoff(status.queries))
+            return None
+        action = Action(spec.idempotency_key, spec.target or {}, spec.arguments or {})
+        answer = await effect.query(self._context(spec, body["metadata"]["namespace"]), action)
+        metrics.ACTION_QUERIES.labels(spec.effect, type(answer).__name__).inc()
+        if isinstance(answer, Applied):
+            self._observe_unknown_duration(status)
+            out = await self._write(body, status, A.SUCCEEDED, outcome=answer.outcome, queried=True)
+            await self._event(
+                out, "Reconciled", f"the authoritative system applied key={spec.idempotency_key}"
+            )
+            return out
+        if isinstance(answer, NotApplied):
+            self._observe_unknown_duration(status)
+            await self._event(
+                body, "Reconciled", f"key={spec.idempotency_key} was not applied: dispatching again"
+            )
+            queried = await self._write(
+                body,
+                status,
+                A.OUTCOME_UNKNOWN,
+                queried=True,
+                reason="NotApplied",
+                message="the authoritative system has no record of this key",
+            )
+            return await self._claim_and_dispatch(
+                queried, ActionRecordStatus.model_validate(queried["status"])
+            )
+        assert isinstance(answer, Unknown)
+        await self._write(
+            body, status, A.OUTCOME_UNKNOWN, queried=True, reason=answer.reason, message=answer.message
+        )
+        # Still unknown: stays visible (state, Event, metric) and the run keeps waiting; ask later.
+        await self._event(body, "OutcomeUnknown", f"query: {answer.reason}: {answer.message}", warning=True)
+        self.queue.wake_at(self._key(body), datetime.now(UTC) + query_backoff(status.queries))
+        return None
+
+    def _observe_unknown_duration(self, status: ActionRecordStatus) -> None:
+        if status.outcome_unknown_since is not None:
+            waited = (datetime.now(UTC) - status.outcome_unknown_since).total_seconds()
+            metrics.UNKNOWN_OUTCOME_SECONDS.observe(max(0.0, waited))
+
+    @staticmethod
+    def _key(body: dict[str, Any]) -> Key:
+        return (body["metadata"]["namespace"], body["metadata"]["name"])
+
+    async def _write(
+        self,
+        body: dict[str, Any],
+        status: ActionRecordStatus,
+        state: ActionState,
+        *,
+        claim: bool = False,
+        queried: bool = False,
+        outcome: dict[str, Any] | None = None,
+        reason: str | None = None,
+        message: str | None = None,
+    ) -> dict[str, Any]:
+        if state is not status.state:
+            check_action_transition(status.state, state)
+        now = datetime.now(UTC)
+        update: dict[str, Any] = {"state": state, "reason": reason, "message": message}
+        if claim:
+            update |= {
+                "attempts": status.attempts + 1,
+                "claimed_by": self.config.identity,
+                "claim_expires_at": now + self.config.claim_ttl,
+                "last_attempt_at": now,
+                "first_dispatched_at": status.first_dispatched_at or now,
+            }
+        if queried:
+            update["queries"] = status.queries + 1
+        if state is A.OUTCOME_UNKNOWN:
+            update["outcome_unknown_since"] = status.outcome_unknown_since or now
+            update["claim_expires_at"] = None
+        if state in (A.SUCCEEDED, A.FAILED, A.CANCELED):
+            update |= {"finished_at": now, "claim_expires_at": None, "outcome": outcome}
+        new = status.model_copy(update=update)
+        return await self.store.commit_status(body, new.wire())
+
+    async def _event(self, body: dict[str, Any], reason: str, message: str, *, warning: bool = False) -> None:
+        await self.events.record(body, reason, message, warning=warning)

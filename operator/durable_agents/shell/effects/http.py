@@ -1,0 +1,95 @@
+"""``http.post``: a POST carrying an ``Idempotency-Key`` header, reconciled by a query endpoint.
+
+target: ``{"url": "...", "queryUrl": "..."}``; the query is ``GET queryUrl?key=<key>`` (200:
+applied, 404: not applied). 2xx is applied; 4xx other than 408/409/425/429 is a definite failure;
+5xx, timeouts and dropped connections are unknown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import aiohttp
+
+from durable_agents.api.v1alpha1 import ActionTier
+from durable_agents.shell.effects import (
+    Action,
+    Applied,
+    DispatchResult,
+    EffectContext,
+    Failed,
+    NotApplied,
+    QueryResult,
+    Unknown,
+)
+
+_RETRYABLE_4XX = frozenset({408, 409, 425, 429})
+
+
+def _outcome(status: int, body: Any) -> dict[str, Any]:
+    # Keep what identifies the effect (a receipt), not the whole response body.
+    out: dict[str, Any] = {"status": status}
+    if isinstance(body, dict):
+        for key in ("receipt", "id", "key"):
+            if key in body:
+                out[key] = body[key]
+    return out
+
+
+async def _json(resp: aiohttp.ClientResponse) -> Any:
+    try:
+        return await resp.json(content_type=None)
+    except (ValueError, aiohttp.ContentTypeError):
+        return None
+
+
+class HttpPost:
+    name = "http.post"
+    tier = ActionTier.CONSEQUENTIAL
+    reversible = False
+    compensation: str | None = None
+
+    async def dispatch(self, ctx: EffectContext, action: Action) -> DispatchResult:
+        url = action.target.get("url")
+        if not isinstance(url, str):
+            return Failed("InvalidTarget", "http.post needs target.url")
+        timeout = aiohttp.ClientTimeout(total=ctx.timeout)
+        try:
+            async with (
+                aiohttp.ClientSession(timeout=timeout) as session,
+                session.post(url, json=action.arguments, headers={"Idempotency-Key": action.key}) as resp,
+            ):
+                body = await _json(resp)
+                if 200 <= resp.status < 300:
+                    return Applied(_outcome(resp.status, body))
+                if 400 <= resp.status < 500 and resp.status not in _RETRYABLE_4XX:
+                    return Failed(f"HTTP{resp.status}", f"POST {url} answered {resp.status}")
+                return Unknown(
+                    f"HTTP{resp.status}", f"POST {url} answered {resp.status}: it may have applied"
+                )
+        except TimeoutError:
+            return Unknown("Timeout", f"POST {url} did not answer within {ctx.timeout}s")
+        except (aiohttp.ClientError, asyncio.IncompleteReadError, ConnectionError) as err:
+            return Unknown("ConnectionError", f"POST {url}: {type(err).__name__}: {err}")
+
+    async def query(self, ctx: EffectContext, action: Action) -> QueryResult:
+        url = action.target.get("queryUrl") or action.target.get("url")
+        if not isinstance(url, str):
+            return Unknown("InvalidTarget", "http.post needs target.queryUrl to reconcile")
+        timeout = aiohttp.ClientTimeout(total=ctx.timeout)
+        try:
+            async with (
+                aiohttp.ClientSession(timeout=timeout) as session,
+                session.get(url, params={"key": action.key}) as resp,
+            ):
+                body = await _json(resp)
+                if resp.status == 200:
+                    return Applied(_outcome(resp.status, body))
+                if resp.status == 404:
+                    return NotApplied()
+                return Unknown(f"HTTP{resp.status}", f"GET {url} answered {resp.status}")
+        except TimeoutError:
+            return Unknown("Timeout", f"GET {url} did not answer within {ctx.timeout}s")
+        except (aiohttp.ClientError, ConnectionError) as err:
+            return Unknown("ConnectionError", f"GET {url}: {type(err).__name__}: {err}")

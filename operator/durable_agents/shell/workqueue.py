@@ -1,0 +1,88 @@
+"""A work queue that gives each key to one task at a time (as client-go's workqueue does).
+
+Watch events put keys in; the latest body seen for a key rides along so the first read is free.
+A key that is re-added while being processed is processed once more afterwards. Failures are
+retried later through the wake scheduler, never in a tight loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from durable_agents.shell.scheduler import Key, WakeScheduler
+
+log = logging.getLogger(__name__)
+
+
+class WorkQueue:
+    def __init__(
+        self,
+        name: str,
+        process: Callable[[Key, dict[str, Any] | None], Awaitable[None]],
+        *,
+        concurrency: int,
+        retry_backoff: float = 2.0,
+    ) -> None:
+        self.name = name
+        self._process = process
+        self.concurrency = concurrency
+        self.retry_backoff = retry_backoff
+        self.scheduler = WakeScheduler(self.add)
+        self._latest: dict[Key, dict[str, Any]] = {}
+        self._queue: asyncio.Queue[Key] = asyncio.Queue()
+        self._queued: set[Key] = set()
+        self._active: set[Key] = set()
+        self._dirty: set[Key] = set()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def add(self, key: Key, body: dict[str, Any] | None = None) -> None:
+        if body is not None:
+            self._latest[key] = body
+        if key in self._active:
+            self._dirty.add(key)
+        elif key not in self._queued:
+            self._queued.add(key)
+            self._queue.put_nowait(key)
+
+    def forget(self, key: Key) -> None:
+        self._latest.pop(key, None)
+        self.scheduler.schedule(key, None)
+
+    def wake_at(self, key: Key, at: datetime | None) -> None:
+        self.scheduler.schedule(key, at)
+
+    def start(self) -> None:
+        self._tasks.append(asyncio.create_task(self.scheduler.run(), name=f"{self.name}-scheduler"))
+        for i in range(self.concurrency):
+            self._tasks.append(asyncio.create_task(self._consume(), name=f"{self.name}-{i}"))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+
+    async def _consume(self) -> None:
+        while True:
+            key = await self._queue.get()
+            self._queued.discard(key)
+            self._active.add(key)
+            try:
+                await self._process(key, self._latest.pop(key, None))
+            except Exception:
+                log.exception("%s: processing %s/%s failed; retrying later", self.name, *key)
+                delay = self.retry_backoff * (1 + random.random())
+                self.scheduler.schedule(key, datetime.now(UTC) + timedelta(seconds=delay))
+            finally:
+                self._active.discard(key)
+                if key in self._dirty:
+                    self._dirty.discard(key)
+                    self.add(key)
