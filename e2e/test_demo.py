@@ -19,16 +19,22 @@ def test_demo_completes_the_run(kube: KubeEnv) -> None:
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     text = out.stdout
     assert "kubectl -n demo-" in text
-    assert "patch agentrun rollout-check" in text
+    assert "patch agentrun rollout " in text
     final = text[text.index("==> the completed run") :]
-    assert "rollout-check   completed   9" in final
-    assert "'result': 'rollout settings verified and confirmed'" in final
-    timeline = text[text.index("transition timeline") : text.index("==> the completed run")]
-    assert [line.split()[1] for line in timeline.splitlines()[2:11]] == [
+    assert "rollout   completed   12" in final
+    assert "'result': 'new rollout strategy enabled'" in final
+    ledger = text[text.index("==> the action ledger") : text.index("==> the completed run")]
+    assert "succeeded   kubernetes.apply   reversible   1" in ledger
+    assert '{"enabledBy":"durable-agents","maxSurge":"50%"}' in ledger
+    timeline = text[text.index("transition timeline") : text.index("==> the action ledger")]
+    assert [line.split()[1] for line in timeline.splitlines()[2:14]] == [
         "accepted",
         "step_completed",
         "input_requested",
         "input_received",
+        "revalidated",
+        "external_awaited",
+        "external_received",
         "revalidated",
         "external_awaited",
         "external_received",

@@ -141,34 +141,85 @@ def test_sigkill_around_every_ledger_write(
     assert refsystem.duplicates() == []
 
 
-def test_existing_intent_is_a_suppressed_duplicate_and_not_dispatched_again(
+def test_an_intent_already_in_the_ledger_is_a_suppressed_duplicate_and_not_dispatched(
     kube: KubeEnv,
     start_operator: Callable[..., OperatorProcess],
     runs: Runs,
     refsystem: ReferenceSystemThread,
 ) -> None:
-    """An intent already in the ledger (e.g. restored from a backup) is never dispatched twice."""
-    port = _free_port()
-    op = start_operator("dup", LEASE, DURABLE_AGENTS_METRICS_PORT=str(port))
-    first = runs.create(http_effect_run(refsystem.url), name="first")
-    done = runs.wait_state(first, "completed", timeout=60)
-    key = key_of(done)
-    assert refsystem.counts() == {key: 1}
-    metrics = _scrape(port)
-    assert _metric(metrics, "durable_agents_duplicate_suppressions_total") == 0
-    # Re-deliver the same intent: the API server refuses the second record by name.
-    record = record_of(runs, key)
-    body = {
-        "apiVersion": record["apiVersion"],
+    """The ledger already holds this step's intent, reconciled (say, restored from a backup after
+    the effect happened): the run's intent is refused by name, counted, and never dispatched."""
+    name = runs.create(http_effect_run(refsystem.url), name="restored")
+    run = runs.get(name)  # no operator yet: the run is still pending
+    key = key_of(run)
+    record = {
+        "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "ActionRecord",
-        "metadata": {"name": record["metadata"]["name"]},
-        "spec": record["spec"],
+        "metadata": {"name": action_record_name(key)},
+        "spec": {
+            "idempotencyKey": key,
+            "runRef": {"name": name, "uid": run["metadata"]["uid"]},
+            "serviceAccountName": "default",
+            "stepIndex": 0,
+            "effect": "http.post",
+            "tier": "consequential",
+            "target": run["spec"]["steps"][0]["effect"]["target"],
+            "arguments": run["spec"]["steps"][0]["effect"]["arguments"],
+        },
     }
-    with pytest.raises(client.ApiException) as err:
-        runs.custom.create_namespaced_custom_object(GROUP, VERSION, runs.namespace, "actionrecords", body)
-    assert err.value.status == 409
-    assert op.alive
-    assert refsystem.counts() == {key: 1}
+    created = runs.custom.create_namespaced_custom_object(
+        GROUP, VERSION, runs.namespace, "actionrecords", record
+    )
+    created["status"] = {
+        "state": "succeeded",
+        "attempts": 1,
+        "outcome": {"status": 201, "receipt": "rcpt-restored"},
+    }
+    runs.custom.replace_namespaced_custom_object_status(
+        GROUP, VERSION, runs.namespace, "actionrecords", created["metadata"]["name"], created
+    )
+
+    port = _free_port()
+    start_operator("dup", LEASE, DURABLE_AGENTS_METRICS_PORT=str(port))
+    done = runs.wait_state(name, "completed", timeout=60)
+    assert refsystem.counts() == {}, "the effect was already done: it must not be dispatched"
+    assert _metric(_scrape(port), "durable_agents_duplicate_suppressions_total") == 1
+    evidence = [e for e in done["status"]["checkpoint"]["evidence"] if e["uri"].startswith("actionrecord://")]
+    assert len(evidence) == 1
+
+
+def test_compensation_is_a_new_action_referencing_the_original(
+    kube: KubeEnv, start_operator: Callable[..., OperatorProcess], runs: Runs
+) -> None:
+    sa = {"kind": "ServiceAccount", "name": "default", "namespace": runs.namespace}
+    grant(kube, runs.namespace, sa, ["get", "create", "patch"], "configmap-writer")
+    spec = configmap_apply_run("flag")
+    undo = {
+        "name": "undo",
+        "effect": {
+            "effect": "kubernetes.apply",
+            "compensates": "apply",
+            "arguments": {
+                "object": {
+                    "apiVersion": "v1",
+                    "kind": "ConfigMap",
+                    "metadata": {"name": "flag"},
+                    "data": {"feature": "off"},
+                }
+            },
+        },
+    }
+    spec["steps"].insert(1, undo)
+    start_operator("comp", LEASE)
+    done = runs.wait_state(runs.create(spec), "completed", timeout=60)
+    uid = done["metadata"]["uid"]
+    original = record_of(runs, idempotency_key(uid, 0, "apply"))
+    compensation = record_of(runs, idempotency_key(uid, 1, "undo"))
+    assert compensation["spec"]["compensates"] == original["metadata"]["name"]
+    assert compensation["spec"]["idempotencyKey"] != original["spec"]["idempotencyKey"]
+    assert [original["status"]["state"], compensation["status"]["state"]] == ["succeeded", "succeeded"]
+    configmap = client.CoreV1Api(kube.api).read_namespaced_config_map("flag", runs.namespace)
+    assert configmap.data == {"feature": "off"}
 
 
 def _free_port() -> int:

@@ -92,38 +92,27 @@ def operator_kubeconfig(env: KubeEnv, repo: Path) -> Path:
     return Path(env.plane.write_user_kubeconfig(OPERATOR_USER, []))
 
 
-def prepare_namespace(env: KubeEnv, ns: str, repo: Path) -> None:
+def prepare_namespace(env: KubeEnv, ns: str) -> None:
     core = client.CoreV1Api(env.api)
     rbac = client.RbacAuthorizationV1Api(env.api)
     core.create_namespace({"metadata": {"name": ns}})
     core.create_namespaced_config_map(
         ns, {"metadata": {"name": "rollout-settings"}, "data": {"maxSurge": "25%", "maxUnavailable": "0"}}
     )
-    # The run reads as its ServiceAccount: grant it exactly this one read.
-    rbac.create_namespaced_role(
-        ns,
-        {
-            "metadata": {"name": "read-rollout-settings"},
-            "rules": [
-                {
-                    "apiGroups": [""],
-                    "resources": ["configmaps"],
-                    "verbs": ["get"],
-                    "resourceNames": ["rollout-settings"],
-                }
-            ],
-        },
-    )
+    # The run acts as its ServiceAccount: it may read the settings and write one ConfigMap.
+    configmaps: dict[str, Any] = {"apiGroups": [""], "resources": ["configmaps"]}
+    rules = [
+        {**configmaps, "verbs": ["get"], "resourceNames": ["rollout-settings", "rollout-strategy"]},
+        {**configmaps, "verbs": ["patch"], "resourceNames": ["rollout-strategy"]},
+        {**configmaps, "verbs": ["create"]},
+    ]
+    rbac.create_namespaced_role(ns, {"metadata": {"name": "rollout-agent"}, "rules": rules})
     rbac.create_namespaced_role_binding(
         ns,
         {
-            "metadata": {"name": "read-rollout-settings"},
-            "roleRef": {
-                "apiGroup": "rbac.authorization.k8s.io",
-                "kind": "Role",
-                "name": "read-rollout-settings",
-            },
-            "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": ns}],
+            "metadata": {"name": "rollout-agent"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "rollout-agent"},
+            "subjects": [{"kind": "ServiceAccount", "name": "rollout-agent", "namespace": ns}],
         },
     )
 
@@ -145,8 +134,8 @@ def main() -> int:
         step("installing the CRDs (generated from the pydantic API types)")
         for name in install_crds(env.api, repo / "crds"):
             say(f"    {name}")
-        step(f"namespace {ns}: a ConfigMap to read, and a Role letting the run's ServiceAccount read it")
-        prepare_namespace(env, ns, repo)
+        step(f"namespace {ns}: a ConfigMap to read; the run's ServiceAccount may read it and write one")
+        prepare_namespace(env, ns)
         kubectl(kc, "-n", ns, "apply", "-f", str(repo / "config/samples/agentpolicy-default.yaml"))
 
         step("starting the operator (its own user, bound to the chart's ClusterRole)")
@@ -160,9 +149,12 @@ def main() -> int:
         say(f"    operator {op.identity} (pid {op.pid}) is watching namespace {ns}")
         try:
             runs = Runs(env, ns)
-            step("applying the run: read the settings, ask the on-call engineer, await the window, complete")
-            kubectl(kc, "-n", ns, "apply", "-f", str(repo / "config/samples/agentrun-read-ask-complete.yaml"))
-            name = "rollout-check"
+            step(
+                "applying the run: read the settings, ask the on-call engineer, await the window, "
+                "change the configuration once, complete"
+            )
+            kubectl(kc, "-n", ns, "apply", "-f", str(repo / "config/samples/agentrun-rollout.yaml"))
+            name = "rollout"
             parked = runs.wait_state(name, "waiting_input", timeout=60)
             question = parked["status"]["checkpoint"]["pendingInput"]["question"]
             say(f"    the run is parked in waiting_input (no worker, no Lease): {question!r}")
@@ -200,10 +192,24 @@ def main() -> int:
             step("the run's transition timeline (status.history; stateVersion +1 per commit)")
             say(timeline(done))
             cp = done["status"]["checkpoint"]
-            ev = cp["evidence"][0]
+            ev = next(e for e in cp["evidence"] if e.get("source") == "kubernetes")
             say(
                 f"\n    evidence: {ev['kind']}/{ev['name']} at resourceVersion {ev['resourceVersion']} "
                 f"({ev['contentDigest'][:23]}...)"
+            )
+            step("the action ledger: the configuration change, applied once, as the run's ServiceAccount")
+            say(kubectl(kc, "-n", ns, "get", "actionrecords", "-o", "wide").rstrip())
+            say(
+                kubectl(
+                    kc,
+                    "-n",
+                    ns,
+                    "get",
+                    "configmap",
+                    "rollout-strategy",
+                    "-o",
+                    "jsonpath={.data} key={.metadata.annotations.durable-agents\\.io/idempotency-key}",
+                ).rstrip()
             )
             step("the completed run")
             say(kubectl(kc, "-n", ns, "get", "agentruns", "-o", "wide").rstrip())

@@ -198,12 +198,15 @@ class RunWorker:
     def settings_for(self, run: RunSnapshot) -> Settings:
         ref = run.spec.policy_ref
         if ref is None:
-            return Settings()
+            return Settings(tiers=self.effect_tiers)
         policy = self.policies.get((run.namespace, ref.name))
         if policy is None:
-            return Settings(policy_name=ref.name)
+            return Settings(policy_name=ref.name, tiers=self.effect_tiers)
         return Settings(
-            wait_expiries=policy.wait_expiries, policy_name=ref.name, policy_version=policy.version
+            wait_expiries=policy.wait_expiries,
+            policy_name=ref.name,
+            policy_version=policy.version,
+            tiers={**self.effect_tiers, **policy.tiers},
         )
 
     def planner_for(self, run: RunSnapshot) -> Planner:
