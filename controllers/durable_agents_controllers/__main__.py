@@ -12,7 +12,7 @@ import os
 
 import kopf
 
-from durable_agents_controllers import actionrecord, agentpolicy, agentrun, runtime
+from durable_agents_controllers import actionrecord, agentpolicy, agentrun, runtime, webhook
 
 
 def main() -> None:
@@ -30,7 +30,7 @@ def main() -> None:
     )
 
 
-__all__ = ["actionrecord", "agentpolicy", "agentrun", "main", "runtime"]
+__all__ = ["actionrecord", "agentpolicy", "agentrun", "main", "runtime", "webhook"]
 
 if __name__ == "__main__":
     main()

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 
 import kopf
 from prometheus_client import start_http_server
 
+from durable_agents.shell.admission import install_webhooks
 from durable_agents.shell.dispatcher import Dispatcher, DispatcherConfig
 from durable_agents.shell.kube import Kube, load_api_client
 from durable_agents.shell.worker import RunWorker, WorkerConfig
@@ -15,6 +17,7 @@ from durable_agents.shell.worker import RunWorker, WorkerConfig
 log = logging.getLogger(__name__)
 _worker: RunWorker | None = None
 _dispatcher: Dispatcher | None = None
+_background: set[asyncio.Task[None]] = set()
 
 
 def worker() -> RunWorker:
@@ -42,6 +45,13 @@ async def start(settings: kopf.OperatorSettings, **_: object) -> None:
         start_http_server(int(port))
     config = WorkerConfig.from_env()
     kube = Kube(load_api_client())
+    from durable_agents_controllers import webhook
+
+    configurations = webhook.configure(settings, kube, os.environ.get("DURABLE_AGENTS_NAMESPACE"))
+    if configurations is not None:
+        # Installed before the server listens: until then every AgentRun write fails closed.
+        await install_webhooks(kube, *configurations)
+        _background.add(asyncio.create_task(webhook.announce_when_serving(settings)))
     _worker = RunWorker(kube, config)
     _worker.start()
     timeout = float(os.environ.get("DURABLE_AGENTS_DISPATCH_TIMEOUT", "5"))

@@ -178,6 +178,29 @@ class Step(ApiModel):
     complete: CompleteStep | None = None
 
 
+class Identity(ApiModel):
+    """Who did something, as the API server authenticated them (stamped by the admission webhook)."""
+
+    username: str = Field(max_length=253)
+    groups: list[Annotated[str, Field(max_length=253)]] = Field(default_factory=list, max_length=32)
+    uid: str | None = Field(default=None, max_length=128)
+
+
+class ApprovalDecision(ApiModel):
+    """An approver's decision on one approval request, keyed by its request ID in ``spec.approvals``.
+
+    ``digest`` must equal the request's digest (it binds the decision to the exact action).
+    ``approver`` and ``decidedAt`` are overwritten by the admission webhook from the request's
+    authenticated user; whatever a client writes there is discarded.
+    """
+
+    digest: str = Field(max_length=71, pattern=r"^sha256:[0-9a-f]{64}$")
+    decision: Literal["approve", "reject"]
+    reason: str | None = Field(default=None, max_length=1024)
+    approver: Identity | None = None
+    decided_at: datetime | None = None
+
+
 class AgentRunSpec(ApiModel):
     """What the user asked for, plus the user's requests to a live run (answers, events)."""
 
@@ -189,7 +212,7 @@ class AgentRunSpec(ApiModel):
                     f"{f} cannot be added or removed after creation",
                     fieldPath=f".{f}",
                 )
-                for f in ("tenant", "owner", "policyRef", "deadline", "agent", "steps")
+                for f in ("tenant", "owner", "policyRef", "deadline", "agent", "steps", "createdBy")
             ]
         }
     )
@@ -231,6 +254,24 @@ class AgentRunSpec(ApiModel):
             ],
         },
     )
+    approvals: dict[str, ApprovalDecision] = Field(
+        default_factory=dict,
+        max_length=32,
+        description="Approval decisions, keyed by the request ID in status.approvalRequest.",
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "oldSelf.all(k, k in self && self[k] == oldSelf[k])",
+                    "an approval decision cannot be changed or withdrawn once given",
+                )
+            ],
+        },
+    )
+    created_by: Identity | None = Field(
+        default=None,
+        description="The run's creator, stamped by the admission webhook (four-eyes approvals).",
+        json_schema_extra=immutable("createdBy"),
+    )
     events: dict[str, Answer] = Field(
         default_factory=dict,
         max_length=64,
@@ -268,6 +309,28 @@ class HistoryEntry(ApiModel):
 HISTORY_LIMIT = 64
 
 
+class ApprovalRequest(ApiModel):
+    """The pending approval request: what exactly is to be approved, by whom, until when."""
+
+    request_id: str = Field(max_length=128)
+    digest: str = Field(max_length=71)
+    step: str = Field(max_length=63)
+    effect: str = Field(max_length=128)
+    tier: ActionTier
+    target: dict[str, Any] | None = Field(
+        default=None, json_schema_extra={"x-kubernetes-preserve-unknown-fields": True}
+    )
+    arguments: dict[str, Any] | None = Field(
+        default=None, json_schema_extra={"x-kubernetes-preserve-unknown-fields": True}
+    )
+    evidence: list[Annotated[str, Field(max_length=253)]] = Field(default_factory=list, max_length=64)
+    policy_version: str | None = Field(default=None, max_length=63)
+    policy_reason: str = Field(max_length=1024)
+    approver_role: str = Field(max_length=253)
+    expires_at: datetime
+    allowed_decisions: list[Literal["approve", "reject"]] = Field(max_length=2)
+
+
 class AgentRunStatus(ApiModel):
     """The operator's authoritative record. Written only by the operator, one write per transition."""
 
@@ -281,6 +344,7 @@ class AgentRunStatus(ApiModel):
         default_factory=list, max_length=16, json_schema_extra=CONDITIONS_SCHEMA_EXTRA
     )
     history: list[HistoryEntry] = Field(default_factory=list, max_length=HISTORY_LIMIT)
+    approval_request: ApprovalRequest | None = None
     checkpoint: dict[str, Any] | None = Field(
         default=None,
         description="The typed checkpoint contract; validated by the operator, never by the API server.",

@@ -155,6 +155,8 @@ class ApprovalRecord(_Contract):
     request_id: Identifier
     digest: Digest
     """SHA-256 over the canonical JSON of the consequential fields."""
+    step_index: StepIndex | None = None
+    """The step whose action this request covers."""
     expires_at: UtcDatetime
     policy_version: Identifier
     decision: ApprovalDecision | None = None

@@ -23,17 +23,23 @@ from durable_agents.api.v1alpha1 import (
     ActionRecordSpec,
     ActionState,
     ActionTier,
+    AgentPolicySpec,
     AgentRunSpec,
     AgentRunStatus,
+    ApprovalRequest,
+    ChangeResponse,
     Condition,
     ConditionStatus,
+    ExpiryAction,
     HistoryEntry,
     ObjectReference,
     Outcome,
     RunReference,
     WaitExpiries,
 )
+from durable_agents.core.approvals import approval_digest
 from durable_agents.core.checkpoint import (
+    ApprovalRecord,
     Checkpoint,
     ExternalEvidenceRef,
     Fencing,
@@ -133,6 +139,13 @@ class NeedActions:
 
 
 @dataclass(frozen=True)
+class NeedEvidence:
+    """Re-read these evidence references (as the run's ServiceAccount) before acting on approval."""
+
+    refs: tuple[KubernetesEvidenceRef, ...]
+
+
+@dataclass(frozen=True)
 class Idle:
     wake_at: datetime | None = None
     reason: str = ""
@@ -164,7 +177,7 @@ class Commit:
         return out
 
 
-Decision = Idle | NeedRead | NeedActions | Commit
+Decision = Idle | NeedRead | NeedActions | NeedEvidence | Commit
 
 
 @dataclass(frozen=True)
@@ -176,6 +189,8 @@ class Settings:
     policy_version: str | None = None
     # Tier of each effect: the plugin's declared tier, overridden by the policy's.
     tiers: Mapping[str, ActionTier] = field(default_factory=dict)
+    policy: AgentPolicySpec | None = None
+    available_effects: frozenset[str] | None = None  # None: not checked
 
 
 def decide(
@@ -187,6 +202,7 @@ def decide(
     settings: Settings | None = None,
     read: ReadResult | None = None,
     actions: Mapping[str, ActionObservation] | None = None,
+    fresh_evidence: Mapping[str, KubernetesEvidenceRef | None] | None = None,
 ) -> Decision:
     """The next thing to do for ``run``; see the module docstring."""
     settings = settings or Settings()
@@ -272,7 +288,10 @@ def decide(
             )
         return _expire_or_idle(b, pending.expires_at, "ExternalEventExpired", run.spec.deadline)
 
-    if state in (S.WAITING_APPROVAL, S.WAITING_RETRY, S.CANCEL_REQUESTED):
+    if state is S.WAITING_APPROVAL:
+        return _await_decision(b, run, settings)
+
+    if state in (S.WAITING_RETRY, S.CANCEL_REQUESTED):
         return Idle(reason=f"{state.value} is handled by a later component")
 
     if state is S.RESUME_VALIDATION:
@@ -283,6 +302,9 @@ def decide(
                 outcome=Outcome(reason="ActionFailed", message=f"{failed.tool}: {failed.error or 'failed'}"),
                 detail=f"step {cp.position.step} failed",
             )
+        decided = _decided_approval_of_step(cp)
+        if decided is not None:
+            return _revalidate_approval(b, run, planner, settings, decided, fresh_evidence)
         # Material facts: the deadline (checked above) and the checkpoint itself.
         return b.commit(E.REVALIDATED, detail="checkpoint valid, deadline not passed")
 
@@ -350,6 +372,12 @@ def _plan(
         )
     if isinstance(step, PerformEffect):
         spec = action_spec(run, index, step, settings)
+        policy = settings.policy
+        approved = None
+        if policy is not None and spec.tier in policy.approval_required_tiers:
+            approved = _approved_for(cp, index, run, spec, step)
+            if approved is None:
+                return _request_approval(b, run, spec, step, settings, reason=f"{spec.tier.value} effect")
         name = action_record_name(spec.idempotency_key)
         action = PendingAction(
             idempotency_key=spec.idempotency_key,
@@ -357,6 +385,7 @@ def _plan(
             effect=step.effect,
             tier=spec.tier.value,
             step_index=index,
+            approval_request_id=approved.request_id if approved else None,
         )
         # The intent is committed before anything is dispatched (semantic boundary).
         commit = b.commit(
@@ -466,6 +495,204 @@ def _rebuild_spec(
         return None
     spec = action_spec(run, pending.step_index, step, settings)
     return spec if spec.idempotency_key == pending.idempotency_key else None
+
+
+def _approvals_of_step(cp: Checkpoint, index: int) -> list[ApprovalRecord]:
+    return [a for a in cp.approvals if a.step_index == index]
+
+
+def _approved_for(
+    cp: Checkpoint, index: int, run: RunSnapshot, spec: ActionRecordSpec, step: PerformEffect
+) -> ApprovalRecord | None:
+    """The approval that still binds this exact action, if any (digest recomputed now)."""
+    records = _approvals_of_step(cp, index)
+    if not records:
+        return None
+    last = records[-1]
+    if last.decision != "approved":
+        return None
+    digest = approval_digest(
+        effect=step.effect,
+        arguments=spec.arguments,
+        target=spec.target,
+        policy_version=last.policy_version,
+        run_uid=run.uid,
+        request_id=last.request_id,
+    )
+    return last if digest == last.digest else None
+
+
+def _request_approval(
+    b: _Builder,
+    run: RunSnapshot,
+    spec: ActionRecordSpec,
+    step: PerformEffect,
+    settings: Settings,
+    *,
+    reason: str,
+    cp: Checkpoint | None = None,
+    event: RunEvent = E.APPROVAL_REQUESTED,
+) -> Commit:
+    """ONE commit writes the request (status + checkpoint) and enters waiting_approval."""
+    cp = cp or b.cp
+    policy = settings.policy
+    assert policy is not None
+    index = spec.step_index
+    request_id = f"{step.name}-{len(_approvals_of_step(cp, index)) + 1}"
+    version = settings.policy_version or "unversioned"
+    digest = approval_digest(
+        effect=step.effect,
+        arguments=spec.arguments,
+        target=spec.target,
+        policy_version=version,
+        run_uid=run.uid,
+        request_id=request_id,
+    )
+    expires = b.now + parse_duration(policy.approval_expiry)
+    rule = policy.approvers
+    request = ApprovalRequest(
+        request_id=request_id,
+        digest=digest,
+        step=step.name,
+        effect=step.effect,
+        tier=spec.tier,
+        target=spec.target,
+        arguments=spec.arguments,
+        evidence=[e.id for e in cp.evidence],
+        policy_version=version,
+        policy_reason=f"policy {settings.policy_name}@{version} requires approval for {reason}",
+        approver_role=f"{rule.verb} on {rule.resource}"
+        + (" (not the run's creator)" if rule.four_eyes else ""),
+        expires_at=expires,
+        allowed_decisions=[d.value for d in policy.allowed_decisions],
+    )
+    record = ApprovalRecord(
+        request_id=request_id, digest=digest, expires_at=expires, policy_version=version, step_index=index
+    )
+    commit = b.commit(
+        event,
+        checkpoint=cp.model_copy(update={"approvals": [*cp.approvals, record]}),
+        waiting_for=f"approval:{request_id}",
+        detail=f"approval {request_id} for {step.effect}: {reason}",
+    )
+    commit.status.approval_request = request
+    return commit
+
+
+def _await_decision(b: _Builder, run: RunSnapshot, settings: Settings) -> Decision:
+    cp = b.cp
+    request = run.status.approval_request
+    pending = [a for a in cp.approvals if a.decision is None]
+    if request is None or not pending:
+        return b.commit(E.APPROVAL_DECIDED, detail="no pending approval request recorded")
+    record = pending[-1]
+    decision = run.spec.approvals.get(record.request_id)
+    if decision is not None and decision.digest == record.digest and decision.approver is not None:
+        decided = record.model_copy(
+            update={
+                "decision": "approved" if decision.decision == "approve" else "rejected",
+                "decided_by": decision.approver.username,
+                "decided_at": decision.decided_at or b.now,
+            }
+        )
+        approvals = [decided if a.request_id == record.request_id else a for a in cp.approvals]
+        commit = b.commit(
+            E.APPROVAL_DECIDED,
+            checkpoint=cp.model_copy(update={"approvals": approvals}),
+            detail=f"{decision.decision} {record.request_id} by {decision.approver.username}",
+        )
+        commit.status.approval_request = None
+        return commit
+    if b.now >= record.expires_at:
+        policy = settings.policy
+        if policy is not None and policy.freshness.approval_expired is ExpiryAction.REAPPROVE:
+            return b.commit(E.REVALIDATION_REQUIRED, detail=f"approval request {record.request_id} expired")
+        return b.commit(
+            E.WAIT_EXPIRED,
+            outcome=Outcome(reason="ApprovalExpired", message=f"nobody decided {record.request_id} in time"),
+        )
+    deadline = run.spec.deadline
+    return Idle(
+        wake_at=min(record.expires_at, deadline) if deadline else record.expires_at, reason="approval"
+    )
+
+
+def _decided_approval_of_step(cp: Checkpoint) -> ApprovalRecord | None:
+    """The approval decided (or expired) during the wait, for the step about to act, not acted on."""
+    records = _approvals_of_step(cp, cp.position.step)
+    if not records:
+        return None
+    last = records[-1]
+    acted = any(p.approval_request_id == last.request_id for p in cp.pending_actions) or any(
+        c.step_index == cp.position.step for c in cp.tool_calls
+    )
+    return None if acted else last
+
+
+def _revalidate_approval(
+    b: _Builder,
+    run: RunSnapshot,
+    planner: Planner,
+    settings: Settings,
+    record: ApprovalRecord,
+    fresh: Mapping[str, KubernetesEvidenceRef | None] | None,
+) -> Decision:
+    """Before acting on an approval: the digest, the policy, the effect, the evidence (seed §7)."""
+    cp, policy = b.cp, settings.policy
+    if record.decision == "rejected":
+        return b.commit(
+            E.ATTEMPT_FAILED,
+            outcome=Outcome(
+                reason="ApprovalRejected", message=f"{record.decided_by} rejected {record.request_id}"
+            ),
+        )
+    try:
+        step = planner.next_step(PlanningContext(run.spec, cp))
+    except PlannerError as err:
+        return b.commit(E.ATTEMPT_FAILED, outcome=Outcome(reason="PlannerError", message=str(err)))
+    if not isinstance(step, PerformEffect) or policy is None:
+        return b.commit(E.REVALIDATED, detail="the approved step no longer needs approval")
+    spec = action_spec(run, cp.position.step, step, settings)
+
+    def reapprove(reason: str, checkpoint: Checkpoint | None = None) -> Commit:
+        return _request_approval(
+            b, run, spec, step, settings, reason=reason, cp=checkpoint, event=E.REAPPROVAL_REQUIRED
+        )
+
+    if record.decision is None:  # the request expired and the policy says: ask again
+        return reapprove("a new request (the last one expired)")
+    if _approved_for(cp, cp.position.step, run, spec, step) is None:
+        return reapprove("the action changed since it was approved")
+    if settings.available_effects is not None and step.effect not in settings.available_effects:
+        return b.commit(
+            E.ATTEMPT_FAILED,
+            outcome=Outcome(reason="EffectUnavailable", message=f"effect {step.effect!r} is not installed"),
+        )
+    if (
+        settings.policy_version is not None
+        and settings.policy_version != record.policy_version
+        and policy.freshness.policy_changed is not ChangeResponse.IMMATERIAL
+    ):
+        return reapprove(f"policy changed from {record.policy_version} to {settings.policy_version}")
+    refs = tuple(e for e in cp.evidence if isinstance(e, KubernetesEvidenceRef))
+    if refs and fresh is None:
+        return NeedEvidence(refs)
+    seen = fresh or {}
+    changed = [
+        e
+        for e in refs
+        if (now := seen.get(e.id)) is None
+        or (now.resource_version, now.content_digest) != (e.resource_version, e.content_digest)
+    ]
+    if changed:
+        names = ", ".join(f"{e.kind}/{e.name}" for e in changed)
+        refreshed = cp.model_copy(update={"evidence": [seen.get(e.id) or e for e in cp.evidence]})
+        response = policy.freshness.evidence_changed
+        if response is ChangeResponse.REAPPROVE:
+            return reapprove(f"evidence changed during the wait: {names}", refreshed)
+        if response is ChangeResponse.REFRESH:
+            return b.commit(E.REFRESH_REQUIRED, checkpoint=refreshed, detail=f"evidence refreshed: {names}")
+    return b.commit(E.REVALIDATED, detail=f"approval {record.request_id} still binds the action")
 
 
 def _failed_call_of_step(cp: Checkpoint) -> ToolCallRecord | None:

@@ -13,6 +13,7 @@ from typing import Any
 from kubernetes.client.rest import ApiException
 from kubernetes.dynamic.exceptions import ResourceNotFoundError
 
+from durable_agents.api.v1alpha1 import ObjectReference
 from durable_agents.core.checkpoint import KubernetesEvidenceRef
 from durable_agents.core.digest import object_content_digest
 from durable_agents.core.engine import NeedRead, ReadResult, RunSnapshot
@@ -34,6 +35,22 @@ class EvidenceReader:
         )
         out: dict[str, Any] = obj.to_dict()
         return out
+
+    async def reread(
+        self, run: RunSnapshot, ref: KubernetesEvidenceRef, now: datetime
+    ) -> KubernetesEvidenceRef | None:
+        """The same evidence reference as it reads now (same ID), or None if it cannot be read."""
+        need = NeedRead(
+            ref.step_index,
+            ref.id,
+            ObjectReference(
+                api_version=ref.api_version, kind=ref.kind, name=ref.name, namespace=ref.namespace
+            ),
+        )
+        result = await self.read(run, need, now)
+        if result.evidence is None:
+            return None
+        return result.evidence.model_copy(update={"id": ref.id, "step_index": ref.step_index})
 
     async def read(self, run: RunSnapshot, need: NeedRead, now: datetime) -> ReadResult:
         ref = need.ref

@@ -32,12 +32,13 @@ from typing import Any
 from kubernetes.client.rest import ApiException
 
 from durable_agents.api.v1alpha1 import ActionRecordStatus, AgentPolicySpec
-from durable_agents.core.checkpoint import Fencing, Loaded, load_checkpoint
+from durable_agents.core.checkpoint import Fencing, KubernetesEvidenceRef, Loaded, load_checkpoint
 from durable_agents.core.engine import (
     ActionObservation,
     Commit,
     Idle,
     NeedActions,
+    NeedEvidence,
     NeedRead,
     ReadResult,
     RunSnapshot,
@@ -197,16 +198,19 @@ class RunWorker:
 
     def settings_for(self, run: RunSnapshot) -> Settings:
         ref = run.spec.policy_ref
+        available = frozenset(self.effect_tiers)
         if ref is None:
-            return Settings(tiers=self.effect_tiers)
+            return Settings(tiers=self.effect_tiers, available_effects=available)
         policy = self.policies.get((run.namespace, ref.name))
         if policy is None:
-            return Settings(policy_name=ref.name, tiers=self.effect_tiers)
+            return Settings(policy_name=ref.name, tiers=self.effect_tiers, available_effects=available)
         return Settings(
             wait_expiries=policy.wait_expiries,
             policy_name=ref.name,
             policy_version=policy.version,
             tiers={**self.effect_tiers, **policy.tiers},
+            policy=policy,
+            available_effects=available,
         )
 
     def planner_for(self, run: RunSnapshot) -> Planner:
@@ -311,6 +315,7 @@ class RunWorker:
         self, key: Key, hold: Hold, body: dict[str, Any], actions: dict[str, ActionObservation] | None
     ) -> None:
         read: ReadResult | None = None
+        fresh: dict[str, KubernetesEvidenceRef | None] | None = None
         for _ in range(self.config.max_transitions_per_unit):
             snap = RunSnapshot.from_object(body)
             epoch = _checkpoint_epoch(snap.raw_checkpoint)
@@ -329,12 +334,16 @@ class RunWorker:
                 settings=self.settings_for(snap),
                 read=read,
                 actions=actions,
+                fresh_evidence=fresh,
             )
             if isinstance(decision, NeedRead):
                 read = await self.reader.read(snap, decision, now)
                 continue
             if isinstance(decision, NeedActions):
                 actions = await self._observe_actions(snap, decision)
+                continue
+            if isinstance(decision, NeedEvidence):
+                fresh = {ref.id: await self.reader.reread(snap, ref, now) for ref in decision.refs}
                 continue
             if isinstance(decision, Idle):
                 self.queue.wake_at(key, decision.wake_at)
@@ -347,9 +356,9 @@ class RunWorker:
             except Conflict:
                 log.info("commit to %s/%s refused (409: the record moved); reloading", *key)
                 body = await self.store.get(*key)  # discard the computation, reload
-                read, actions = None, None
+                read, actions, fresh = None, None, None
                 continue
-            read, actions = None, None
+            read, actions, fresh = None, None, None
             self.versions[key] = decision.status.state_version
             self._after_commit(body, snap.state, decision)
             for intent in decision.intents:

@@ -1,0 +1,104 @@
+"""The admission webhook served by the operator: identity stamping and approval authority.
+
+Enabled when DURABLE_AGENTS_WEBHOOK_PORT is set. The operator makes its own TLS certificate
+(cryptography), serves on loopback, and registers Mutating/ValidatingWebhookConfigurations with
+failurePolicy Fail: with the operator down, approvals are refused, never silently accepted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import tempfile
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import kopf
+
+from durable_agents.api.v1alpha1 import AgentRunSpec
+from durable_agents.localcluster.certs import generate_ca, issue_serving_cert
+from durable_agents.shell import admission
+from durable_agents.shell.kube import GROUP, VERSION, Kube
+from durable_agents_controllers.runtime import worker
+
+log = logging.getLogger(__name__)
+READY_LINE = "admission webhook serving"
+
+
+def configure(
+    settings: kopf.OperatorSettings, kube: Kube, namespace: str | None
+) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    port = os.environ.get("DURABLE_AGENTS_WEBHOOK_PORT")
+    if not port:
+        return None
+    host = os.environ.get("DURABLE_AGENTS_WEBHOOK_HOST", "127.0.0.1")
+    ca = generate_ca("durable-agents-webhook-ca")
+    serving = issue_serving_cert(ca, host, ["localhost"], ["127.0.0.1"])
+    certs = Path(tempfile.mkdtemp(prefix="durable-agents-webhook-"))
+    (certs / "tls.crt").write_bytes(serving.cert_pem)
+    (certs / "tls.key").write_bytes(serving.key_pem)
+    (certs / "ca.crt").write_bytes(ca.cert_pem)
+    settings.admission.server = kopf.WebhookServer(
+        addr=host,
+        port=int(port),
+        certfile=certs / "tls.crt",
+        pkeyfile=certs / "tls.key",
+        cafile=certs / "ca.crt",
+    )
+    settings.admission.managed = None  # our own configurations: scoped, failurePolicy Fail
+    name = f"durable-agents-{namespace}" if namespace else "durable-agents"
+    return admission.webhook_configurations(
+        name=name, url=f"https://{host}:{port}", ca_pem=ca.cert_pem, namespace=namespace
+    )
+
+
+async def announce_when_serving(settings: kopf.OperatorSettings, within: float = 60.0) -> None:
+    """Log one line once the webhook accepts connections (tests and humans wait for it)."""
+    server = settings.admission.server
+    assert isinstance(server, kopf.WebhookServer)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while loop.time() < deadline:
+        try:
+            _, writer = await asyncio.open_connection(server.addr, server.port)
+        except OSError:
+            await asyncio.sleep(0.05)
+            continue
+        writer.close()
+        log.info("%s on https://%s:%s", READY_LINE, server.addr, server.port)
+        return
+    log.error("the admission webhook did not start listening within %.0fs", within)
+
+
+@kopf.on.mutate(GROUP, VERSION, "agentruns", id=admission.MUTATE_PATH, operations=["CREATE", "UPDATE"])
+async def stamp_identity(body: kopf.Body, userinfo: kopf.UserInfo, patch: kopf.Patch, **kwargs: Any) -> None:
+    operation, old = str(kwargs.get("operation")), kwargs.get("old")
+    user = admission.identity_of(dict(userinfo))
+    stamped = admission.stamps(
+        operation, dict(body), dict(old) if old is not None else None, user, datetime.now(UTC)
+    )
+    for field, value in stamped.items():
+        patch.spec[field] = value
+
+
+@kopf.on.validate(GROUP, VERSION, "agentruns", id=admission.VALIDATE_PATH, operations=["CREATE", "UPDATE"])
+async def check_approvals(body: kopf.Body, userinfo: kopf.UserInfo, **kwargs: Any) -> None:
+    operation, old = str(kwargs.get("operation")), kwargs.get("old")
+    if operation != "UPDATE":
+        return
+    new = dict(body)
+    spec = AgentRunSpec.model_validate(new.get("spec") or {})
+    policy = None
+    if spec.policy_ref is not None:
+        policy = worker().policies.get((body.metadata.namespace or "", spec.policy_ref.name))
+    reason = await admission.check_update(
+        worker().kube,
+        new,
+        dict(old) if old is not None else None,
+        admission.identity_of(dict(userinfo)),
+        policy,
+    )
+    if reason is not None:
+        raise kopf.AdmissionError(reason, code=403)

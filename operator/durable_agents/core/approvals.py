@@ -1,0 +1,69 @@
+"""Approvals bound to a digest: what is approved, and whether a decision may be accepted.
+
+The digest is SHA-256 over RFC 8785 canonical JSON of the consequential fields (effect,
+arguments, target, policy version, run UID, request ID), so an approval binds to exactly one
+action under one policy version in one run. :func:`check_decision` holds every rule the admission
+webhook enforces except the RBAC question (a SubjectAccessReview, asked by the shell). Pure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from durable_agents.api.v1alpha1 import ApprovalDecision, ApprovalRequest, Identity
+from durable_agents.core.digest import canonical_digest
+
+
+def approval_digest(
+    *,
+    effect: str,
+    arguments: Mapping[str, Any] | None,
+    target: Mapping[str, Any] | None,
+    policy_version: str | None,
+    run_uid: str,
+    request_id: str,
+) -> str:
+    return canonical_digest(
+        {
+            "effect": effect,
+            "arguments": dict(arguments or {}),
+            "target": dict(target or {}),
+            "policyVersion": policy_version or "",
+            "runUID": run_uid,
+            "requestID": request_id,
+        }
+    )
+
+
+def check_decision(
+    *,
+    request: ApprovalRequest | None,
+    request_id: str,
+    decision: ApprovalDecision,
+    now: datetime,
+    user: Identity,
+    creator: Identity | None,
+    four_eyes: bool,
+) -> str | None:
+    """Why this decision must be refused, or None. Messages are for the person who sent it."""
+    if request is None:
+        return f"unknown approval request {request_id!r}: the run has no pending approval request"
+    if request_id != request.request_id:
+        return f"unknown approval request {request_id!r}: the pending request is {request.request_id!r}"
+    if decision.digest != request.digest:
+        return (
+            f"wrong digest for request {request_id!r}: the request binds {request.digest}, "
+            f"the decision names {decision.digest}"
+        )
+    if now >= request.expires_at:
+        return f"approval request {request_id!r} expired at {request.expires_at.isoformat()}"
+    if decision.decision not in request.allowed_decisions:
+        allowed = ", ".join(request.allowed_decisions)
+        return (
+            f"decision {decision.decision!r} is not allowed for request {request_id!r} (allowed: {allowed})"
+        )
+    if four_eyes and creator is not None and creator.username == user.username:
+        return f"four-eyes policy: {user.username!r} created this run and may not approve its actions"
+    return None

@@ -1,0 +1,123 @@
+"""``kubectl agentrun``: approve, reject, inspect a run (installed as the ``kubectl-agentrun`` script).
+
+    kubectl agentrun approve NAME [-n NS] [--reason TEXT]
+    kubectl agentrun reject  NAME [-n NS] [--reason TEXT]
+    kubectl agentrun status  NAME [-n NS]
+    kubectl agentrun history NAME [-n NS]
+
+approve/reject read the pending approval request from the run's status and send the decision
+(request ID + digest) as a patch on spec.approvals. Who you are is decided by the API server, and
+whether you may approve by Kubernetes RBAC (the admission webhook asks a SubjectAccessReview).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client.rest import ApiException
+
+from durable_agents.api.v1alpha1 import GROUP, VERSION
+
+
+def _api(kubeconfig: str | None, context: str | None) -> tuple[client.CustomObjectsApi, str]:
+    config.load_kube_config(config_file=kubeconfig, context=context)
+    _, active = config.list_kube_config_contexts(config_file=kubeconfig)
+    namespace = (active or {}).get("context", {}).get("namespace", "default")
+    return client.CustomObjectsApi(), namespace
+
+
+def _get(api: client.CustomObjectsApi, ns: str, name: str) -> dict[str, Any]:
+    out: dict[str, Any] = api.get_namespaced_custom_object(GROUP, VERSION, ns, "agentruns", name)
+    return out
+
+
+def decide(api: client.CustomObjectsApi, ns: str, name: str, decision: str, reason: str | None) -> str:
+    run = _get(api, ns, name)
+    status = run.get("status") or {}
+    request = status.get("approvalRequest")
+    if not request:
+        raise SystemExit(
+            f"error: agentrun {ns}/{name} has no pending approval request (state {status.get('state')!r})"
+        )
+    body: dict[str, Any] = {"digest": request["digest"], "decision": decision}
+    if reason:
+        body["reason"] = reason
+    patch = {"spec": {"approvals": {request["requestId"]: body}}}
+    try:
+        api.patch_namespaced_custom_object(GROUP, VERSION, ns, "agentruns", name, patch)
+    except ApiException as err:
+        message = err.body
+        with contextlib.suppress(TypeError, ValueError):
+            message = json.loads(err.body).get("message", err.body)
+        raise SystemExit(f"error: the API server refused the decision: {message}") from None
+    sent = f"{decision} sent for request {request['requestId']} ({request['effect']})"
+    return f"agentrun.durable-agents.io/{name}: {sent}"
+
+
+def describe(run: dict[str, Any]) -> str:
+    status = run.get("status") or {}
+    lines = [
+        f"Name:        {run['metadata']['name']}",
+        f"State:       {status.get('state', 'pending')} (stateVersion {status.get('stateVersion', 0)})",
+        f"Waiting for: {status.get('waitingFor') or '-'}",
+    ]
+    request = status.get("approvalRequest")
+    if request:
+        lines += [
+            "Approval request:",
+            f"  request ID:  {request['requestId']}",
+            f"  action:      {request['effect']} ({request['tier']}) at step {request['step']}",
+            f"  digest:      {request['digest']}",
+            f"  reason:      {request['policyReason']}",
+            f"  approver:    {request['approverRole']}",
+            f"  expires at:  {request['expiresAt']}",
+            f"  decisions:   {', '.join(request['allowedDecisions'])}",
+        ]
+    if status.get("outcome"):
+        lines.append(
+            f"Outcome:     {status['outcome'].get('reason')}: {status['outcome'].get('message', '')}"
+        )
+    return "\n".join(lines)
+
+
+def history(run: dict[str, Any]) -> str:
+    rows = [f"{'VERSION':>7}  {'EVENT':<20} {'FROM':<18} {'TO':<18} {'AT':<28} DETAIL"]
+    for h in (run.get("status") or {}).get("history", []):
+        rows.append(
+            f"{h['stateVersion']:>7}  {h['event']:<20} {h['from']:<18} {h['to']:<18} {h['at']:<28} "
+            + h.get("detail", "")
+        )
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="kubectl agentrun", description=__doc__.split("\n\n")[0])
+    parser.add_argument("command", choices=["approve", "reject", "status", "history"])
+    parser.add_argument("name")
+    parser.add_argument("-n", "--namespace")
+    parser.add_argument("--kubeconfig")
+    parser.add_argument("--context")
+    parser.add_argument("--reason", help="why (recorded with the decision)")
+    args = parser.parse_args(argv)
+    api, default_ns = _api(args.kubeconfig, args.context)
+    ns = args.namespace or default_ns
+    try:
+        if args.command in ("approve", "reject"):
+            print(decide(api, ns, args.name, args.command, args.reason))
+        elif args.command == "status":
+            print(describe(_get(api, ns, args.name)))
+        else:
+            print(history(_get(api, ns, args.name)))
+    except ApiException as err:
+        print(f"error: {err.status} {err.reason}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
