@@ -65,8 +65,7 @@ def test_sigkill_at_every_commit_boundary(
         name = runs.create(read_ask_await_complete(readable_configmap), name=f"{phase}-{nth}")
         # Answer while the victim lives, so that every boundary is reached by it.
         drive_to_completion(runs, name, timeout=30, until=lambda v=victim: not v.alive)  # type: ignore[misc]
-        code = victim.wait_exit(30)
-        assert code == -signal.SIGKILL, f"victim should have been killed at {phase}:{nth}"
+        assert victim.wait_killed(60) == -signal.SIGKILL
 
         rescuer = start_operator(f"rescuer-{phase}{nth}", LEASE)
         done = drive_to_completion(runs, name)

@@ -72,7 +72,6 @@ async def announce_when_serving(settings: kopf.OperatorSettings, within: float =
     log.error("the admission webhook did not start listening within %.0fs", within)
 
 
-@kopf.on.mutate(GROUP, VERSION, "agentruns", id=admission.MUTATE_PATH, operations=["CREATE", "UPDATE"])
 async def stamp_identity(body: kopf.Body, userinfo: kopf.UserInfo, patch: kopf.Patch, **kwargs: Any) -> None:
     operation, old = str(kwargs.get("operation")), kwargs.get("old")
     user = admission.identity_of(dict(userinfo))
@@ -83,7 +82,6 @@ async def stamp_identity(body: kopf.Body, userinfo: kopf.UserInfo, patch: kopf.P
         patch.spec[field] = value
 
 
-@kopf.on.validate(GROUP, VERSION, "agentruns", id=admission.VALIDATE_PATH, operations=["CREATE", "UPDATE"])
 async def check_approvals(body: kopf.Body, userinfo: kopf.UserInfo, **kwargs: Any) -> None:
     operation, old = str(kwargs.get("operation")), kwargs.get("old")
     if operation != "UPDATE":
@@ -102,3 +100,17 @@ async def check_approvals(body: kopf.Body, userinfo: kopf.UserInfo, **kwargs: An
     )
     if reason is not None:
         raise kopf.AdmissionError(reason, code=403)
+
+
+def enabled() -> bool:
+    return bool(os.environ.get("DURABLE_AGENTS_WEBHOOK_PORT"))
+
+
+# kopf refuses to run with admission handlers but no server: register them only when enabled.
+if enabled():
+    kopf.on.mutate(GROUP, VERSION, "agentruns", id=admission.MUTATE_PATH, operations=["CREATE", "UPDATE"])(
+        stamp_identity
+    )
+    kopf.on.validate(
+        GROUP, VERSION, "agentruns", id=admission.VALIDATE_PATH, operations=["CREATE", "UPDATE"]
+    )(check_approvals)

@@ -195,7 +195,7 @@ class RunLeases:
                 return None
             raise
         metrics.API_WRITES.labels("leases", "patch").inc()
-        if not record.released:
+        if not record.released and record.holder != self.identity:
             metrics.LEASE_TAKEOVERS.inc()
         return self._hold(lease, started)
 

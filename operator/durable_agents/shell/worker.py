@@ -196,6 +196,11 @@ class RunWorker:
 
     # --- one unit of work -----------------------------------------------------------------
 
+    @property
+    def _margin(self) -> float:
+        """Seconds of validity a hold must still have before a commit (else renew first)."""
+        return min(1.0, self.config.lease_duration / 4)
+
     def settings_for(self, run: RunSnapshot) -> Settings:
         ref = run.spec.policy_ref
         available = frozenset(self.effect_tiers)
@@ -247,7 +252,10 @@ class RunWorker:
             else:
                 await self._idle(key, decision.wake_at, now)
             return
-        if hold is None or not hold.valid(margin=1.0):
+        if hold is not None and not hold.valid(self._margin) and not await self.leases.renew(hold):
+            self.holds.pop(key, None)
+            hold = None
+        if hold is None:
             acquired = await self._acquire(key, snap, body)
             if acquired is None:
                 return
@@ -273,7 +281,15 @@ class RunWorker:
             if hold is None:  # someone else created it first: look again when it could expire
                 self._recheck(key, now + timedelta(seconds=self.config.lease_duration))
                 return None
-        elif not record.expired(now) and record.holder != self.identity:
+        elif record.holder == self.identity:
+            # Our own Lease whose in-memory hold lapsed: the work queue runs one unit per run at a
+            # time, so no step of ours is in flight; keep the epoch unless someone fenced past it.
+            transitions = record.transitions if cp_transitions <= record.transitions else cp_transitions + 1
+            hold = await self.leases.take_over(record, transitions)
+            if hold is None:
+                self._recheck(key, now + timedelta(seconds=1))
+                return None
+        elif not record.expired(now):
             self._recheck(key, record.expires_at())
             return None
         else:
@@ -349,7 +365,7 @@ class RunWorker:
                 self.queue.wake_at(key, decision.wake_at)
                 await self._release(key)
                 return
-            if not hold.valid(margin=1.0) and not await self.leases.renew(hold):
+            if not hold.valid(self._margin) and not await self.leases.renew(hold):
                 raise Lost(f"{key}: lease lost before commit")
             try:
                 body = await self.store.commit_status(body, decision.wire_status())

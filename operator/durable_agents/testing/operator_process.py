@@ -93,6 +93,18 @@ class OperatorProcess:
         assert self.proc is not None
         return self.proc.wait(timeout)
 
+    def wait_killed(self, timeout: float) -> int:
+        """Wait for a test hook to kill this process; fail with its log if it does not happen."""
+        try:
+            code = self.wait_exit(timeout)
+        except subprocess.TimeoutExpired:
+            log = self.log_tail(60)
+            raise AssertionError(
+                f"operator {self.identity} not killed within {timeout:.0f}s; log:\n{log}"
+            ) from None
+        assert code < 0, f"operator {self.identity} exited with {code}, not by a signal:\n{self.log_tail(60)}"
+        return code
+
     def stopped(self) -> bool:
         """True when the process is frozen by SIGSTOP (state T in /proc)."""
         try:
