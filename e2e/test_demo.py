@@ -21,13 +21,15 @@ def test_demo_completes_the_run(kube: KubeEnv) -> None:
     assert "kubectl -n demo-" in text
     assert "patch agentrun rollout " in text
     final = text[text.index("==> the completed run") :]
-    assert "rollout   completed   12" in final
+    assert "rollout   completed   15" in final
     assert "'result': 'new rollout strategy enabled'" in final
     ledger = text[text.index("==> the action ledger") : text.index("==> the completed run")]
-    assert "succeeded   kubernetes.apply   reversible   1" in ledger
+    assert "succeeded   kubernetes.apply   consequential   1" in ledger
     assert '{"enabledBy":"durable-agents","maxSurge":"50%"}' in ledger
     timeline = text[text.index("transition timeline") : text.index("==> the action ledger")]
-    assert [line.split()[1] for line in timeline.splitlines()[2:14]] == [
+    assert "approver 'demo-approver'" in text
+    assert "approve sent for request enable-strategy-1 (kubernetes.apply)" in text
+    assert [line.split()[1] for line in timeline.splitlines()[2:17]] == [
         "accepted",
         "step_completed",
         "input_requested",
@@ -35,6 +37,9 @@ def test_demo_completes_the_run(kube: KubeEnv) -> None:
         "revalidated",
         "external_awaited",
         "external_received",
+        "revalidated",
+        "approval_requested",
+        "approval_decided",
         "revalidated",
         "external_awaited",
         "external_received",

@@ -13,6 +13,7 @@ import contextlib
 import os
 import shlex
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -26,7 +27,7 @@ from kubernetes import client
 
 from durable_agents.localcluster.controlplane import LocalControlPlane, find_repo_root
 from durable_agents.testing.kube import KubeEnv, install_crds
-from durable_agents.testing.operator_process import OperatorProcess
+from durable_agents.testing.operator_process import OperatorProcess, wait_for
 from durable_agents.testing.runs import Runs
 
 OPERATOR_USER = "durable-agents-operator"
@@ -117,6 +118,63 @@ def prepare_namespace(env: KubeEnv, ns: str) -> None:
     )
 
 
+def approve(env: KubeEnv, runs: Runs, ns: str, name: str) -> None:
+    """The change is consequential (policy): a person allowed by RBAC approves it."""
+    assert env.plane is not None
+    parked = runs.wait_state(name, "waiting_approval", timeout=60)
+    request = parked["status"]["approvalRequest"]
+    step("the configuration change needs an approval: the request, bound to a digest")
+    rbac = client.RbacAuthorizationV1Api(env.api)
+    rbac.create_namespaced_role(
+        ns,
+        {
+            "metadata": {"name": "agentrun-approver"},
+            "rules": [
+                {
+                    "apiGroups": ["durable-agents.io"],
+                    "resources": ["agentruns"],
+                    "verbs": ["get", "list", "patch", "approve"],
+                }
+            ],
+        },
+    )
+    rbac.create_namespaced_role_binding(
+        ns,
+        {
+            "metadata": {"name": "agentrun-approvers"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "agentrun-approver"},
+            "subjects": [
+                {"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "agentrun-approvers"}
+            ],
+        },
+    )
+    approver = env.plane.write_user_kubeconfig("demo-approver", ["agentrun-approvers"])
+    plugin = [sys.executable, "-m", "durable_agents.kubectl_plugin"]
+    for args in (["status", name, "-n", ns], ["approve", name, "-n", ns, "--reason", "window is open"]):
+        say("    $ kubectl agentrun " + shlex.join(args) + "      # as user demo-approver")
+        out = subprocess.run(
+            [*plugin, *args],
+            env={**os.environ, "KUBECONFIG": str(approver)},
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if out.returncode != 0:
+            raise SystemExit(out.stdout + out.stderr)
+        say("\n".join("    " + line for line in out.stdout.rstrip().splitlines()))
+    decided = runs.get(name)["spec"]["approvals"][request["requestId"]]
+    say(
+        f"    stamped by the admission webhook: approver {decided['approver']['username']!r} "
+        f"at {decided['decidedAt']} (asked a SubjectAccessReview for verb approve)"
+    )
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def timeline(run: dict[str, Any]) -> str:
     rows = [f"    {'VERSION':>7}  {'EVENT':<18} {'FROM':<18} {'TO':<18} DETAIL"]
     for h in run["status"]["history"]:
@@ -137,15 +195,35 @@ def main() -> int:
         step(f"namespace {ns}: a ConfigMap to read; the run's ServiceAccount may read it and write one")
         prepare_namespace(env, ns)
         kubectl(kc, "-n", ns, "apply", "-f", str(repo / "config/samples/agentpolicy-default.yaml"))
+        if env.plane is None:
+            say("    (this cluster's API server cannot reach a webhook on this machine's loopback:")
+            say("     approvals are switched off for the demo; install the chart for the real thing)")
+            kubectl(
+                kc,
+                "-n",
+                ns,
+                "patch",
+                "agentpolicy",
+                "default",
+                "--type=merge",
+                "-p",
+                '{"spec":{"approvalRequiredTiers":[]}}',
+            )
 
         step("starting the operator (its own user, bound to the chart's ClusterRole)")
+        webhook_port = _free_port()
+        extra = {"DURABLE_AGENTS_NAMESPACE": ns}
+        if env.plane is not None:  # the API server must reach the webhook: on loopback here
+            extra["DURABLE_AGENTS_WEBHOOK_PORT"] = str(webhook_port)
         op = OperatorProcess(
             operator_kubeconfig(env, repo),
             Path(logs),
             name="demo-operator",
             lease_duration=15,
-            env={"DURABLE_AGENTS_NAMESPACE": ns},
+            env=extra,
         ).start()
+        if env.plane is not None:
+            wait_for(lambda: "admission webhook serving" in op.log_tail(50), 30, "the admission webhook")
         say(f"    operator {op.identity} (pid {op.pid}) is watching namespace {ns}")
         try:
             runs = Runs(env, ns)
@@ -187,6 +265,8 @@ def main() -> int:
                 "-p",
                 '{"spec":{"events":{"maintenance-window-open":"opened by the demo"}}}',
             )
+            if env.plane is not None:
+                approve(env, runs, ns, name)
             done = runs.wait_state(name, "completed", timeout=60)
 
             step("the run's transition timeline (status.history; stateVersion +1 per commit)")

@@ -855,7 +855,7 @@ def test_terminal_runs_are_idle_without_a_wake_up(state: RunState) -> None:
         assert step(obj, now, read=read) == Idle(wake_at=None, reason=f"run is {state.value}")
 
 
-@pytest.mark.parametrize("state", [S.WAITING_APPROVAL, S.WAITING_RETRY, S.CANCEL_REQUESTED])
+@pytest.mark.parametrize("state", [S.WAITING_RETRY, S.CANCEL_REQUESTED])
 def test_states_of_later_components_are_left_alone(state: RunState) -> None:
     decision = step(run_in(state), at(1))
     assert isinstance(decision, Idle)
@@ -870,7 +870,12 @@ def test_a_pending_run_with_a_checkpoint_is_accepted_again() -> None:
 
 
 @pytest.mark.parametrize(
-    ("state", "event"), [(S.WAITING_INPUT, E.INPUT_RECEIVED), (S.WAITING_EXTERNAL, E.EXTERNAL_RECEIVED)]
+    ("state", "event"),
+    [
+        (S.WAITING_INPUT, E.INPUT_RECEIVED),
+        (S.WAITING_EXTERNAL, E.EXTERNAL_RECEIVED),
+        (S.WAITING_APPROVAL, E.APPROVAL_DECIDED),
+    ],
 )
 def test_a_wait_with_nothing_recorded_is_left(state: RunState, event: RunEvent) -> None:
     obj = run_in(state)
