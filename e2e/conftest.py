@@ -41,10 +41,15 @@ def operator_kubeconfig(kube: KubeEnv) -> Path:
 
 
 @pytest.fixture
-def start_operator(operator_kubeconfig: Path, tmp_path: Path) -> Iterator[Callable[..., OperatorProcess]]:
+def start_operator(
+    operator_kubeconfig: Path, tmp_path: Path, namespace: str
+) -> Iterator[Callable[..., OperatorProcess]]:
+    """Operator processes that watch only this test's namespace (and whose admission webhook, if
+    enabled, is scoped to it); all stopped afterwards."""
     started: list[OperatorProcess] = []
 
     def start(name: str = "op", lease_duration: int = 3, **env: str) -> OperatorProcess:
+        env.setdefault("DURABLE_AGENTS_NAMESPACE", namespace)
         op = OperatorProcess(
             operator_kubeconfig, tmp_path / "operators", name=name, lease_duration=lease_duration, env=env
         )

@@ -57,11 +57,32 @@ def record_of(runs: Runs, key: str) -> dict[str, Any]:
 
 
 def test_effect_is_applied_once_and_its_outcome_becomes_evidence(
-    start_operator: Callable[..., OperatorProcess], runs: Runs, refsystem: ReferenceSystemThread
+    kube: KubeEnv,
+    start_operator: Callable[..., OperatorProcess],
+    runs: Runs,
+    refsystem: ReferenceSystemThread,
 ) -> None:
+    from datetime import UTC, datetime
+
+    from durable_agents.testing.audit import count_by, read_audit
+
     start_operator("ledger", LEASE)
+    started = datetime.now(UTC)
     name = runs.create(http_effect_run(refsystem.url))
     done = runs.wait_state(name, "completed", timeout=60)
+    if kube.plane is not None:
+        # Let the last Events and the Lease deletion land, then count the operator's writes.
+        wait_for(lambda: runs.leases() == [], 10, "the run's Lease to be released")
+        writes = [
+            e
+            for e in read_audit(kube.plane.audit_log_path, user="durable-agents-operator", since=started)
+            if e.is_write and e.namespace == runs.namespace
+        ]
+        print(f"\nwrites for one run with one effect (5 transitions): {len(writes)} {dict(count_by(writes))}")
+        by_kind = count_by(writes)
+        assert by_kind["update agentruns/status"] == len(EFFECT_EVENTS), "one status write per transition"
+        assert by_kind["create actionrecords"] == 1
+        assert by_kind["update actionrecords/status"] == 2, "claim, then the outcome"
     history = assert_history_is_gapless(done)
     assert [h["event"] for h in history] == EFFECT_EVENTS
     key = key_of(done)
