@@ -234,59 +234,41 @@ def decide(
 
     cp = b.cp
     if state is S.WAITING_INPUT:
-        pending_input = cp.pending_input
-        if pending_input is None:
+        asked = cp.pending_input
+        if asked is None:
             return b.commit(E.INPUT_RECEIVED, detail="no pending question recorded")
-        answer = run.spec.answers.get(pending_input.request_id)
-        if answer is not None:
-            ref = ExternalEvidenceRef(
-                id=f"answer-{pending_input.request_id}",
-                step_index=cp.position.step,
-                recorded_at=now,
-                uri=f"agentrun://{run.namespace}/{run.name}/spec.answers/{pending_input.request_id}",
-                content_digest=canonical_digest(answer),
-            )
-            return b.commit(
-                E.INPUT_RECEIVED,
-                checkpoint=cp.model_copy(
-                    update={
-                        "input_refs": [*cp.input_refs, ref],
-                        "pending_input": None,
-                        "position": cp.position.model_copy(update={"step": cp.position.step + 1}),
-                    }
-                ),
-                detail=f"answer to {pending_input.request_id}",
-            )
-        return _expire_or_idle(b, pending_input.expires_at, "InputExpired", run.spec.deadline)
+        return _leave_wait(
+            b,
+            E.INPUT_RECEIVED,
+            "answer",
+            asked.request_id,
+            "answers",
+            asked.request_id,
+            run.spec.answers,
+            clear="pending_input",
+            expires_at=asked.expires_at,
+            expired="InputExpired",
+        )
 
     if state is S.WAITING_EXTERNAL and cp.pending_actions:
         return _reconcile_actions(b, run, planner, settings, actions)
 
     if state is S.WAITING_EXTERNAL:
-        pending = cp.pending_external
-        if pending is None:
+        awaited = cp.pending_external
+        if awaited is None:
             return b.commit(E.EXTERNAL_RECEIVED, detail="no pending event recorded")
-        payload = run.spec.events.get(pending.event)
-        if payload is not None:
-            ref = ExternalEvidenceRef(
-                id=f"event-{pending.request_id}",
-                step_index=cp.position.step,
-                recorded_at=now,
-                uri=f"agentrun://{run.namespace}/{run.name}/spec.events/{pending.event}",
-                content_digest=canonical_digest(payload),
-            )
-            return b.commit(
-                E.EXTERNAL_RECEIVED,
-                checkpoint=cp.model_copy(
-                    update={
-                        "input_refs": [*cp.input_refs, ref],
-                        "pending_external": None,
-                        "position": cp.position.model_copy(update={"step": cp.position.step + 1}),
-                    }
-                ),
-                detail=f"event {pending.event}",
-            )
-        return _expire_or_idle(b, pending.expires_at, "ExternalEventExpired", run.spec.deadline)
+        return _leave_wait(
+            b,
+            E.EXTERNAL_RECEIVED,
+            "event",
+            awaited.request_id,
+            "events",
+            awaited.event,
+            run.spec.events,
+            clear="pending_external",
+            expires_at=awaited.expires_at,
+            expired="ExternalEventExpired",
+        )
 
     if state is S.WAITING_APPROVAL:
         return _await_decision(b, run, settings)
@@ -698,6 +680,44 @@ def _revalidate_approval(
 def _failed_call_of_step(cp: Checkpoint) -> ToolCallRecord | None:
     calls = [c for c in cp.tool_calls if c.step_index == cp.position.step]
     return calls[-1] if calls and calls[-1].outcome == "failed" else None
+
+
+def _leave_wait(
+    b: _Builder,
+    event: RunEvent,
+    kind: str,
+    request_id: str,
+    field_name: str,
+    key: str,
+    delivered: Mapping[str, str],
+    *,
+    clear: str,
+    expires_at: datetime,
+    expired: str,
+) -> Decision:
+    """An answer or event arrived: record a reference to it (never its text) and move on.
+
+    Nothing arrived: expire at the expiry, or stay idle until then.
+    """
+    value = delivered.get(key)
+    if value is None:
+        return _expire_or_idle(b, expires_at, expired, b.run.spec.deadline)
+    cp, run = b.cp, b.run
+    ref = ExternalEvidenceRef(
+        id=f"{kind}-{request_id}",
+        step_index=cp.position.step,
+        recorded_at=b.now,
+        uri=f"agentrun://{run.namespace}/{run.name}/spec.{field_name}/{key}",
+        content_digest=canonical_digest(value),
+    )
+    checkpoint = cp.model_copy(
+        update={
+            "input_refs": [*cp.input_refs, ref],
+            clear: None,
+            "position": cp.position.model_copy(update={"step": cp.position.step + 1}),
+        }
+    )
+    return b.commit(event, checkpoint=checkpoint, detail=f"{kind} {'to ' if kind == 'answer' else ''}{key}")
 
 
 def _expire_or_idle(b: _Builder, expires_at: datetime, reason: str, deadline: datetime | None) -> Decision:

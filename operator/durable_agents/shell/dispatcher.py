@@ -93,6 +93,7 @@ class Dispatcher:
     # --- one record -----------------------------------------------------------------------
 
     async def process(self, key: Key, body: dict[str, Any] | None) -> None:
+        log.debug("dispatcher looks at %s/%s", *key)
         if body is None:
             try:
                 body = await self.store.get(*key)
@@ -150,6 +151,14 @@ class Dispatcher:
         )
         result = await effect.dispatch(self._context(spec, namespace), action)
         metrics.ACTION_DISPATCHES.labels(spec.effect, type(result).__name__).inc()
+        log.info(
+            "%s/%s %s attempt %d: %s",
+            namespace,
+            claimed["metadata"]["name"],
+            spec.effect,
+            claimed_status.attempts,
+            type(result).__name__,
+        )
         if isinstance(result, Applied):
             out = await self._write(claimed, claimed_status, A.SUCCEEDED, outcome=result.outcome)
             await self._event(out, "Succeeded", f"{spec.effect} applied key={spec.idempotency_key}")

@@ -10,6 +10,8 @@ bounded work (a model call), so a test can catch a worker mid-step.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import signal
 from dataclasses import dataclass
@@ -38,6 +40,19 @@ class CommitHooks:
         self.triggers = triggers
         self.delay = delay
         self.commits = 0
+        self._lock: asyncio.Lock | None = None
+
+    def serialized(self) -> contextlib.AbstractAsyncContextManager[object]:
+        """With a trigger set, one write at a time, so "the Nth write" means one write.
+
+        The run worker and the dispatcher write concurrently; without this, which write is the
+        Nth would depend on scheduling. Inert (no lock) when no trigger is configured.
+        """
+        if not self.triggers:
+            return contextlib.nullcontext()
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        return self._lock
 
     @classmethod
     def from_env(cls) -> CommitHooks:

@@ -9,7 +9,7 @@ API_WRITES = Counter(
 )
 TRANSITIONS = Counter("durable_agents_transitions_total", "Committed run transitions", ["event"])
 COMMIT_CONFLICTS = Counter(
-    "durable_agents_commit_conflicts_total", "Status commits refused with 409 (stale read)"
+    "durable_agents_commit_conflicts_total", "Status commits refused with 409 (stale read)", ["resource"]
 )
 LEASE_TAKEOVERS = Counter(
     "durable_agents_lease_takeovers_total", "Run leases taken over from an expired holder"
@@ -28,6 +28,7 @@ WAITING_RUNS = Gauge(
 COMMIT_LATENCY = Histogram(
     "durable_agents_commit_seconds",
     "Status commit round trip",
+    ["resource"],
     buckets=(0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2),
 )
 DUPLICATE_SUPPRESSIONS = Counter(

@@ -1,4 +1,4 @@
-"""The run store: reads AgentRuns and commits their status by compare-and-swap.
+"""The stores: read AgentRuns and ActionRecords and commit their status by compare-and-swap.
 
 A commit is ONE ``PUT .../status`` carrying the resourceVersion that was read as precondition.
 A 409 means someone committed in between: the caller throws its computation away and reloads.
@@ -18,8 +18,6 @@ from durable_agents.shell import metrics
 from durable_agents.shell.hooks import CommitHooks, process_hooks
 from durable_agents.shell.kube import GROUP, VERSION, Kube
 
-PLURAL = "agentruns"
-
 
 class Conflict(Exception):
     """The record changed since it was read; reload and decide again."""
@@ -29,7 +27,12 @@ class Gone(Exception):
     """The record no longer exists."""
 
 
-class RunStore:
+class StatusStore:
+    """Reads records of one kind and commits their status by compare-and-swap."""
+
+    kind: str
+    plural: str
+
     def __init__(self, kube: Kube, hooks: CommitHooks | None = None) -> None:
         self.kube = kube
         self.hooks = hooks or process_hooks()
@@ -37,7 +40,7 @@ class RunStore:
     async def get(self, namespace: str, name: str) -> dict[str, Any]:
         try:
             obj: dict[str, Any] = await self.kube.call(
-                self.kube.custom.get_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, name
+                self.kube.custom.get_namespaced_custom_object, GROUP, VERSION, namespace, self.plural, name
             )
         except ApiException as err:
             if err.status == 404:
@@ -50,7 +53,7 @@ class RunStore:
         meta = current["metadata"]
         body = {
             "apiVersion": f"{GROUP}/{VERSION}",
-            "kind": "AgentRun",
+            "kind": self.kind,
             "metadata": {
                 "name": meta["name"],
                 "namespace": meta["namespace"],
@@ -61,27 +64,36 @@ class RunStore:
         }
         if self.hooks.delay:
             await asyncio.sleep(self.hooks.delay)
-        self.hooks.before()
-        started = time.perf_counter()
-        try:
-            out: dict[str, Any] = await self.kube.call(
-                self.kube.custom.replace_namespaced_custom_object_status,
-                GROUP,
-                VERSION,
-                meta["namespace"],
-                PLURAL,
-                meta["name"],
-                body,
-            )
-        except ApiException as err:
-            metrics.API_WRITES.labels("agentruns/status", "update").inc()
-            if err.status == 409:
-                metrics.COMMIT_CONFLICTS.inc()
-                raise Conflict(f"{meta['namespace']}/{meta['name']}@{meta['resourceVersion']}") from err
-            if err.status == 404:
-                raise Gone(f"{meta['namespace']}/{meta['name']}") from err
-            raise
-        metrics.API_WRITES.labels("agentruns/status", "update").inc()
-        metrics.COMMIT_LATENCY.observe(time.perf_counter() - started)
-        self.hooks.after()
+        label = f"{self.plural}/status"
+        async with self.hooks.serialized():
+            self.hooks.before()
+            started = time.perf_counter()
+            try:
+                out: dict[str, Any] = await self.kube.call(
+                    self.kube.custom.replace_namespaced_custom_object_status,
+                    GROUP,
+                    VERSION,
+                    meta["namespace"],
+                    self.plural,
+                    meta["name"],
+                    body,
+                )
+            except ApiException as err:
+                metrics.API_WRITES.labels(label, "update").inc()
+                if err.status == 409:
+                    metrics.COMMIT_CONFLICTS.labels(self.plural).inc()
+                    raise Conflict(f"{meta['namespace']}/{meta['name']}@{meta['resourceVersion']}") from err
+                if err.status == 404:
+                    raise Gone(f"{meta['namespace']}/{meta['name']}") from err
+                raise
+            metrics.API_WRITES.labels(label, "update").inc()
+            metrics.COMMIT_LATENCY.labels(self.plural).observe(time.perf_counter() - started)
+            self.hooks.after()
         return out
+
+
+class RunStore(StatusStore):
+    """AgentRuns: one status write per transition."""
+
+    kind = "AgentRun"
+    plural = "agentruns"

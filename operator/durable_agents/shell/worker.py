@@ -401,6 +401,15 @@ class RunWorker:
         return seen
 
     def _after_commit(self, body: dict[str, Any], before: RunState, commit: Commit) -> None:
+        log.info(
+            "%s/%s v%d %s: %s -> %s",
+            body["metadata"]["namespace"],
+            body["metadata"]["name"],
+            commit.status.state_version,
+            commit.event.value,
+            before.value,
+            commit.status.state.value,
+        )
         metrics.TRANSITIONS.labels(commit.event.value).inc()
         status = commit.status
         if status.state.terminal:
