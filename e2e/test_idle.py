@@ -46,7 +46,7 @@ def test_parked_runs_cost_no_lease_and_no_requests_and_expire_on_time(
 
     wait_for(all_parked, 120, f"{PARKED} runs to park in waiting_input", interval=0.5)
     parked_at = datetime.now(UTC)
-    assert runs.leases() == [], "parked runs must hold no Lease"
+    wait_for(lambda: runs.leases() == [], 10, "parked runs to hold no Lease")
 
     # Writes per transition while parking (2 transitions each: accepted, input_requested).
     parking = read_audit(audit, user=OPERATOR_USER, since=started, until=parked_at)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from durable_agents.testing.operator_process import OperatorProcess
+from durable_agents.testing.operator_process import OperatorProcess, wait_for
 from durable_agents.testing.runs import (
     EXPECTED_EVENTS,
     Runs,
@@ -21,13 +21,14 @@ def test_run_pauses_without_a_lease_and_resumes_on_patch(
 
     parked = runs.wait_state(name, "waiting_input")
     assert parked["status"]["waitingFor"] == "input:confirm"
-    assert runs.leases() == [], "a parked run must not hold a Lease"
+    # The worker deletes the Lease right after committing the wait.
+    wait_for(lambda: runs.leases() == [], 10, "the parked run's Lease to be released")
     waiting = {c["type"]: c for c in parked["status"]["conditions"]}["Waiting"]
     assert (waiting["status"], waiting["reason"]) == ("True", "WaitingInput")
 
     runs.patch_spec(name, {"answers": {"confirm": "yes"}})
     runs.wait_state(name, "waiting_external")
-    assert runs.leases() == []
+    wait_for(lambda: runs.leases() == [], 10, "the run's Lease to be released")
     runs.patch_spec(name, {"events": {"window-open": "now"}})
     done = runs.wait_state(name, "completed")
 
@@ -49,7 +50,7 @@ def test_run_pauses_without_a_lease_and_resumes_on_patch(
     # One Event per transition, reason = the transition.
     reasons = sorted(e.reason for e in runs.events(name))
     assert reasons == sorted("".join(p.capitalize() for p in ev.split("_")) for ev in EXPECTED_EVENTS)
-    assert runs.leases() == []
+    wait_for(lambda: runs.leases() == [], 10, "the run's Lease to be released")
 
 
 def test_read_as_a_service_account_without_permission_fails_with_the_reason(

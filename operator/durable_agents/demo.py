@@ -69,6 +69,10 @@ def kubectl(base: list[str], *args: str, show: bool = True) -> str:
     return out.stdout
 
 
+def patch_spec(base: list[str], ns: str, name: str, patch: str) -> None:
+    kubectl(base, "-n", ns, "patch", "agentrun", name, "--type=merge", "-p", patch)
+
+
 def operator_kubeconfig(env: KubeEnv, repo: Path) -> Path:
     rules = yaml.safe_load((repo / "charts/durable-agents/files/operator-rules.yaml").read_text())
     rbac = client.RbacAuthorizationV1Api(env.api)
@@ -239,32 +243,12 @@ def main() -> int:
             say(kubectl(kc, "-n", ns, "get", "agentruns", show=True).rstrip())
 
             step("answering the question by patching the run's spec")
-            kubectl(
-                kc,
-                "-n",
-                ns,
-                "patch",
-                "agentrun",
-                name,
-                "--type=merge",
-                "-p",
-                '{"spec":{"answers":{"confirm":"yes"}}}',
-            )
+            patch_spec(kc, ns, name, '{"spec":{"answers":{"confirm":"yes"}}}')
             runs.wait_state(name, "waiting_external", timeout=60)
             say("    the run resumed, and now waits for the event maintenance-window-open")
 
             step("delivering the external event")
-            kubectl(
-                kc,
-                "-n",
-                ns,
-                "patch",
-                "agentrun",
-                name,
-                "--type=merge",
-                "-p",
-                '{"spec":{"events":{"maintenance-window-open":"opened by the demo"}}}',
-            )
+            patch_spec(kc, ns, name, '{"spec":{"events":{"maintenance-window-open":"opened by the demo"}}}')
             if env.plane is not None:
                 approve(env, runs, ns, name)
             done = runs.wait_state(name, "completed", timeout=60)

@@ -19,7 +19,6 @@ meanwhile mark the run dirty and it is processed once more afterwards.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import random
@@ -57,7 +56,7 @@ from durable_agents.shell.kube import GROUP, VERSION, Kube
 from durable_agents.shell.leases import RUN_LABEL, Hold, LeaseRecord, RunLeases
 from durable_agents.shell.scheduler import Key
 from durable_agents.shell.store import Conflict, Gone, RunStore
-from durable_agents.shell.workqueue import WorkQueue
+from durable_agents.shell.workqueue import WorkQueue, cancel_all
 
 log = logging.getLogger(__name__)
 
@@ -174,12 +173,7 @@ class RunWorker:
 
     async def stop(self) -> None:
         await self.queue.stop()
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        self._tasks.clear()
+        await cancel_all(self._tasks)
 
     async def _renew_loop(self) -> None:
         while True:

@@ -20,6 +20,16 @@ from durable_agents.shell.scheduler import Key, WakeScheduler
 log = logging.getLogger(__name__)
 
 
+async def cancel_all(tasks: list[asyncio.Task[None]]) -> None:
+    """Cancel background tasks and wait until each has finished; empties the list."""
+    for task in tasks:
+        task.cancel()
+    for task in tasks:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    tasks.clear()
+
+
 class WorkQueue:
     def __init__(
         self,
@@ -63,12 +73,7 @@ class WorkQueue:
             self._tasks.append(asyncio.create_task(self._consume(), name=f"{self.name}-{i}"))
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        self._tasks.clear()
+        await cancel_all(self._tasks)
 
     async def _consume(self) -> None:
         while True:
