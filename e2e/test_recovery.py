@@ -84,7 +84,7 @@ def test_sigkill_at_every_commit_boundary(
         assert len(cp["toolCalls"]) == 1
         assert cp["fencing"]["holder"] == history[-1]["holder"]
         # A Lease the victim left behind is reaped once expired: a finished run costs no Lease.
-        wait_for(lambda: runs.leases() == [], 10, "the victim's orphaned Lease to be reaped")
+        wait_for(lambda: runs.leases() == [], 30, "the victim's orphaned Lease to be reaped")
         rescuer.stop()
 
 

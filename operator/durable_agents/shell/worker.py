@@ -308,8 +308,9 @@ class RunWorker:
     async def _idle(self, key: Key, wake_at: datetime | None, now: datetime) -> None:
         """Park an idle run: a wake-up at its expiry, and no Lease left behind by a dead holder."""
         orphan = self.leases_seen.get(key)
-        if orphan is not None and orphan.holder != self.identity:
-            if orphan.expired(now):
+        # A Lease is an orphan if a dead holder left it, or if it names us but we hold nothing.
+        if orphan is not None and (orphan.holder != self.identity or key not in self.holds):
+            if orphan.expired(now) or orphan.holder == self.identity:
                 log.info("reaping the expired Lease of idle run %s/%s (holder %s)", *key, orphan.holder)
                 await self.leases.delete(orphan)
             else:
