@@ -31,11 +31,13 @@ from durable_agents.core.checkpoint import (
     PolicyRef,
     Position,
     Quarantine,
+    RetryState,
     RuntimeConfig,
     Timestamps,
     ToolCallRecord,
     dump_checkpoint,
     load_checkpoint,
+    migrate_v1_to_v2,
     seal_field,
     unseal_field,
     verify_sealed,
@@ -114,7 +116,7 @@ def _checkpoint() -> Checkpoint:
         policy=PolicyRef(name="refunds", version="7"),
         runtime_config=RuntimeConfig(model="model-2025-01", prompt="refunds@v3", tool_set="payments@v1"),
         trace_link="00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
-        attempt=1,
+        retry=RetryState(attempts=1),
         timestamps=Timestamps(
             created_at=T0, updated_at=T0 + timedelta(seconds=9), entered_state_at=T0 + timedelta(seconds=9)
         ),
@@ -123,6 +125,16 @@ def _checkpoint() -> Checkpoint:
 
 def _raw() -> dict[str, Any]:
     return dump_checkpoint(_checkpoint())
+
+
+def _raw_v1() -> dict[str, Any]:
+    """The same checkpoint as schema version 1 stored it (``attempt`` was a top-level count)."""
+    raw = _raw()
+    attempts = raw.pop("retry")["attempts"]
+    for field in ("children", "cancellations"):
+        assert not raw.pop(field, [])
+    raw["runtimeConfig"].pop("operator", None)
+    return {**raw, "schemaVersion": 1, "attempt": attempts}
 
 
 def _loaded(result: Loaded | Quarantine) -> Loaded:
@@ -183,7 +195,7 @@ def test_dump_is_camel_case_and_omits_none() -> None:
     assert not [key for key in keys if "_" in key]
     assert "decision" not in raw["approvals"][0]  # None is omitted, not stored as null
     assert "pendingInput" not in raw
-    assert raw["schemaVersion"] == CURRENT_SCHEMA_VERSION == 1
+    assert raw["schemaVersion"] == CURRENT_SCHEMA_VERSION == 2
     assert raw["timestamps"]["createdAt"] == "2025-03-04T09:00:00Z"
 
 
@@ -327,9 +339,34 @@ class _CheckpointV3(Checkpoint):
     schema_version: Literal[3] = 3  # type: ignore[assignment]
 
 
-def test_the_registry_starts_empty_at_version_one() -> None:
-    assert CURRENT_SCHEMA_VERSION == 1
-    assert dict(MIGRATIONS) == {}
+def test_the_registry_migrates_every_older_version() -> None:
+    assert CURRENT_SCHEMA_VERSION == 2
+    assert set(MIGRATIONS) == set(range(1, CURRENT_SCHEMA_VERSION))
+
+
+def test_version_one_migrates_attempt_into_retry() -> None:
+    raw = _raw_v1()
+    before = copy.deepcopy(raw)
+    loaded = _loaded(load_checkpoint(raw))
+    assert loaded.migrated_from == 1
+    assert loaded.checkpoint.retry == RetryState(attempts=1)
+    assert loaded.checkpoint == _checkpoint()  # nothing else changed meaning
+    assert raw == before
+
+
+@pytest.mark.parametrize("attempt", [-1, "1", True, None])
+def test_version_one_with_a_bad_attempt_fails_migration(attempt: object) -> None:
+    raw = {**_raw_v1(), "attempt": attempt}
+    quarantine = _quarantined(load_checkpoint(raw), "MigrationFailed")
+    assert "attempt" in quarantine.message
+
+
+def test_version_two_fields_in_a_version_one_checkpoint_are_invalid() -> None:
+    # A v1 document cannot smuggle v2 fields past the migration: the result must validate.
+    raw = {**_raw_v1(), "retry": {"attempts": 5}}
+    assert migrate_v1_to_v2(raw)["retry"] == {"attempts": 1}  # attempt wins, as v1 defined it
+    raw = {**_raw_v1(), "bogus": 1}
+    _quarantined(load_checkpoint(raw), "InvalidCheckpoint")
 
 
 def test_migration_chain_runs_in_order() -> None:
@@ -337,25 +374,21 @@ def test_migration_chain_runs_in_order() -> None:
 
     def one_to_two(doc: dict[str, Any]) -> dict[str, Any]:
         calls.append(1)
-        # Version 2 renamed attempt to attempts and multiplied it, say.
-        return {**doc, "schemaVersion": 2, "attempts": doc.pop("attempt") * 10}
+        attempt = doc.pop("attempt")  # pops from its argument: must be a copy
+        return {**doc, "schemaVersion": 2, "retry": {"attempts": attempt * 10}}
 
     def two_to_three(doc: dict[str, Any]) -> dict[str, Any]:
         calls.append(2)
-        return {
-            **{k: v for k, v in doc.items() if k != "attempts"},
-            "schemaVersion": 3,
-            "attempt": doc["attempts"] + 1,
-        }
+        return {**doc, "schemaVersion": 3, "retry": {"attempts": doc["retry"]["attempts"] + 1}}
 
-    raw = _raw()
+    raw = _raw_v1()
     before = copy.deepcopy(raw)
     result = load_checkpoint(raw, migrations={2: two_to_three, 1: one_to_two}, current=3, model=_CheckpointV3)
     loaded = _loaded(result)
     assert calls == [1, 2]
     assert loaded.migrated_from == 1
     assert isinstance(loaded.checkpoint, _CheckpointV3)
-    assert loaded.checkpoint.attempt == 1 * 10 + 1  # in the opposite order it would be (1 + 1) * 10
+    assert loaded.checkpoint.retry.attempts == 1 * 10 + 1  # in the opposite order: (1 + 1) * 10
     assert raw == before  # one_to_two popped from its argument: a copy, never the stored mapping
 
 
@@ -382,7 +415,7 @@ def test_a_raising_migration_is_quarantined_and_leaves_the_input_alone() -> None
         doc["position"]["state"] = "half-migrated"
         raise KeyError("toolCallz")
 
-    raw = _raw()
+    raw = _raw_v1()
     before = copy.deepcopy(raw)
     quarantine = _quarantined(
         load_checkpoint(raw, migrations={1: broken}, current=2, model=_CheckpointV3), "MigrationFailed"
@@ -394,22 +427,24 @@ def test_a_raising_migration_is_quarantined_and_leaves_the_input_alone() -> None
 
 @pytest.mark.parametrize("output", [{"schemaVersion": 3}, {"schemaVersion": 1}, None, ["not", "a", "dict"]])
 def test_a_migration_that_produces_the_wrong_version_is_quarantined(output: Any) -> None:
-    quarantine = load_checkpoint(_raw(), migrations={1: lambda _doc: output}, current=2, model=_CheckpointV3)
+    quarantine = load_checkpoint(
+        _raw_v1(), migrations={1: lambda _doc: output}, current=2, model=_CheckpointV3
+    )
     _quarantined(quarantine, "MigrationFailed")
 
 
 def test_a_gap_in_the_chain_is_an_unknown_version() -> None:
     quarantine = load_checkpoint(
-        _raw(), migrations={2: lambda doc: {**doc, "schemaVersion": 3}}, current=3, model=_CheckpointV3
+        _raw_v1(), migrations={2: lambda doc: {**doc, "schemaVersion": 3}}, current=3, model=_CheckpointV3
     )
     assert "no migration from schemaVersion 1" in _quarantined(quarantine, "UnknownSchemaVersion").message
 
 
 def test_a_migrated_checkpoint_that_does_not_validate_is_invalid() -> None:
     quarantine = load_checkpoint(
-        _raw(), migrations={1: lambda doc: {**doc, "schemaVersion": 2}}, current=2, model=Checkpoint
+        _raw_v1(), migrations={1: lambda doc: {**doc, "schemaVersion": 2}}, current=2, model=Checkpoint
     )
-    assert "schemaVersion" in _quarantined(quarantine, "InvalidCheckpoint").message
+    assert "attempt" in _quarantined(quarantine, "InvalidCheckpoint").message  # v1's field, not migrated
 
 
 # --- sealed fields ---------------------------------------------------------------------------
@@ -598,7 +633,7 @@ def _checkpoints(draw: st.DrawFn) -> Checkpoint:
             _build(RuntimeConfig, model=st.none() | _ids, prompt=st.none() | _ids, tool_set=st.none() | _ids)
         ),
         trace_link=draw(st.none() | st.tuples(_hex(1), _hex(16), _hex(8), _hex(1)).map("-".join)),
-        attempt=draw(_small),
+        retry=draw(_build(RetryState, attempts=_small, retry_at=st.none() | _instants)),
         timestamps=draw(
             _build(Timestamps, created_at=_instants, updated_at=_instants, entered_state_at=_instants)
         ),

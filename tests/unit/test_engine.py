@@ -27,6 +27,7 @@ from durable_agents.api.v1alpha1 import (
     WaitExpiries,
 )
 from durable_agents.core.checkpoint import (
+    CURRENT_SCHEMA_VERSION,
     Checkpoint,
     ExternalEvidenceRef,
     Fencing,
@@ -203,6 +204,9 @@ def drive(
     raise AssertionError(f"no idle after {limit} decisions")
 
 
+QUARANTINE_IDLE = "quarantined: retry (spec.retryQuarantine) or cancel"
+
+
 def run_in(state: RunState, **spec: Any) -> dict[str, Any]:
     """An accepted run whose record has been moved to ``state`` (the engine trusts status.state)."""
     obj = apply(new_run(**spec), commit_of(step(new_run(**spec), T0)))
@@ -256,7 +260,7 @@ def test_read_ask_await_complete_walk() -> None:
     assert (accepted.event, accepted.state, accepted.status.state_version) == (E.ACCEPTED, S.READY, 1)
     cp = checkpoint_of(accepted)
     assert accepted.checkpoint is not None
-    assert accepted.checkpoint["schemaVersion"] == 1
+    assert accepted.checkpoint["schemaVersion"] == CURRENT_SCHEMA_VERSION == 2
     assert accepted.checkpoint["runtimeConfig"] == AGENT
     assert cp.position == Position(state="ready", step=0, state_version=1)
     assert cp.runtime_config == RuntimeConfig(
@@ -554,7 +558,7 @@ def test_waking_at_a_deadline_before_the_expiry_expires_the_run(kind: str) -> No
     assert condition_view(commit.status)["Succeeded"] == ("False", "DeadlineExceeded")
 
 
-@pytest.mark.parametrize("state", sorted(NON_TERMINAL_STATES - {S.QUARANTINED}))
+@pytest.mark.parametrize("state", sorted(NON_TERMINAL_STATES - {S.QUARANTINED, S.CANCEL_REQUESTED}))
 def test_past_the_deadline_every_live_state_expires(state: RunState) -> None:
     deadline = at(60)
     obj = run_in(
@@ -734,7 +738,7 @@ def test_an_unknown_schema_version_quarantines_and_keeps_the_checkpoint_as_store
     # Once quarantined, the run waits for a person: no commit, no wake-up, no fence.
     parked = apply(obj, commit)
     assert parked["status"]["checkpoint"] == stored
-    assert step(parked, at(60)) == Idle(wake_at=None, reason="run is quarantined")
+    assert step(parked, at(60)) == Idle(wake_at=None, reason=QUARANTINE_IDLE)
     assert fence(snap(parked), Fencing(holder="worker-b", lease_transitions=13), now=at(60)) is None
 
 
@@ -785,7 +789,7 @@ def test_a_quarantined_run_stays_idle_whatever_arrives() -> None:
     obj = run_in(S.QUARANTINED, deadline=iso(T0), answers={"confirm": "y"}, events={"window-open": "y"})
     read = ReadResult(0, evidence_for(0, "x"))
     for now in (T0, T0 + timedelta(days=365)):
-        assert step(obj, now, read=read) == Idle(wake_at=None, reason="run is quarantined")
+        assert step(obj, now, read=read) == Idle(wake_at=None, reason=QUARANTINE_IDLE)
 
 
 def test_a_checkpoint_with_an_oversized_key_is_quarantined_not_a_crash() -> None:
@@ -855,11 +859,10 @@ def test_terminal_runs_are_idle_without_a_wake_up(state: RunState) -> None:
         assert step(obj, now, read=read) == Idle(wake_at=None, reason=f"run is {state.value}")
 
 
-@pytest.mark.parametrize("state", [S.WAITING_RETRY, S.CANCEL_REQUESTED])
-def test_states_of_later_components_are_left_alone(state: RunState) -> None:
-    decision = step(run_in(state), at(1))
-    assert isinstance(decision, Idle)
-    assert decision.wake_at is None
+def test_a_cancellation_in_progress_finishes_even_past_the_deadline() -> None:
+    obj = run_in(S.CANCEL_REQUESTED, deadline=iso(T0))
+    commit = commit_of(step(obj, at(60)))
+    assert (commit.event, commit.state) == (E.CANCEL_FINISHED, S.CANCELED)
 
 
 def test_a_pending_run_with_a_checkpoint_is_accepted_again() -> None:

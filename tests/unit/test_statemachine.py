@@ -57,6 +57,10 @@ EXPECTED_ROWS: list[tuple[RunState, RunEvent, RunState]] = [
         (s, E.CANCEL_REQUESTED, S.CANCEL_REQUESTED)
         for s in sorted(NON_TERMINAL_STATES - {S.CANCEL_REQUESTED})
     ],
+    # Narrower cancellation scopes: noted in place, or the current step abandoned.
+    *[(s, E.CANCEL_RECORDED, s) for s in sorted({S.READY, S.RESUME_VALIDATION, *WAITING_STATES})],
+    *[(s, E.STEP_CANCELED, S.RESUME_VALIDATION) for s in sorted(WAITING_STATES)],
+    (S.READY, E.STEP_CANCELED, S.READY),
 ]
 
 

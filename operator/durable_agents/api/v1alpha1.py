@@ -89,6 +89,11 @@ class ObjectReference(ApiModel):
     namespace: str | None = Field(default=None, max_length=63)
 
 
+class RunReference(ApiModel):
+    name: str = Field(max_length=253)
+    uid: str = Field(max_length=64)
+
+
 class LocalReference(ApiModel):
     name: str = Field(max_length=253, pattern=NAME_PATTERN)
 
@@ -153,22 +158,27 @@ class EffectStep(ApiModel):
     compensates: str | None = Field(default=None, max_length=63, pattern=NAME_PATTERN)
 
 
-STEP_KINDS = ("read", "ask", "await", "effect", "complete")
+LEAF_STEP_KINDS = ("read", "ask", "await", "effect", "complete")
+STEP_KINDS = (*LEAF_STEP_KINDS, "child")
 
 
-class Step(ApiModel):
-    """One scripted step: exactly one of the step kinds is set."""
-
-    model_config = ConfigDict(
+def _exactly_one(kinds: tuple[str, ...]) -> ConfigDict:
+    return ConfigDict(
         json_schema_extra={
             "x-kubernetes-validations": [
                 cel(
-                    " + ".join(f"(has(self.{k}) ? 1 : 0)" for k in STEP_KINDS) + " == 1",
-                    "exactly one of " + ", ".join(STEP_KINDS) + " must be set in a step",
+                    " + ".join(f"(has(self.{k}) ? 1 : 0)" for k in kinds) + " == 1",
+                    "exactly one of " + ", ".join(kinds) + " must be set in a step",
                 )
             ]
         }
     )
+
+
+class LeafStep(ApiModel):
+    """A step of a child run: any step kind except ``child`` (CRD schemas cannot recurse)."""
+
+    model_config = _exactly_one(LEAF_STEP_KINDS)
 
     name: str = Field(max_length=63, pattern=NAME_PATTERN)
     read: ReadStep | None = None
@@ -176,6 +186,28 @@ class Step(ApiModel):
     await_: AwaitStep | None = Field(default=None, alias="await")
     effect: EffectStep | None = None
     complete: CompleteStep | None = None
+
+
+class ChildStep(ApiModel):
+    """Start a child AgentRun and wait (in waiting_external) for its terminal outcome.
+
+    The child is named ``<parent>-<step>``, owned by the parent (garbage-collected with it), carries
+    ``spec.parentRef`` and inherits the parent's ServiceAccount and policy. It is created AS the
+    parent's ServiceAccount, so a run may only start children if that account may create AgentRuns.
+    """
+
+    task_type: str = Field(max_length=63, pattern=NAME_PATTERN)
+    objective: str = Field(max_length=4096)
+    steps: list[LeafStep] = Field(default_factory=list, max_length=16)
+    expires_in: str | None = Field(default=None, max_length=32, pattern=DURATION_PATTERN)
+
+
+class Step(LeafStep):
+    """One scripted step: exactly one of the step kinds is set."""
+
+    model_config = _exactly_one(STEP_KINDS)
+
+    child: ChildStep | None = None
 
 
 class Identity(ApiModel):
@@ -201,6 +233,30 @@ class ApprovalDecision(ApiModel):
     decided_at: datetime | None = None
 
 
+class CancelScope(StrEnum):
+    """What a cancellation covers (seed: cancellation scopes)."""
+
+    TURN = "turn"  # the current step (a model turn, for a model planner): abandon it and go on
+    TOOL_CALL = "toolCall"  # the pending tool call: cancel it if undispatched, else reconcile; go on
+    CHILDREN = "children"  # the run's child runs (their trees too); the parent goes on
+    TASK = "task"  # the entire run and its children: it ends ``canceled``
+
+
+class CancelRequest(ApiModel):
+    """A user's request to cancel, keyed by a request ID in ``spec.cancellations``.
+
+    ``requestedBy`` and ``requestedAt`` are stamped by the admission webhook.
+    """
+
+    scope: CancelScope = CancelScope.TASK
+    reason: str = Field(default="", max_length=1024)
+    requested_by: Identity | None = None
+    requested_at: datetime | None = None
+
+
+IMMUTABLE_ONCE_SET = ("tenant", "owner", "policyRef", "deadline", "agent", "steps", "createdBy", "parentRef")
+
+
 class AgentRunSpec(ApiModel):
     """What the user asked for, plus the user's requests to a live run (answers, events)."""
 
@@ -212,7 +268,7 @@ class AgentRunSpec(ApiModel):
                     f"{f} cannot be added or removed after creation",
                     fieldPath=f".{f}",
                 )
-                for f in ("tenant", "owner", "policyRef", "deadline", "agent", "steps", "createdBy")
+                for f in IMMUTABLE_ONCE_SET
             ]
         }
     )
@@ -285,6 +341,29 @@ class AgentRunSpec(ApiModel):
             ],
         },
     )
+    cancellations: dict[str, CancelRequest] = Field(
+        default_factory=dict,
+        max_length=16,
+        description="Cancellation requests, keyed by request ID; handled in request-ID order.",
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "oldSelf.all(k, k in self && self[k] == oldSelf[k])",
+                    "a cancellation request cannot be changed or withdrawn once made",
+                )
+            ],
+        },
+    )
+    retry_quarantine: str | None = Field(
+        default=None,
+        max_length=63,
+        description="Set to a new token to retry a quarantined run (for example after an upgrade).",
+    )
+    parent_ref: RunReference | None = Field(
+        default=None,
+        description="The parent run, for a child run (set by the parent's operator).",
+        json_schema_extra=immutable("parentRef"),
+    )
 
 
 class Outcome(ApiModel):
@@ -331,6 +410,31 @@ class ApprovalRequest(ApiModel):
     allowed_decisions: list[Literal["approve", "reject"]] = Field(max_length=2)
 
 
+class UnreversedEffect(ApiModel):
+    """An effect that happened and that cancellation did not (and cannot) undo."""
+
+    step: str = Field(max_length=63)
+    effect: str = Field(max_length=128)
+    action_record: str = Field(max_length=253)
+    state: str = Field(max_length=32)
+
+
+class CancellationStatus(ApiModel):
+    """What a task-scope cancellation did: in-flight work reconciled, effects that remain."""
+
+    request_id: str = Field(max_length=128)
+    scope: CancelScope
+    reason: str = Field(default="", max_length=1024)
+    requested_at: datetime | None = None
+    unreversed_effects: list[UnreversedEffect] = Field(default_factory=list, max_length=64)
+    canceled_actions: list[Annotated[str, Field(max_length=253)]] = Field(default_factory=list, max_length=64)
+    proposed_compensations: list[Annotated[str, Field(max_length=63)]] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Steps that would compensate the unreversed effects (policy: proposeCompensations).",
+    )
+
+
 class AgentRunStatus(ApiModel):
     """The operator's authoritative record. Written only by the operator, one write per transition."""
 
@@ -345,6 +449,11 @@ class AgentRunStatus(ApiModel):
     )
     history: list[HistoryEntry] = Field(default_factory=list, max_length=HISTORY_LIMIT)
     approval_request: ApprovalRequest | None = None
+    cancellation: CancellationStatus | None = None
+    retry_at: datetime | None = Field(default=None, description="When a run in waiting_retry tries again.")
+    quarantine_retried: str | None = Field(
+        default=None, max_length=63, description="The spec.retryQuarantine token last acted on."
+    )
     checkpoint: dict[str, Any] | None = Field(
         default=None,
         description="The typed checkpoint contract; validated by the operator, never by the API server.",
@@ -380,11 +489,6 @@ class ActionState(StrEnum):
     FAILED = "failed"
     OUTCOME_UNKNOWN = "outcome_unknown"
     CANCELED = "canceled"
-
-
-class RunReference(ApiModel):
-    name: str = Field(max_length=253)
-    uid: str = Field(max_length=64)
 
 
 class ActionRecordSpec(ApiModel):
@@ -483,10 +587,33 @@ class FreshnessRules(ApiModel):
 
 
 class RetryPolicy(ApiModel):
-    max_attempts: int = Field(default=3, ge=1, le=100)
+    """Retry of a failed attempt (a failed read, an effect that definitely failed): waiting_retry.
+
+    The default is one attempt (no retry): retrying a consequential effect is opted into by policy.
+    """
+
+    max_attempts: int = Field(default=1, ge=1, le=100)
     initial_backoff: str = Field(default="1s", max_length=32, pattern=DURATION_PATTERN)
     max_backoff: str = Field(default="5m", max_length=32, pattern=DURATION_PATTERN)
     jitter: float = Field(default=0.2, ge=0, le=1)
+
+
+class UnavailableResponse(StrEnum):
+    FAIL = "fail"
+    CONTINUE = "continue"
+
+
+class RuntimeAvailability(ApiModel):
+    """The runtime configurations (model, prompt, tool set IDs) a run may resume with.
+
+    An empty list allows any. A run whose recorded configuration is no longer listed goes to
+    resume_validation and then, per ``onUnavailable``, fails or continues.
+    """
+
+    models: list[Annotated[str, Field(max_length=253)]] = Field(default_factory=list, max_length=64)
+    prompts: list[Annotated[str, Field(max_length=253)]] = Field(default_factory=list, max_length=64)
+    tool_sets: list[Annotated[str, Field(max_length=253)]] = Field(default_factory=list, max_length=64)
+    on_unavailable: UnavailableResponse = UnavailableResponse.FAIL
 
 
 class AgentPolicySpec(ApiModel):
@@ -516,6 +643,10 @@ class AgentPolicySpec(ApiModel):
     retry: RetryPolicy = Field(default_factory=RetryPolicy)
     deadline: str | None = Field(default=None, max_length=32, pattern=DURATION_PATTERN)
     retention: str = Field(default="720h", max_length=32, pattern=DURATION_PATTERN)
+    runtime: RuntimeAvailability = Field(default_factory=lambda: RuntimeAvailability())
+    propose_compensations: bool = Field(
+        default=False, description="On cancellation, list the steps that would compensate unreversed effects."
+    )
 
 
 class AgentPolicy(ApiModel):

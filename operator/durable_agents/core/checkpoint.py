@@ -10,10 +10,18 @@ It is an application contract, not a memory dump: plain JSON with camelCase keys
 large data (transcripts, tool results, documents) is referenced, never copied. It must not do I/O
 and must not import Kubernetes; which state names exist is the state machine's business.
 
-Adding schema version 2 later: change ``Checkpoint.schema_version`` to ``Literal[2]`` and
-``CURRENT_SCHEMA_VERSION`` to 2, register ``MIGRATIONS[1]`` (a function from a version-1 dict to a
-version-2 dict), and record version-2 fixtures beside the version-1 ones so that every older
-recorded checkpoint stays under test.
+Schema history (each older version is migrated on read by ``MIGRATIONS``; recorded fixtures of every
+version stay under test in ``tests/unit/fixtures/checkpoints``):
+
+- 1: the first contract.
+- 2: ``attempt`` became ``retry`` (attempts, retryAt, last failure) because retry windows need
+  more than a counter; tool calls record the attempt they belong to; ``runtimeConfig.operator``
+  records the operator version that committed (a different one means a deployment change:
+  resume validation); ``children`` and ``cancellations`` record child runs and handled
+  cancellation requests.
+
+Adding version N+1: bump ``Checkpoint.schema_version`` and ``CURRENT_SCHEMA_VERSION``, register
+``MIGRATIONS[N]`` and record version-N+1 fixtures beside the older ones.
 """
 
 from __future__ import annotations
@@ -37,7 +45,7 @@ from pydantic.alias_generators import to_camel
 
 from durable_agents.core.sealing import Keyring, SealedField, UndecryptableError, seal, sealing_aad, unseal
 
-CURRENT_SCHEMA_VERSION: Final = 1
+CURRENT_SCHEMA_VERSION: Final = 2
 
 
 def _to_utc(value: datetime) -> datetime:
@@ -135,6 +143,8 @@ class ToolCallRecord(_Contract):
     """ID of an evidence reference in this checkpoint."""
     error: Annotated[str, StringConstraints(max_length=1024)] | None = None
     """Why a failed call failed (reason: message); never a raw response body."""
+    attempt: Annotated[int, Field(ge=0)] = 0
+    """The retry attempt (``retry.attempts`` when the call was made) it belongs to."""
 
 
 class PendingAction(_Contract):
@@ -184,6 +194,8 @@ class RuntimeConfig(_Contract):
     model: Identifier | None = None
     prompt: Identifier | None = None
     tool_set: Identifier | None = None
+    operator: Identifier | None = None
+    """The operator version that committed the checkpoint; another version means a deployment change."""
 
 
 class Timestamps(_Contract):
@@ -210,10 +222,45 @@ class PendingExternal(_Contract):
     expires_at: UtcDatetime
 
 
-class Checkpoint(_Contract):
-    """The authoritative, resumable record of one run, schema version 1."""
+class RetryState(_Contract):
+    """Failed attempts so far and, in ``waiting_retry``, when the next one is due."""
 
-    schema_version: Literal[1] = 1
+    attempts: Annotated[int, Field(ge=0)] = 0
+    """Failed attempts so far; the current attempt has this number."""
+    retry_at: UtcDatetime | None = None
+    last_failure: Annotated[str, StringConstraints(max_length=1024)] | None = None
+
+
+ChildOutcome = Literal["completed", "failed", "canceled", "expired"]
+
+
+class ChildRecord(_Contract):
+    """A child run this run started (intent committed before the child is created)."""
+
+    name: KubernetesName
+    step_index: StepIndex
+    outcome: ChildOutcome | None = None
+    """The child's terminal state, once reconciled; None while it runs."""
+    reason: Annotated[str, StringConstraints(max_length=128)] | None = None
+
+
+CancelScope = Literal["turn", "toolCall", "children", "task"]
+
+
+class CancellationRecord(_Contract):
+    """A cancellation request this run has acted on (spec.cancellations[requestId])."""
+
+    request_id: Identifier
+    scope: CancelScope
+    step_index: StepIndex
+    """The step that was current when the request was handled."""
+    handled_at: UtcDatetime
+
+
+class Checkpoint(_Contract):
+    """The authoritative, resumable record of one run, schema version 2."""
+
+    schema_version: Literal[2] = 2
     position: Position
     fencing: Fencing | None = None
     """None only before any worker has committed under a lease."""
@@ -227,12 +274,14 @@ class Checkpoint(_Contract):
     runtime_config: RuntimeConfig = Field(default_factory=RuntimeConfig)
     trace_link: Traceparent | None = None
     """W3C ``traceparent`` of the run's trace."""
-    attempt: Annotated[int, Field(ge=0)] = 0
+    retry: RetryState = Field(default_factory=RetryState)
     timestamps: Timestamps
     pending_input: PendingInput | None = None
     pending_external: PendingExternal | None = None
     sealed: dict[FieldName, SealedField] | None = None
     """Sensitive values, sealed, by field name; see :func:`seal_field`."""
+    children: list[ChildRecord] = Field(default_factory=list)
+    cancellations: list[CancellationRecord] = Field(default_factory=list)
 
     def evidence_refs(self) -> list[KubernetesEvidenceRef | ExternalEvidenceRef]:
         """All evidence references: inputs, outputs and evidence, in that order."""
@@ -242,6 +291,8 @@ class Checkpoint(_Contract):
     def _consistent(self) -> Self:
         ref_ids = _unique("evidence reference id", (ref.id for ref in self.evidence_refs()))
         _unique("tool call id", (call.id for call in self.tool_calls))
+        _unique("child run name", (child.name for child in self.children))
+        _unique("cancellation requestId", (c.request_id for c in self.cancellations))
         _unique("pending action idempotencyKey", (action.idempotency_key for action in self.pending_actions))
         request_ids = _unique("approval requestId", (approval.request_id for approval in self.approvals))
         for call in self.tool_calls:
@@ -272,8 +323,20 @@ def _unique(what: str, values: Iterable[str]) -> set[str]:
 Migration = Callable[[dict[str, Any]], dict[str, Any]]
 """Turns a checkpoint dict of schema version N into one of version N+1."""
 
-MIGRATIONS: Final[Mapping[int, Migration]] = {}
-"""Schema version N -> its migration to N+1. Empty while version 1 is the only version."""
+
+def migrate_v1_to_v2(document: dict[str, Any]) -> dict[str, Any]:
+    """Version 1 -> 2: ``attempt`` (a count) moves into ``retry.attempts``; the rest has defaults."""
+    out = {k: v for k, v in document.items() if k != "attempt"}
+    attempt = document.get("attempt", 0)
+    if type(attempt) is not int or attempt < 0:
+        raise ValueError(f"attempt must be a non-negative integer, got {attempt!r}")
+    out["retry"] = {"attempts": attempt}
+    out["schemaVersion"] = 2
+    return out
+
+
+MIGRATIONS: Final[Mapping[int, Migration]] = {1: migrate_v1_to_v2}
+"""Schema version N -> its migration to N+1."""
 
 
 @dataclass(frozen=True)

@@ -13,12 +13,14 @@ and stamps the lease epoch (fencing token) into the checkpoint. No I/O, no Kuber
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from durable_agents.api.v1alpha1 import (
+    API_VERSION,
     HISTORY_LIMIT,
     ActionRecordSpec,
     ActionState,
@@ -27,6 +29,9 @@ from durable_agents.api.v1alpha1 import (
     AgentRunSpec,
     AgentRunStatus,
     ApprovalRequest,
+    CancellationStatus,
+    CancelRequest,
+    CancelScope,
     ChangeResponse,
     Condition,
     ConditionStatus,
@@ -34,13 +39,18 @@ from durable_agents.api.v1alpha1 import (
     HistoryEntry,
     ObjectReference,
     Outcome,
+    RetryPolicy,
     RunReference,
+    UnavailableResponse,
+    UnreversedEffect,
     WaitExpiries,
 )
 from durable_agents.core.approvals import approval_digest
 from durable_agents.core.checkpoint import (
     ApprovalRecord,
+    CancellationRecord,
     Checkpoint,
+    ChildRecord,
     ExternalEvidenceRef,
     Fencing,
     KubernetesEvidenceRef,
@@ -51,6 +61,7 @@ from durable_agents.core.checkpoint import (
     PolicyRef,
     Position,
     Quarantine,
+    RetryState,
     RuntimeConfig,
     Timestamps,
     ToolCallRecord,
@@ -69,6 +80,7 @@ from durable_agents.core.planner import (
     PlannerError,
     PlanningContext,
     ReadObject,
+    StartChild,
 )
 from durable_agents.core.statemachine import Position as MachinePosition
 from durable_agents.core.statemachine import RunEvent, RunState, transition
@@ -133,9 +145,32 @@ class ActionObservation:
 
 @dataclass(frozen=True)
 class NeedActions:
-    """The run waits on these actions: make sure each record exists, then report its state."""
+    """The run waits on these actions: make sure each record exists, then report its state.
+
+    ``cancel``: cancel each one still undispatched (``intent``) first; a dispatched one is reconciled.
+    """
 
     records: dict[str, ActionRecordSpec | None]
+    cancel: bool = False
+
+
+@dataclass(frozen=True)
+class ChildObservation:
+    """A child run's state, as its record says."""
+
+    state: RunState
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class NeedChildren:
+    """The run waits on these child runs: create any missing one (from its body), report each state.
+
+    ``cancel``: ask each one not yet terminal to cancel (task scope), with this reason.
+    """
+
+    records: dict[str, dict[str, Any] | None]
+    cancel: str | None = None
 
 
 @dataclass(frozen=True)
@@ -165,6 +200,8 @@ class Commit:
     checkpoint: dict[str, Any] | None
     detail: str = ""
     intents: tuple[ActionRecordSpec, ...] = ()  # action records to create right after this commit
+    children: tuple[dict[str, Any], ...] = ()  # child runs to create right after this commit
+    migrated_from: int | None = None  # the checkpoint was read from this older schema version
 
     @property
     def state(self) -> RunState:
@@ -177,7 +214,7 @@ class Commit:
         return out
 
 
-Decision = Idle | NeedRead | NeedActions | NeedEvidence | Commit
+Decision = Idle | NeedRead | NeedActions | NeedEvidence | NeedChildren | Commit
 
 
 @dataclass(frozen=True)
@@ -191,6 +228,7 @@ class Settings:
     tiers: Mapping[str, ActionTier] = field(default_factory=dict)
     policy: AgentPolicySpec | None = None
     available_effects: frozenset[str] | None = None  # None: not checked
+    operator_version: str | None = None  # None: deployment changes are not checked
 
 
 def decide(
@@ -203,13 +241,19 @@ def decide(
     read: ReadResult | None = None,
     actions: Mapping[str, ActionObservation] | None = None,
     fresh_evidence: Mapping[str, KubernetesEvidenceRef | None] | None = None,
+    children: Mapping[str, ChildObservation] | None = None,
 ) -> Decision:
     """The next thing to do for ``run``; see the module docstring."""
     settings = settings or Settings()
     state = run.state
-    if state.terminal or state is S.QUARANTINED:
+    if state.terminal:
         return Idle(reason=f"run is {state.value}")
-    past_deadline = run.spec.deadline is not None and now >= run.spec.deadline
+    if state is S.QUARANTINED:
+        return _quarantined(run, now, epoch, settings)
+    # A cancellation in progress finishes reconciling even past the deadline: no new work starts.
+    past_deadline = (
+        run.spec.deadline is not None and now >= run.spec.deadline and state is not S.CANCEL_REQUESTED
+    )
     if state is S.PENDING and run.raw_checkpoint is None and not past_deadline:
         return _accept(run, now, epoch, settings)
 
@@ -219,8 +263,10 @@ def decide(
         else load_checkpoint(run.raw_checkpoint)
     )
     if isinstance(loaded, Quarantine):
+        if state is S.CANCEL_REQUESTED:
+            return _cancel_unreadable(run, now, epoch, loaded)
         return _quarantine(run, now, epoch, loaded)
-    b = _Builder(run, loaded, now, epoch)
+    b = _Builder(run, loaded, now, epoch, settings)
 
     if past_deadline:
         assert run.spec.deadline is not None
@@ -233,6 +279,12 @@ def decide(
         )
 
     cp = b.cp
+    if state is S.CANCEL_REQUESTED:
+        return _finish_cancel(b, run, planner, settings, actions, children)
+    request = _next_cancellation(run, cp)
+    if request is not None:
+        return _handle_cancel(b, run, *request)
+
     if state is S.WAITING_INPUT:
         asked = cp.pending_input
         if asked is None:
@@ -252,6 +304,9 @@ def decide(
 
     if state is S.WAITING_EXTERNAL and cp.pending_actions:
         return _reconcile_actions(b, run, planner, settings, actions)
+
+    if state is S.WAITING_EXTERNAL and _running_children(cp):
+        return _reconcile_children(b, run, settings, children)
 
     if state is S.WAITING_EXTERNAL:
         awaited = cp.pending_external
@@ -273,27 +328,85 @@ def decide(
     if state is S.WAITING_APPROVAL:
         return _await_decision(b, run, settings)
 
-    if state in (S.WAITING_RETRY, S.CANCEL_REQUESTED):
-        return Idle(reason=f"{state.value} is handled by a later component")
+    if state is S.WAITING_RETRY:
+        due = cp.retry.retry_at
+        if due is None or now >= due:
+            retry = cp.retry.model_copy(update={"retry_at": None})
+            return b.commit(
+                E.RETRY_DUE,
+                checkpoint=cp.model_copy(update={"retry": retry}),
+                detail=f"attempt {cp.retry.attempts + 1} of step {cp.position.step}",
+            )
+        deadline = run.spec.deadline
+        return Idle(wake_at=min(due, deadline) if deadline else due, reason="retry window")
 
     if state is S.RESUME_VALIDATION:
-        failed = _failed_call_of_step(cp)
-        if failed is not None:
-            return b.commit(
-                E.ATTEMPT_FAILED,
-                outcome=Outcome(reason="ActionFailed", message=f"{failed.tool}: {failed.error or 'failed'}"),
-                detail=f"step {cp.position.step} failed",
-            )
-        decided = _decided_approval_of_step(cp)
-        if decided is not None:
-            return _revalidate_approval(b, run, planner, settings, decided, fresh_evidence)
-        # Material facts: the deadline (checked above) and the checkpoint itself.
-        return b.commit(E.REVALIDATED, detail="checkpoint valid, deadline not passed")
+        return _resume_validation(b, run, planner, settings, fresh_evidence)
 
     if state is S.PENDING:  # a checkpoint exists but acceptance was not committed: accept again
         return b.commit(E.ACCEPTED)
 
+    recorded = cp.runtime_config.operator
+    if settings.operator_version is not None and recorded != settings.operator_version:
+        # A deployment change: the checkpoint was committed by another operator version.
+        return b.commit(
+            E.REVALIDATION_REQUIRED,
+            detail=f"deployment changed: operator {recorded or 'unrecorded'} -> {settings.operator_version}",
+        )
     return _plan(b, run, planner, settings, read)
+
+
+def _resume_validation(
+    b: _Builder,
+    run: RunSnapshot,
+    planner: Planner,
+    settings: Settings,
+    fresh_evidence: Mapping[str, KubernetesEvidenceRef | None] | None,
+) -> Decision:
+    """Leaving a wait, or meeting a new deployment: check what must still hold before acting."""
+    cp = b.cp
+    canceled = _cancellation_of_step(cp)
+    if canceled is not None:
+        return b.commit(
+            E.REVALIDATED,
+            checkpoint=_skip_step(cp),
+            detail=f"step {cp.position.step} abandoned: {canceled.scope} cancellation {canceled.request_id}",
+        )
+    unavailable = _unavailable_runtime(cp, settings)
+    if unavailable:
+        policy = settings.policy
+        if policy is None or policy.runtime.on_unavailable is UnavailableResponse.FAIL:
+            return b.commit(
+                E.ATTEMPT_FAILED,
+                outcome=Outcome(
+                    reason="RuntimeConfigUnavailable",
+                    message=f"the run's {unavailable} is no longer available (policy {settings.policy_name})",
+                ),
+            )
+    failed = _failed_call_of_step(cp)
+    if failed is not None:
+        return _attempt_failed(
+            b,
+            settings,
+            "ActionFailed",
+            f"{failed.tool}: {failed.error or 'failed'}",
+            f"step {cp.position.step}",
+        )
+    child = _failed_child_of_step(cp)
+    if child is not None:
+        return b.commit(
+            E.ATTEMPT_FAILED,
+            outcome=Outcome(
+                reason="ChildRunFailed",
+                message=f"child run {child.name} ended {child.outcome}: {child.reason}",
+            ),
+        )
+    decided = _decided_approval_of_step(cp)
+    if decided is not None:
+        return _revalidate_approval(b, run, planner, settings, decided, fresh_evidence)
+    # Material facts: the deadline (checked before), the runtime configuration and the checkpoint.
+    note = f"; {unavailable} unavailable, continuing per policy" if unavailable else ""
+    return b.commit(E.REVALIDATED, detail=f"checkpoint valid, deadline not passed{note}")
 
 
 def _plan(
@@ -309,10 +422,12 @@ def _plan(
         if read is None or read.step_index != index:
             return NeedRead(index, step.name, step.ref)
         if read.evidence is None:
-            return b.commit(
-                E.ATTEMPT_FAILED,
-                outcome=Outcome(reason=read.error_reason or "ReadFailed", message=read.error_message),
-                detail=f"read {step.ref.kind}/{step.ref.name} failed",
+            return _attempt_failed(
+                b,
+                settings,
+                read.error_reason or "ReadFailed",
+                read.error_message,
+                f"read {step.ref.kind}/{step.ref.name} failed",
             )
         call = ToolCallRecord(
             id=f"call-{index}-{step.name}",
@@ -322,6 +437,7 @@ def _plan(
             finished_at=now,
             outcome="succeeded",
             result_ref=read.evidence.id,
+            attempt=cp.retry.attempts,
         )
         return b.commit(
             E.STEP_COMPLETED,
@@ -353,7 +469,7 @@ def _plan(
             detail=f"awaiting {step.event}",
         )
     if isinstance(step, PerformEffect):
-        spec = action_spec(run, index, step, settings)
+        spec = action_spec(run, index, step, settings, cp.retry.attempts)
         policy = settings.policy
         approved = None
         if policy is not None and spec.tier in policy.approval_required_tiers:
@@ -377,6 +493,17 @@ def _plan(
             detail=f"intent {step.effect} key={spec.idempotency_key}",
         )
         return replace(commit, intents=(spec,))
+    if isinstance(step, StartChild):
+        name = child_run_name(run.name, step.name)
+        record = ChildRecord(name=name, step_index=index)
+        commit = b.commit(
+            E.EXTERNAL_AWAITED,
+            checkpoint=cp.model_copy(update={"children": [*cp.children, record]}),
+            waiting_for=f"child:{name}",
+            detail=f"child run {name} ({step.child.task_type})",
+        )
+        # The intent (the child's name) is committed before the child is created.
+        return replace(commit, children=(child_body(run, step),))
     assert isinstance(step, Finish)
     return b.commit(
         E.SUCCEEDED,
@@ -385,9 +512,14 @@ def _plan(
     )
 
 
-def action_spec(run: RunSnapshot, index: int, step: PerformEffect, settings: Settings) -> ActionRecordSpec:
-    """The immutable intent of one effect step: the same on every recomputation."""
-    key = idempotency_key(run.uid, index, step.name)
+def action_spec(
+    run: RunSnapshot, index: int, step: PerformEffect, settings: Settings, attempt: int = 0
+) -> ActionRecordSpec:
+    """The immutable intent of one effect step: the same on every recomputation of one attempt.
+
+    A retry after a definite failure is a new action with its own key (the failed one was not applied).
+    """
+    key = idempotency_key(run.uid, index, step.name, attempt)
     compensates = None
     if step.compensates is not None:
         names = [s.name for s in run.spec.steps]
@@ -419,7 +551,8 @@ def _reconcile_actions(
         specs: dict[str, ActionRecordSpec | None] = {}
         for pending in cp.pending_actions:
             specs[pending.action_record_name] = _rebuild_spec(run, cp, planner, settings, pending)
-        return NeedActions(specs)
+        # A turn or tool-call cancellation of this step: an undispatched intent is canceled.
+        return NeedActions(specs, cancel=_cancellation_of_step(cp, in_flight=True) is not None)
     for pending in cp.pending_actions:
         seen = actions.get(pending.action_record_name)
         if seen is None or seen.state not in (
@@ -447,6 +580,7 @@ def _reconcile_actions(
             outcome="succeeded" if ok else "failed",
             result_ref=ref.id,
             error=None if ok else f"{seen.reason or seen.state.value}: {seen.message or ''}"[:1024],
+            attempt=cp.retry.attempts,
         )
         remaining = [p for p in cp.pending_actions if p is not pending]
         step = cp.position.step + 1 if ok and not remaining else cp.position.step
@@ -475,7 +609,7 @@ def _rebuild_spec(
         return None
     if not isinstance(step, PerformEffect):
         return None
-    spec = action_spec(run, pending.step_index, step, settings)
+    spec = action_spec(run, pending.step_index, step, settings, cp.retry.attempts)
     return spec if spec.idempotency_key == pending.idempotency_key else None
 
 
@@ -634,7 +768,7 @@ def _revalidate_approval(
         return b.commit(E.ATTEMPT_FAILED, outcome=Outcome(reason="PlannerError", message=str(err)))
     if not isinstance(step, PerformEffect) or policy is None:
         return b.commit(E.REVALIDATED, detail="the approved step no longer needs approval")
-    spec = action_spec(run, cp.position.step, step, settings)
+    spec = action_spec(run, cp.position.step, step, settings, cp.retry.attempts)
 
     def reapprove(reason: str, checkpoint: Checkpoint | None = None) -> Commit:
         return _request_approval(
@@ -678,7 +812,8 @@ def _revalidate_approval(
 
 
 def _failed_call_of_step(cp: Checkpoint) -> ToolCallRecord | None:
-    calls = [c for c in cp.tool_calls if c.step_index == cp.position.step]
+    """The failed call of the current step in the current attempt (earlier attempts were retried)."""
+    calls = [c for c in cp.tool_calls if c.step_index == cp.position.step and c.attempt == cp.retry.attempts]
     return calls[-1] if calls and calls[-1].outcome == "failed" else None
 
 
@@ -751,12 +886,380 @@ def fence(
     return status
 
 
+# --- retries ---------------------------------------------------------------------------------
+
+
+def retry_backoff(policy: RetryPolicy, attempts: int, run_uid: str) -> timedelta:
+    """Exponential backoff with jitter, deterministic per (run, attempt): a recomputation agrees."""
+    base = parse_duration(policy.initial_backoff).total_seconds() * 2 ** max(0, attempts - 1)
+    capped = min(base, parse_duration(policy.max_backoff).total_seconds())
+    draw = int.from_bytes(hashlib.sha256(f"{run_uid}/{attempts}".encode()).digest()[:8], "big") / 2**64
+    return timedelta(seconds=capped * (1 - policy.jitter * draw))
+
+
+def _attempt_failed(b: _Builder, settings: Settings, reason: str, message: str, detail: str) -> Commit:
+    """A defined attempt that cannot continue: a retry window if the policy allows one, else failed."""
+    cp = b.cp
+    policy = settings.policy.retry if settings.policy is not None else RetryPolicy()
+    attempts = cp.retry.attempts + 1
+    failure = f"{reason}: {message}"[:1024]
+    if attempts < policy.max_attempts:
+        at = b.now + retry_backoff(policy, attempts, b.run.uid)
+        commit = b.commit(
+            E.RETRY_SCHEDULED,
+            checkpoint=cp.model_copy(
+                update={"retry": RetryState(attempts=attempts, retry_at=at, last_failure=failure)}
+            ),
+            waiting_for=f"retry:{at.isoformat()}",
+            detail=f"{detail}: {failure}; attempt {attempts + 1}/{policy.max_attempts} at {at.isoformat()}",
+        )
+        commit.status.retry_at = at
+        return commit
+    if policy.max_attempts > 1:
+        reason, message = "RetriesExhausted", f"{policy.max_attempts} attempts failed; last: {failure}"
+    return b.commit(
+        E.ATTEMPT_FAILED,
+        checkpoint=cp.model_copy(update={"retry": cp.retry.model_copy(update={"last_failure": failure})}),
+        outcome=Outcome(reason=reason, message=message),
+        detail=detail,
+    )
+
+
+# --- runtime configuration -------------------------------------------------------------------
+
+
+def _unavailable_runtime(cp: Checkpoint, settings: Settings) -> str:
+    """Which recorded runtime configuration ID the policy no longer allows ('' when all are allowed)."""
+    if settings.policy is None:
+        return ""
+    allowed = settings.policy.runtime
+    recorded = cp.runtime_config
+    for what, value, listed in (
+        ("model", recorded.model, allowed.models),
+        ("prompt", recorded.prompt, allowed.prompts),
+        ("tool set", recorded.tool_set, allowed.tool_sets),
+    ):
+        if listed and value is not None and value not in listed:
+            return f"{what} {value!r}"
+    return ""
+
+
+# --- child runs ------------------------------------------------------------------------------
+
+PARENT_LABEL = "durable-agents.io/parent"
+
+
+def child_run_name(parent: str, step: str) -> str:
+    """``<parent>-<step>``, shortened with a hash when it would not fit a label value (63)."""
+    name = f"{parent}-{step}"
+    if len(name) <= 63:
+        return name
+    return f"{name[:52].rstrip('-.')}-{hashlib.sha256(name.encode()).hexdigest()[:10]}"
+
+
+def child_body(run: RunSnapshot, step: StartChild) -> dict[str, Any]:
+    """The child AgentRun: owned by the parent, same ServiceAccount, policy and deadline."""
+    spec = run.spec
+    child: dict[str, Any] = {
+        "taskType": step.child.task_type,
+        "objective": step.child.objective,
+        "serviceAccountName": spec.service_account_name,
+        "steps": [s.wire() for s in step.child.steps],
+        "parentRef": {"name": run.name, "uid": run.uid},
+    }
+    if spec.policy_ref is not None:
+        child["policyRef"] = spec.policy_ref.wire()
+    if spec.deadline is not None:
+        child["deadline"] = spec.deadline.isoformat()
+    if spec.tenant is not None:
+        child["tenant"] = spec.tenant
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "AgentRun",
+        "metadata": {
+            "name": child_run_name(run.name, step.name),
+            "namespace": run.namespace,
+            "labels": {PARENT_LABEL: run.name},
+            "ownerReferences": [
+                {"apiVersion": API_VERSION, "kind": "AgentRun", "name": run.name, "uid": run.uid}
+            ],
+        },
+        "spec": child,
+    }
+
+
+def _running_children(cp: Checkpoint) -> list[ChildRecord]:
+    return [c for c in cp.children if c.outcome is None]
+
+
+def _children_cancel_reason(cp: Checkpoint) -> str | None:
+    """Why this run's running children must be canceled, if they must."""
+    for record in cp.cancellations:
+        if record.scope in ("task", "children") or (
+            record.scope == "turn" and record.step_index == cp.position.step
+        ):
+            return f"parent {record.scope} cancellation {record.request_id}"
+    return None
+
+
+def _reconcile_children(
+    b: _Builder, run: RunSnapshot, settings: Settings, children: Mapping[str, ChildObservation] | None
+) -> Decision:
+    cp = b.cp
+    running = _running_children(cp)
+    cancel = _children_cancel_reason(cp)
+    if children is None:
+        return NeedChildren({c.name: _child_body_of(run, c) for c in running}, cancel)
+    for record in running:
+        seen = children.get(record.name)
+        if seen is None or not seen.state.terminal:
+            continue
+        outcome = seen.state.value
+        done = record.model_copy(update={"outcome": outcome, "reason": (seen.reason or outcome)[:128]})
+        ref = ExternalEvidenceRef(
+            id=f"child-{record.name}",
+            step_index=record.step_index,
+            recorded_at=b.now,
+            uri=f"agentrun://{run.namespace}/{record.name}",
+            content_digest=canonical_digest({"state": outcome, "reason": seen.reason or ""}),
+        )
+        # A child canceled because we asked is the outcome the user chose: the parent goes on.
+        advance = seen.state is S.COMPLETED or (seen.state is S.CANCELED and cancel is not None)
+        checkpoint = cp.model_copy(
+            update={
+                "children": [done if c is record else c for c in cp.children],
+                "evidence": [*cp.evidence, ref],
+                "position": cp.position.model_copy(
+                    update={"step": cp.position.step + 1 if advance else cp.position.step}
+                ),
+            }
+        )
+        return b.commit(
+            E.EXTERNAL_RECEIVED, checkpoint=checkpoint, detail=f"child run {record.name} {outcome}"
+        )
+    return Idle(wake_at=run.spec.deadline, reason="child run in progress")
+
+
+def _child_body_of(run: RunSnapshot, record: ChildRecord) -> dict[str, Any] | None:
+    if record.step_index >= len(run.spec.steps):
+        return None
+    step = run.spec.steps[record.step_index]
+    if step.child is None:
+        return None
+    return child_body(run, StartChild(step.name, step.child))
+
+
+def _failed_child_of_step(cp: Checkpoint) -> ChildRecord | None:
+    for child in cp.children:
+        if child.step_index == cp.position.step and child.outcome not in (None, "completed"):
+            return child
+    return None
+
+
+# --- cancellation ----------------------------------------------------------------------------
+
+
+def _next_cancellation(run: RunSnapshot, cp: Checkpoint) -> tuple[str, CancelRequest] | None:
+    """The first cancellation request (by request ID) this run has not acted on yet."""
+    handled = {c.request_id for c in cp.cancellations}
+    if run.status.cancellation is not None:
+        handled.add(run.status.cancellation.request_id)
+    for request_id in sorted(run.spec.cancellations):
+        if request_id not in handled:
+            return request_id, run.spec.cancellations[request_id]
+    return None
+
+
+def _cancellation_of_step(cp: Checkpoint, *, in_flight: bool = False) -> CancellationRecord | None:
+    """A turn or tool-call cancellation of the current step, to act on once nothing is in flight."""
+    if not in_flight and (cp.pending_actions or _running_children(cp)):
+        return None
+    for record in cp.cancellations:
+        if record.scope in ("turn", "toolCall") and record.step_index == cp.position.step:
+            return record
+    return None
+
+
+def _skip_step(cp: Checkpoint) -> Checkpoint:
+    """Abandon the current step: whatever it waited on is dropped, the run goes on with the next."""
+    return cp.model_copy(
+        update={
+            "pending_input": None,
+            "pending_external": None,
+            "retry": cp.retry.model_copy(update={"retry_at": None}),
+            "position": cp.position.model_copy(update={"step": cp.position.step + 1}),
+        }
+    )
+
+
+def _handle_cancel(b: _Builder, run: RunSnapshot, request_id: str, request: CancelRequest) -> Commit:
+    cp, state = b.cp, run.state
+    scope = request.scope
+    record = CancellationRecord(
+        request_id=request_id, scope=scope.value, step_index=cp.position.step, handled_at=b.now
+    )
+    recorded = cp.model_copy(update={"cancellations": [*cp.cancellations, record]})
+    why = f"{scope.value} cancellation {request_id}" + (f": {request.reason}" if request.reason else "")
+    if scope is CancelScope.TASK:
+        commit = b.commit(E.CANCEL_REQUESTED, checkpoint=recorded, detail=why)
+        commit.status.cancellation = CancellationStatus(
+            request_id=request_id, scope=scope, reason=request.reason, requested_at=request.requested_at
+        )
+        return commit
+    in_flight = bool(cp.pending_actions or _running_children(cp))
+    step_scoped = scope is CancelScope.TURN or (
+        scope is CancelScope.TOOL_CALL and (cp.pending_actions or state is S.WAITING_APPROVAL)
+    )
+    if not step_scoped or in_flight or state is S.RESUME_VALIDATION:
+        # Children are canceled, or in-flight work reconciles first; then the step is abandoned.
+        note = "" if step_scoped or scope is CancelScope.CHILDREN else " (no tool call pending)"
+        return _keep_waiting_for(b, run, E.CANCEL_RECORDED, recorded, why + note)
+    # Nothing in flight: a wait is left for resume validation (which abandons the step); a ready
+    # run abandons it at once.
+    return b.commit(
+        E.STEP_CANCELED, checkpoint=_skip_step(recorded) if state is S.READY else recorded, detail=why
+    )
+
+
+def _keep_waiting_for(b: _Builder, run: RunSnapshot, event: RunEvent, cp: Checkpoint, detail: str) -> Commit:
+    """A commit that stays in the current state: what the run waits for stays visible."""
+    commit = b.commit(event, checkpoint=cp, waiting_for=run.status.waiting_for, detail=detail)
+    commit.status.approval_request = run.status.approval_request
+    commit.status.retry_at = run.status.retry_at
+    return commit
+
+
+def _finish_cancel(
+    b: _Builder,
+    run: RunSnapshot,
+    planner: Planner,
+    settings: Settings,
+    actions: Mapping[str, ActionObservation] | None,
+    children: Mapping[str, ChildObservation] | None,
+) -> Decision:
+    """No new work: cancel what was not dispatched, reconcile what was, then end ``canceled``."""
+    cp = b.cp
+    if cp.pending_actions and actions is None:
+        specs = {
+            p.action_record_name: _rebuild_spec(run, cp, planner, settings, p) for p in cp.pending_actions
+        }
+        return NeedActions(specs, cancel=True)
+    running = _running_children(cp)
+    if running and children is None:
+        reason = _children_cancel_reason(cp) or "parent canceled"
+        return NeedChildren({c.name: None for c in running}, reason)
+    seen = actions or {}
+    unsettled = [
+        p.action_record_name
+        for p in cp.pending_actions
+        if (o := seen.get(p.action_record_name)) is None or o.state not in _SETTLED
+    ]
+    live = [c.name for c in running if (o2 := (children or {}).get(c.name)) is None or not o2.state.terminal]
+    if unsettled or live:
+        # Dispatched effects are reconciled, never assumed undone: wait for their answers.
+        return Idle(reason=f"reconciling before cancel: {', '.join([*unsettled, *live])}")
+    names = [s.name for s in run.spec.steps]
+    unreversed: list[UnreversedEffect] = []
+    records = {e.id: e.uri for e in cp.evidence if isinstance(e, ExternalEvidenceRef)}
+    for call in cp.tool_calls:
+        uri = records.get(call.result_ref or "", "")
+        if call.outcome == "succeeded" and uri.startswith("actionrecord://"):
+            record = uri.rsplit("/", 1)[-1]
+            unreversed.append(_unreversed(names, call.step_index, call.tool, record, "succeeded"))
+    canceled: list[str] = []
+    for p in cp.pending_actions:
+        o = seen[p.action_record_name]
+        if o.state is ActionState.SUCCEEDED:
+            unreversed.append(_unreversed(names, p.step_index, p.effect, p.action_record_name, "succeeded"))
+        elif o.state is ActionState.CANCELED:
+            canceled.append(p.action_record_name)
+    proposed: list[str] = []
+    if settings.policy is not None and settings.policy.propose_compensations:
+        undone = {u.step for u in unreversed}
+        proposed = [s.name for s in run.spec.steps if s.effect is not None and s.effect.compensates in undone]
+    prior = run.status.cancellation
+    status = CancellationStatus(
+        request_id=prior.request_id if prior else "unknown",
+        scope=CancelScope.TASK,
+        reason=prior.reason if prior else "",
+        requested_at=prior.requested_at if prior else None,
+        unreversed_effects=unreversed[:64],
+        canceled_actions=canceled[:64],
+        proposed_compensations=proposed[:64],
+    )
+    message = (
+        f"{len(unreversed)} effect(s) happened and were not undone" if unreversed else "no effect happened"
+    )
+    commit = b.commit(
+        E.CANCEL_FINISHED,
+        checkpoint=cp.model_copy(update={"pending_actions": []}),
+        outcome=Outcome(reason="Canceled", message=f"{status.reason or 'canceled'}; {message}"),
+        detail=f"{len(canceled)} undispatched action(s) canceled; {message}",
+    )
+    commit.status.cancellation = status
+    return commit
+
+
+_SETTLED = (ActionState.SUCCEEDED, ActionState.FAILED, ActionState.CANCELED)
+
+
+def _unreversed(names: list[str], index: int, effect: str, record: str, state: str) -> UnreversedEffect:
+    step = names[index] if index < len(names) else str(index)
+    return UnreversedEffect(step=step, effect=effect, action_record=record, state=state)
+
+
+# --- quarantine controls ---------------------------------------------------------------------
+
+
+def _quarantined(run: RunSnapshot, now: datetime, epoch: Fencing, settings: Settings) -> Decision:
+    """A quarantined run moves only on a user's control: cancel, or retry (after an upgrade)."""
+    spec, status = run.spec, run.status
+    handled = status.cancellation.request_id if status.cancellation else None
+    pending = [k for k in sorted(spec.cancellations) if k != handled]
+    if pending:
+        request = spec.cancellations[pending[0]]
+        commit = _untouched(run, now, epoch, E.CANCEL_REQUESTED, None, f"cancellation {pending[0]}")
+        commit.status.cancellation = CancellationStatus(
+            request_id=pending[0],
+            scope=CancelScope.TASK,
+            reason=request.reason,
+            requested_at=request.requested_at,
+        )
+        return commit
+    token = spec.retry_quarantine
+    if token is None or token == status.quarantine_retried:
+        return Idle(reason="quarantined: retry (spec.retryQuarantine) or cancel")
+    loaded = load_checkpoint(run.raw_checkpoint)
+    if isinstance(loaded, Quarantine):
+        return Idle(reason=f"quarantined: still unreadable: {loaded.message}")
+    b = _Builder(run, loaded, now, epoch, settings)
+    commit = b.commit(
+        E.RELEASE_QUARANTINE,
+        detail=f"retry {token}: checkpoint readable"
+        + (f" (migrated from schemaVersion {loaded.migrated_from})" if loaded.migrated_from else ""),
+    )
+    commit.status.quarantine_retried = token
+    return commit
+
+
+def _cancel_unreadable(run: RunSnapshot, now: datetime, epoch: Fencing, q: Quarantine) -> Commit:
+    # Nothing can be reconciled from an unreadable checkpoint; say so rather than assume anything.
+    outcome = Outcome(
+        reason="Canceled",
+        message=f"canceled with an unreadable checkpoint ({q.reason}): in-flight actions of this run "
+        "were not reconciled by it; see its ActionRecords",
+    )
+    commit = _untouched(run, now, epoch, E.CANCEL_FINISHED, outcome, q.reason)
+    commit.status.cancellation = run.status.cancellation
+    return commit
+
+
 # --- building commits ------------------------------------------------------------------------
 
 
 def _accept(run: RunSnapshot, now: datetime, epoch: Fencing, settings: Settings) -> Commit:
     cp = Checkpoint.model_validate(_initial_checkpoint(run, now, epoch, settings))
-    return _Builder(run, Loaded(cp), now, epoch).commit(E.ACCEPTED, detail="spec accepted")
+    return _Builder(run, Loaded(cp), now, epoch, settings).commit(E.ACCEPTED, detail="spec accepted")
 
 
 def _initial_checkpoint(
@@ -770,6 +1273,7 @@ def _initial_checkpoint(
             model=agent.model if agent else None,
             prompt=agent.prompt if agent else None,
             tool_set=agent.tool_set if agent else None,
+            operator=settings.operator_version,
         ),
         policy=PolicyRef(name=settings.policy_name, version=settings.policy_version)
         if settings.policy_name
@@ -781,27 +1285,45 @@ def _initial_checkpoint(
 
 def _quarantine(run: RunSnapshot, now: datetime, epoch: Fencing, q: Quarantine) -> Commit:
     # The checkpoint is left byte-for-byte as stored: a newer operator may still read it.
-    after = transition(MachinePosition(run.state, run.status.state_version), E.QUARANTINE)
+    outcome = Outcome(reason=q.reason, message=q.message[:4000])
+    return _untouched(run, now, epoch, E.QUARANTINE, outcome, q.reason, q.message[:512])
+
+
+def _untouched(
+    run: RunSnapshot,
+    now: datetime,
+    epoch: Fencing,
+    event: RunEvent,
+    outcome: Outcome | None,
+    history: str,
+    detail: str = "",
+) -> Commit:
+    """A transition that leaves the stored checkpoint exactly as it is (it may be unreadable here)."""
+    after = transition(MachinePosition(run.state, run.status.state_version), event)
     status = _status(
         run,
         after.state,
         after.state_version,
-        E.QUARANTINE,
+        event,
         now,
         epoch,
         waiting_for=None,
-        outcome=Outcome(reason=q.reason, message=q.message[:4000]),
-        detail=q.reason,
+        outcome=outcome,
+        detail=history,
     )
     raw = dict(run.raw_checkpoint) if run.raw_checkpoint is not None else None
-    return Commit(E.QUARANTINE, status, raw, detail=q.message[:512])
+    return Commit(event, status, raw, detail=detail or history)
 
 
 class _Builder:
     """Assembles one commit: state machine, version, fencing, timestamps, conditions, history."""
 
-    def __init__(self, run: RunSnapshot, loaded: Loaded, now: datetime, epoch: Fencing) -> None:
+    def __init__(
+        self, run: RunSnapshot, loaded: Loaded, now: datetime, epoch: Fencing, settings: Settings
+    ) -> None:
         self.run, self.cp, self.now, self.epoch = run, loaded.checkpoint, now, epoch
+        self.operator_version = settings.operator_version
+        self.migrated_from = loaded.migrated_from
 
     def commit(
         self,
@@ -819,6 +1341,9 @@ class _Builder:
         ts = cp.timestamps.model_copy(
             update={"updated_at": now, "entered_state_at": now if changed else cp.timestamps.entered_state_at}
         )
+        runtime = cp.runtime_config
+        if self.operator_version is not None:
+            runtime = runtime.model_copy(update={"operator": self.operator_version})
         cp = cp.model_copy(
             update={
                 "position": cp.position.model_copy(
@@ -826,6 +1351,7 @@ class _Builder:
                 ),
                 "fencing": self.epoch,
                 "timestamps": ts,
+                "runtime_config": runtime,
             }
         )
         status = _status(
@@ -839,7 +1365,7 @@ class _Builder:
             outcome=outcome,
             detail=detail,
         )
-        return Commit(event, status, dump_checkpoint(cp), detail)
+        return Commit(event, status, dump_checkpoint(cp), detail, migrated_from=self.migrated_from)
 
 
 def _status(
@@ -874,6 +1400,8 @@ def _status(
         outcome=outcome if outcome is not None else old.outcome,
         conditions=conditions_for(state, old.conditions, now, run.generation, outcome, waiting_for),
         history=[*old.history, entry][-HISTORY_LIMIT:],
+        cancellation=old.cancellation,
+        quarantine_retried=old.quarantine_retried,
     )
 
 

@@ -39,9 +39,13 @@ def check_action_transition(state: ActionState, target: ActionState) -> None:
         raise IllegalActionTransition(state, target)
 
 
-def idempotency_key(run_uid: str, step_index: int, step_name: str) -> str:
-    """Stable across retries, crashes and operator versions: the run and the step it serves."""
-    return f"{run_uid}/{step_index}/{step_name}"
+def idempotency_key(run_uid: str, step_index: int, step_name: str, attempt: int = 0) -> str:
+    """Stable across crashes and operator versions: the run, the step it serves, and the attempt.
+
+    Attempt 0 keeps the original form, so keys of runs started before retries existed are unchanged.
+    """
+    key = f"{run_uid}/{step_index}/{step_name}"
+    return key if attempt == 0 else f"{key}/attempt-{attempt}"
 
 
 def action_record_name(key: str) -> str:

@@ -13,7 +13,7 @@ from datetime import timedelta
 from importlib.metadata import entry_points
 from typing import Any, Protocol
 
-from durable_agents.api.v1alpha1 import AgentRunSpec, ObjectReference
+from durable_agents.api.v1alpha1 import AgentRunSpec, ChildStep, ObjectReference
 from durable_agents.core.checkpoint import Checkpoint
 from durable_agents.core.durations import parse_duration
 
@@ -56,12 +56,20 @@ class PerformEffect:
 
 
 @dataclass(frozen=True)
+class StartChild:
+    """Start a child run and wait for its terminal outcome."""
+
+    name: str
+    child: ChildStep
+
+
+@dataclass(frozen=True)
 class Finish:
     name: str
     result: str
 
 
-PlannedStep = ReadObject | AskHuman | AwaitEvent | PerformEffect | Finish
+PlannedStep = ReadObject | AskHuman | AwaitEvent | PerformEffect | StartChild | Finish
 
 
 @dataclass(frozen=True)
@@ -106,6 +114,8 @@ class ScriptedPlanner:
             return PerformEffect(step.name, e.effect, e.target, e.arguments, e.compensates)
         if step.complete is not None:
             return Finish(step.name, step.complete.result)
+        if step.child is not None:
+            return StartChild(step.name, step.child)
         raise PlannerError(f"step {step.name!r} names no step kind")
 
 

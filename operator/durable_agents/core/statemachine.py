@@ -61,6 +61,8 @@ class RunEvent(StrEnum):
     DEADLINE_EXCEEDED = "deadline_exceeded"
     CANCEL_REQUESTED = "cancel_requested"
     CANCEL_FINISHED = "cancel_finished"  # in-flight effects reconciled
+    CANCEL_RECORDED = "cancel_recorded"  # narrower scope noted; in-flight work reconciles first
+    STEP_CANCELED = "step_canceled"  # the current step abandoned (turn/tool-call scope)
     QUARANTINE = "quarantine"  # checkpoint unreadable, unknown schema, undecryptable
     RELEASE_QUARANTINE = "release_quarantine"  # operator retries after an upgrade
 
@@ -107,6 +109,10 @@ def _table() -> dict[tuple[RunState, RunEvent], RunState]:
         t[(waiting, leave)] = S.RESUME_VALIDATION
         t[(waiting, E.WAIT_EXPIRED)] = S.EXPIRED
         t[(waiting, E.REVALIDATION_REQUIRED)] = S.RESUME_VALIDATION
+        t[(waiting, E.STEP_CANCELED)] = S.RESUME_VALIDATION
+    t[(S.READY, E.STEP_CANCELED)] = S.READY
+    for state in (S.READY, S.RESUME_VALIDATION, *WAITING_STATES):
+        t[(state, E.CANCEL_RECORDED)] = state
     for state in NON_TERMINAL_STATES:
         t[(state, E.DEADLINE_EXCEEDED)] = S.EXPIRED
         t[(state, E.QUARANTINE)] = S.QUARANTINED

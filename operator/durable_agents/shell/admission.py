@@ -1,7 +1,8 @@
 """The admission webhook's rules of authority, and its registration with the API server.
 
 - Identity: on create, ``spec.createdBy`` is stamped from the request's authenticated user; on
-  update, every NEW approval decision gets ``approver`` and ``decidedAt`` from that user.
+  update, every NEW approval decision gets ``approver`` and ``decidedAt`` from that user, and every
+  NEW cancellation request ``requestedBy`` and ``requestedAt`` (cancellation latency starts there).
   Whatever a client wrote in those fields is overwritten (as cert-manager stamps
   CertificateRequests).
 - Authority: a new decision must match the pending request (ID, digest, expiry, allowed
@@ -62,6 +63,15 @@ def stamps(
             **decision,
             "approver": user.wire(),
             "decidedAt": now.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+        }
+    old_cancels = ((old or {}).get("spec") or {}).get("cancellations") or {}
+    for request_id, request in (spec.get("cancellations") or {}).items():
+        if request_id in old_cancels:
+            continue
+        out.setdefault("cancellations", {})[request_id] = {
+            **request,
+            "requestedBy": user.wire(),
+            "requestedAt": now.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
         }
     return out
 

@@ -47,3 +47,8 @@ UNKNOWN_OUTCOME_SECONDS = Histogram(
     buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 300, 1800),
 )
 UNKNOWN_OUTCOMES = Gauge("durable_agents_unknown_outcomes", "Actions whose outcome is unknown right now")
+CANCELLATION_LATENCY = Histogram(
+    "durable_agents_cancellation_latency_seconds",
+    "From a task cancellation request (stamped by the webhook) to the commit that stops new work",
+    buckets=(0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30),
+)

@@ -30,13 +30,16 @@ from typing import Any
 
 from kubernetes.client.rest import ApiException
 
-from durable_agents.api.v1alpha1 import ActionRecordStatus, AgentPolicySpec
+from durable_agents import __version__
+from durable_agents.api.v1alpha1 import ActionRecordStatus, ActionState, AgentPolicySpec
 from durable_agents.core.checkpoint import Fencing, KubernetesEvidenceRef, Loaded, load_checkpoint
 from durable_agents.core.engine import (
     ActionObservation,
+    ChildObservation,
     Commit,
     Idle,
     NeedActions,
+    NeedChildren,
     NeedEvidence,
     NeedRead,
     ReadResult,
@@ -46,9 +49,10 @@ from durable_agents.core.engine import (
     fence,
 )
 from durable_agents.core.planner import Planner, load_planners
-from durable_agents.core.statemachine import RunState
+from durable_agents.core.statemachine import RunEvent, RunState
 from durable_agents.shell import metrics
 from durable_agents.shell.actions import ActionStore
+from durable_agents.shell.children import ChildRuns
 from durable_agents.shell.effects import load_effects
 from durable_agents.shell.events import EventRecorder, reason_of
 from durable_agents.shell.evidence import EvidenceReader
@@ -73,6 +77,8 @@ class WorkerConfig:
     max_transitions_per_unit: int = 16
     # Renew when less than this fraction of the lease remains (client-go renews at ~2/3 too).
     renew_fraction: float = 2 / 3
+    # Recorded in every checkpoint; a run committed by another version passes resume validation.
+    operator_version: str = __version__
 
     @classmethod
     def from_env(cls) -> WorkerConfig:
@@ -81,11 +87,15 @@ class WorkerConfig:
             identity=env.get("DURABLE_AGENTS_IDENTITY") or new_identity(),
             lease_duration=int(env.get("DURABLE_AGENTS_LEASE_DURATION", "15")),
             concurrency=int(env.get("DURABLE_AGENTS_WORKERS", "8")),
+            operator_version=env.get("DURABLE_AGENTS_OPERATOR_VERSION") or __version__,
         )
 
 
 class Lost(Exception):
     """Our lease epoch is no longer the run's: stop touching the run."""
+
+
+TERMINAL = frozenset(s.value for s in RunState if s.terminal)
 
 
 def _state_version(body: dict[str, Any]) -> int:
@@ -106,6 +116,7 @@ class RunWorker:
         self.identity = self.config.identity
         self.store = RunStore(kube)
         self.actions = ActionStore(kube)
+        self.children = ChildRuns(kube, self.store)
         self.leases = RunLeases(kube, self.identity, self.config.lease_duration)
         self.reader = EvidenceReader(kube)
         self.events = EventRecorder(kube, self.identity)
@@ -135,6 +146,9 @@ class RunWorker:
                 hold.lost = True
             return
         self.queue.add(key, body)
+        parent = (body.get("spec") or {}).get("parentRef")
+        if parent and (body.get("status") or {}).get("state") in TERMINAL:
+            self.enqueue((key[0], parent.get("name", "")))  # a child's outcome wakes its parent
 
     def observe_policy(self, event_type: str | None, body: dict[str, Any]) -> None:
         meta = body.get("metadata") or {}
@@ -198,12 +212,19 @@ class RunWorker:
     def settings_for(self, run: RunSnapshot) -> Settings:
         ref = run.spec.policy_ref
         available = frozenset(self.effect_tiers)
+        version = self.config.operator_version
         if ref is None:
-            return Settings(tiers=self.effect_tiers, available_effects=available)
+            return Settings(tiers=self.effect_tiers, available_effects=available, operator_version=version)
         policy = self.policies.get((run.namespace, ref.name))
         if policy is None:
-            return Settings(policy_name=ref.name, tiers=self.effect_tiers, available_effects=available)
+            return Settings(
+                policy_name=ref.name,
+                tiers=self.effect_tiers,
+                available_effects=available,
+                operator_version=version,
+            )
         return Settings(
+            operator_version=version,
             wait_expiries=policy.wait_expiries,
             policy_name=ref.name,
             policy_version=policy.version,
@@ -231,13 +252,25 @@ class RunWorker:
         hold = self.holds.get(key)
         provisional = hold.epoch if hold else Fencing(holder=self.identity, lease_transitions=0)
         planner, settings = self.planner_for(snap), self.settings_for(snap)
-        decision = decide(snap, now=now, epoch=provisional, planner=planner, settings=settings)
         actions: dict[str, ActionObservation] | None = None
-        if isinstance(decision, NeedActions):
-            # Looking at the ledger needs no Lease: only a commit does.
-            actions = await self._observe_actions(snap, decision)
+        children: dict[str, ChildObservation] | None = None
+        decision = decide(snap, now=now, epoch=provisional, planner=planner, settings=settings)
+        for _ in range(2):
+            # Looking at the ledger and at child runs needs no Lease: only a commit does.
+            if isinstance(decision, NeedActions):
+                actions = await self._observe_actions(snap, decision)
+            elif isinstance(decision, NeedChildren):
+                children = await self.children.observe(snap, decision)
+            else:
+                break
             decision = decide(
-                snap, now=now, epoch=provisional, planner=planner, settings=settings, actions=actions
+                snap,
+                now=now,
+                epoch=provisional,
+                planner=planner,
+                settings=settings,
+                actions=actions,
+                children=children,
             )
         if isinstance(decision, Idle):
             if hold is not None:
@@ -255,7 +288,7 @@ class RunWorker:
                 return
             hold, body = acquired
         try:
-            await self._advance(key, hold, body, actions)
+            await self._advance(key, hold, body, actions, children)
         except Lost:
             log.info("lease epoch of %s/%s moved on; dropping our hold", *key)
             hold.lost = True
@@ -323,7 +356,12 @@ class RunWorker:
         self.queue.wake_at(key, at + jitter)
 
     async def _advance(
-        self, key: Key, hold: Hold, body: dict[str, Any], actions: dict[str, ActionObservation] | None
+        self,
+        key: Key,
+        hold: Hold,
+        body: dict[str, Any],
+        actions: dict[str, ActionObservation] | None,
+        children: dict[str, ChildObservation] | None,
     ) -> None:
         read: ReadResult | None = None
         fresh: dict[str, KubernetesEvidenceRef | None] | None = None
@@ -346,12 +384,16 @@ class RunWorker:
                 read=read,
                 actions=actions,
                 fresh_evidence=fresh,
+                children=children,
             )
             if isinstance(decision, NeedRead):
                 read = await self.reader.read(snap, decision, now)
                 continue
             if isinstance(decision, NeedActions):
                 actions = await self._observe_actions(snap, decision)
+                continue
+            if isinstance(decision, NeedChildren):
+                children = await self.children.observe(snap, decision)
                 continue
             if isinstance(decision, NeedEvidence):
                 fresh = {ref.id: await self.reader.reread(snap, ref, now) for ref in decision.refs}
@@ -367,15 +409,17 @@ class RunWorker:
             except Conflict:
                 log.info("commit to %s/%s refused (409: the record moved); reloading", *key)
                 body = await self.store.get(*key)  # discard the computation, reload
-                read, actions, fresh = None, None, None
+                read, actions, fresh, children = None, None, None, None
                 continue
-            read, actions, fresh = None, None, None
+            read, actions, fresh, children = None, None, None, None
             self.versions[key] = decision.status.state_version
             self._after_commit(body, snap.state, decision)
             for intent in decision.intents:
                 # Right after the intent commit: the record the dispatcher works from. If it
                 # exists already, the API server says so and the ledger counts a suppressed duplicate.
                 await self.actions.ensure(snap.namespace, intent)
+            for child in decision.children:
+                await self.children.create(snap, child)
         self.enqueue(key)  # bounded work done; keep the hold and come back
 
     async def _observe_actions(self, run: RunSnapshot, need: NeedActions) -> dict[str, ActionObservation]:
@@ -392,8 +436,32 @@ class RunWorker:
                     continue
                 record = await self.actions.ensure(run.namespace, spec)
             status = ActionRecordStatus.model_validate(record.get("status") or {})
+            if need.cancel and status.state is ActionState.INTENT:
+                record, status = await self._cancel_intent(record, status)
             seen[name] = ActionObservation(status.state, status.outcome, status.reason, status.message)
         return seen
+
+    async def _cancel_intent(
+        self, record: dict[str, Any], status: ActionRecordStatus
+    ) -> tuple[dict[str, Any], ActionRecordStatus]:
+        """An undispatched intent is canceled by compare-and-swap; if a dispatcher claimed it first,
+        it is dispatched and will be reconciled, never assumed undone."""
+        meta = record["metadata"]
+        canceled = status.model_copy(
+            update={
+                "state": ActionState.CANCELED,
+                "reason": "RunCanceled",
+                "message": "canceled before dispatch",
+                "finished_at": datetime.now(UTC),
+            }
+        )
+        try:
+            record = await self.actions.commit_status(record, canceled.wire())
+        except Conflict:
+            record = await self.actions.get(meta["namespace"], meta["name"])
+        status = ActionRecordStatus.model_validate(record.get("status") or {})
+        log.info("action %s/%s: %s before dispatch", meta["namespace"], meta["name"], status.state.value)
+        return record, status
 
     def _after_commit(self, body: dict[str, Any], before: RunState, commit: Commit) -> None:
         log.info(
@@ -412,14 +480,25 @@ class RunWorker:
             metrics.TERMINAL_OUTCOMES.labels(status.state.value, reason).inc()
         if status.state is RunState.QUARANTINED and status.outcome:
             metrics.QUARANTINES.labels(status.outcome.reason).inc()
+        if commit.migrated_from is not None:
+            metrics.CHECKPOINT_MIGRATIONS.labels(str(commit.migrated_from)).inc()
+        if (
+            commit.event is RunEvent.CANCEL_REQUESTED
+            and status.cancellation
+            and status.cancellation.requested_at
+        ):
+            waited = (datetime.now(UTC) - status.cancellation.requested_at).total_seconds()
+            metrics.CANCELLATION_LATENCY.observe(max(0.0, waited))
         policy = ""
+        parent_ref = (body.get("spec") or {}).get("parentRef")
+        parent = f" parent={parent_ref.get('uid')}" if parent_ref else ""
         cp = commit.checkpoint or {}
         if isinstance(cp.get("policy"), dict):
             policy = f" policy={cp['policy'].get('name')}@{cp['policy'].get('version', '')}"
         message = (
             f"task={body['metadata']['uid']} stateVersion={status.state_version} "
-            f"{before.value} -> {status.state.value} attempt={cp.get('attempt', 0)}{policy}"
-            + (f": {commit.detail}" if commit.detail else "")
+            f"{before.value} -> {status.state.value} attempt={(cp.get('retry') or {}).get('attempts', 0)}"
+            f"{policy}{parent}" + (f": {commit.detail}" if commit.detail else "")
         )
         warning = status.state in (RunState.FAILED, RunState.QUARANTINED, RunState.EXPIRED)
         task = asyncio.create_task(
