@@ -14,7 +14,9 @@ from durable_agents_controllers.runtime import dispatcher, worker
 @kopf.on.event(GROUP, VERSION, "actionrecords")
 async def actionrecord_event(event: kopf.RawEvent, **_: Any) -> None:
     body: dict[str, Any] = dict(event["object"])
-    dispatcher().observe(event.get("type"), body)
+    ledger = dispatcher()
+    if ledger is not None:
+        ledger.observe(event.get("type"), body)
     status: dict[str, Any] = body.get("status") or {}
     if status.get("state") in {s.value for s in TERMINAL_ACTION_STATES}:
         spec: dict[str, Any] = body.get("spec") or {}

@@ -26,9 +26,8 @@ def worker() -> RunWorker:
     return _worker
 
 
-def dispatcher() -> Dispatcher:
-    if _dispatcher is None:
-        raise RuntimeError("the dispatcher is not started (kopf startup has not run)")
+def dispatcher() -> Dispatcher | None:
+    """The dispatcher, or None when this process runs without one (DURABLE_AGENTS_DISPATCHER=off)."""
     return _dispatcher
 
 
@@ -54,9 +53,11 @@ async def start(settings: kopf.OperatorSettings, **_: object) -> None:
         _background.add(asyncio.create_task(webhook.announce_when_serving(settings)))
     _worker = RunWorker(kube, config)
     _worker.start()
-    timeout = float(os.environ.get("DURABLE_AGENTS_DISPATCH_TIMEOUT", "5"))
-    _dispatcher = Dispatcher(kube, DispatcherConfig(identity=config.identity, timeout=timeout))
-    _dispatcher.start()
+    # Dispatchers may run as a separate deployment: "off" leaves intents to another process.
+    if os.environ.get("DURABLE_AGENTS_DISPATCHER", "on") != "off":
+        timeout = float(os.environ.get("DURABLE_AGENTS_DISPATCH_TIMEOUT", "5"))
+        _dispatcher = Dispatcher(kube, DispatcherConfig(identity=config.identity, timeout=timeout))
+        _dispatcher.start()
     log.info("durable-agents worker %s started (lease %ss)", config.identity, config.lease_duration)
 
 

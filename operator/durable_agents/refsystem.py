@@ -34,7 +34,8 @@ HTTP API (JSON everywhere):
     and body) consumes one unit of the first pending fault whose ``match`` it satisfies. ``slow``
     applies, then sleeps ``delay`` before answering; ``drop_after_apply`` applies, then closes
     the connection without any HTTP response; ``error_after_apply`` applies, then answers 500;
-    ``error_before_apply`` answers 500 without applying; ``none`` consumes a unit and behaves
+    ``error_before_apply`` answers 500 without applying; ``reject`` answers 422
+    without applying (a definite failure); ``none`` consumes a unit and behaves
     normally (to let a request through ahead of a queued fault). Answers 201 ``{"queued",
     "pending"}``. ``GET /faults`` lists pending faults, ``DELETE /faults`` clears them.
 ``POST /reset``
@@ -94,6 +95,7 @@ class FaultMode(enum.StrEnum):
     DROP_AFTER_APPLY = "drop_after_apply"
     ERROR_AFTER_APPLY = "error_after_apply"
     ERROR_BEFORE_APPLY = "error_before_apply"
+    REJECT = "reject"
     NONE = "none"
 
 
@@ -263,6 +265,8 @@ async def _post_effect(request: web.Request) -> web.StreamResponse:
     mode = fault.mode if fault is not None else FaultMode.NONE
     if mode is FaultMode.ERROR_BEFORE_APPLY:
         return _error(500, "injected fault: error before apply", key=key)
+    if mode is FaultMode.REJECT:
+        return _error(422, "injected fault: rejected, not applied", key=key)
     system.apply(key, body)
     answer = {"key": key, "applied": system.applied(key), "receipt": receipt_for(key)}
 

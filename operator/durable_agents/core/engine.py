@@ -1190,9 +1190,16 @@ def _finish_cancel(
     message = (
         f"{len(unreversed)} effect(s) happened and were not undone" if unreversed else "no effect happened"
     )
+    ended = {
+        c.name: c.model_copy(update={"outcome": k.state.value, "reason": (k.reason or k.state.value)[:128]})
+        for c in running
+        if (k := (children or {})[c.name]) is not None
+    }
     commit = b.commit(
         E.CANCEL_FINISHED,
-        checkpoint=cp.model_copy(update={"pending_actions": []}),
+        checkpoint=cp.model_copy(
+            update={"pending_actions": [], "children": [ended.get(c.name, c) for c in cp.children]}
+        ),
         outcome=Outcome(reason="Canceled", message=f"{status.reason or 'canceled'}; {message}"),
         detail=f"{len(canceled)} undispatched action(s) canceled; {message}",
     )

@@ -53,13 +53,21 @@ class Runs:
 
     def wait_state(self, name: str, *states: str, timeout: float = 60) -> dict[str, Any]:
         def reached() -> dict[str, Any] | None:
-            run = self.get(name)
+            try:
+                run = self.get(name)
+            except client.ApiException as err:
+                if err.status == 404:  # not created yet (a child run, say): keep waiting
+                    return None
+                raise
             return run if (run.get("status") or {}).get("state") in states else None
 
         try:
             return wait_for(reached, timeout, f"run {name} to reach {states}", interval=0.1)
         except TimeoutError as err:
-            status = self.get(name).get("status") or {}
+            try:
+                status = self.get(name).get("status") or {}
+            except client.ApiException as api_err:
+                raise TimeoutError(f"{err}; it does not exist ({api_err.status})") from None
             raise TimeoutError(
                 f"{err}; it is {status.get('state')!r} at v{status.get('stateVersion')}"
             ) from None
