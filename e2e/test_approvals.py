@@ -7,7 +7,6 @@ operator's admission webhook (failurePolicy Fail) in front of every AgentRun wri
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -22,6 +21,7 @@ from durable_agents.refsystem import ReferenceSystemThread
 from durable_agents.testing.kube import KubeEnv
 from durable_agents.testing.operator_process import OperatorProcess, wait_for
 from durable_agents.testing.runs import Runs, assert_history_is_gapless
+from durable_agents.testing.scrape import free_port
 
 LEASE = 2
 
@@ -30,12 +30,6 @@ LEASE = 2
 def refsystem() -> Iterator[ReferenceSystemThread]:
     with ReferenceSystemThread() as system:
         yield system
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture

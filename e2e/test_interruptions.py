@@ -15,7 +15,10 @@ real API server; effects go to the reference authoritative system, which counts 
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from datetime import datetime
@@ -31,6 +34,7 @@ from durable_agents.refsystem import ReferenceSystemThread
 from durable_agents.testing.kube import KubeEnv
 from durable_agents.testing.operator_process import OperatorProcess, wait_for
 from durable_agents.testing.runs import Runs, assert_history_is_gapless
+from durable_agents.testing.scrape import free_port, metric, scrape
 
 LEASE = 2
 
@@ -473,3 +477,58 @@ def test_a_definitely_failed_effect_is_retried_as_a_new_action_and_applied_once(
     assert record(runs, action_record_name(second))["status"]["state"] == "succeeded"
     assert refsystem.counts() == {second: 1}
     assert refsystem.duplicates() == []
+
+
+# --- the operator's controls, from kubectl ---------------------------------------------------
+
+
+def test_kubectl_agentrun_cancel_is_stamped_and_its_latency_measured(
+    kube: KubeEnv, start_operator: Callable[..., OperatorProcess], runs: Runs
+) -> None:
+    """``kubectl agentrun cancel`` on parked runs: the webhook stamps who and when; the operator's
+    histogram measures request-to-no-new-work (cancel_requested committed) for each one."""
+    port = free_port()
+    op = start_operator(
+        "controls", LEASE, DURABLE_AGENTS_WEBHOOK_PORT=str(free_port()), DURABLE_AGENTS_METRICS_PORT=str(port)
+    )
+    wait_for(lambda: "admission webhook serving" in op.log_tail(100), 30, "the admission webhook")
+    names = [runs.create(run_spec(ASK, DONE), name=f"parked-{i}") for i in range(CANCELED_RUNS)]
+    for name in names:
+        runs.wait_state(name, "waiting_input")
+    env = {**os.environ, "KUBECONFIG": str(kube.kubeconfig)}
+    plugin = [sys.executable, "-m", "durable_agents.kubectl_plugin"]
+    observed: list[float] = []
+    for name in names:
+        started = time.monotonic()
+        out = subprocess.run(
+            [*plugin, "cancel", name, "-n", runs.namespace, "--reason", "maintenance"],
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+        assert out.returncode == 0, out.stderr
+        assert "task cancellation cancel-01 requested" in out.stdout
+        wait_for(lambda n=name: runs.state(n) in ("cancel_requested", "canceled"), 30, f"{name} to cancel")  # type: ignore[misc]
+        observed.append(time.monotonic() - started)
+    for name in names:
+        done = runs.wait_state(name, "canceled")
+        request = done["spec"]["cancellations"]["cancel-01"]
+        assert request["requestedBy"]["username"], "stamped by the webhook from the authenticated user"
+        assert done["status"]["cancellation"]["requestedAt"] == request["requestedAt"]
+    text = scrape(port)
+    assert metric(text, "durable_agents_cancellation_latency_seconds_count") == CANCELED_RUNS
+    mean = metric(text, "durable_agents_cancellation_latency_seconds_sum") / CANCELED_RUNS
+    observed.sort()
+    print(
+        f"\ncancellation latency over {CANCELED_RUNS} runs: operator histogram mean {mean * 1000:.0f} ms; "
+        f"kubectl-to-observed p50 {observed[len(observed) // 2] * 1000:.0f} ms, "
+        f"max {observed[-1] * 1000:.0f} ms"
+    )
+    again = subprocess.run(
+        [*plugin, "cancel", names[0], "-n", runs.namespace], env=env, capture_output=True, text=True
+    )
+    assert again.returncode != 0
+    assert "has already ended (canceled)" in again.stderr
+
+
+CANCELED_RUNS = 10

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import socket
-import urllib.request
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -16,6 +14,7 @@ from durable_agents.refsystem import ReferenceSystemThread
 from durable_agents.testing.kube import KubeEnv
 from durable_agents.testing.operator_process import OperatorProcess, wait_for
 from durable_agents.testing.runs import Runs, assert_history_is_gapless
+from durable_agents.testing.scrape import free_port, metric, scrape
 
 LEASE = 2
 EFFECT_EVENTS = ["accepted", "external_awaited", "external_received", "revalidated", "succeeded"]
@@ -199,11 +198,11 @@ def test_an_intent_already_in_the_ledger_is_a_suppressed_duplicate_and_not_dispa
         GROUP, VERSION, runs.namespace, "actionrecords", created["metadata"]["name"], created
     )
 
-    port = _free_port()
+    port = free_port()
     start_operator("dup", LEASE, DURABLE_AGENTS_METRICS_PORT=str(port))
     done = runs.wait_state(name, "completed", timeout=60)
     assert refsystem.counts() == {}, "the effect was already done: it must not be dispatched"
-    assert _metric(_scrape(port), "durable_agents_duplicate_suppressions_total") == 1
+    assert metric(scrape(port), "durable_agents_duplicate_suppressions_total") == 1
     evidence = [e for e in done["status"]["checkpoint"]["evidence"] if e["uri"].startswith("actionrecord://")]
     assert len(evidence) == 1
 
@@ -242,38 +241,19 @@ def test_compensation_is_a_new_action_referencing_the_original(
     assert configmap.data == {"feature": "off"}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _scrape(port: int) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
-        text: str = resp.read().decode()
-    return text
-
-
-def _metric(text: str, name: str) -> float:
-    for line in text.splitlines():
-        if line.startswith(name + " ") or line.startswith(name + "{"):
-            return float(line.rsplit(" ", 1)[1])
-    raise AssertionError(f"metric {name} not exported")
-
-
 def test_unknown_outcome_duration_is_observable(
     start_operator: Callable[..., OperatorProcess], runs: Runs, refsystem: ReferenceSystemThread
 ) -> None:
-    port = _free_port()
+    port = free_port()
     refsystem.inject("error_after_apply", times=1)
     start_operator("metrics", LEASE, DURABLE_AGENTS_METRICS_PORT=str(port))
     done = runs.wait_state(runs.create(http_effect_run(refsystem.url)), "completed", timeout=60)
     status = record_of(runs, key_of(done))["status"]
     assert status["outcomeUnknownSince"] <= status["finishedAt"]
-    text = wait_for(lambda: _scrape(port), 10, "metrics")
-    assert _metric(text, "durable_agents_unknown_outcome_seconds_count") == 1
-    assert _metric(text, 'durable_agents_action_dispatches_total{answer="Unknown",effect="http.post"}') == 1
-    assert _metric(text, 'durable_agents_action_queries_total{answer="Applied",effect="http.post"}') == 1
+    text = wait_for(lambda: scrape(port), 10, "metrics")
+    assert metric(text, "durable_agents_unknown_outcome_seconds_count") == 1
+    assert metric(text, 'durable_agents_action_dispatches_total{answer="Unknown",effect="http.post"}') == 1
+    assert metric(text, 'durable_agents_action_queries_total{answer="Applied",effect="http.post"}') == 1
 
 
 def configmap_apply_run(cm: str, sa: str = "default") -> dict[str, Any]:

@@ -2,6 +2,8 @@
 
     kubectl agentrun approve NAME [-n NS] [--reason TEXT]
     kubectl agentrun reject  NAME [-n NS] [--reason TEXT]
+    kubectl agentrun cancel  NAME [-n NS] [--scope task|children|toolCall|turn] [--reason TEXT]
+    kubectl agentrun retry   NAME [-n NS]     (a quarantined run, e.g. after an upgrade)
     kubectl agentrun status  NAME [-n NS]
     kubectl agentrun history NAME [-n NS]
 
@@ -59,6 +61,37 @@ def decide(api: client.CustomObjectsApi, ns: str, name: str, decision: str, reas
     return f"agentrun.durable-agents.io/{name}: {sent}"
 
 
+def _patch(api: client.CustomObjectsApi, ns: str, name: str, spec: dict[str, Any], what: str) -> None:
+    try:
+        api.patch_namespaced_custom_object(GROUP, VERSION, ns, "agentruns", name, {"spec": spec})
+    except ApiException as err:
+        message = err.body
+        with contextlib.suppress(TypeError, ValueError):
+            message = json.loads(err.body).get("message", err.body)
+        raise SystemExit(f"error: the API server refused the {what}: {message}") from None
+
+
+def cancel(api: client.CustomObjectsApi, ns: str, name: str, scope: str, reason: str | None) -> str:
+    run = _get(api, ns, name)
+    state = (run.get("status") or {}).get("state", "pending")
+    if state in ("completed", "failed", "canceled", "expired"):
+        raise SystemExit(f"error: agentrun {ns}/{name} has already ended ({state})")
+    # Zero-padded: requests are handled in request-ID order.
+    request_id = f"cancel-{len(run['spec'].get('cancellations') or {}) + 1:02d}"
+    _patch(api, ns, name, {"cancellations": {request_id: {"scope": scope, "reason": reason or ""}}}, "cancel")
+    return f"agentrun.durable-agents.io/{name}: {scope} cancellation {request_id} requested"
+
+
+def retry(api: client.CustomObjectsApi, ns: str, name: str) -> str:
+    run = _get(api, ns, name)
+    status = run.get("status") or {}
+    if status.get("state") != "quarantined":
+        raise SystemExit(f"error: agentrun {ns}/{name} is not quarantined (state {status.get('state')!r})")
+    token = f"retry-{status.get('stateVersion', 0)}"
+    _patch(api, ns, name, {"retryQuarantine": token}, "retry")
+    return f"agentrun.durable-agents.io/{name}: retry {token} requested"
+
+
 def describe(run: dict[str, Any]) -> str:
     status = run.get("status") or {}
     lines = [
@@ -78,6 +111,18 @@ def describe(run: dict[str, Any]) -> str:
             f"  expires at:  {request['expiresAt']}",
             f"  decisions:   {', '.join(request['allowedDecisions'])}",
         ]
+    if status.get("retryAt"):
+        lines.append(f"Retry at:    {status['retryAt']}")
+    cancellation = status.get("cancellation")
+    if cancellation:
+        reason = cancellation.get("reason", "")
+        lines.append(f"Canceled:    {cancellation['requestId']} ({cancellation['scope']}) {reason}")
+        for effect in cancellation.get("unreversedEffects", []):
+            lines.append(
+                f"  not undone: {effect['effect']} at step {effect['step']} ({effect['actionRecord']})"
+            )
+        for step in cancellation.get("proposedCompensations", []):
+            lines.append(f"  proposed compensation: step {step}")
     if status.get("outcome"):
         lines.append(
             f"Outcome:     {status['outcome'].get('reason')}: {status['outcome'].get('message', '')}"
@@ -97,18 +142,23 @@ def history(run: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="kubectl agentrun", description=__doc__.split("\n\n")[0])
-    parser.add_argument("command", choices=["approve", "reject", "status", "history"])
+    parser.add_argument("command", choices=["approve", "reject", "cancel", "retry", "status", "history"])
     parser.add_argument("name")
     parser.add_argument("-n", "--namespace")
     parser.add_argument("--kubeconfig")
     parser.add_argument("--context")
-    parser.add_argument("--reason", help="why (recorded with the decision)")
+    parser.add_argument("--reason", help="why (recorded with the decision or cancellation)")
+    parser.add_argument("--scope", default="task", choices=["task", "children", "toolCall", "turn"])
     args = parser.parse_args(argv)
     api, default_ns = _api(args.kubeconfig, args.context)
     ns = args.namespace or default_ns
     try:
         if args.command in ("approve", "reject"):
             print(decide(api, ns, args.name, args.command, args.reason))
+        elif args.command == "cancel":
+            print(cancel(api, ns, args.name, args.scope, args.reason))
+        elif args.command == "retry":
+            print(retry(api, ns, args.name))
         elif args.command == "status":
             print(describe(_get(api, ns, args.name)))
         else:
