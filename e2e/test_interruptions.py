@@ -249,6 +249,31 @@ def test_row_deployment_change_passes_resume_validation(
     assert done["status"]["checkpoint"]["runtimeConfig"]["operator"] != "0.1.9"
 
 
+def test_a_runtime_configuration_withdrawn_during_a_wait_fails_resume_validation_per_policy(
+    start_operator: Callable[..., OperatorProcess], runs: Runs
+) -> None:
+    """The model a run was started with is withdrawn by GitOps while it waits: on resume it goes
+    through resume_validation and, per policy (onUnavailable: fail), fails with the reason."""
+    policy(runs, runtime={"models": ["model-2025-01"], "onUnavailable": "fail"})
+    op = start_operator("runtime", LEASE)
+    agent = {"model": "model-2025-01", "prompt": "rollout@v3"}
+    name = runs.create(run_spec(ASK, DONE, policyRef={"name": "ops"}, agent=agent))
+    runs.wait_state(name, "waiting_input")
+    op.stop()
+    # GitOps withdraws the model while no operator runs; the answer arrives meanwhile too.
+    withdrawn = {"spec": {"version": "v2", "runtime": {"models": ["model-2026-06"]}}}
+    runs.custom.patch_namespaced_custom_object(
+        GROUP, VERSION, runs.namespace, "agentpolicies", "ops", withdrawn
+    )
+    runs.patch_spec(name, {"answers": {"confirm": "yes"}})
+    start_operator("runtime-2", LEASE)  # decides nothing for the run before it knows its policy
+    done = runs.wait_state(name, "failed", "completed")
+    assert done["status"]["outcome"]["reason"] == "RuntimeConfigUnavailable"
+    assert "model 'model-2025-01'" in done["status"]["outcome"]["message"]
+    assert events_of(done)[-3:] == ["input_requested", "input_received", "attempt_failed"]
+    assert done["status"]["history"][-1]["from"] == "resume_validation"
+
+
 # --- cancellation scopes ---------------------------------------------------------------------
 
 

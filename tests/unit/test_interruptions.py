@@ -14,6 +14,24 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
+from tests.unit.test_engine import (
+    EPOCH,
+    FUTURE_CHECKPOINT,
+    PLANNER,
+    QUARANTINE_IDLE,
+    SETTINGS,
+    T0,
+    apply,
+    assert_well_formed,
+    at,
+    checkpoint_of,
+    commit_of,
+    evidence_for,
+    iso,
+    new_run,
+    patch_spec,
+    snap,
+)
 
 from durable_agents.api.v1alpha1 import (
     API_VERSION,
@@ -44,24 +62,6 @@ from durable_agents.core.engine import (
 )
 from durable_agents.core.ledger import action_record_name, idempotency_key
 from durable_agents.core.statemachine import RunEvent, RunState
-from tests.unit.test_engine import (
-    EPOCH,
-    FUTURE_CHECKPOINT,
-    PLANNER,
-    QUARANTINE_IDLE,
-    SETTINGS,
-    T0,
-    apply,
-    assert_well_formed,
-    at,
-    checkpoint_of,
-    commit_of,
-    evidence_for,
-    iso,
-    new_run,
-    patch_spec,
-    snap,
-)
 
 pytestmark = pytest.mark.unit
 
@@ -438,7 +438,7 @@ def test_a_tool_call_cancellation_with_nothing_pending_is_only_recorded() -> Non
     before = cp_of(obj)
     obj = cancel(obj, {"tc-1": {"scope": "toolCall"}})
     obj, recorded = expect(obj, at(10), E.CANCEL_RECORDED, S.WAITING_INPUT)
-    assert "no tool call pending" in recorded.detail
+    assert "no tool call to cancel" in recorded.detail
     assert recorded.status.waiting_for == "input:confirm", "what the run waits for stays visible"
     assert recorded.status.state_since == T0, "the state did not change"
     cp = checkpoint_of(recorded)
@@ -491,13 +491,11 @@ def test_a_step_cancellation_of_an_action_in_flight_reconciles_then_goes_on(
     obj = cancel(obj, {"c-1": {"scope": scope}})
     obj, recorded = expect(obj, at(2), E.CANCEL_RECORDED, S.WAITING_EXTERNAL, settings=EFFECTS)
     assert recorded.status.waiting_for == f"action:{name}"
-    assert "no tool call pending" not in recorded.detail
+    assert "no tool call to cancel" not in recorded.detail
     assert decide_on(obj, at(3), settings=EFFECTS) == NeedActions({name: spec}, cancel=True)
 
     seen = {name: ActionObservation(observed)}
-    obj, received = expect(
-        obj, at(4), E.EXTERNAL_RECEIVED, S.RESUME_VALIDATION, settings=EFFECTS, actions=seen
-    )
+    obj, _ = expect(obj, at(4), E.EXTERNAL_RECEIVED, S.RESUME_VALIDATION, settings=EFFECTS, actions=seen)
     # Canceled: the step is abandoned (not failed); succeeded: it is done. Either way, the next step.
     obj, revalidated = expect(obj, at(5), E.REVALIDATED, S.READY, settings=EFFECTS)
     assert checkpoint_of(revalidated).position.step == 1
@@ -533,16 +531,28 @@ def test_a_step_cancellation_in_resume_validation_is_recorded_then_abandons_the_
 
 
 def test_a_tool_call_cancellation_with_nothing_pending_does_not_cancel_a_later_action() -> None:
-    """Recorded as "no tool call pending" in ready: the effect that the step starts afterwards is
+    """Recorded as "no tool call to cancel" in ready: the effect that the step starts afterwards is
     a new tool call the request never named, so it must not be canceled."""
     obj = walk(new_run(steps=[effect("pay"), DONE]), S.READY, settings=EFFECTS)
     obj = cancel(obj, {"tc-1": {"scope": "toolCall"}})
     obj, recorded = expect(obj, at(1), E.CANCEL_RECORDED, S.READY, settings=EFFECTS)
-    assert "no tool call pending" in recorded.detail
+    assert "no tool call to cancel" in recorded.detail
     obj, intent = expect(obj, at(2), E.EXTERNAL_AWAITED, S.WAITING_EXTERNAL, settings=EFFECTS)
     (spec,) = intent.intents
     need = decide_on(obj, at(3), settings=EFFECTS)
     assert need == NeedActions({action_record_name(spec.idempotency_key): spec}, cancel=False)
+
+
+def test_a_tool_call_cancellation_with_nothing_pending_in_resume_validation_does_not_skip_the_step() -> None:
+    """Recorded as "no tool call to cancel": resume validation must not then abandon the step."""
+    obj = walk(new_run(steps=[ask("confirm"), ask("next"), DONE]), S.WAITING_INPUT, settings=SETTINGS)
+    obj = patch_spec(obj, answers={"confirm": "yes"})
+    obj, _ = expect(obj, at(1), E.INPUT_RECEIVED, S.RESUME_VALIDATION)
+    obj = cancel(obj, {"tc-1": {"scope": "toolCall"}})
+    obj, recorded = expect(obj, at(2), E.CANCEL_RECORDED, S.RESUME_VALIDATION)
+    assert "no tool call to cancel" in recorded.detail
+    obj, revalidated = expect(obj, at(3), E.REVALIDATED, S.READY)
+    assert checkpoint_of(revalidated).position.step == 1, "the question 'next' is still asked"
 
 
 def test_a_children_cancellation_with_no_child_running_does_not_cancel_a_later_child() -> None:
@@ -785,7 +795,7 @@ def test_a_children_cancellation_cancels_the_child_and_the_parent_goes_on() -> N
     obj = cancel(obj, {"kids-1": {"scope": "children", "reason": "too slow"}})
     obj, recorded = expect(obj, at(2), E.CANCEL_RECORDED, S.WAITING_EXTERNAL)
     assert recorded.status.waiting_for == "child:run-1-sub"
-    assert "no tool call pending" not in recorded.detail
+    assert "no tool call to cancel" not in recorded.detail
     need = decide_on(obj, at(3))
     assert isinstance(need, NeedChildren), need
     assert need.records == {"run-1-sub": body}

@@ -255,6 +255,8 @@ class CancellationRecord(_Contract):
     step_index: StepIndex
     """The step that was current when the request was handled."""
     handled_at: UtcDatetime
+    effective: bool = True
+    """False when nothing in its scope existed when it was handled: recorded, never acted on later."""
 
 
 class Checkpoint(_Contract):

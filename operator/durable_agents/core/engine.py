@@ -995,8 +995,10 @@ def _running_children(cp: Checkpoint) -> list[ChildRecord]:
 def _children_cancel_reason(cp: Checkpoint) -> str | None:
     """Why this run's running children must be canceled, if they must."""
     for record in cp.cancellations:
-        if record.scope in ("task", "children") or (
-            record.scope == "turn" and record.step_index == cp.position.step
+        # Task scope covers every child; children and turn scope those of the step they were made at.
+        if record.effective and (
+            record.scope == "task"
+            or (record.scope in ("children", "turn") and record.step_index == cp.position.step)
         ):
             return f"parent {record.scope} cancellation {record.request_id}"
     return None
@@ -1075,7 +1077,11 @@ def _cancellation_of_step(cp: Checkpoint, *, in_flight: bool = False) -> Cancell
     if not in_flight and (cp.pending_actions or _running_children(cp)):
         return None
     for record in cp.cancellations:
-        if record.scope in ("turn", "toolCall") and record.step_index == cp.position.step:
+        if (
+            record.effective
+            and record.scope in ("turn", "toolCall")
+            and record.step_index == cp.position.step
+        ):
             return record
     return None
 
@@ -1095,8 +1101,20 @@ def _skip_step(cp: Checkpoint) -> Checkpoint:
 def _handle_cancel(b: _Builder, run: RunSnapshot, request_id: str, request: CancelRequest) -> Commit:
     cp, state = b.cp, run.state
     scope = request.scope
+    in_flight = bool(cp.pending_actions or _running_children(cp))
+    # What the scope covers right now; a request with nothing to cover is recorded, never applied later.
+    effective = {
+        CancelScope.TASK: True,
+        CancelScope.TURN: True,
+        CancelScope.TOOL_CALL: bool(cp.pending_actions) or state is S.WAITING_APPROVAL,
+        CancelScope.CHILDREN: bool(_running_children(cp)),
+    }[scope]
     record = CancellationRecord(
-        request_id=request_id, scope=scope.value, step_index=cp.position.step, handled_at=b.now
+        request_id=request_id,
+        scope=scope.value,
+        step_index=cp.position.step,
+        handled_at=b.now,
+        effective=effective,
     )
     recorded = cp.model_copy(update={"cancellations": [*cp.cancellations, record]})
     why = f"{scope.value} cancellation {request_id}" + (f": {request.reason}" if request.reason else "")
@@ -1106,13 +1124,10 @@ def _handle_cancel(b: _Builder, run: RunSnapshot, request_id: str, request: Canc
             request_id=request_id, scope=scope, reason=request.reason, requested_at=request.requested_at
         )
         return commit
-    in_flight = bool(cp.pending_actions or _running_children(cp))
-    step_scoped = scope is CancelScope.TURN or (
-        scope is CancelScope.TOOL_CALL and (cp.pending_actions or state is S.WAITING_APPROVAL)
-    )
-    if not step_scoped or in_flight or state is S.RESUME_VALIDATION:
+    step_scoped = scope in (CancelScope.TURN, CancelScope.TOOL_CALL)
+    if not effective or not step_scoped or in_flight or state is S.RESUME_VALIDATION:
         # Children are canceled, or in-flight work reconciles first; then the step is abandoned.
-        note = "" if step_scoped or scope is CancelScope.CHILDREN else " (no tool call pending)"
+        note = "" if effective else f" (no {'tool call' if step_scoped else 'child run'} to cancel)"
         return _keep_waiting_for(b, run, E.CANCEL_RECORDED, recorded, why + note)
     # Nothing in flight: a wait is left for resume validation (which abandons the step); a ready
     # run abandons it at once.
@@ -1222,7 +1237,12 @@ def _quarantined(run: RunSnapshot, now: datetime, epoch: Fencing, settings: Sett
     """A quarantined run moves only on a user's control: cancel, or retry (after an upgrade)."""
     spec, status = run.spec, run.status
     handled = status.cancellation.request_id if status.cancellation else None
-    pending = [k for k in sorted(spec.cancellations) if k != handled]
+    # Only the whole task can be canceled: narrower scopes need a readable checkpoint.
+    pending = [
+        k
+        for k in sorted(spec.cancellations)
+        if k != handled and spec.cancellations[k].scope is CancelScope.TASK
+    ]
     if pending:
         request = spec.cancellations[pending[0]]
         commit = _untouched(run, now, epoch, E.CANCEL_REQUESTED, None, f"cancellation {pending[0]}")
@@ -1348,6 +1368,8 @@ class _Builder:
         ts = cp.timestamps.model_copy(
             update={"updated_at": now, "entered_state_at": now if changed else cp.timestamps.entered_state_at}
         )
+        if cp.position.step > self.cp.position.step:
+            cp = cp.model_copy(update={"retry": RetryState()})  # attempts are counted per step
         runtime = cp.runtime_config
         if self.operator_version is not None:
             runtime = runtime.model_copy(update={"operator": self.operator_version})

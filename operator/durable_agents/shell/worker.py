@@ -124,6 +124,9 @@ class RunWorker:
         self.planners: dict[str, Planner] = load_planners()
         self.effect_tiers = {name: effect.tier for name, effect in load_effects().items()}
         self.policies: dict[Key, AgentPolicySpec] = {}
+        # Runs whose policy this process has not seen yet: decided only once it arrives, never
+        # without it (a missing policy must not mean "no approval required").
+        self.awaiting_policy: dict[Key, set[Key]] = {}
         self.holds: dict[Key, Hold] = {}
         # The newest state version this process committed or saw, per run: a watch event can
         # arrive after our own later commit, and deciding from it would only earn a 409.
@@ -160,6 +163,16 @@ class RunWorker:
             self.policies[key] = AgentPolicySpec.model_validate(body.get("spec") or {})
         except ValueError:
             log.warning("ignoring invalid AgentPolicy %s/%s", *key)
+            return
+        waiting = self.awaiting_policy.pop(key, set())
+        log.info(
+            "AgentPolicy %s/%s version %s known (%d run(s) waited for it)",
+            *key,
+            self.policies[key].version,
+            len(waiting),
+        )
+        for run in waiting:
+            self.enqueue(run)
 
     def observe_lease(self, event_type: str | None, body: dict[str, Any]) -> None:
         """A watch event for a run Lease: lets an idle run's orphaned Lease be reaped."""
@@ -175,6 +188,24 @@ class RunWorker:
         self.leases_seen[key] = record
         if event_type is None and record.holder != self.identity:
             self.enqueue(key)  # found at start-up: its holder may be gone, look at the run again
+
+    async def _fetch_policy(self, namespace: str, name: str) -> bool:
+        """Read a policy the watch has not delivered (yet): True if it exists and is now known."""
+        try:
+            body = await self.kube.call(
+                self.kube.custom.get_namespaced_custom_object,
+                GROUP,
+                VERSION,
+                namespace,
+                "agentpolicies",
+                name,
+            )
+        except ApiException as err:
+            if err.status == 404:
+                return False
+            raise
+        self.observe_policy("ADDED", body)
+        return (namespace, name) in self.policies
 
     def enqueue(self, key: Key) -> None:
         self.queue.add(key)
@@ -248,6 +279,25 @@ class RunWorker:
                 return
         self.versions[key] = max(self.versions.get(key, 0), _state_version(body))
         snap = RunSnapshot.from_object(body)
+        ref = snap.spec.policy_ref
+        if (
+            ref is not None
+            and (snap.namespace, ref.name) not in self.policies
+            and not snap.state.terminal
+            and not await self._fetch_policy(snap.namespace, ref.name)
+        ):
+            waiting = self.awaiting_policy.setdefault((snap.namespace, ref.name), set())
+            if key not in waiting:
+                log.warning("run %s/%s waits for its AgentPolicy %r to be known", *key, ref.name)
+                await self.events.record(
+                    body,
+                    "PolicyNotFound",
+                    f"waiting for AgentPolicy {ref.name!r}: nothing runs without it",
+                    warning=True,
+                )
+            waiting.add(key)
+            await self._release(key)
+            return
         now = datetime.now(UTC)
         hold = self.holds.get(key)
         provisional = hold.epoch if hold else Fencing(holder=self.identity, lease_transitions=0)
