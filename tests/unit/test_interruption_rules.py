@@ -1033,3 +1033,47 @@ def test_a_step_cancellation_handled_before_quarantine_does_not_cancel_the_quara
     obj, commit = advance_untouched(obj, at(4))
     assert commit.event is E.QUARANTINE
     assert decide_on(obj, at(5)) == Idle(reason=QUARANTINE_IDLE)
+
+
+def _released_from(obj: dict[str, Any], settings: Settings) -> dict[str, Any]:
+    """Quarantine ``obj`` as a v1-only operator would (checkpoint untouched), then retry it here."""
+    readable = copy.deepcopy(obj["status"]["checkpoint"])
+    obj["status"]["checkpoint"] = copy.deepcopy(FUTURE_CHECKPOINT)
+    obj, _ = advance_untouched(obj, at(5))
+    obj["status"]["checkpoint"] = readable
+    obj = patch_spec(obj, retryQuarantine="after-upgrade")
+    obj, _ = expect(obj, at(6), E.RELEASE_QUARANTINE, S.RESUME_VALIDATION, settings=settings)
+    return obj
+
+
+def test_a_run_released_mid_action_goes_back_to_waiting_on_that_action() -> None:
+    settings = settings_with(tier=ActionTier.REVERSIBLE)
+    obj, spec = waiting_on_action(settings, [effect("pay"), DONE])
+    obj = _released_from(obj, settings)
+    obj, back = expect(obj, at(7), E.EXTERNAL_AWAITED, S.WAITING_EXTERNAL, settings=settings)
+    assert back.intents == (), "no second intent for the same step"
+    assert back.status.waiting_for == f"action:{action_record_name(spec.idempotency_key)}"
+    assert [p.idempotency_key for p in checkpoint_of(back).pending_actions] == [spec.idempotency_key]
+    need = decide_on(obj, at(8), settings=settings)
+    assert isinstance(need, NeedActions)
+
+
+@pytest.mark.parametrize(
+    ("state", "event"),
+    [
+        (S.WAITING_INPUT, E.INPUT_REQUESTED),
+        (S.WAITING_EXTERNAL, E.EXTERNAL_AWAITED),
+        (S.WAITING_RETRY, E.RETRY_SCHEDULED),
+    ],
+)
+def test_a_run_released_mid_wait_goes_back_to_that_wait(state: RunState, event: RunEvent) -> None:
+    obj, settings = reach(state)
+    before = checkpoint_of(obj["status"]["checkpoint"])
+    obj = _released_from(obj, settings)
+    obj, back = expect(obj, at(7), event, state, settings=settings)
+    after = checkpoint_of(back)
+    assert (after.pending_input, after.pending_external, after.retry.retry_at) == (
+        before.pending_input,
+        before.pending_external,
+        before.retry.retry_at,
+    ), "the wait is the one recorded, expiry and all"

@@ -356,6 +356,30 @@ def decide(
     return _plan(b, run, planner, settings, read)
 
 
+def _recorded_wait(b: _Builder) -> Commit | None:
+    """A checkpoint that still records a wait (a run released from quarantine mid-wait): go back
+    into that wait instead of planning its step again (which would repeat an intent)."""
+    cp = b.cp
+    detail = "back to the wait recorded in the checkpoint"
+    if cp.pending_actions:
+        names = ", ".join(p.action_record_name for p in cp.pending_actions)
+        return b.commit(E.EXTERNAL_AWAITED, waiting_for=f"action:{names}"[:253], detail=detail)
+    running = _running_children(cp)
+    if running:
+        return b.commit(E.EXTERNAL_AWAITED, waiting_for=f"child:{running[0].name}", detail=detail)
+    if cp.pending_input is not None:
+        return b.commit(E.INPUT_REQUESTED, waiting_for=f"input:{cp.pending_input.request_id}", detail=detail)
+    if cp.pending_external is not None:
+        return b.commit(E.EXTERNAL_AWAITED, waiting_for=f"event:{cp.pending_external.event}", detail=detail)
+    if cp.retry.retry_at is not None:
+        commit = b.commit(
+            E.RETRY_SCHEDULED, waiting_for=f"retry:{cp.retry.retry_at.isoformat()}", detail=detail
+        )
+        commit.status.retry_at = cp.retry.retry_at
+        return commit
+    return None
+
+
 def _resume_validation(
     b: _Builder,
     run: RunSnapshot,
@@ -372,6 +396,9 @@ def _resume_validation(
             checkpoint=_skip_step(cp),
             detail=f"step {cp.position.step} abandoned: {canceled.scope} cancellation {canceled.request_id}",
         )
+    rewait = _recorded_wait(b)
+    if rewait is not None:
+        return rewait
     unavailable = _unavailable_runtime(cp, settings)
     if unavailable:
         policy = settings.policy
