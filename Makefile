@@ -62,6 +62,20 @@ cluster-down: $(STAMP) ## stop the local control plane started by cluster-up
 demo: $(STAMP) binaries ## the main job on the embedded local control plane (or KUBECONFIG's cluster)
 	@DURABLE_AGENTS_BIN_DIR=$$(bash hack/build.sh | tail -n1) $(PY) -m durable_agents.demo
 
+BENCH_STAMP := $(VENV)/.bench-$(shell cksum pyproject.toml | cut -d' ' -f1)
+BENCH_SCALE ?= full
+BENCH_REPEAT ?= 3
+
+$(BENCH_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e '.[dev,bench]'
+	touch $@
+
+.PHONY: bench
+bench: $(BENCH_STAMP) binaries ## benchmarks vs same-run baselines -> bench/results/core.json + figure.png (BENCH_SCALE=small|full)
+	DURABLE_AGENTS_BIN_DIR=$$(bash hack/build.sh | tail -n1) $(PY) -m bench.core --scale $(BENCH_SCALE) \
+		--repeat $(BENCH_REPEAT) --out bench/results/core.json
+	$(PY) -m bench.figure
+
 .PHONY: kind-up
 kind-up: ## laptops with Docker: a kind cluster for the same suites
 	kind create cluster --name $(KIND_CLUSTER) --config e2e/kind-config.yaml --kubeconfig .kind-kubeconfig

@@ -1,6 +1,9 @@
-"""Kubernetes Events on runs (one per transition, reason = the transition) and on action records.
+"""Kubernetes Events on runs (reason = the transition) and on action records.
 
-Events carry task ID, state version, attempt and policy version; never prompt content.
+Every transition is in ``status.history``, the operator's log and its metrics. A Kubernetes Event
+is an API write (and etcd load), so by default only the transitions a person may need to act on or
+investigate get one: :data:`NOTABLE` (``DURABLE_AGENTS_EVENTS=all`` records every transition).
+Events carry task ID, state version, attempt, policy version and parent task; never prompt content.
 """
 
 from __future__ import annotations
@@ -15,6 +18,31 @@ from durable_agents.shell.kube import GROUP, VERSION, Kube
 
 log = logging.getLogger(__name__)
 COMPONENT = "durable-agents"
+
+
+NOTABLE = frozenset(
+    {
+        "accepted",
+        "rejected",
+        "input_requested",
+        "approval_requested",
+        "reapproval_required",
+        "retry_scheduled",
+        "revalidation_required",
+        "attempt_failed",
+        "wait_expired",
+        "deadline_exceeded",
+        "cancel_requested",
+        "cancel_recorded",
+        "step_canceled",
+        "cancel_finished",
+        "quarantine",
+        "release_quarantine",
+        "succeeded",
+    }
+)
+"""Transitions that get a Kubernetes Event by default: a run starting, asking, failing, ending, or
+needing someone; not the routine ``step_completed`` / ``*_received`` / ``revalidated`` traffic."""
 
 
 def reason_of(event: str) -> str:

@@ -52,3 +52,8 @@ CANCELLATION_LATENCY = Histogram(
     "From a task cancellation request (stamped by the webhook) to the commit that stops new work",
     buckets=(0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30),
 )
+SCHEDULED_WAKEUPS = Gauge(
+    "durable_agents_scheduled_wakeups",
+    "Keys with a pending wake-up (parked runs, retries, claims)",
+    ["queue"],
+)

@@ -36,6 +36,10 @@ class WakeScheduler:
         entry = (when, next(self._seq))
         self._due[key] = entry
         heapq.heappush(self._heap, (entry[0], entry[1], key))
+        if len(self._heap) > 2 * len(self._due) + 1024:
+            # Replaced entries stay in the heap until due: compact, so memory follows live wake-ups.
+            self._heap = [(w, s, k) for k, (w, s) in self._due.items()]
+            heapq.heapify(self._heap)
         self._changed.set()
 
     async def run(self) -> None:

@@ -54,7 +54,7 @@ from durable_agents.shell import metrics
 from durable_agents.shell.actions import ActionStore
 from durable_agents.shell.children import ChildRuns
 from durable_agents.shell.effects import load_effects
-from durable_agents.shell.events import EventRecorder, reason_of
+from durable_agents.shell.events import NOTABLE, EventRecorder, reason_of
 from durable_agents.shell.evidence import EvidenceReader
 from durable_agents.shell.kube import GROUP, VERSION, Kube
 from durable_agents.shell.leases import RUN_LABEL, Hold, LeaseRecord, RunLeases
@@ -79,6 +79,7 @@ class WorkerConfig:
     renew_fraction: float = 2 / 3
     # Recorded in every checkpoint; a run committed by another version passes resume validation.
     operator_version: str = __version__
+    all_events: bool = False  # a Kubernetes Event for every transition, not only the notable ones
 
     @classmethod
     def from_env(cls) -> WorkerConfig:
@@ -88,6 +89,7 @@ class WorkerConfig:
             lease_duration=int(env.get("DURABLE_AGENTS_LEASE_DURATION", "15")),
             concurrency=int(env.get("DURABLE_AGENTS_WORKERS", "8")),
             operator_version=env.get("DURABLE_AGENTS_OPERATOR_VERSION") or __version__,
+            all_events=env.get("DURABLE_AGENTS_EVENTS", "notable") == "all",
         )
 
 
@@ -514,15 +516,6 @@ class RunWorker:
         return record, status
 
     def _after_commit(self, body: dict[str, Any], before: RunState, commit: Commit) -> None:
-        log.info(
-            "%s/%s v%d %s: %s -> %s",
-            body["metadata"]["namespace"],
-            body["metadata"]["name"],
-            commit.status.state_version,
-            commit.event.value,
-            before.value,
-            commit.status.state.value,
-        )
         metrics.TRANSITIONS.labels(commit.event.value).inc()
         status = commit.status
         if status.state.terminal:
@@ -550,6 +543,15 @@ class RunWorker:
             f"{before.value} -> {status.state.value} attempt={(cp.get('retry') or {}).get('attempts', 0)}"
             f"{policy}{parent}" + (f": {commit.detail}" if commit.detail else "")
         )
+        log.info(
+            "%s/%s %s: %s",
+            body["metadata"]["namespace"],
+            body["metadata"]["name"],
+            commit.event.value,
+            message,
+        )
+        if not self.config.all_events and commit.event.value not in NOTABLE:
+            return
         warning = status.state in (RunState.FAILED, RunState.QUARANTINED, RunState.EXPIRED)
         task = asyncio.create_task(
             self.events.record(body, reason_of(commit.event.value), message, warning=warning)
@@ -561,6 +563,7 @@ class RunWorker:
         hold = self.holds.pop(key, None)
         if hold is not None and not hold.lost:
             await self.leases.release(hold)
+            self.leases_seen.pop(key, None)  # gone: not an orphan to reap when its watch event lags
 
 
 __all__ = ["GROUP", "VERSION", "RunWorker", "WorkerConfig"]

@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from durable_agents.shell import metrics
 from durable_agents.shell.scheduler import Key, WakeScheduler
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,7 @@ class WorkQueue:
         self.concurrency = concurrency
         self.retry_backoff = retry_backoff
         self.scheduler = WakeScheduler(self.add)
+        metrics.SCHEDULED_WAKEUPS.labels(name).set_function(lambda: len(self.scheduler))
         self._latest: dict[Key, dict[str, Any]] = {}
         self._queue: asyncio.Queue[Key] = asyncio.Queue()
         self._queued: set[Key] = set()
