@@ -204,4 +204,7 @@ def test_two_operators_one_holder_at_a_time_and_takeover(
         takeovers.append((datetime.fromisoformat(first_b["at"]) - killed_at).total_seconds())
     print(f"takeover after SIGKILL with a {LEASE}s lease: {[round(t, 2) for t in sorted(takeovers)]}")
     assert takeovers
-    assert max(takeovers) <= LEASE + 1.5, f"takeover took {max(takeovers):.2f}s with a {LEASE}s lease"
+    # Correctness, not speed (that is bench/core.py's takeover figure): B never takes over a Lease
+    # before it could have expired. A renews when under 2/3 of the lease remains, so at the kill at
+    # least ~LEASE/3 of validity was left.
+    assert min(takeovers) >= LEASE / 5, f"took over {min(takeovers):.2f}s after the kill: before expiry"
