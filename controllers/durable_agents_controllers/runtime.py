@@ -39,6 +39,11 @@ async def start(settings: kopf.OperatorSettings, **_: object) -> None:
     settings.posting.enabled = False
     settings.scanning.disabled = True
     settings.watching.server_timeout = int(os.environ.get("DURABLE_AGENTS_WATCH_TIMEOUT", "300"))
+    # List in pages: a cold start with 10,000 runs never holds them all at once (memory peak).
+    settings.watching.chunk_size = int(os.environ.get("DURABLE_AGENTS_LIST_CHUNK", "200"))
+    # kopf keeps a task per object until it has been idle this long, and with it the last body:
+    # our handlers only enqueue, so a short idle time keeps a cold start's memory peak low.
+    settings.queueing.idle_timeout = 1.0
     port = os.environ.get("DURABLE_AGENTS_METRICS_PORT")
     if port:
         start_http_server(int(port))

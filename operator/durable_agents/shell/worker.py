@@ -58,6 +58,7 @@ from durable_agents.shell.events import NOTABLE, EventRecorder, reason_of
 from durable_agents.shell.evidence import EvidenceReader
 from durable_agents.shell.kube import GROUP, VERSION, Kube
 from durable_agents.shell.leases import RUN_LABEL, Hold, LeaseRecord, RunLeases
+from durable_agents.shell.memory import release_memory
 from durable_agents.shell.scheduler import Key
 from durable_agents.shell.store import Conflict, Gone, RunStore
 from durable_agents.shell.workqueue import WorkQueue, cancel_all
@@ -76,7 +77,7 @@ class WorkerConfig:
     concurrency: int = 8
     max_transitions_per_unit: int = 16
     # Renew when less than this fraction of the lease remains (client-go renews at ~2/3 too).
-    renew_fraction: float = 2 / 3
+    renew_fraction: float = 1 / 2
     # Recorded in every checkpoint; a run committed by another version passes resume validation.
     operator_version: str = __version__
     all_events: bool = False  # a Kubernetes Event for every transition, not only the notable ones
@@ -217,6 +218,16 @@ class RunWorker:
     def start(self) -> None:
         self.queue.start()
         self._tasks.append(asyncio.create_task(self._renew_loop(), name="lease-renewer"))
+        self._tasks.append(asyncio.create_task(self._trim_loop(), name="memory-trimmer"))
+
+    async def _trim_loop(self) -> None:
+        """After a burst of work has drained, return the memory it freed to the OS."""
+        trimmed_at = 0
+        while True:
+            await asyncio.sleep(5)
+            if self.queue.idle and self.queue.processed - trimmed_at >= 100:
+                trimmed_at = self.queue.processed
+                release_memory()
 
     async def stop(self) -> None:
         await self.queue.stop()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import random
 from collections.abc import Awaitable, Callable
@@ -46,16 +47,23 @@ class WorkQueue:
         self.retry_backoff = retry_backoff
         self.scheduler = WakeScheduler(self.add)
         metrics.SCHEDULED_WAKEUPS.labels(name).set_function(lambda: len(self.scheduler))
-        self._latest: dict[Key, dict[str, Any]] = {}
+        # The latest body per queued key, as compact JSON: a backlog of thousands (a cold start)
+        # then costs one string each, not thousands of small objects that fragment the heap.
+        self._latest: dict[Key, str] = {}
         self._queue: asyncio.Queue[Key] = asyncio.Queue()
         self._queued: set[Key] = set()
         self._active: set[Key] = set()
         self._dirty: set[Key] = set()
         self._tasks: list[asyncio.Task[None]] = []
+        self.processed = 0  # units of work done, ever
+
+    @property
+    def idle(self) -> bool:
+        return not self._queued and not self._active
 
     def add(self, key: Key, body: dict[str, Any] | None = None) -> None:
         if body is not None:
-            self._latest[key] = body
+            self._latest[key] = json.dumps(body, separators=(",", ":"))
         if key in self._active:
             self._dirty.add(key)
         elif key not in self._queued:
@@ -83,12 +91,14 @@ class WorkQueue:
             self._queued.discard(key)
             self._active.add(key)
             try:
-                await self._process(key, self._latest.pop(key, None))
+                raw = self._latest.pop(key, None)
+                await self._process(key, json.loads(raw) if raw is not None else None)
             except Exception:
                 log.exception("%s: processing %s/%s failed; retrying later", self.name, *key)
                 delay = self.retry_backoff * (1 + random.random())
                 self.scheduler.schedule(key, datetime.now(UTC) + timedelta(seconds=delay))
             finally:
+                self.processed += 1
                 self._active.discard(key)
                 if key in self._dirty:
                     self._dirty.discard(key)
