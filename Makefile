@@ -76,6 +76,17 @@ bench: $(BENCH_STAMP) binaries ## benchmarks vs same-run baselines -> bench/resu
 		--repeat $(BENCH_REPEAT) --out bench/results/core.json
 	$(PY) -m bench.figure
 
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+BENCH_ARGS ?=
+
+.PHONY: bench-peers
+bench-peers: $(BENCH_STAMP) binaries ## the peer workload on durable-agents, DBOS+PostgreSQL, LangGraph (SQLite, PostgreSQL)
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { $(SUDO) apt-get update && \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends postgresql; }
+	DURABLE_AGENTS_BIN_DIR=$$(bash hack/build.sh | tail -n1) $(PY) -m bench.peers.run \
+		--out bench/results/peers.json $(BENCH_ARGS)
+	$(PY) -m bench.figure
+
 .PHONY: kind-up
 kind-up: ## laptops with Docker: a kind cluster for the same suites
 	kind create cluster --name $(KIND_CLUSTER) --config e2e/kind-config.yaml --kubeconfig .kind-kubeconfig

@@ -76,7 +76,7 @@ class WorkerConfig:
     lease_duration: int = 15
     concurrency: int = 8
     max_transitions_per_unit: int = 16
-    # Renew when less than this fraction of the lease remains (client-go renews at ~2/3 too).
+    # Renew when less than this fraction of the lease remains: twice per lease, fewer writes.
     renew_fraction: float = 1 / 2
     # Recorded in every checkpoint; a run committed by another version passes resume validation.
     operator_version: str = __version__

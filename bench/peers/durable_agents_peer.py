@@ -1,0 +1,496 @@
+"""durable-agents: the operator (a separate process, its own user with the chart's RBAC rules,
+cluster-wide, admission webhook on) on the project's local control plane with etcd fsync ON.
+
+The workload, mapped to what the scripted planner has (it has no pure-computation step kind):
+
+* ``reads`` mapping (system ``durable-agents``): steps 1-4, 6, 7 and 9 are ``read`` steps (a
+  ConfigMap read as the run's ServiceAccount, recorded as evidence): each is one committed
+  transition, so this is what our model commits today for a step that does work. Steps 5 and 8
+  are ONE ``effect`` step (``http.post``): the AgentPolicy makes ``http.post`` consequential, so
+  the run parks in ``waiting_approval`` and the approval is bound to the digest of exactly that
+  POST; in our model an approval is always an approval of an action, so the pause of step 5
+  happens where the action is (the order of steps 6-7 and the POST is swapped; nothing measured
+  depends on it). Step 10 is ``complete``.
+* ``boundaries`` mapping (system ``durable-agents-boundaries``): the pure computations are
+  replayable and need no commit, so they are left out; the run is the approval-gated POST and
+  ``complete``. This is what committing only at semantic boundaries would cost; it is a model of
+  a planner that computes in memory, not a feature the operator has.
+
+The driver (20 threads) creates each run as the admin, waits (a watch on all AgentRuns) until it is
+parked in ``waiting_approval``, patches ``spec.approvals[requestId]`` with the request's digest as
+an ordinary user allowed the ``approve`` verb (the admission webhook stamps approver and time and
+checks the SubjectAccessReview), and waits for ``completed``. ``delivered``: the patch returned
+(admitted and stored in etcd). ``resumed``: the watch delivered the next committed state.
+
+Durable commits: every successful write request in the run's namespace in the API server's audit
+log (each one an etcd transaction, fsync'd), including the driver's create and approval patch; the
+operator's own ``durable_agents_api_writes_total`` and etcd's WAL fsyncs are reported alongside.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import json
+import os
+import tempfile
+import threading
+import time
+import urllib.request
+import uuid
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client, config, watch
+from kubernetes.client.rest import ApiException
+
+import durable_agents
+from bench.peers.worker import PeerSystem, serve
+from bench.peers.workload import RepResult, RunTiming
+from durable_agents.api.v1alpha1 import GROUP, VERSION
+from durable_agents.core.ledger import idempotency_key
+from durable_agents.demo import operator_kubeconfig
+from durable_agents.localcluster.controlplane import LocalControlPlane, find_repo_root
+from durable_agents.testing.audit import WRITE_VERBS, AuditEntry
+from durable_agents.testing.kube import KubeEnv, install_crds
+from durable_agents.testing.operator_process import OperatorProcess, wait_for
+from durable_agents.testing.scrape import free_port
+
+APPROVER = "bench-approver"
+APPROVERS_GROUP = "agentrun-approvers"
+POLICY = "peer"
+CONFIGMAP = "peer-input"
+POST = "approve-and-post"
+MAPPINGS = ("reads", "boundaries")
+RUN_TIMEOUT = 180.0
+
+
+def api_client(kubeconfig: Path, pool: int = 40) -> client.ApiClient:
+    """A client whose connection pool serves the driver's threads without reconnecting."""
+    configuration = client.Configuration()
+    config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)
+    configuration.connection_pool_maxsize = pool
+    return client.ApiClient(configuration)
+
+
+def run_spec(refsystem_url: str, mapping: str) -> tuple[dict[str, Any], int]:
+    """The AgentRun spec of the workload and the index of its effect step."""
+
+    def read(step: int) -> dict[str, Any]:
+        ref = {"apiVersion": "v1", "kind": "ConfigMap", "name": CONFIGMAP}
+        return {"name": f"compute-{step}", "read": {"object": ref}}
+
+    post = {
+        "name": POST,
+        "effect": {
+            "effect": "http.post",
+            "target": {"url": f"{refsystem_url}/effects", "queryUrl": f"{refsystem_url}/effects"},
+            "arguments": {"workloadStep": 8},
+        },
+    }
+    done = {"name": "done", "complete": {"result": "ok"}}
+    if mapping == "reads":
+        steps = [read(1), read(2), read(3), read(4), post, read(6), read(7), read(9), done]
+    elif mapping == "boundaries":
+        steps = [post, done]
+    else:
+        raise ValueError(f"unknown mapping {mapping!r}")
+    spec = {
+        "taskType": "peer-bench",
+        "objective": "the peer workload: 10 steps, an approval, one POST",
+        "policyRef": {"name": POLICY},
+        "steps": steps,
+    }
+    return spec, steps.index(post)
+
+
+class RunWatch:
+    """Every AgentRun change, as the watch delivers it, with the local time it arrived."""
+
+    def __init__(self, api: client.ApiClient) -> None:
+        self.custom = client.CustomObjectsApi(api)
+        self.cond = threading.Condition()
+        self.latest: dict[tuple[str, str], dict[str, Any]] = {}
+        # (namespace, name) -> {stateVersion: first time seen}
+        self.seen: dict[tuple[str, str], dict[int, float]] = {}
+        self.stopping = threading.Event()
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._main, name="agentrun-watch", daemon=True)
+
+    def start(self) -> RunWatch:
+        self.thread.start()
+        return self
+
+    def _main(self) -> None:
+        rv = ""
+        while not self.stopping.is_set():
+            try:
+                if not rv:
+                    listing = self.custom.list_cluster_custom_object(GROUP, VERSION, "agentruns")
+                    rv = listing["metadata"]["resourceVersion"]
+                    for obj in listing["items"]:
+                        self._record(obj)
+                w = watch.Watch()
+                for event in w.stream(
+                    self.custom.list_cluster_custom_object,
+                    GROUP,
+                    VERSION,
+                    "agentruns",
+                    resource_version=rv,
+                    timeout_seconds=120,
+                    allow_watch_bookmarks=True,
+                ):
+                    obj = event["object"]
+                    if event["type"] == "ERROR":
+                        rv = ""  # expired: list again
+                        break
+                    rv = obj["metadata"]["resourceVersion"]
+                    if event["type"] != "BOOKMARK":
+                        self._record(obj)
+                    if self.stopping.is_set():
+                        break
+            except ApiException as err:
+                if err.status == 410:
+                    rv = ""
+                    continue
+                if not self.stopping.is_set():
+                    time.sleep(0.2)
+            except Exception as err:  # a dropped connection: resume from the last resourceVersion
+                if self.stopping.is_set():
+                    return
+                self.error = err
+                time.sleep(0.2)
+
+    def _record(self, obj: dict[str, Any]) -> None:
+        now = time.time()
+        meta = obj["metadata"]
+        key = (meta["namespace"], meta["name"])
+        version = int((obj.get("status") or {}).get("stateVersion") or 0)
+        with self.cond:
+            self.latest[key] = obj
+            self.seen.setdefault(key, {}).setdefault(version, now)
+            self.cond.notify_all()
+
+    def wait(self, key: tuple[str, str], predicate: Any, timeout: float) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while True:
+                obj = self.latest.get(key)
+                if obj is not None and predicate(obj):
+                    return obj
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    status = (obj or {}).get("status") or {}
+                    raise TimeoutError(
+                        f"{key[1]} is {status.get('state')!r} at v{status.get('stateVersion')} "
+                        f"after {timeout:.0f}s ({status.get('outcome')})"
+                    )
+                self.cond.wait(left)
+
+    def first_seen(self, key: tuple[str, str], version: int) -> float:
+        with self.cond:
+            return self.seen[key][version]
+
+    def versions(self, key: tuple[str, str]) -> dict[int, float]:
+        with self.cond:
+            return dict(self.seen[key])
+
+    def forget(self, namespace: str) -> None:
+        with self.cond:
+            for key in [k for k in self.latest if k[0] == namespace]:
+                self.latest.pop(key, None)
+                self.seen.pop(key, None)
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+
+def read_audit_from(path: Path, offset: int, since: datetime) -> list[AuditEntry]:
+    """Write requests in the audit log from byte ``offset`` on (the log only grows)."""
+    out: list[AuditEntry] = []
+    with path.open("rb") as f:
+        f.seek(offset)
+        for raw in f:
+            if b'"ResponseComplete"' not in raw:
+                continue
+            try:
+                line: dict[str, Any] = json.loads(raw)
+            except ValueError:
+                continue  # a line still being written
+            if line.get("stage") != "ResponseComplete" or line.get("verb") not in WRITE_VERBS:
+                continue
+            ref = line.get("objectRef") or {}
+            entry = AuditEntry(
+                user=(line.get("user") or {}).get("username", ""),
+                verb=line["verb"],
+                resource=ref.get("resource", ""),
+                subresource=ref.get("subresource", ""),
+                namespace=ref.get("namespace", ""),
+                name=ref.get("name", ""),
+                code=int((line.get("responseStatus") or {}).get("code", 0)),
+                at=datetime.fromisoformat(line["requestReceivedTimestamp"].replace("Z", "+00:00")),
+            )
+            if entry.at >= since:
+                out.append(entry)
+    return out
+
+
+def _state(obj: dict[str, Any]) -> str:
+    return str((obj.get("status") or {}).get("state") or "")
+
+
+def _version(obj: dict[str, Any]) -> int:
+    return int((obj.get("status") or {}).get("stateVersion") or 0)
+
+
+def _metrics(url: str, prefixes: tuple[str, ...]) -> dict[str, float]:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text = response.read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith(prefixes):
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
+
+
+def _delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
+    return {k: v - before.get(k, 0.0) for k, v in after.items() if v - before.get(k, 0.0)}
+
+
+class DurableAgentsPeer(PeerSystem):
+    name = "durable-agents"
+
+    def setup(self) -> dict[str, Any]:
+        repo = find_repo_root()
+        if repo is None:
+            raise RuntimeError("run from a checkout of durable-agents")
+        self.repo = repo
+        self.work = Path(self.config.get("work_dir") or tempfile.mkdtemp(prefix="peers-da-"))
+        started = time.monotonic()
+        self.plane = LocalControlPlane(fsync=True, audit=True)
+        self.plane.start()
+        plane_seconds = time.monotonic() - started
+        env = KubeEnv.local(self.plane)
+        install_crds(env.api, repo / "crds")
+        self.api = api_client(Path(self.plane.kubeconfig_path))
+        self.custom = client.CustomObjectsApi(self.api)
+        self.core = client.CoreV1Api(self.api)
+        self.rbac = client.RbacAuthorizationV1Api(self.api)
+        self._grant_approvers()
+        approver = self.plane.write_user_kubeconfig(APPROVER, [APPROVERS_GROUP])
+        self.approver = client.CustomObjectsApi(api_client(Path(approver)))
+        self.metrics_port = free_port()
+        self.workers = int(self.config.get("operator_workers", 20))
+        self.lease_duration = int(self.config.get("lease_duration", 15))
+        operator_env = {
+            "DURABLE_AGENTS_WEBHOOK_PORT": str(free_port()),
+            "DURABLE_AGENTS_METRICS_PORT": str(self.metrics_port),
+            "DURABLE_AGENTS_WORKERS": str(self.workers),
+        }
+        self.operator = OperatorProcess(
+            operator_kubeconfig(env, repo),
+            self.work / "operator",
+            name="bench-operator",
+            lease_duration=self.lease_duration,
+            env=operator_env,
+        ).start()
+        wait_for(lambda: "admission webhook serving" in self.operator.log_tail(50), 60, "the webhook")
+        self.watch = RunWatch(api_client(Path(self.plane.kubeconfig_path), pool=2)).start()
+        return {
+            "versions": {
+                "durable-agents": durable_agents.__version__,
+                "kopf": importlib.metadata.version("kopf"),
+                "kubernetes (python client)": importlib.metadata.version("kubernetes"),
+                "control plane binaries": self.plane.bin_dir.name,
+            },
+            "settings": {
+                "etcd_fsync": self.plane.fsync,
+                "audit_log": "blocking, metadata level",
+                "admission_webhook": True,
+                "operator_workers": self.workers,
+                "lease_duration_seconds": self.lease_duration,
+                "operator_user": "durable-agents-operator (the chart's ClusterRole rules)",
+                "control_plane_start_seconds": round(plane_seconds, 1),
+            },
+            "mapping": {m: [s.get("name") for s in run_spec("http://x", m)[0]["steps"]] for m in MAPPINGS},
+        }
+
+    def _grant_approvers(self) -> None:
+        rule = {
+            "apiGroups": [GROUP],
+            "resources": ["agentruns"],
+            "verbs": ["get", "list", "patch", "approve"],
+        }
+        self.rbac.create_cluster_role({"metadata": {"name": "bench-approver"}, "rules": [rule]})
+        self.rbac.create_cluster_role_binding(
+            {
+                "metadata": {"name": "bench-approvers"},
+                "roleRef": {
+                    "apiGroup": "rbac.authorization.k8s.io",
+                    "kind": "ClusterRole",
+                    "name": "bench-approver",
+                },
+                "subjects": [
+                    {"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": APPROVERS_GROUP}
+                ],
+            }
+        )
+
+    def _prepare_namespace(self, ns: str) -> None:
+        self.core.create_namespace({"metadata": {"name": ns}})
+        self.core.create_namespaced_config_map(ns, {"metadata": {"name": CONFIGMAP}, "data": {"x": "1"}})
+        rule = {
+            "apiGroups": [""],
+            "resources": ["configmaps"],
+            "verbs": ["get"],
+            "resourceNames": [CONFIGMAP],
+        }
+        self.rbac.create_namespaced_role(ns, {"metadata": {"name": "peer-read"}, "rules": [rule]})
+        self.rbac.create_namespaced_role_binding(
+            ns,
+            {
+                "metadata": {"name": "peer-read"},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "peer-read"},
+                "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": ns}],
+            },
+        )
+        policy = {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "AgentPolicy",
+            "metadata": {"name": POLICY},
+            "spec": {
+                "version": "v1",
+                "tiers": {"http.post": "consequential"},
+                "approvalRequiredTiers": ["consequential"],
+            },
+        }
+        self.custom.create_namespaced_custom_object(GROUP, VERSION, ns, "agentpolicies", policy)
+
+    def _one(self, ns: str, name: str, spec: dict[str, Any], post_index: int) -> RunTiming:
+        timing = RunTiming(run_id=f"{ns}/{name}")
+        key = (ns, name)
+        try:
+            timing.started = time.time()
+            body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "AgentRun", "metadata": {"name": name}}
+            created = self.custom.create_namespaced_custom_object(
+                GROUP, VERSION, ns, "agentruns", {**body, "spec": spec}
+            )
+            timing.key = idempotency_key(created["metadata"]["uid"], post_index, POST)
+            parked = self.watch.wait(
+                key, lambda o: _state(o) in ("waiting_approval", "failed", "completed"), RUN_TIMEOUT
+            )
+            if _state(parked) != "waiting_approval":
+                raise AssertionError(f"expected waiting_approval, got {_state(parked)}")
+            timing.paused = self.watch.first_seen(key, _version(parked))
+            request = parked["status"]["approvalRequest"]
+            decision = {"digest": request["digest"], "decision": "approve", "reason": "bench"}
+            self.approver.patch_namespaced_custom_object(
+                GROUP,
+                VERSION,
+                ns,
+                "agentruns",
+                name,
+                {"spec": {"approvals": {request["requestId"]: decision}}},
+            )
+            timing.delivered = time.time()
+            parked_version = _version(parked)
+            moved = self.watch.wait(key, lambda o: _version(o) > parked_version, RUN_TIMEOUT)
+            # The first commit after the wait (watch events may skip a version under load).
+            timing.resumed = min(
+                t for v, t in self.watch.versions(key).items() if parked_version < v <= _version(moved)
+            )
+            done = self.watch.wait(
+                key, lambda o: _state(o) in ("completed", "failed", "canceled"), RUN_TIMEOUT
+            )
+            timing.finished = self.watch.first_seen(key, _version(done))
+            if _state(done) != "completed":
+                raise AssertionError(f"ended {_state(done)}: {done['status'].get('outcome')}")
+            decided = done["spec"]["approvals"][request["requestId"]]
+            if (decided.get("approver") or {}).get("username") != APPROVER:
+                raise AssertionError(f"the approval was not stamped by the webhook: {decided}")
+            timing.ok = True
+        except Exception as err:
+            timing.finished = timing.finished or time.time()
+            timing.error = f"{type(err).__name__}: {err}"
+        return timing
+
+    def _leases(self, ns: str) -> int:
+        return len(client.CoordinationV1Api(self.api).list_namespaced_lease(ns).items)
+
+    def run_rep(self, rep: int, runs: int, in_flight: int, variant: str | None = None) -> RepResult:
+        mapping = variant or "reads"
+        system = self.name if mapping == "reads" else f"{self.name}-{mapping}"
+        ns = f"peers-{mapping[:5]}-r{rep}-{uuid.uuid4().hex[:5]}"
+        self._prepare_namespace(ns)
+        spec, post_index = run_spec(self.refsystem_url, mapping)
+        operator_url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        etcd_url = f"{self.plane.etcd_url}/metrics"
+        op_before = _metrics(
+            operator_url, ("durable_agents_api_writes_total", "durable_agents_transitions_total")
+        )
+        etcd_before = _metrics(
+            etcd_url, ("etcd_disk_wal_fsync_duration_seconds_count", "etcd_mvcc_put_total")
+        )
+        window_start = datetime.now(UTC)
+        audit_offset = self.plane.audit_log_path.stat().st_size
+        names = [f"run-{i}" for i in range(runs)]
+        with ThreadPoolExecutor(max_workers=in_flight) as pool:
+            timings = list(pool.map(lambda n: self._one(ns, n, spec, post_index), names))
+        # Let the last Lease deletions and Events land before counting. A Lease whose delete was
+        # refused (409: renewed meanwhile) stays until the operator reaps it: reported, not awaited.
+        with contextlib.suppress(TimeoutError):
+            wait_for(lambda: self._leases(ns) == 0, 5, "the runs' Leases to be released")
+        leftover = self._leases(ns)
+        writes = self._settled_writes(ns, window_start, audit_offset)
+        op_after = _metrics(
+            operator_url, ("durable_agents_api_writes_total", "durable_agents_transitions_total")
+        )
+        etcd_after = _metrics(etcd_url, ("etcd_disk_wal_fsync_duration_seconds_count", "etcd_mvcc_put_total"))
+        ok = [e for e in writes if 200 <= e.code < 300]
+        by_kind = Counter(f"{e.user} {e.verb} {e.what}" for e in ok)
+        refused = Counter(f"{e.user} {e.verb} {e.what} {e.code}" for e in writes if e.code >= 300)
+        op_delta = _delta(op_after, op_before)
+        detail = {
+            "audit_writes_by_kind": dict(by_kind.most_common()),
+            "refused_writes": dict(refused),
+            "operator_metric_delta": op_delta,
+            "etcd_delta": _delta(etcd_after, etcd_before),
+            "leases_left_after_runs": leftover,
+            "namespace": ns,
+        }
+        self.watch.forget(ns)
+        return RepResult.from_timings(system, rep, timings, in_flight, float(len(ok)), detail)
+
+    def _settled_writes(self, ns: str, since: datetime, offset: int) -> list[AuditEntry]:
+        """The namespace's write requests since ``since``, once their number stops growing."""
+        previous = -1
+        entries: list[AuditEntry] = []
+        for _ in range(40):
+            entries = [
+                e for e in read_audit_from(self.plane.audit_log_path, offset, since) if e.namespace == ns
+            ]
+            if len(entries) == previous:
+                break
+            previous = len(entries)
+            time.sleep(0.5)
+        return entries
+
+    def teardown(self) -> None:
+        with contextlib.suppress(Exception):
+            self.watch.stop()
+        with contextlib.suppress(Exception):
+            self.operator.stop()
+        self.plane.stop()
+
+
+def main() -> int:
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    return serve(DurableAgentsPeer)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
