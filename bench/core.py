@@ -64,7 +64,8 @@ class Env:
         )
         return name
 
-    def operator(self, namespace: str, name: str, lease: int = 5, **env: str) -> OperatorProcess:
+    def operator(self, namespace: str, name: str, lease: int = 15, **env: str) -> OperatorProcess:
+        """An operator process watching ``namespace``; the lease defaults to the operator's own (15s)."""
         env.setdefault("DURABLE_AGENTS_NAMESPACE", namespace)
         op = OperatorProcess(
             self.operator_kubeconfig, self.work / "operators", name=name, lease_duration=lease, env=env
@@ -194,8 +195,10 @@ def bench_transitions(env: Env, runs: int) -> dict[str, Any]:
     }
 
 
-def bench_raw_writes(env: Env, objects: int, writes: int, status: dict[str, Any], threads: int = 8) -> float:
-    """Status writes per second by a minimal client: PUT status with the last resourceVersion."""
+def bench_raw_writes(env: Env, objects: int, writes: int, status: dict[str, Any]) -> float:
+    """Status writes per second by a minimal client: PUT status with the last resourceVersion, one
+    thread per object (as many writers as the operator has runs in flight)."""
+    threads = objects
     namespace = env.namespace()
     custom = env.custom
     create_runs(env, namespace, {f"raw{i}": await_steps(STEPS) for i in range(objects)})
@@ -374,6 +377,7 @@ def bench_idle_and_cold_start(env: Env, runs: int, window: float) -> dict[str, A
     port = free_port()
     op = env.operator(empty, "idle-0", DURABLE_AGENTS_METRICS_PORT=str(port))
     try:
+        time.sleep(5)  # let start-up requests (discovery, initial lists) pass: idle is what is measured
         baseline = idle_window(env, op, window)
     finally:
         op.stop()
