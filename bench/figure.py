@@ -33,6 +33,10 @@ def _panel(
     ax.set_title(title, fontsize=9)
     ax.set_ylabel(unit, fontsize=8)
     ax.tick_params(labelsize=7)
+    if len(labels) > 3:
+        ax.tick_params(axis="x", labelrotation=25)
+        for label in ax.get_xticklabels():
+            label.set_horizontalalignment("right")
     ax.set_ylim(0, max([*values, target or 0]) * 1.25 or 1)
 
 
