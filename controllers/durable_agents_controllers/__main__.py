@@ -29,7 +29,10 @@ def _memory_report(_signum: int, _frame: FrameType | None) -> None:
         logging.getLogger("durable_agents.memory").warning("traced live memory: %.1f MiB", total / 2**20)
         for stat in stats[:15]:
             logging.getLogger("durable_agents.memory").warning(
-                "%.1f KiB in %d blocks:\n%s", stat.size / 1024, stat.count, "\n".join(stat.traceback.format()[-12:])
+                "%.1f KiB in %d blocks:\n%s",
+                stat.size / 1024,
+                stat.count,
+                "\n".join(stat.traceback.format()[-12:]),
             )
 
 

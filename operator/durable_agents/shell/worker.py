@@ -365,7 +365,9 @@ class RunWorker:
         now = datetime.now(UTC)
         record = await self.leases.get(snap.namespace, snap.name)
         cp_epoch = _checkpoint_epoch(snap.raw_checkpoint)
-        cp_transitions = cp_epoch.lease_transitions if cp_epoch else -1
+        # An unreadable checkpoint still has its history: never restart the epoch below it.
+        history_epochs = [h.epoch for h in snap.status.history if h.epoch is not None]
+        cp_transitions = cp_epoch.lease_transitions if cp_epoch else max(history_epochs, default=-1)
         if record is None:
             hold = await self.leases.create(snap.namespace, snap.name, snap.uid, cp_transitions + 1)
             if hold is None:  # someone else created it first: look again when it could expire

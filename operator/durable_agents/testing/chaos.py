@@ -29,7 +29,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -69,7 +69,7 @@ class Size:
     name: str
     crash_chains: int  # namespaces killed in parallel, each with its own batches
     crash_batch: int  # runs per batch: one kill hits all of them
-    crash_sweep: int  # kill points before:N and after:N for N in 1..crash_sweep, per chain
+    crash_sweep: int  # values of N per chain (before:N and after:N); the chains share 1..all writes
     crash_extra: int  # further kills of the same batch at random boundaries
     dispatch_rounds: int
     dispatch_runs: int
@@ -214,6 +214,23 @@ class ChaosReport:
     def total_kills(self) -> int:
         return sum(r.kills for r in self.results)
 
+    def acceptance(self) -> dict[str, Any]:
+        """The full size's acceptance: enough kill points, no duplicate, no stuck run, nothing failed."""
+        duplicates = sum(r.duplicated_effects for r in self.results)
+        stuck = sum(len(r.stuck) for r in self.results)
+        known = [r.scenario for r in self.results if not r.passed and r.known_issue]
+        failed = [r.scenario for r in self.results if not r.passed and not r.known_issue]
+        return {
+            "killsRequired": self.size.min_total_kills,
+            "kills": self.total_kills,
+            "duplicates": duplicates,
+            "stuck": stuck,
+            "failed": failed,
+            "knownBugs": known,
+            "met": self.total_kills >= self.size.min_total_kills
+            and not (duplicates or stuck or failed or known),
+        }
+
     def verdict(self) -> str:
         failed = [r for r in self.results if not r.passed and not r.known_issue]
         known = [r for r in self.results if not r.passed and r.known_issue]
@@ -268,6 +285,7 @@ class ChaosReport:
                 "wallSeconds": round(sum(r.wall_seconds for r in self.results), 1),
                 "minKillsRequired": self.size.min_total_kills,
             },
+            "acceptance": self.acceptance(),
             "scenarios": [asdict(r) | {"wall_seconds": round(r.wall_seconds, 1)} for r in self.results],
         }
 
@@ -366,7 +384,6 @@ class Lab:
         self.refsystem = refsystem
         self.namespaces: list[str] = []
         self.operators: list[OperatorProcess] = []
-        self.created: dict[str, list[str]] = {}
         self._lock = threading.Lock()
         self._fork_server: ForkServer | None = None
 
@@ -399,7 +416,6 @@ class Lab:
     def create(self, namespace: str, spec: dict[str, Any], name: str | None = None) -> str:
         created = self.runs(namespace).create(spec, name=name)
         with self._lock:
-            self.created.setdefault(namespace, []).append(created)
             self.result.runs += 1
         return created
 
@@ -486,12 +502,17 @@ class Lab:
 
     def stop_operators(self) -> None:
         for op in self.operators:
-            op.stop()
+            try:
+                op.stop()
+            except Exception as err:  # keep cleaning up; a process that will not die is reported
+                self.note(f"operator {op.identity} did not stop: {err}")
 
     def close(self) -> None:
-        self.stop_operators()
-        if self._fork_server is not None:
-            self._fork_server.close()
+        try:
+            self.stop_operators()
+        finally:
+            if self._fork_server is not None:
+                self._fork_server.close()
         core = client.CoreV1Api(self.kube.api)
         for ns in self.namespaces:
             with contextlib.suppress(ApiException):
@@ -1021,25 +1042,28 @@ def chaos_seed() -> int:
     return int(os.environ.get("DURABLE_AGENTS_CHAOS_SEED") or time.time_ns() % 1_000_000)
 
 
-@contextlib.contextmanager
-def timed(result: ScenarioResult) -> Iterator[None]:
-    began = time.monotonic()
-    try:
-        yield
-    finally:
-        result.wall_seconds = time.monotonic() - began
-
-
 __all__ = [
     "DONE",
+    "EXPIRY_GRACE",
+    "IN_PROGRESS",
+    "OPERATOR_USER",
+    "OUT_ENV",
     "READ",
+    "SETTINGS_CONFIGMAP",
     "SIZES",
+    "SIZE_ENV",
+    "TERMINAL",
+    "TUNE_ENV",
+    "WAITING",
     "ChaosReport",
     "DuplicateEffects",
+    "ForkServer",
     "Lab",
     "Responder",
     "ScenarioResult",
     "Size",
+    "WarmOperator",
+    "action_states",
     "apply_policy",
     "ask",
     "assert_history_consistent",
@@ -1047,6 +1071,7 @@ __all__ = [
     "business_duplicates",
     "chaos_seed",
     "chaos_size",
+    "describe",
     "events_of",
     "export_objects",
     "grant_operator_rules",
@@ -1054,11 +1079,12 @@ __all__ = [
     "output_path",
     "ownership",
     "pay",
+    "policy_body",
     "prepare_namespace",
     "restore_objects",
     "retrying",
     "run_spec",
     "settle",
     "settled",
-    "timed",
+    "wait_expiry",
 ]
