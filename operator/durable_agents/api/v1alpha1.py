@@ -39,6 +39,11 @@ def cel(rule: str, message: str, **extra: str) -> dict[str, Any]:
     return {"rule": rule, "message": message, **extra}
 
 
+def append_only(message: str) -> dict[str, Any]:
+    """Schema extra for a map of requests: entries may be added, never changed or withdrawn."""
+    return {"x-kubernetes-validations": [cel("oldSelf.all(k, k in self && self[k] == oldSelf[k])", message)]}
+
+
 def immutable(field: str) -> dict[str, Any]:
     """Schema extra that makes a field immutable once set (CEL transition rule)."""
     return {"x-kubernetes-validations": [cel("self == oldSelf", f"{field} is immutable")]}
@@ -301,27 +306,13 @@ class AgentRunSpec(ApiModel):
         default_factory=dict,
         max_length=64,
         description="Answers to questions, keyed by the request ID shown in status.",
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                cel(
-                    "oldSelf.all(k, k in self && self[k] == oldSelf[k])",
-                    "an answer cannot be changed or withdrawn once given",
-                )
-            ],
-        },
+        json_schema_extra=append_only("an answer cannot be changed or withdrawn once given"),
     )
     approvals: dict[str, ApprovalDecision] = Field(
         default_factory=dict,
         max_length=32,
         description="Approval decisions, keyed by the request ID in status.approvalRequest.",
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                cel(
-                    "oldSelf.all(k, k in self && self[k] == oldSelf[k])",
-                    "an approval decision cannot be changed or withdrawn once given",
-                )
-            ],
-        },
+        json_schema_extra=append_only("an approval decision cannot be changed or withdrawn once given"),
     )
     created_by: Identity | None = Field(
         default=None,
@@ -332,27 +323,13 @@ class AgentRunSpec(ApiModel):
         default_factory=dict,
         max_length=64,
         description="External events delivered to the run, keyed by event name.",
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                cel(
-                    "oldSelf.all(k, k in self && self[k] == oldSelf[k])",
-                    "an event cannot be changed or withdrawn once delivered",
-                )
-            ],
-        },
+        json_schema_extra=append_only("an event cannot be changed or withdrawn once delivered"),
     )
     cancellations: dict[str, CancelRequest] = Field(
         default_factory=dict,
         max_length=16,
         description="Cancellation requests, keyed by request ID; handled in request-ID order.",
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                cel(
-                    "oldSelf.all(k, k in self && self[k] == oldSelf[k])",
-                    "a cancellation request cannot be changed or withdrawn once made",
-                )
-            ],
-        },
+        json_schema_extra=append_only("a cancellation request cannot be changed or withdrawn once made"),
     )
     retry_quarantine: str | None = Field(
         default=None,

@@ -575,11 +575,9 @@ def _reconcile_actions(
 ) -> Decision:
     cp = b.cp
     if actions is None:
-        specs: dict[str, ActionRecordSpec | None] = {}
-        for pending in cp.pending_actions:
-            specs[pending.action_record_name] = _rebuild_spec(run, cp, planner, settings, pending)
         # A turn or tool-call cancellation of this step: an undispatched intent is canceled.
-        return NeedActions(specs, cancel=_cancellation_of_step(cp, in_flight=True) is not None)
+        cancel = _cancellation_of_step(cp, in_flight=True) is not None
+        return NeedActions(_pending_specs(run, cp, planner, settings), cancel=cancel)
     for pending in cp.pending_actions:
         seen = actions.get(pending.action_record_name)
         if seen is None or seen.state not in (
@@ -625,6 +623,13 @@ def _reconcile_actions(
         )
     # Still in flight or unknown: the run waits (no expiry: an unknown outcome is never assumed).
     return Idle(wake_at=run.spec.deadline, reason="action in flight")
+
+
+def _pending_specs(
+    run: RunSnapshot, cp: Checkpoint, planner: Planner, settings: Settings
+) -> dict[str, ActionRecordSpec | None]:
+    """Each pending action's intent, recomputed (so a record lost from the ledger can be recreated)."""
+    return {p.action_record_name: _rebuild_spec(run, cp, planner, settings, p) for p in cp.pending_actions}
 
 
 def _rebuild_spec(
@@ -1015,6 +1020,12 @@ def child_body(run: RunSnapshot, step: StartChild) -> dict[str, Any]:
     }
 
 
+def _ended(record: ChildRecord, seen: ChildObservation) -> ChildRecord:
+    """The child's record with its terminal outcome."""
+    outcome = seen.state.value
+    return record.model_copy(update={"outcome": outcome, "reason": (seen.reason or outcome)[:128]})
+
+
 def _running_children(cp: Checkpoint) -> list[ChildRecord]:
     return [c for c in cp.children if c.outcome is None]
 
@@ -1044,7 +1055,7 @@ def _reconcile_children(
         if seen is None or not seen.state.terminal:
             continue
         outcome = seen.state.value
-        done = record.model_copy(update={"outcome": outcome, "reason": (seen.reason or outcome)[:128]})
+        done = _ended(record, seen)
         ref = ExternalEvidenceRef(
             id=f"child-{record.name}",
             step_index=record.step_index,
@@ -1182,10 +1193,7 @@ def _finish_cancel(
     """No new work: cancel what was not dispatched, reconcile what was, then end ``canceled``."""
     cp = b.cp
     if cp.pending_actions and actions is None:
-        specs = {
-            p.action_record_name: _rebuild_spec(run, cp, planner, settings, p) for p in cp.pending_actions
-        }
-        return NeedActions(specs, cancel=True)
+        return NeedActions(_pending_specs(run, cp, planner, settings), cancel=True)
     running = _running_children(cp)
     if running and children is None:
         reason = _children_cancel_reason(cp) or "parent canceled"
@@ -1232,11 +1240,7 @@ def _finish_cancel(
     message = (
         f"{len(unreversed)} effect(s) happened and were not undone" if unreversed else "no effect happened"
     )
-    ended = {
-        c.name: c.model_copy(update={"outcome": k.state.value, "reason": (k.reason or k.state.value)[:128]})
-        for c in running
-        if (k := (children or {})[c.name]) is not None
-    }
+    ended = {c.name: _ended(c, (children or {})[c.name]) for c in running}
     commit = b.commit(
         E.CANCEL_FINISHED,
         checkpoint=cp.model_copy(

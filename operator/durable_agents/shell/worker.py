@@ -48,6 +48,7 @@ from durable_agents.core.engine import (
     decide,
     fence,
 )
+from durable_agents.core.ledger import check_action_transition
 from durable_agents.core.planner import Planner, load_planners
 from durable_agents.core.statemachine import RunEvent, RunState
 from durable_agents.shell import metrics
@@ -512,6 +513,7 @@ class RunWorker:
         """An undispatched intent is canceled by compare-and-swap; if a dispatcher claimed it first,
         it is dispatched and will be reconciled, never assumed undone."""
         meta = record["metadata"]
+        check_action_transition(status.state, ActionState.CANCELED)  # the ledger's one table
         canceled = status.model_copy(
             update={
                 "state": ActionState.CANCELED,
