@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ import durable_agents
 from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents.core.ledger import action_record_name, idempotency_key
 from durable_agents.refsystem import ReferenceSystemThread
+from durable_agents.shell.leases import LeaseRecord
 from durable_agents.testing.operator_process import OperatorProcess, wait_for
 from durable_agents.testing.releases import Release, ReleaseUnavailable, materialize_release
 from durable_agents.testing.runs import (
@@ -254,6 +256,17 @@ def test_old_operator_killed_mid_flight_new_operator_migrates_and_finishes_every
     assert new.alive
 
 
+def old_release_let_go(runs: Runs) -> bool:
+    """No Lease is held any more: each is deleted or, if left behind, expired (no longer renewed).
+
+    The previous release can leave a Lease behind when its renewer races the release of the run
+    (fixed since: tests/integration/test_run_leases.py). Its code is frozen, so for it the test
+    accepts a Lease that has stopped being renewed; the new operator's Leases must be deleted.
+    """
+    now = datetime.now(UTC)
+    return all(LeaseRecord.parse(lease).expired(now) for lease in runs.leases())
+
+
 def test_old_operator_quarantines_new_checkpoints_untouched_and_new_operator_releases_or_cancels(
     start_operator: Callable[..., OperatorProcess],
     runs: Runs,
@@ -294,7 +307,7 @@ def test_old_operator_quarantines_new_checkpoints_untouched_and_new_operator_rel
         assert canonical(status["checkpoint"]) == stored[name], (
             f"{name}: the old operator changed the checkpoint"
         )
-    wait_for(lambda: runs.leases() == [], 10, "the old operator to release the quarantined runs' Leases")
+    wait_for(lambda: old_release_let_go(runs), 10, "the old operator to let go of the runs' Leases")
     old.stop()
 
     newer = start_operator("new-again", LEASE)
@@ -380,7 +393,7 @@ def test_a_run_quarantined_with_its_effect_in_flight_is_released_and_applies_it_
     quarantined = runs.wait_state(paying, "quarantined", "completed", "failed", timeout=30)
     assert quarantined["status"]["outcome"]["reason"] == "UnknownSchemaVersion"
     assert canonical(quarantined["status"]["checkpoint"]) == stored
-    wait_for(lambda: runs.leases() == [], 10, "the old operator to release the quarantined run's Lease")
+    wait_for(lambda: old_release_let_go(runs), 10, "the old operator to let go of the run's Lease")
     old.stop()
 
     start_operator("new-again", LEASE)

@@ -13,9 +13,10 @@ the run's checkpoint, and every commit is a compare-and-swap (see the worker).
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -95,12 +96,18 @@ class LeaseRecord:
 
 @dataclass
 class Hold:
-    """A lease this worker holds. ``valid_until`` is on the local monotonic clock."""
+    """A lease this worker holds. ``valid_until`` is on the local monotonic clock.
+
+    ``busy`` serializes the writes to this Lease: a renewal still in flight when the run is
+    released would otherwise move the resourceVersion under the delete (409), leaving the Lease
+    behind with nobody to remove it.
+    """
 
     record: LeaseRecord
     epoch: Fencing
     valid_until: float
     lost: bool = False
+    busy: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False, compare=False)
 
     def valid(self, margin: float = 0.0) -> bool:
         return not self.lost and time.monotonic() + margin < self.valid_until
@@ -200,25 +207,30 @@ class RunLeases:
         return self._hold(lease, started)
 
     async def renew(self, hold: Hold) -> bool:
-        """Extend our hold by compare-and-swap; False (and the hold marked lost) if it was taken."""
-        started = time.monotonic()
-        try:
-            lease = await self._patch(hold.record, {"renewTime": _micro(datetime.now(UTC))})
-        except ApiException as err:
-            metrics.API_WRITES.labels("leases", "patch").inc()
-            if err.status in (404, 409):
-                hold.lost = True
+        """Extend our hold by compare-and-swap; False (and the hold marked lost) if it was taken
+        or released meanwhile."""
+        async with hold.busy:
+            if hold.lost:
                 return False
-            raise
-        metrics.API_WRITES.labels("leases", "patch").inc()
-        hold.record = LeaseRecord.parse(lease)
-        hold.valid_until = started + self.duration
-        return True
+            started = time.monotonic()
+            try:
+                lease = await self._patch(hold.record, {"renewTime": _micro(datetime.now(UTC))})
+            except ApiException as err:
+                metrics.API_WRITES.labels("leases", "patch").inc()
+                if err.status in (404, 409):
+                    hold.lost = True
+                    return False
+                raise
+            metrics.API_WRITES.labels("leases", "patch").inc()
+            hold.record = LeaseRecord.parse(lease)
+            hold.valid_until = started + self.duration
+            return True
 
     async def release(self, hold: Hold) -> None:
-        """Delete our Lease (precondition: still the version we hold)."""
-        hold.lost = True
-        await self.delete(hold.record)
+        """Delete our Lease (precondition: still the version we hold, after any renewal in flight)."""
+        async with hold.busy:
+            hold.lost = True
+            await self.delete(hold.record)
 
     async def delete(self, rec: LeaseRecord) -> None:
         """Delete exactly this version of a Lease; gone or moved on meanwhile is fine."""
