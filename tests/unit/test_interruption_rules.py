@@ -7,6 +7,7 @@ handed to :func:`decide` as the shell would after reading the ledger or the chil
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 import re
@@ -44,7 +45,7 @@ from durable_agents.api.v1alpha1 import (
     RetryPolicy,
     UnreversedEffect,
 )
-from durable_agents.core.checkpoint import CancellationRecord, ChildRecord
+from durable_agents.core.checkpoint import CancellationRecord, ChildRecord, dump_checkpoint, seal_field
 from durable_agents.core.engine import (
     ActionObservation,
     ChildObservation,
@@ -61,6 +62,7 @@ from durable_agents.core.engine import (
     retry_backoff,
 )
 from durable_agents.core.ledger import action_record_name, idempotency_key
+from durable_agents.core.sealing import Keyring
 from durable_agents.core.statemachine import RunEvent, RunState
 
 pytestmark = pytest.mark.unit
@@ -1077,3 +1079,128 @@ def test_a_run_released_mid_wait_goes_back_to_that_wait(state: RunState, event: 
         before.pending_external,
         before.retry.retry_at,
     ), "the wait is the one recorded, expiry and all"
+
+
+# --- 10. restore from a backup: the run keeps its identity ------------------------------------
+
+
+def test_the_first_commit_records_the_run_id_and_every_commit_keeps_it() -> None:
+    obj, accepted = expect(new_run(steps=[effect("pay"), DONE]), T0, E.ACCEPTED, S.READY, settings=EFFECTS)
+    assert accepted.status.run_id == UID
+    obj, intent = expect(obj, at(1), E.EXTERNAL_AWAITED, S.WAITING_EXTERNAL, settings=EFFECTS)
+    assert intent.status.run_id == UID
+
+
+def test_a_run_restored_from_a_backup_keeps_its_idempotency_keys() -> None:
+    """A restore re-creates the AgentRun with its status, but the API server gives it a new uid.
+    Keys derive from the recorded run ID, so the authoritative system recognises the effect the
+    run applied after the backup was taken, instead of being asked to pay again under a new key."""
+    original, _ = expect(new_run(steps=[ask("confirm"), effect("pay"), DONE]), T0, E.ACCEPTED, S.READY)
+    original, _ = expect(original, at(1), E.INPUT_REQUESTED, S.WAITING_INPUT)
+    backup = copy.deepcopy(original)
+    original["spec"]["answers"] = {"confirm": "yes"}
+    original, _ = expect(original, at(2), E.INPUT_RECEIVED, S.RESUME_VALIDATION)
+    original, _ = expect(original, at(3), E.REVALIDATED, S.READY)
+    original, paid = expect(original, at(4), E.EXTERNAL_AWAITED, S.WAITING_EXTERNAL, settings=EFFECTS)
+    (before_disaster,) = paid.intents
+
+    restored = copy.deepcopy(backup)
+    restored["metadata"]["uid"] = "3f0c2a4e-0000-4000-8000-restored0001"
+    restored["spec"]["answers"] = {"confirm": "yes"}
+    restored, _ = expect(restored, at(20), E.INPUT_RECEIVED, S.RESUME_VALIDATION)
+    restored, _ = expect(restored, at(21), E.REVALIDATED, S.READY)
+    restored, again = expect(restored, at(22), E.EXTERNAL_AWAITED, S.WAITING_EXTERNAL, settings=EFFECTS)
+    (after_restore,) = again.intents
+    assert after_restore.idempotency_key == before_disaster.idempotency_key == idempotency_key(UID, 1, "pay")
+    assert again.status.run_id == UID
+    assert after_restore.run_ref.uid == restored["metadata"]["uid"], "ownership follows the live object"
+
+
+# --- 11. sealed values: a checkpoint this operator cannot unseal is quarantined ---------------
+
+
+KEYRING = Keyring(keys={"k2030": bytes(range(32))}, active_key_id="k2030")
+RETIRED = Keyring(keys={"k2025": bytes(range(1, 33))}, active_key_id="k2025")
+
+
+def waiting_with_a_sealed_value(sealed_by: Keyring, run_id: str = UID) -> dict[str, Any]:
+    """A run in waiting_input whose checkpoint carries one sealed value (sealed by ``sealed_by``)."""
+    keyed = Settings(keyring=KEYRING)
+    obj, _ = expect(new_run(steps=[ask("confirm"), DONE]), T0, E.ACCEPTED, S.READY, settings=keyed)
+    obj, _ = expect(obj, at(1), E.INPUT_REQUESTED, S.WAITING_INPUT, settings=keyed)
+    cp = seal_field(
+        checkpoint_of(obj["status"]["checkpoint"]), "apiToken", b"s3cret", keyring=sealed_by, run_uid=run_id
+    )
+    obj["status"]["checkpoint"] = dump_checkpoint(cp)
+    obj["spec"]["answers"] = {"confirm": "yes"}
+    return obj
+
+
+def quarantine(obj: dict[str, Any], now: datetime, *, settings: Settings) -> tuple[dict[str, Any], Commit]:
+    """Decide, expect the quarantine commit (the checkpoint kept as stored), and store it."""
+    commit = commit_of(decide_on(obj, now, settings=settings))
+    assert (commit.event, commit.status.state) == (E.QUARANTINE, S.QUARANTINED), commit.detail
+    return apply(obj, commit), commit
+
+
+def test_a_sealed_value_this_keyring_unseals_lets_the_run_go_on() -> None:
+    obj = waiting_with_a_sealed_value(KEYRING)
+    obj, received = expect(
+        obj, at(2), E.INPUT_RECEIVED, S.RESUME_VALIDATION, settings=Settings(keyring=KEYRING)
+    )
+    assert checkpoint_of(received).sealed == checkpoint_of(obj["status"]["checkpoint"]).sealed
+
+
+@pytest.mark.parametrize(
+    ("keyring", "message"),
+    [(KEYRING, "'k2025' is not in the keyring"), (None, "no sealing keyring")],
+    ids=["key-retired", "no-keyring"],
+)
+def test_a_sealed_value_that_cannot_be_unsealed_quarantines_untouched(
+    keyring: Keyring | None, message: str
+) -> None:
+    obj = waiting_with_a_sealed_value(RETIRED)
+    stored = copy.deepcopy(obj["status"]["checkpoint"])
+    obj, commit = quarantine(obj, at(2), settings=Settings(keyring=keyring))
+    assert commit.status.outcome is not None
+    assert commit.status.outcome.reason == "Undecryptable"
+    assert "apiToken" in commit.status.outcome.message
+    assert message in commit.status.outcome.message
+    assert obj["status"]["checkpoint"] == stored, "the checkpoint is kept exactly as stored"
+
+
+def test_a_tampered_sealed_value_quarantines() -> None:
+    obj = waiting_with_a_sealed_value(KEYRING)
+    sealed = obj["status"]["checkpoint"]["sealed"]["apiToken"]
+    flipped = bytearray(base64.b64decode(sealed["ciphertext"]))
+    flipped[0] ^= 1
+    sealed["ciphertext"] = base64.b64encode(bytes(flipped)).decode()
+    _, commit = quarantine(obj, at(2), settings=Settings(keyring=KEYRING))
+    assert commit.status.outcome is not None
+    assert commit.status.outcome.reason == "Undecryptable"
+
+
+def test_an_undecryptable_run_is_released_once_its_key_is_back() -> None:
+    obj = waiting_with_a_sealed_value(RETIRED)
+    obj, _ = quarantine(obj, at(2), settings=Settings(keyring=KEYRING))
+    obj["spec"]["retryQuarantine"] = "key-restored"
+    still = decide_on(obj, at(3), settings=Settings(keyring=KEYRING))
+    assert isinstance(still, Idle)
+    assert "still unreadable" in still.reason
+    both = Keyring(keys={**KEYRING.keys, **RETIRED.keys}, active_key_id="k2030")
+    obj, released = expect(
+        obj, at(4), E.RELEASE_QUARANTINE, S.RESUME_VALIDATION, settings=Settings(keyring=both)
+    )
+    assert released.status.quarantine_retried == "key-restored"
+
+
+def test_sealed_values_stay_bound_to_the_run_id_across_a_restore() -> None:
+    """Sealed values are bound to the run (associated data): to its recorded run ID, so a run
+    restored from a backup (a new uid) still unseals its own values, and another run cannot."""
+    obj = waiting_with_a_sealed_value(KEYRING)
+    obj["metadata"]["uid"] = "3f0c2a4e-0000-4000-8000-restored0001"
+    expect(
+        copy.deepcopy(obj), at(2), E.INPUT_RECEIVED, S.RESUME_VALIDATION, settings=Settings(keyring=KEYRING)
+    )
+    obj["status"]["runId"] = "another-run"
+    quarantine(obj, at(2), settings=Settings(keyring=KEYRING))

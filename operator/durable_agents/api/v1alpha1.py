@@ -418,6 +418,15 @@ class AgentRunStatus(ApiModel):
     state: RunState = RunState.PENDING
     state_version: int = Field(default=0, ge=0)
     state_since: datetime | None = None
+    run_id: str | None = Field(
+        default=None,
+        max_length=128,
+        description=(
+            "The run's identity for idempotency keys and approval digests: its metadata.uid when "
+            "first committed, kept from then on, so a run restored from a backup (a new uid) keeps "
+            "its keys and the authoritative system recognises what it already applied."
+        ),
+    )
     waiting_for: str | None = Field(default=None, max_length=253)
     observed_generation: int | None = Field(default=None, ge=0)
     outcome: Outcome | None = None

@@ -67,6 +67,7 @@ from durable_agents.core.checkpoint import (
     ToolCallRecord,
     dump_checkpoint,
     load_checkpoint,
+    verify_sealed,
 )
 from durable_agents.core.digest import canonical_digest
 from durable_agents.core.durations import parse_duration
@@ -82,6 +83,7 @@ from durable_agents.core.planner import (
     ReadObject,
     StartChild,
 )
+from durable_agents.core.sealing import Keyring
 from durable_agents.core.statemachine import Position as MachinePosition
 from durable_agents.core.statemachine import RunEvent, RunState, transition
 
@@ -121,6 +123,12 @@ class RunSnapshot:
     @property
     def state(self) -> RunState:
         return self.status.state
+
+    @property
+    def run_id(self) -> str:
+        """The identity effects are keyed by: recorded at the first commit, so it survives a
+        restore from backup (which gives the object a new uid); the uid until then."""
+        return self.status.run_id or self.uid
 
 
 @dataclass(frozen=True)
@@ -229,6 +237,8 @@ class Settings:
     policy: AgentPolicySpec | None = None
     available_effects: frozenset[str] | None = None  # None: not checked
     operator_version: str | None = None  # None: deployment changes are not checked
+    # Unseals checkpoints' sealed values; None: a checkpoint with any sealed value is quarantined.
+    keyring: Keyring | None = None
 
 
 def decide(
@@ -260,7 +270,7 @@ def decide(
     loaded = (
         Loaded(Checkpoint.model_validate(_initial_checkpoint(run, now, epoch, settings)))
         if run.raw_checkpoint is None
-        else load_checkpoint(run.raw_checkpoint)
+        else _load(run, settings)
     )
     if isinstance(loaded, Quarantine):
         if state is S.CANCEL_REQUESTED:
@@ -546,13 +556,13 @@ def action_spec(
 
     A retry after a definite failure is a new action with its own key (the failed one was not applied).
     """
-    key = idempotency_key(run.uid, index, step.name, attempt)
+    key = idempotency_key(run.run_id, index, step.name, attempt)
     compensates = None
     if step.compensates is not None:
         names = [s.name for s in run.spec.steps]
         if step.compensates in names:
             target = names.index(step.compensates)
-            compensates = action_record_name(idempotency_key(run.uid, target, step.compensates))
+            compensates = action_record_name(idempotency_key(run.run_id, target, step.compensates))
     return ActionRecordSpec(
         idempotency_key=key,
         run_ref=RunReference(name=run.name, uid=run.uid),
@@ -664,7 +674,7 @@ def _approved_for(
         arguments=spec.arguments,
         target=spec.target,
         policy_version=last.policy_version,
-        run_uid=run.uid,
+        run_uid=run.run_id,
         request_id=last.request_id,
     )
     return last if digest == last.digest else None
@@ -693,7 +703,7 @@ def _request_approval(
         arguments=spec.arguments,
         target=spec.target,
         policy_version=version,
-        run_uid=run.uid,
+        run_uid=run.run_id,
         request_id=request_id,
     )
     expires = b.now + parse_duration(policy.approval_expiry)
@@ -910,7 +920,7 @@ def fence(
         status = run.status.wire()
         status["checkpoint"] = _initial_checkpoint(run, now, epoch, settings or Settings())
         return status
-    loaded = load_checkpoint(run.raw_checkpoint)
+    loaded = _load(run, settings or Settings())
     if isinstance(loaded, Quarantine):
         return None
     status = run.status.wire()
@@ -936,7 +946,7 @@ def _attempt_failed(b: _Builder, settings: Settings, reason: str, message: str, 
     attempts = cp.retry.attempts + 1
     failure = f"{reason}: {message}"[:1024]
     if attempts < policy.max_attempts:
-        at = b.now + retry_backoff(policy, attempts, b.run.uid)
+        at = b.now + retry_backoff(policy, attempts, b.run.run_id)
         commit = b.commit(
             E.RETRY_SCHEDULED,
             checkpoint=cp.model_copy(
@@ -1264,6 +1274,23 @@ def _unreversed(names: list[str], index: int, effect: str, record: str, state: s
 # --- quarantine controls ---------------------------------------------------------------------
 
 
+def _load(run: RunSnapshot, settings: Settings) -> Loaded | Quarantine:
+    """The stored checkpoint, migrated and validated, with every sealed value still unsealable.
+
+    A sealed value that cannot be unsealed (its key retired, the ciphertext tampered with, or no
+    keyring here at all) quarantines the run: resuming would act without data the run relies on.
+    """
+    loaded = load_checkpoint(run.raw_checkpoint)
+    if isinstance(loaded, Quarantine) or not loaded.checkpoint.sealed:
+        return loaded
+    if settings.keyring is None:
+        names = ", ".join(sorted(loaded.checkpoint.sealed))
+        return Quarantine(
+            "Undecryptable", f"sealed fields ({names}) and this operator has no sealing keyring"
+        )
+    return verify_sealed(loaded.checkpoint, keyring=settings.keyring, run_uid=run.run_id) or loaded
+
+
 def _quarantined(run: RunSnapshot, now: datetime, epoch: Fencing, settings: Settings) -> Decision:
     """A quarantined run moves only on a user's control: cancel, or retry (after an upgrade)."""
     spec, status = run.spec, run.status
@@ -1287,7 +1314,7 @@ def _quarantined(run: RunSnapshot, now: datetime, epoch: Fencing, settings: Sett
     token = spec.retry_quarantine
     if token is None or token == status.quarantine_retried:
         return Idle(reason="quarantined: retry (spec.retryQuarantine) or cancel")
-    loaded = load_checkpoint(run.raw_checkpoint)
+    loaded = _load(run, settings)
     if isinstance(loaded, Quarantine):
         return Idle(reason=f"quarantined: still unreadable: {loaded.message}")
     b = _Builder(run, loaded, now, epoch, settings)
@@ -1455,6 +1482,7 @@ def _status(
         state=state,
         state_version=version,
         state_since=now if state is not old.state or old.state_since is None else old.state_since,
+        run_id=run.run_id,
         waiting_for=waiting_for,
         observed_generation=run.generation,
         outcome=outcome if outcome is not None else old.outcome,

@@ -2,20 +2,27 @@
 
 For each ActionRecord it does what :func:`durable_agents.core.ledger.next_dispatch_step` allows:
 
-- ``intent``: claim it by compare-and-swap on its status (one dispatcher wins), dispatch it with
-  its idempotency key, record the answer: ``succeeded``, ``failed`` (definite), or
-  ``outcome_unknown`` (timeout, dropped connection, 5xx: never a failure);
+- ``intent``: claim it by compare-and-swap on its status (one dispatcher wins), ask the
+  authoritative system by key first (a record restored from an old backup says ``intent`` for an
+  effect that happened after the backup), dispatch it with its idempotency key, record the answer:
+  ``succeeded``, ``failed`` (definite), or ``outcome_unknown`` (timeout, dropped connection, 5xx:
+  never a failure);
 - ``dispatching`` whose claim expired (its dispatcher died mid-call): ``outcome_unknown``;
 - ``outcome_unknown``: ask the authoritative system by key. Applied: ``succeeded``. Not applied:
   claim and dispatch again with the SAME key. Still unknown: stay visible and ask again later.
 
-Effects act as the run's ServiceAccount. A dispatcher paused past its claim can still send its
-request late: only the authoritative system's deduplication by key can absorb that (documented).
+Effects act as the run's ServiceAccount. A claim is a lease on the record: the request is sent
+only while the claim still has a whole dispatch timeout (plus a margin) left on this process's
+monotonic clock, so a dispatcher paused after its claim (GC pause, SIGSTOP, a starved node) finds
+its claim lapsed when it wakes and sends nothing; by then another dispatcher may have taken over.
+What no check on this side can close is a pause between that check and the request's bytes
+leaving the socket; an authoritative system that deduplicates by key absorbs even that.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -43,6 +50,7 @@ from durable_agents.shell.effects import (
     load_effects,
 )
 from durable_agents.shell.events import EventRecorder
+from durable_agents.shell.hooks import process_hooks
 from durable_agents.shell.kube import Kube
 from durable_agents.shell.scheduler import Key
 from durable_agents.shell.store import Conflict, Gone
@@ -50,6 +58,9 @@ from durable_agents.shell.workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
 A = ActionState
+
+SEND_MARGIN = 0.5
+"""Seconds of claim, beyond a whole dispatch timeout, that must remain when a request is sent."""
 
 
 @dataclass(frozen=True)
@@ -123,6 +134,7 @@ class Dispatcher:
                         return
                     body = next_body
             except Conflict:
+                log.info("%s/%s moved on meanwhile (409); reading it again", *key)
                 body = await self.store.get(*key)  # someone else moved it: decide again
 
     def _track_unknown(self, key: Key, status: ActionRecordStatus) -> None:
@@ -140,16 +152,28 @@ class Dispatcher:
         effect = self.effects.get(spec.effect)
         if effect is None:
             return await self._fail_unknown_effect(body, status, spec)
+        first = status.state is A.INTENT
+        claimed_at = time.monotonic()  # before the write: the claim cannot outlive this
         claimed = await self._write(body, status, A.DISPATCHING, claim=True)
         claimed_status = ActionRecordStatus.model_validate(claimed["status"])
         namespace = body["metadata"]["namespace"]
         action = Action(spec.idempotency_key, spec.target or {}, spec.arguments or {})
+        ctx = self._context(spec, namespace)
+        if first:
+            asked = await self._ask_before_first_dispatch(claimed, claimed_status, spec, effect, ctx, action)
+            if asked is not None:
+                return asked
+        if not self._claim_holds(claimed_at):
+            return await self._claim_lapsed(claimed, spec)
         await self._event(
             claimed,
             "Dispatched",
             f"{spec.effect} attempt {claimed_status.attempts} key={spec.idempotency_key}",
         )
-        result = await effect.dispatch(self._context(spec, namespace), action)
+        process_hooks().before_send()
+        if not self._claim_holds(claimed_at):
+            return await self._claim_lapsed(claimed, spec)
+        result = await effect.dispatch(ctx, action)
         metrics.ACTION_DISPATCHES.labels(spec.effect, type(result).__name__).inc()
         log.info(
             "%s/%s %s attempt %d: %s",
@@ -176,6 +200,69 @@ class Dispatcher:
             out,
             "OutcomeUnknown",
             f"{result.reason}: {result.message}; asking the authoritative system",
+            warning=True,
+        )
+        return out
+
+    def _claim_holds(self, claimed_at: float) -> bool:
+        """Whether a request sent now is answered (or abandoned) before the claim can expire."""
+        claim_ends = claimed_at + self.config.claim_ttl.total_seconds()
+        return time.monotonic() + self.config.timeout + SEND_MARGIN < claim_ends
+
+    async def _claim_lapsed(self, claimed: dict[str, Any], spec: ActionRecordSpec) -> dict[str, Any]:
+        # Paused past our own claim: another dispatcher may already have queried and sent. Send
+        # nothing; read the record again and do what its state allows now.
+        metrics.ACTION_DISPATCHES.labels(spec.effect, "ClaimLapsed").inc()
+        log.warning(
+            "%s/%s: claim lapsed before the request was sent (this process was paused); not sending",
+            claimed["metadata"]["namespace"],
+            claimed["metadata"]["name"],
+        )
+        return await self.store.get(*self._key(claimed))
+
+    async def _ask_before_first_dispatch(
+        self,
+        claimed: dict[str, Any],
+        status: ActionRecordStatus,
+        spec: ActionRecordSpec,
+        effect: Effect,
+        ctx: EffectContext,
+        action: Action,
+    ) -> dict[str, Any] | None:
+        """The key asked of the authoritative system before the first send (architecture §8).
+
+        An ActionRecord restored from an older backup says ``intent`` for an effect that may have
+        happened after the backup; only the authoritative system knows. None: send. A question it
+        cannot answer (down, or the ServiceAccount may not read) does not hold the send back: the
+        send meets the same system, and its answer (definite, or unknown and then reconciled) is
+        what the record keeps. The restore guarantee therefore needs a system that answers queries.
+        """
+        answer = await effect.query(ctx, action)
+        metrics.ACTION_QUERIES.labels(spec.effect, type(answer).__name__).inc()
+        if isinstance(answer, Unknown):
+            log.warning(
+                "%s/%s: asking before the first dispatch got no answer (%s: %s); sending",
+                claimed["metadata"]["namespace"],
+                claimed["metadata"]["name"],
+                answer.reason,
+                answer.message,
+            )
+            return None
+        if isinstance(answer, NotApplied):
+            return None
+        out = await self._write(
+            claimed,
+            status,
+            A.SUCCEEDED,
+            outcome=answer.outcome,
+            queried=True,
+            reason="AlreadyApplied",
+            message="the authoritative system had applied this key before its first dispatch here",
+        )
+        await self._event(
+            out,
+            "Reconciled",
+            f"key={spec.idempotency_key} was already applied (a restored record?): not sending",
             warning=True,
         )
         return out

@@ -4,6 +4,9 @@
 before (after) its Nth successful write of record: run status commits, action-record creations
 and action status writes, counted together in the order they happen.
 ``DURABLE_AGENTS_TEST_STOP_AT`` sends SIGSTOP instead, to make a zombie worker.
+``DURABLE_AGENTS_TEST_STOP_BEFORE_SEND=1`` sends SIGSTOP to this process once, as its dispatcher
+is about to send its first effect request (after the claim and the query, before the last check
+that the claim still holds): a dispatcher paused mid-dispatch.
 ``DURABLE_AGENTS_TEST_COMMIT_DELAY=0.3`` makes each run commit wait that long first, like slow
 bounded work (a model call), so a test can catch a worker mid-step.
 """
@@ -19,6 +22,7 @@ from dataclasses import dataclass
 KILL_ENV = "DURABLE_AGENTS_TEST_KILL_AT"
 STOP_ENV = "DURABLE_AGENTS_TEST_STOP_AT"
 DELAY_ENV = "DURABLE_AGENTS_TEST_COMMIT_DELAY"
+SEND_STOP_ENV = "DURABLE_AGENTS_TEST_STOP_BEFORE_SEND"
 
 
 @dataclass(frozen=True)
@@ -36,9 +40,10 @@ class Trigger:
 
 
 class CommitHooks:
-    def __init__(self, triggers: list[Trigger], delay: float = 0.0) -> None:
+    def __init__(self, triggers: list[Trigger], delay: float = 0.0, stop_before_send: bool = False) -> None:
         self.triggers = triggers
         self.delay = delay
+        self.stop_before_send = stop_before_send
         self.commits = 0
         self._lock: asyncio.Lock | None = None
 
@@ -61,7 +66,12 @@ class CommitHooks:
             for env, sig in ((KILL_ENV, signal.SIGKILL), (STOP_ENV, signal.SIGSTOP))
             if os.environ.get(env)
         ]
-        return cls(triggers, float(os.environ.get(DELAY_ENV) or 0))
+        return cls(triggers, float(os.environ.get(DELAY_ENV) or 0), os.environ.get(SEND_STOP_ENV) == "1")
+
+    def before_send(self) -> None:
+        if self.stop_before_send:
+            self.stop_before_send = False  # once: after SIGCONT, later requests go out
+            os.kill(os.getpid(), signal.SIGSTOP)
 
     # Counted in successful writes, so a write refused with 409 does not shift the boundaries.
     def before(self) -> None:

@@ -50,6 +50,7 @@ from durable_agents.core.engine import (
 )
 from durable_agents.core.ledger import check_action_transition
 from durable_agents.core.planner import Planner, load_planners
+from durable_agents.core.sealing import Keyring
 from durable_agents.core.statemachine import RunEvent, RunState
 from durable_agents.shell import metrics
 from durable_agents.shell.actions import ActionStore
@@ -57,6 +58,7 @@ from durable_agents.shell.children import ChildRuns
 from durable_agents.shell.effects import load_effects
 from durable_agents.shell.events import NOTABLE, EventRecorder, reason_of
 from durable_agents.shell.evidence import EvidenceReader
+from durable_agents.shell.keyring import load_keyring
 from durable_agents.shell.kube import GROUP, VERSION, Kube
 from durable_agents.shell.leases import RUN_LABEL, Hold, LeaseRecord, RunLeases
 from durable_agents.shell.memory import release_memory
@@ -82,6 +84,7 @@ class WorkerConfig:
     # Recorded in every checkpoint; a run committed by another version passes resume validation.
     operator_version: str = __version__
     all_events: bool = False  # a Kubernetes Event for every transition, not only the notable ones
+    keyring: Keyring | None = field(default=None, repr=False)  # None: sealed checkpoints quarantine
 
     @classmethod
     def from_env(cls) -> WorkerConfig:
@@ -92,6 +95,7 @@ class WorkerConfig:
             concurrency=int(env.get("DURABLE_AGENTS_WORKERS", "8")),
             operator_version=env.get("DURABLE_AGENTS_OPERATOR_VERSION") or __version__,
             all_events=env.get("DURABLE_AGENTS_EVENTS", "notable") == "all",
+            keyring=load_keyring(env),
         )
 
 
@@ -257,9 +261,14 @@ class RunWorker:
     def settings_for(self, run: RunSnapshot) -> Settings:
         ref = run.spec.policy_ref
         available = frozenset(self.effect_tiers)
-        version = self.config.operator_version
+        version, keyring = self.config.operator_version, self.config.keyring
         if ref is None:
-            return Settings(tiers=self.effect_tiers, available_effects=available, operator_version=version)
+            return Settings(
+                tiers=self.effect_tiers,
+                available_effects=available,
+                operator_version=version,
+                keyring=keyring,
+            )
         policy = self.policies.get((run.namespace, ref.name))
         if policy is None:
             return Settings(
@@ -267,9 +276,11 @@ class RunWorker:
                 tiers=self.effect_tiers,
                 available_effects=available,
                 operator_version=version,
+                keyring=keyring,
             )
         return Settings(
             operator_version=version,
+            keyring=keyring,
             wait_expiries=policy.wait_expiries,
             policy_name=ref.name,
             policy_version=policy.version,
