@@ -25,7 +25,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -52,6 +52,7 @@ class Env:
     kube: KubeEnv
     operator_kubeconfig: Path
     work: Path
+    operator_env: dict[str, str] = field(default_factory=dict)  # e.g. PYTHONPATH of another release
 
     @property
     def custom(self) -> client.CustomObjectsApi:
@@ -67,6 +68,7 @@ class Env:
     def operator(self, namespace: str, name: str, lease: int = 15, **env: str) -> OperatorProcess:
         """An operator process watching ``namespace``; the lease defaults to the operator's own (15s)."""
         env.setdefault("DURABLE_AGENTS_NAMESPACE", namespace)
+        env = {**self.operator_env, **env}
         op = OperatorProcess(
             self.operator_kubeconfig, self.work / "operators", name=name, lease_duration=lease, env=env
         )

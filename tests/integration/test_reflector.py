@@ -1,0 +1,79 @@
+"""The AgentRun reflector on a real API server: list, then watch, in order, and recover from an
+expired resourceVersion by listing again."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from test_run_leases import agent_run
+
+from durable_agents.api.v1alpha1 import GROUP, VERSION
+from durable_agents.shell.kube import Kube
+from durable_agents.shell.reflector import RunReflector
+from durable_agents.testing.kube import KubeEnv
+
+Seen = list[tuple[str | None, str, str]]
+
+
+def recorder() -> tuple[Seen, Any]:
+    seen: Seen = []
+
+    def deliver(kind: str | None, obj: dict[str, Any]) -> None:
+        seen.append((kind, obj["metadata"]["name"], obj["metadata"]["resourceVersion"]))
+
+    return seen, deliver
+
+
+async def until(predicate: Any, seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {seconds:.0f}s waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+async def test_lists_in_pages_then_watches_every_change_in_order(kube: KubeEnv, namespace: str) -> None:
+    for i in range(5):
+        agent_run(kube, namespace, f"before-{i}")
+    seen, deliver = recorder()
+    reflector = RunReflector(Kube(kube.api), deliver, namespace=namespace, page_size=2)
+    reflector.start()
+    try:
+        await asyncio.wait_for(reflector.synced.wait(), 30)
+        assert sorted(name for kind, name, _ in seen if kind is None) == [f"before-{i}" for i in range(5)]
+        custom = kube.custom()
+        agent_run(kube, namespace, "after")
+        custom.patch_namespaced_custom_object(
+            GROUP, VERSION, namespace, "agentruns", "after", {"spec": {"answers": {"confirm": "yes"}}}
+        )
+        custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, "agentruns", "before-0")
+        await until(lambda: len(seen) >= 8, 30, "the watch to deliver three changes")
+        assert [(kind, name) for kind, name, _ in seen[5:]] == [
+            ("ADDED", "after"),
+            ("MODIFIED", "after"),
+            ("DELETED", "before-0"),
+        ]
+        versions = [int(rv) for _, _, rv in seen[5:]]
+        assert versions == sorted(versions), "delivered in the order the API server sent them"
+        assert reflector.lists == 1
+    finally:
+        await asyncio.wait_for(reflector.stop(), 10)  # a watch blocked on its socket still stops
+
+
+async def test_an_expired_resource_version_lists_again_and_loses_nothing(
+    kube: KubeEnv, namespace: str
+) -> None:
+    agent_run(kube, namespace, "existing")
+    seen, deliver = recorder()
+    reflector = RunReflector(Kube(kube.api), deliver, namespace=namespace)
+    reflector._version = "1"  # as if resuming long after the history was compacted: 410 Gone
+    reflector.start()
+    try:
+        await until(lambda: reflector.lists >= 1, 30, "the reflector to list again after 410 Gone")
+        assert "existing" in {name for kind, name, _ in seen if kind is None}, seen
+        agent_run(kube, namespace, "later")
+        await until(lambda: any(name == "later" for _, name, _ in seen), 30, "the resumed watch")
+    finally:
+        await asyncio.wait_for(reflector.stop(), 10)
