@@ -375,17 +375,36 @@ class RunWorker:
         self, key: Key, snap: RunSnapshot, body: dict[str, Any]
     ) -> tuple[Hold, dict[str, Any]] | None:
         now = datetime.now(UTC)
-        record = await self.leases.get(snap.namespace, snap.name)
         cp_epoch = _checkpoint_epoch(snap.raw_checkpoint)
         # An unreadable checkpoint still has its history: never restart the epoch below it.
         history_epochs = [h.epoch for h in snap.status.history if h.epoch is not None]
         cp_transitions = cp_epoch.lease_transitions if cp_epoch else max(history_epochs, default=-1)
+        # A run between units of work has no Lease (it is deleted on release): when the Lease watch
+        # has not seen one, create it straight away. The create is itself a compare-and-swap (409
+        # if one exists after all), so a lagging watch costs one more look, never safety.
+        record = await self.leases.get(snap.namespace, snap.name) if key in self.leases_seen else None
         if record is None:
             hold = await self.leases.create(snap.namespace, snap.name, snap.uid, cp_transitions + 1)
-            if hold is None:  # someone else created it first: look again when it could expire
-                self._recheck(key, now + timedelta(seconds=self.config.lease_duration))
+            if hold is not None:
+                self.holds[key] = hold
+                return hold, body
+            record = await self.leases.get(snap.namespace, snap.name)
+            if record is None:  # created and deleted again meanwhile: look again soon
+                self._recheck(key, now + timedelta(seconds=1))
                 return None
-        elif record.holder == self.identity:
+        return await self._take_existing(key, snap, body, record, cp_transitions, now)
+
+    async def _take_existing(
+        self,
+        key: Key,
+        snap: RunSnapshot,
+        body: dict[str, Any],
+        record: LeaseRecord,
+        cp_transitions: int,
+        now: datetime,
+    ) -> tuple[Hold, dict[str, Any]] | None:
+        """Take a Lease that exists: ours whose hold lapsed, or an expired or released one."""
+        if record.holder == self.identity:
             # Our own Lease whose in-memory hold lapsed: the work queue runs one unit per run at a
             # time, so no step of ours is in flight; keep the epoch unless someone fenced past it.
             transitions = record.transitions if cp_transitions <= record.transitions else cp_transitions + 1
