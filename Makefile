@@ -88,7 +88,7 @@ bench-peers: $(BENCH_STAMP) binaries ## the peer workload on durable-agents, DBO
 	$(PY) -m bench.figure
 
 .PHONY: e2e-chaos
-e2e-chaos: $(STAMP) binaries ## the recovery table of design/proofs.md at full size (>= 500 kill points, ~20 min); bench/results/chaos.json
+e2e-chaos: $(STAMP) binaries ## the recovery table of design/proofs.md at full size (>= 500 kill points, ~18 min); bench/results/chaos.json
 	@mkdir -p bench/results
 	DURABLE_AGENTS_BIN_DIR=$$(bash hack/build.sh | tail -n1) DURABLE_AGENTS_CHAOS_SIZE=full \
 		DURABLE_AGENTS_CHAOS_OUT=$(CURDIR)/bench/results/chaos.json $(VENV)/bin/pytest e2e/test_chaos.py $(PYTEST_ARGS)
