@@ -110,13 +110,16 @@ def test_fault_matrix_never_applies_twice(
     fault: str,
 ) -> None:
     many = 6
-    refsystem.inject(fault, times=many, delay=2.0)
-    # A dispatch answer later than 1 s is an unknown outcome (the slow fault answers after 2 s).
-    start_operator("faults", LEASE, DURABLE_AGENTS_DISPATCH_TIMEOUT="1")
     names = [
         runs.create(http_effect_run(refsystem.url, i), name=f"{fault.replace('_', '-')}-{i}")
         for i in range(many)
     ]
+    # One fault per run, bound to its key: the first send of each run meets exactly one, whichever
+    # order the dispatches happen in (a shared pool could let one run's resend take another's).
+    for name in names:
+        refsystem.inject(fault, times=1, delay=2.0, match=key_of(runs.get(name)))
+    # A dispatch answer later than 1 s is an unknown outcome (the slow fault answers after 2 s).
+    start_operator("faults", LEASE, DURABLE_AGENTS_DISPATCH_TIMEOUT="1")
     done = [runs.wait_state(n, "completed", timeout=90) for n in names]
     counts = refsystem.counts()
     keys = [key_of(run) for run in done]
@@ -130,6 +133,7 @@ def test_fault_matrix_never_applies_twice(
         assert status["queries"] >= 1, "an ambiguous answer must be reconciled by a query"
         assert status["attempts"] == (2 if fault == "error_before_apply" else 1)
         assert "outcomeUnknownSince" in status
+    assert refsystem.pending_faults() == [], "every run's first send met its fault"
 
 
 def test_sigkill_around_every_ledger_write(
