@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib.metadata
-import json
 import os
 import tempfile
 import threading
@@ -54,7 +53,7 @@ from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents.core.ledger import idempotency_key
 from durable_agents.demo import operator_kubeconfig
 from durable_agents.localcluster.controlplane import LocalControlPlane, find_repo_root
-from durable_agents.testing.audit import WRITE_VERBS, AuditEntry
+from durable_agents.testing.audit import AuditEntry, parse_audit_line
 from durable_agents.testing.kube import KubeEnv, install_crds
 from durable_agents.testing.operator_process import OperatorProcess, wait_for
 from durable_agents.testing.scrape import free_port
@@ -215,25 +214,9 @@ def read_audit_from(path: Path, offset: int, since: datetime) -> list[AuditEntry
         f.seek(offset)
         for raw in f:
             if b'"ResponseComplete"' not in raw:
-                continue
-            try:
-                line: dict[str, Any] = json.loads(raw)
-            except ValueError:
-                continue  # a line still being written
-            if line.get("stage") != "ResponseComplete" or line.get("verb") not in WRITE_VERBS:
-                continue
-            ref = line.get("objectRef") or {}
-            entry = AuditEntry(
-                user=(line.get("user") or {}).get("username", ""),
-                verb=line["verb"],
-                resource=ref.get("resource", ""),
-                subresource=ref.get("subresource", ""),
-                namespace=ref.get("namespace", ""),
-                name=ref.get("name", ""),
-                code=int((line.get("responseStatus") or {}).get("code", 0)),
-                at=datetime.fromisoformat(line["requestReceivedTimestamp"].replace("Z", "+00:00")),
-            )
-            if entry.at >= since:
+                continue  # cheap skip of request-stage lines before parsing
+            entry = parse_audit_line(raw)
+            if entry is not None and entry.is_write and entry.at >= since:
                 out.append(entry)
     return out
 

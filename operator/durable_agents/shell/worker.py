@@ -24,7 +24,7 @@ import os
 import random
 import socket
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -260,33 +260,24 @@ class RunWorker:
 
     def settings_for(self, run: RunSnapshot) -> Settings:
         ref = run.spec.policy_ref
-        available = frozenset(self.effect_tiers)
-        version, keyring = self.config.operator_version, self.config.keyring
+        base = Settings(
+            tiers=self.effect_tiers,
+            available_effects=frozenset(self.effect_tiers),
+            operator_version=self.config.operator_version,
+            keyring=self.config.keyring,
+        )
         if ref is None:
-            return Settings(
-                tiers=self.effect_tiers,
-                available_effects=available,
-                operator_version=version,
-                keyring=keyring,
-            )
+            return base
         policy = self.policies.get((run.namespace, ref.name))
         if policy is None:
-            return Settings(
-                policy_name=ref.name,
-                tiers=self.effect_tiers,
-                available_effects=available,
-                operator_version=version,
-                keyring=keyring,
-            )
-        return Settings(
-            operator_version=version,
-            keyring=keyring,
+            return replace(base, policy_name=ref.name)
+        return replace(
+            base,
             wait_expiries=policy.wait_expiries,
             policy_name=ref.name,
             policy_version=policy.version,
             tiers={**self.effect_tiers, **policy.tiers},
             policy=policy,
-            available_effects=available,
         )
 
     def planner_for(self, run: RunSnapshot) -> Planner:

@@ -32,7 +32,8 @@ class AuditEntry:
         return f"{self.resource}/{self.subresource}" if self.subresource else self.resource
 
 
-def _parse(line: str) -> AuditEntry | None:
+def parse_audit_line(line: str | bytes) -> AuditEntry | None:
+    """One audit log line as an entry; None for a line still being written or not a response."""
     try:
         raw: dict[str, Any] = json.loads(line)
     except json.JSONDecodeError:
@@ -58,7 +59,7 @@ def read_audit(
     entries: list[AuditEntry] = []
     with path.open() as f:
         for line in f:
-            entry = _parse(line)
+            entry = parse_audit_line(line)
             if entry is None or (user is not None and entry.user != user):
                 continue
             if (since is not None and entry.at < since) or (until is not None and entry.at >= until):

@@ -655,19 +655,9 @@ class WarmOperator(OperatorProcess):
         self._pid: int | None = None
 
     def start(self, timeout: float = 60.0) -> OperatorProcess:
-        env = {
-            **os.environ,
-            "KUBECONFIG": str(self.kubeconfig),
-            "DURABLE_AGENTS_IDENTITY": self.identity,
-            "DURABLE_AGENTS_LEASE_DURATION": str(self.lease_duration),
-            "PYTHONUNBUFFERED": "1",
-            **self.extra_env,
-        }
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._pid = self.server.spawn(env, self.log_path)
-        wait_for(lambda: self._ready_or_dead(), timeout, f"operator {self.identity} to start")
-        if not self.alive:
-            raise RuntimeError(f"operator {self.identity} exited at start:\n{self.log_tail()}")
+        self._pid = self.server.spawn(self.environment(), self.log_path)
+        self.await_ready(timeout)
         return self
 
     @property

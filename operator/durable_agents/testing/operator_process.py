@@ -46,8 +46,9 @@ class OperatorProcess:
         self.extra_env = env or {}
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self, timeout: float = 60.0) -> OperatorProcess:
-        env = {
+    def environment(self) -> dict[str, str]:
+        """The process environment: this one's, the cluster, identity and lease, then the extras."""
+        return {
             **os.environ,
             "KUBECONFIG": str(self.kubeconfig),
             "DURABLE_AGENTS_IDENTITY": self.identity,
@@ -55,6 +56,14 @@ class OperatorProcess:
             "PYTHONUNBUFFERED": "1",
             **self.extra_env,
         }
+
+    def await_ready(self, timeout: float) -> None:
+        wait_for(lambda: self._ready_or_dead(), timeout, f"operator {self.identity} to start")
+        if not self.alive:
+            raise RuntimeError(f"operator {self.identity} exited at start:\n{self.log_tail()}")
+
+    def start(self, timeout: float = 60.0) -> OperatorProcess:
+        env = self.environment()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
@@ -64,9 +73,7 @@ class OperatorProcess:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        wait_for(lambda: self._ready_or_dead(), timeout, f"operator {self.identity} to start")
-        if not self.alive:
-            raise RuntimeError(f"operator {self.identity} exited at start:\n{self.log_tail()}")
+        self.await_ready(timeout)
         return self
 
     def _ready_or_dead(self) -> bool:
