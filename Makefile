@@ -19,6 +19,8 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'
+	@# The test kit (testkit/) never ships: it is only put on this venv's path, for make demo/test.
+	echo "$(CURDIR)/testkit" > "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/durable-agents-testkit.pth"
 	rm -f $(VENV)/.installed-* && touch $@
 
 .PHONY: venv
@@ -37,10 +39,12 @@ crds: $(STAMP) ## generate crds/*.yaml from the pydantic API types
 	$(PY) -m durable_agents.api.crdgen crds charts/durable-agents/crds
 
 .PHONY: lint
-lint: $(STAMP) ## ruff and mypy
+lint: $(STAMP) ## ruff, mypy, the import-linter contracts (layers, no cycles) and the size limits
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
+	$(PY) hack/check_sizes.py
 
 .PHONY: test-unit
 test-unit: $(STAMP) ## pure-core tests, no cluster
@@ -52,15 +56,15 @@ test: $(STAMP) lint binaries ## lint, then every test (unit, integration, e2e) o
 
 .PHONY: cluster-up
 cluster-up: $(STAMP) binaries ## start the local control plane in the background; prints the kubeconfig path
-	@DURABLE_AGENTS_BIN_DIR=$$(bash hack/build.sh | tail -n1) $(VENV)/bin/durable-agents-cluster up
+	@DURABLE_AGENTS_BIN_DIR=$$(bash hack/build.sh | tail -n1) $(PY) -m durable_agents_testkit.localcluster.cli up
 
 .PHONY: cluster-down
 cluster-down: $(STAMP) ## stop the local control plane started by cluster-up
-	@$(VENV)/bin/durable-agents-cluster down
+	@$(PY) -m durable_agents_testkit.localcluster.cli down
 
 .PHONY: demo
 demo: $(STAMP) binaries ## the main job on the embedded local control plane (or KUBECONFIG's cluster)
-	@DURABLE_AGENTS_BIN_DIR=$$(bash hack/build.sh | tail -n1) $(PY) -m durable_agents.demo
+	@DURABLE_AGENTS_BIN_DIR=$$(bash hack/build.sh | tail -n1) $(PY) -m durable_agents_testkit.demo
 
 BENCH_STAMP := $(VENV)/.bench-$(shell cksum pyproject.toml | cut -d' ' -f1)
 BENCH_SCALE ?= full

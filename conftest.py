@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from durable_agents.testing.kube import KubeEnv, install_crds
+from durable_agents_testkit.cluster import KubeEnv, install_crds
 
 REPO = Path(__file__).resolve().parent
 _MARK_BY_DIR = {"unit": "unit", "integration": "integration"}
@@ -40,7 +40,7 @@ def kube() -> Iterator[KubeEnv]:
         install_crds(env.api, REPO / "crds")
         yield env
         return
-    from durable_agents.localcluster.controlplane import LocalControlPlane
+    from durable_agents_testkit.localcluster.controlplane import LocalControlPlane
 
     with LocalControlPlane() as plane:
         env = KubeEnv.local(plane)

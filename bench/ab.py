@@ -5,7 +5,7 @@ local control plane (etcd fsync on), interleaved (base, change, base, change, ..
 of a shared machine falls on both alike. Figures: transitions per second (20 runs of 8 steps) and
 the cold start of a fresh process over N runs already waiting (all wake-ups armed), beside a raw
 list of the same runs. The base revision is extracted with ``git archive`` and imported through
-``PYTHONPATH`` (durable_agents.testing.releases), exactly as the upgrade tests run a previous release.
+``PYTHONPATH`` (durable_agents_testkit.releases), exactly as the upgrade tests run a previous release.
 
     .venv/bin/python -m bench.ab --base HEAD~1 --repeat 3 --cold-runs 3000
 """
@@ -31,9 +31,9 @@ from bench.core import (
     list_runs,
     parked,
 )
-from durable_agents.testing.operator_process import wait_for
-from durable_agents.testing.releases import materialize_release
-from durable_agents.testing.scrape import free_port
+from durable_agents_testkit.operator_process import wait_for
+from durable_agents_testkit.releases import materialize_release
+from durable_agents_testkit.scrape import free_port
 
 ASK = {
     "taskType": "bench",

@@ -34,12 +34,12 @@ from kubernetes import client
 
 from durable_agents import __version__
 from durable_agents.api.v1alpha1 import GROUP, VERSION
-from durable_agents.localcluster.controlplane import LocalControlPlane
-from durable_agents.refsystem import ReferenceSystemThread
-from durable_agents.testing.audit import read_audit
-from durable_agents.testing.kube import KubeEnv, install_crds
-from durable_agents.testing.operator_process import OperatorProcess, wait_for
-from durable_agents.testing.scrape import free_port, metric, scrape
+from durable_agents_testkit.audit import read_audit
+from durable_agents_testkit.cluster import KubeEnv, install_crds
+from durable_agents_testkit.localcluster.controlplane import LocalControlPlane
+from durable_agents_testkit.operator_process import OperatorProcess, wait_for
+from durable_agents_testkit.refsystem import ReferenceSystemThread
+from durable_agents_testkit.scrape import free_port, metric, scrape
 
 REPO = Path(__file__).resolve().parents[1]
 OPERATOR_USER = "durable-agents-operator"

@@ -10,9 +10,9 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from durable_agents.testing.kube import KubeEnv
-from durable_agents.testing.operator_process import OperatorProcess
-from durable_agents.testing.runs import Runs
+from durable_agents_testkit.cluster import KubeEnv
+from durable_agents_testkit.operator_process import OperatorProcess
+from durable_agents_testkit.runs import Runs
 
 REPO = Path(__file__).resolve().parents[1]
 OPERATOR_USER = "durable-agents-operator"

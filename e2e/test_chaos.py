@@ -15,7 +15,7 @@ faults are everything else injected (freezes, ambiguous answers, repeated delive
 (``crash_chains=4,restarts=6``) overrides single knobs of a size.
 
 Operators are separate processes. Most are forked from an interpreter that has already imported
-the operator (:class:`durable_agents.testing.chaos.ForkServer`: hundreds of fresh processes on two
+the operator (:class:`durable_agents_testkit.chaos.ForkServer`: hundreds of fresh processes on two
 cores); the webhook's and the previous release's operators, and the one riding through the
 control-plane restarts, are started the usual way. Rows that show a known operator bug are
 ``xfail(strict=True)`` on exactly that failure, and show as KNOWN BUG in the table.
@@ -42,8 +42,7 @@ from kubernetes.client.rest import ApiException
 import durable_agents
 from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents.core.ledger import action_record_name, idempotency_key
-from durable_agents.refsystem import ReferenceSystemThread
-from durable_agents.testing.chaos import (
+from durable_agents_testkit.chaos import (
     DONE,
     READ,
     TERMINAL,
@@ -70,11 +69,12 @@ from durable_agents.testing.chaos import (
     run_spec,
     settle,
 )
-from durable_agents.testing.kube import KubeEnv, install_crds
-from durable_agents.testing.operator_process import OperatorProcess, wait_for
-from durable_agents.testing.releases import Release, ReleaseUnavailable, materialize_release
-from durable_agents.testing.runs import Runs
-from durable_agents.testing.scrape import free_port, metric, scrape
+from durable_agents_testkit.cluster import KubeEnv, install_crds
+from durable_agents_testkit.operator_process import OperatorProcess, wait_for
+from durable_agents_testkit.refsystem import ReferenceSystemThread
+from durable_agents_testkit.releases import Release, ReleaseUnavailable, materialize_release
+from durable_agents_testkit.runs import Runs
+from durable_agents_testkit.scrape import free_port, metric, scrape
 
 REPO = Path(__file__).resolve().parents[1]
 SIZE = chaos_size()
@@ -1048,7 +1048,7 @@ def test_stale_backup_restore(lab: Lab, kube: KubeEnv) -> None:
     then restore the stale export into a FRESH control plane and run an operator there, against
     the same authoritative system: no effect may be applied again."""
     needs_local_plane(kube)
-    from durable_agents.localcluster.controlplane import LocalControlPlane
+    from durable_agents_testkit.localcluster.controlplane import LocalControlPlane
 
     assert lab.refsystem is not None
     ref = lab.refsystem

@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from durable_agents.testing.kube import KubeEnv
+from durable_agents_testkit.cluster import KubeEnv
 
 
 def test_demo_completes_the_run(kube: KubeEnv) -> None:
@@ -14,7 +14,11 @@ def test_demo_completes_the_run(kube: KubeEnv) -> None:
     if kube.plane is None:  # on an external cluster the demo runs there
         env["KUBECONFIG"] = str(kube.kubeconfig)
     out = subprocess.run(
-        [sys.executable, "-m", "durable_agents.demo"], env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "durable_agents_testkit.demo"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     text = out.stdout

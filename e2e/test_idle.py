@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from durable_agents.testing.audit import count_by, read_audit
-from durable_agents.testing.kube import KubeEnv
-from durable_agents.testing.operator_process import OperatorProcess, wait_for
-from durable_agents.testing.runs import Runs
+from durable_agents_testkit.audit import count_by, read_audit
+from durable_agents_testkit.cluster import KubeEnv
+from durable_agents_testkit.operator_process import OperatorProcess, wait_for
+from durable_agents_testkit.runs import Runs
 
 OPERATOR_USER = "durable-agents-operator"
 PARKED = 200

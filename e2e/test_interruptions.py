@@ -30,11 +30,11 @@ from kubernetes import client
 from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents.core.engine import child_run_name
 from durable_agents.core.ledger import action_record_name, idempotency_key
-from durable_agents.refsystem import ReferenceSystemThread
-from durable_agents.testing.kube import KubeEnv
-from durable_agents.testing.operator_process import OperatorProcess, wait_for
-from durable_agents.testing.runs import Runs, assert_history_is_gapless
-from durable_agents.testing.scrape import free_port, metric, scrape
+from durable_agents_testkit.cluster import KubeEnv
+from durable_agents_testkit.operator_process import OperatorProcess, wait_for
+from durable_agents_testkit.refsystem import ReferenceSystemThread
+from durable_agents_testkit.runs import Runs, assert_history_is_gapless
+from durable_agents_testkit.scrape import free_port, metric, scrape
 
 LEASE = 2
 

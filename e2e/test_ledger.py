@@ -10,11 +10,11 @@ from kubernetes import client
 
 from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents.core.ledger import action_record_name, idempotency_key
-from durable_agents.refsystem import ReferenceSystemThread
-from durable_agents.testing.kube import KubeEnv
-from durable_agents.testing.operator_process import OperatorProcess, wait_for
-from durable_agents.testing.runs import Runs, assert_history_is_gapless
-from durable_agents.testing.scrape import free_port, metric, scrape
+from durable_agents_testkit.cluster import KubeEnv
+from durable_agents_testkit.operator_process import OperatorProcess, wait_for
+from durable_agents_testkit.refsystem import ReferenceSystemThread
+from durable_agents_testkit.runs import Runs, assert_history_is_gapless
+from durable_agents_testkit.scrape import free_port, metric, scrape
 
 LEASE = 2
 EFFECT_EVENTS = ["accepted", "external_awaited", "external_received", "revalidated", "succeeded"]
@@ -63,7 +63,7 @@ def test_effect_is_applied_once_and_its_outcome_becomes_evidence(
 ) -> None:
     from datetime import UTC, datetime
 
-    from durable_agents.testing.audit import count_by, read_audit
+    from durable_agents_testkit.audit import count_by, read_audit
 
     start_operator("ledger", LEASE)
     started = datetime.now(UTC)
@@ -306,7 +306,7 @@ def grant(kube: KubeEnv, namespace: str, subject: dict[str, str], verbs: list[st
 
 def applies_of(kube: KubeEnv, namespace: str, name: str) -> int:
     """Successful writes to one ConfigMap, from the API server's audit log."""
-    from durable_agents.testing.audit import read_audit
+    from durable_agents_testkit.audit import read_audit
 
     assert kube.plane is not None
     return sum(

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from durable_agents.testing.operator_process import OperatorProcess, wait_for
-from durable_agents.testing.runs import (
+from durable_agents_testkit.operator_process import OperatorProcess, wait_for
+from durable_agents_testkit.runs import (
     EXPECTED_EVENTS,
     Runs,
     assert_history_is_gapless,

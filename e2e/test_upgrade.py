@@ -23,11 +23,11 @@ import pytest
 import durable_agents
 from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents.core.ledger import action_record_name, idempotency_key
-from durable_agents.refsystem import ReferenceSystemThread
 from durable_agents.shell.leases import LeaseRecord
-from durable_agents.testing.operator_process import OperatorProcess, wait_for
-from durable_agents.testing.releases import Release, ReleaseUnavailable, materialize_release
-from durable_agents.testing.runs import (
+from durable_agents_testkit.operator_process import OperatorProcess, wait_for
+from durable_agents_testkit.refsystem import ReferenceSystemThread
+from durable_agents_testkit.releases import Release, ReleaseUnavailable, materialize_release
+from durable_agents_testkit.runs import (
     EXPECTED_EVENTS,
     Runs,
     assert_history_is_gapless,

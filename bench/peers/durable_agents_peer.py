@@ -51,12 +51,12 @@ from bench.peers.worker import PeerSystem, serve
 from bench.peers.workload import RepResult, RunTiming
 from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents.core.ledger import idempotency_key
-from durable_agents.demo import operator_kubeconfig
-from durable_agents.localcluster.controlplane import LocalControlPlane, find_repo_root
-from durable_agents.testing.audit import AuditEntry, parse_audit_line
-from durable_agents.testing.kube import KubeEnv, install_crds
-from durable_agents.testing.operator_process import OperatorProcess, wait_for
-from durable_agents.testing.scrape import free_port
+from durable_agents_testkit.audit import AuditEntry, parse_audit_line
+from durable_agents_testkit.cluster import KubeEnv, install_crds
+from durable_agents_testkit.demo import operator_kubeconfig
+from durable_agents_testkit.localcluster.controlplane import LocalControlPlane, find_repo_root
+from durable_agents_testkit.operator_process import OperatorProcess, wait_for
+from durable_agents_testkit.scrape import free_port
 
 APPROVER = "bench-approver"
 APPROVERS_GROUP = "agentrun-approvers"

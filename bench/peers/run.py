@@ -426,7 +426,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from bench.peers.postgres import ThrowawayPostgres
-    from durable_agents.refsystem import ReferenceSystemThread
+    from durable_agents_testkit.refsystem import ReferenceSystemThread
 
     began = time.monotonic()
     specs = [SYSTEMS[n] for n in args.system_names]
@@ -622,7 +622,7 @@ def workload_description() -> dict[str, Any]:
         "computation": "steps 1-4, 5 (after the wait), 6, 7, 9, 10: 64 rounds of SHA-256 over the "
         "run's state",
         "approval": "step 5 waits durably for an approval delivered from outside the run",
-        "effect": "step 8 POSTs with an idempotency key to a counting server (durable_agents.refsystem)",
+        "effect": "step 8 POSTs with an idempotency key to a counting server (testkit refsystem)",
         "approval_to_resume": "from the approval's delivery being accepted (a durable write returned; for "
         "LangGraph, the resume call made) to the run observed past its wait (code after the wait; for "
         "durable-agents, the next committed state seen through a watch)",

@@ -40,7 +40,7 @@ def compute(prev: str, run_id: str, step: int, extra: str = "") -> str:
 
 
 def receipt_for(key: str) -> str:
-    """The counting server's receipt for a key (see durable_agents.refsystem.receipt_for)."""
+    """The counting server's receipt for a key (see durable_agents_testkit.refsystem.receipt_for)."""
     return "rcpt-" + hashlib.sha256(key.encode("utf-8")).hexdigest()[:16]
 
 

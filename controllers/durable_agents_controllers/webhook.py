@@ -18,8 +18,8 @@ from typing import Any
 import kopf
 
 from durable_agents.api.v1alpha1 import AgentRunSpec
-from durable_agents.localcluster.certs import generate_ca, issue_serving_cert
 from durable_agents.shell import admission
+from durable_agents.shell.certs import generate_ca, issue_serving_cert
 from durable_agents.shell.kube import GROUP, VERSION, Kube
 from durable_agents_controllers.runtime import worker
 

@@ -12,7 +12,7 @@ import yaml
 from kubernetes.client.rest import ApiException
 
 from durable_agents.api.v1alpha1 import GROUP, VERSION
-from durable_agents.testing.kube import KubeEnv
+from durable_agents_testkit.cluster import KubeEnv
 
 REPO = Path(__file__).resolve().parents[2]
 PLURALS = {"AgentRun": "agentruns", "ActionRecord": "actionrecords", "AgentPolicy": "agentpolicies"}

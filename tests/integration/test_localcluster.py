@@ -21,8 +21,8 @@ import pytest
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
-from durable_agents.localcluster.controlplane import ControlPlaneError, LocalControlPlane
-from durable_agents.testing.kube import KubeEnv
+from durable_agents_testkit.cluster import KubeEnv
+from durable_agents_testkit.localcluster.controlplane import ControlPlaneError, LocalControlPlane
 
 pytestmark = [
     pytest.mark.integration,
@@ -203,7 +203,7 @@ def cli_env(bin_dir: Path) -> dict[str, str]:
 
 def run_cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "durable_agents.localcluster.cli", *args],
+        [sys.executable, "-m", "durable_agents_testkit.localcluster.cli", *args],
         capture_output=True,
         text=True,
         env=env,

@@ -12,7 +12,7 @@ from test_run_leases import agent_run
 from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents.shell.kube import Kube
 from durable_agents.shell.reflector import RunReflector
-from durable_agents.testing.kube import KubeEnv
+from durable_agents_testkit.cluster import KubeEnv
 
 Seen = list[tuple[str | None, str, str]]
 

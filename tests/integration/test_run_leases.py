@@ -11,7 +11,7 @@ import yaml
 from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents.shell.kube import Kube
 from durable_agents.shell.leases import RunLeases
-from durable_agents.testing.kube import KubeEnv
+from durable_agents_testkit.cluster import KubeEnv
 
 REPO = Path(__file__).resolve().parents[2]
 ROUNDS = 25

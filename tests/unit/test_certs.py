@@ -13,7 +13,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from cryptography.x509.verification import PolicyBuilder, Store, VerificationError
 
-from durable_agents.localcluster.certs import (
+from durable_agents_testkit.localcluster.certs import (
     KUBERNETES_SERVICE_IP,
     KUBERNETES_SERVICE_NAMES,
     ClusterPKI,

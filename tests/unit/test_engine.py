@@ -26,6 +26,7 @@ from durable_agents.api.v1alpha1 import (
     ObjectReference,
     WaitExpiries,
 )
+from durable_agents.api.v1alpha1.states import NON_TERMINAL_STATES, TERMINAL_STATES, RunState
 from durable_agents.core.checkpoint import (
     CURRENT_SCHEMA_VERSION,
     Checkpoint,
@@ -54,14 +55,8 @@ from durable_agents.core.engine import (
     fence,
 )
 from durable_agents.core.planner import ScriptedPlanner
-from durable_agents.core.statemachine import (
-    NON_TERMINAL_STATES,
-    TERMINAL_STATES,
-    TRANSITIONS,
-    RunEvent,
-    RunState,
-)
-from durable_agents.testing.runs import EXPECTED_EVENTS, assert_history_is_gapless, read_ask_await_complete
+from durable_agents.core.statemachine import TRANSITIONS, RunEvent
+from durable_agents_testkit.runs import EXPECTED_EVENTS, assert_history_is_gapless, read_ask_await_complete
 
 pytestmark = pytest.mark.unit
 

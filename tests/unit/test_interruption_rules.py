@@ -45,6 +45,7 @@ from durable_agents.api.v1alpha1 import (
     RetryPolicy,
     UnreversedEffect,
 )
+from durable_agents.api.v1alpha1.states import RunState
 from durable_agents.core.checkpoint import CancellationRecord, ChildRecord, dump_checkpoint, seal_field
 from durable_agents.core.engine import (
     ActionObservation,
@@ -63,7 +64,7 @@ from durable_agents.core.engine import (
 )
 from durable_agents.core.ledger import action_record_name, idempotency_key
 from durable_agents.core.sealing import Keyring
-from durable_agents.core.statemachine import RunEvent, RunState
+from durable_agents.core.statemachine import RunEvent
 
 pytestmark = pytest.mark.unit
 

@@ -18,8 +18,8 @@ from urllib.parse import quote, urlencode
 import aiohttp
 import pytest
 
-from durable_agents import refsystem
-from durable_agents.refsystem import (
+from durable_agents_testkit import refsystem
+from durable_agents_testkit.refsystem import (
     FaultMode,
     ReferenceSystem,
     ReferenceSystemThread,
@@ -331,7 +331,7 @@ def test_thread_runner_stop_and_errors() -> None:
 
 def test_standalone_main_prints_url() -> None:
     process = subprocess.Popen(
-        [sys.executable, "-m", "durable_agents.refsystem", "--host", "127.0.0.1", "--port", "0"],
+        [sys.executable, "-m", "durable_agents_testkit.refsystem", "--host", "127.0.0.1", "--port", "0"],
         stdout=subprocess.PIPE,
         text=True,
         env={**os.environ, "PYTHONPATH": str(Path(refsystem.__file__).parents[1])},

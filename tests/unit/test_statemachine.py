@@ -7,15 +7,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
+from durable_agents.api.v1alpha1.states import NON_TERMINAL_STATES, TERMINAL_STATES, WAITING_STATES, RunState
 from durable_agents.core.statemachine import (
-    NON_TERMINAL_STATES,
-    TERMINAL_STATES,
     TRANSITIONS,
-    WAITING_STATES,
     IllegalTransition,
     Position,
     RunEvent,
-    RunState,
     allowed_events,
     next_state,
     transition,

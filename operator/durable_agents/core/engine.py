@@ -45,6 +45,7 @@ from durable_agents.api.v1alpha1 import (
     UnreversedEffect,
     WaitExpiries,
 )
+from durable_agents.api.v1alpha1.states import RunState
 from durable_agents.core.approvals import approval_digest
 from durable_agents.core.checkpoint import (
     ApprovalRecord,
@@ -85,7 +86,7 @@ from durable_agents.core.planner import (
 )
 from durable_agents.core.sealing import Keyring
 from durable_agents.core.statemachine import Position as MachinePosition
-from durable_agents.core.statemachine import RunEvent, RunState, transition
+from durable_agents.core.statemachine import RunEvent, transition
 
 E = RunEvent
 S = RunState

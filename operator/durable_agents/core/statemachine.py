@@ -10,31 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-
-class RunState(StrEnum):
-    """The persisted position of a run. The string values are the public API."""
-
-    PENDING = "pending"
-    READY = "ready"
-    WAITING_INPUT = "waiting_input"
-    WAITING_APPROVAL = "waiting_approval"
-    WAITING_EXTERNAL = "waiting_external"
-    WAITING_RETRY = "waiting_retry"
-    RESUME_VALIDATION = "resume_validation"
-    CANCEL_REQUESTED = "cancel_requested"
-    QUARANTINED = "quarantined"
-    COMPLETED = "completed"
-    FAILED = "failed"
-    CANCELED = "canceled"
-    EXPIRED = "expired"
-
-    @property
-    def terminal(self) -> bool:
-        return self in TERMINAL_STATES
-
-    @property
-    def waiting(self) -> bool:
-        return self in WAITING_STATES
+from durable_agents.api.v1alpha1.states import NON_TERMINAL_STATES, WAITING_STATES, RunState
 
 
 class RunEvent(StrEnum):
@@ -70,11 +46,6 @@ class RunEvent(StrEnum):
 S = RunState
 E = RunEvent
 
-TERMINAL_STATES: frozenset[RunState] = frozenset({S.COMPLETED, S.FAILED, S.CANCELED, S.EXPIRED})
-WAITING_STATES: frozenset[RunState] = frozenset(
-    {S.WAITING_INPUT, S.WAITING_APPROVAL, S.WAITING_EXTERNAL, S.WAITING_RETRY}
-)
-NON_TERMINAL_STATES: frozenset[RunState] = frozenset(RunState) - TERMINAL_STATES
 
 _WAIT_EXITS: dict[RunState, RunEvent] = {
     S.WAITING_INPUT: E.INPUT_RECEIVED,

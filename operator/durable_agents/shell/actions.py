@@ -34,8 +34,8 @@ class ActionStore(StatusStore):
             "metadata": {"name": name, "namespace": namespace, "labels": {RUN_LABEL: spec.run_ref.name}},
             "spec": spec.wire(),
         }
-        async with self.hooks.serialized():
-            self.hooks.before()
+        async with self.faults.serialized():
+            self.faults.before()
             try:
                 out: dict[str, Any] = await self.kube.call(
                     self.kube.custom.create_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, body
@@ -45,8 +45,8 @@ class ActionStore(StatusStore):
                 if err.status != 409:
                     raise
                 metrics.DUPLICATE_SUPPRESSIONS.inc()
-                self.hooks.after()
+                self.faults.after()
                 return await self.get(namespace, name)
             metrics.API_WRITES.labels("actionrecords", "create").inc()
-            self.hooks.after()
+            self.faults.after()
             return out

@@ -14,8 +14,8 @@ from typing import Any
 from kubernetes.client.rest import ApiException
 
 from durable_agents.api.v1alpha1 import API_VERSION, AgentRunStatus
+from durable_agents.api.v1alpha1.states import RunState
 from durable_agents.core.engine import ChildObservation, NeedChildren, RunSnapshot
-from durable_agents.core.statemachine import RunState
 from durable_agents.shell import metrics
 from durable_agents.shell.kube import Kube, service_account_user
 from durable_agents.shell.store import Gone, RunStore

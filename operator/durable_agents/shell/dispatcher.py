@@ -50,7 +50,7 @@ from durable_agents.shell.effects import (
     load_effects,
 )
 from durable_agents.shell.events import EventRecorder
-from durable_agents.shell.hooks import process_hooks
+from durable_agents.shell.faults import process_faults
 from durable_agents.shell.kube import Kube
 from durable_agents.shell.scheduler import Key
 from durable_agents.shell.store import Conflict, Gone
@@ -170,7 +170,7 @@ class Dispatcher:
             "Dispatched",
             f"{spec.effect} attempt {claimed_status.attempts} key={spec.idempotency_key}",
         )
-        process_hooks().before_send()
+        process_faults().before_send()
         if not self._claim_holds(claimed_at):
             return await self._claim_lapsed(claimed, spec)
         result = await effect.dispatch(ctx, action)

@@ -15,7 +15,7 @@ from typing import Any
 from kubernetes.client.rest import ApiException
 
 from durable_agents.shell import metrics
-from durable_agents.shell.hooks import CommitHooks, process_hooks
+from durable_agents.shell.faults import FaultPoints, process_faults
 from durable_agents.shell.kube import GROUP, VERSION, Kube
 
 
@@ -33,9 +33,9 @@ class StatusStore:
     kind: str
     plural: str
 
-    def __init__(self, kube: Kube, hooks: CommitHooks | None = None) -> None:
+    def __init__(self, kube: Kube, faults: FaultPoints | None = None) -> None:
         self.kube = kube
-        self.hooks = hooks or process_hooks()
+        self.faults = faults or process_faults()
 
     async def get(self, namespace: str, name: str) -> dict[str, Any]:
         try:
@@ -62,11 +62,11 @@ class StatusStore:
             "spec": current["spec"],
             "status": status,
         }
-        if self.hooks.delay:
-            await asyncio.sleep(self.hooks.delay)
+        if self.faults.delay:
+            await asyncio.sleep(self.faults.delay)
         label = f"{self.plural}/status"
-        async with self.hooks.serialized():
-            self.hooks.before()
+        async with self.faults.serialized():
+            self.faults.before()
             started = time.perf_counter()
             try:
                 out: dict[str, Any] = await self.kube.call(
@@ -88,7 +88,7 @@ class StatusStore:
                 raise
             metrics.API_WRITES.labels(label, "update").inc()
             metrics.COMMIT_LATENCY.labels(self.plural).observe(time.perf_counter() - started)
-            self.hooks.after()
+            self.faults.after()
         return out
 
 

@@ -32,6 +32,7 @@ from kubernetes.client.rest import ApiException
 
 from durable_agents import __version__
 from durable_agents.api.v1alpha1 import ActionRecordStatus, ActionState, AgentPolicySpec
+from durable_agents.api.v1alpha1.states import RunState
 from durable_agents.core.checkpoint import Fencing, KubernetesEvidenceRef, Loaded, load_checkpoint
 from durable_agents.core.engine import (
     ActionObservation,
@@ -51,7 +52,7 @@ from durable_agents.core.engine import (
 from durable_agents.core.ledger import check_action_transition
 from durable_agents.core.planner import Planner, load_planners
 from durable_agents.core.sealing import Keyring
-from durable_agents.core.statemachine import RunEvent, RunState
+from durable_agents.core.statemachine import RunEvent
 from durable_agents.shell import metrics
 from durable_agents.shell.actions import ActionStore
 from durable_agents.shell.children import ChildRuns

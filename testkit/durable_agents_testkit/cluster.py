@@ -17,7 +17,7 @@ from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
 if TYPE_CHECKING:
-    from durable_agents.localcluster.controlplane import LocalControlPlane
+    from durable_agents_testkit.localcluster.controlplane import LocalControlPlane
 
 
 @dataclass

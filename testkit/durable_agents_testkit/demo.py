@@ -25,10 +25,10 @@ from typing import Any
 import yaml
 from kubernetes import client
 
-from durable_agents.localcluster.controlplane import LocalControlPlane, find_repo_root
-from durable_agents.testing.kube import KubeEnv, install_crds
-from durable_agents.testing.operator_process import OperatorProcess, wait_for
-from durable_agents.testing.runs import Runs
+from durable_agents_testkit.cluster import KubeEnv, install_crds
+from durable_agents_testkit.localcluster.controlplane import LocalControlPlane, find_repo_root
+from durable_agents_testkit.operator_process import OperatorProcess, wait_for
+from durable_agents_testkit.runs import Runs
 
 OPERATOR_USER = "durable-agents-operator"
 

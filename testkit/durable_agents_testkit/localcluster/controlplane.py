@@ -8,7 +8,7 @@ controller-manager ``/healthz``) under bounded deadlines, restarting a component
 tests), and stopping everything so that no process is left behind.
 
 Two modes share the code. In-process (tests): the plane belongs to this Python process and is
-also stopped at interpreter exit. Detached (the ``durable-agents-cluster`` CLI): the processes
+also stopped at interpreter exit. Detached (the test kit's ``localcluster.cli``): the processes
 outlive the CLI, and a ``state.json`` in the work directory lets a later invocation
 (:meth:`LocalControlPlane.attach`) check or stop them. The state file is written in both modes,
 so a test run killed hard can still be cleaned up with ``durable-agents-cluster down --dir``.
@@ -42,7 +42,8 @@ from typing import Any, Self
 
 import yaml
 
-from durable_agents.localcluster.certs import ClusterPKI, KeyPair, PKIPaths, write_file
+from durable_agents.shell.certs import KeyPair
+from durable_agents_testkit.localcluster.certs import ClusterPKI, PKIPaths, write_file
 
 ETCD = "etcd"
 APISERVER = "kube-apiserver"

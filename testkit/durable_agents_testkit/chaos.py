@@ -40,12 +40,12 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from durable_agents.api.v1alpha1 import GROUP, VERSION
-from durable_agents.refsystem import ReferenceSystemThread
 from durable_agents.shell.leases import RUN_LABEL
-from durable_agents.testing.kube import KubeEnv
-from durable_agents.testing.operator_process import OperatorProcess, wait_for
-from durable_agents.testing.runs import Runs
-from durable_agents.testing.scrape import free_port
+from durable_agents_testkit.cluster import KubeEnv
+from durable_agents_testkit.operator_process import OperatorProcess, wait_for
+from durable_agents_testkit.refsystem import ReferenceSystemThread
+from durable_agents_testkit.runs import Runs
+from durable_agents_testkit.scrape import free_port
 
 SIZE_ENV = "DURABLE_AGENTS_CHAOS_SIZE"
 OUT_ENV = "DURABLE_AGENTS_CHAOS_OUT"

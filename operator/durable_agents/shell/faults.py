@@ -39,7 +39,7 @@ class Trigger:
         return cls(phase, int(nth), sig)
 
 
-class CommitHooks:
+class FaultPoints:
     def __init__(self, triggers: list[Trigger], delay: float = 0.0, stop_before_send: bool = False) -> None:
         self.triggers = triggers
         self.delay = delay
@@ -60,7 +60,7 @@ class CommitHooks:
         return self._lock
 
     @classmethod
-    def from_env(cls) -> CommitHooks:
+    def from_env(cls) -> FaultPoints:
         triggers = [
             Trigger.parse(os.environ[env], sig)
             for env, sig in ((KILL_ENV, signal.SIGKILL), (STOP_ENV, signal.SIGSTOP))
@@ -87,12 +87,12 @@ class CommitHooks:
                 os.kill(os.getpid(), t.sig)
 
 
-_process_hooks: CommitHooks | None = None
+_process_faults: FaultPoints | None = None
 
 
-def process_hooks() -> CommitHooks:
+def process_faults() -> FaultPoints:
     """The one hook counter of this process: run and action-record commits count together."""
-    global _process_hooks
-    if _process_hooks is None:
-        _process_hooks = CommitHooks.from_env()
-    return _process_hooks
+    global _process_faults
+    if _process_faults is None:
+        _process_faults = FaultPoints.from_env()
+    return _process_faults

@@ -1,15 +1,4 @@
-"""The API types of group ``durable-agents.io``, version ``v1alpha1``: the one source of truth.
-
-AgentRun, ActionRecord and AgentPolicy are defined here once, as pydantic models. The CRD YAML
-under ``crds/`` is generated from these models (see :mod:`durable_agents.api.crdgen`), so API
-server validation (OpenAPI + CEL) and operator-side parsing can never disagree. Constraints the
-API server can enforce alone (enums, bounds, immutability) are declared here as schema extras.
-
-The checkpoint is deliberately an open object at this layer: the API server must store a
-checkpoint written by a *newer* operator untouched, so that an older operator can quarantine it
-instead of the API server rejecting or pruning it. The operator validates it
-(:mod:`durable_agents.core.checkpoint`).
-"""
+"""AgentRun: the run a user applies (spec) and the operator's record of it (status)."""
 
 from __future__ import annotations
 
@@ -17,91 +6,26 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
-from pydantic.alias_generators import to_camel
+from pydantic import ConfigDict, Field
 
-from durable_agents.core.statemachine import RunState
-
-GROUP = "durable-agents.io"
-VERSION = "v1alpha1"
-API_VERSION = f"{GROUP}/{VERSION}"
-
-# Go-style durations ("90s", "15m", "1h30m"), as in metav1.Duration.
-DURATION_PATTERN = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"
-NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
-REQUEST_ID_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
-
-Answer = Annotated[str, Field(max_length=4096)]
-
-
-def cel(rule: str, message: str, **extra: str) -> dict[str, Any]:
-    """One ``x-kubernetes-validations`` entry."""
-    return {"rule": rule, "message": message, **extra}
-
-
-def append_only(message: str) -> dict[str, Any]:
-    """Schema extra for a map of requests: entries may be added, never changed or withdrawn."""
-    return {"x-kubernetes-validations": [cel("oldSelf.all(k, k in self && self[k] == oldSelf[k])", message)]}
-
-
-def immutable(field: str) -> dict[str, Any]:
-    """Schema extra that makes a field immutable once set (CEL transition rule)."""
-    return {"x-kubernetes-validations": [cel("self == oldSelf", f"{field} is immutable")]}
-
-
-class ApiModel(BaseModel):
-    """camelCase on the wire, snake_case in Python; unknown fields from newer servers ignored."""
-
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
-
-    def wire(self) -> dict[str, Any]:
-        """The JSON-ready dict as the API server stores it."""
-        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
-
-
-# --- shared pieces ---------------------------------------------------------------------------
-
-
-class ConditionStatus(StrEnum):
-    TRUE = "True"
-    FALSE = "False"
-    UNKNOWN = "Unknown"
-
-
-class Condition(ApiModel):
-    """metav1.Condition, so that ``kubectl wait --for=condition=...`` works."""
-
-    type: str = Field(max_length=316, pattern=r"^([a-zA-Z0-9]([-a-zA-Z0-9.]*[a-zA-Z0-9])?/)?[A-Za-z]+$")
-    status: ConditionStatus
-    reason: str = Field(max_length=1024, pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
-    message: str = Field(default="", max_length=32768)
-    last_transition_time: datetime
-    observed_generation: int | None = Field(default=None, ge=0)
-
-
-CONDITIONS_SCHEMA_EXTRA: dict[str, Any] = {
-    "x-kubernetes-list-type": "map",
-    "x-kubernetes-list-map-keys": ["type"],
-}
-
-
-class ObjectReference(ApiModel):
-    """A Kubernetes object a step reads or targets. Namespace defaults to the run's."""
-
-    api_version: str = Field(max_length=253)
-    kind: str = Field(max_length=63)
-    name: str = Field(max_length=253)
-    namespace: str | None = Field(default=None, max_length=63)
-
-
-class RunReference(ApiModel):
-    name: str = Field(max_length=253)
-    uid: str = Field(max_length=64)
-
-
-class LocalReference(ApiModel):
-    name: str = Field(max_length=253, pattern=NAME_PATTERN)
-
+from durable_agents.api.v1alpha1.meta import (
+    API_VERSION,
+    CONDITIONS_SCHEMA_EXTRA,
+    DURATION_PATTERN,
+    NAME_PATTERN,
+    REQUEST_ID_PATTERN,
+    ActionTier,
+    Answer,
+    ApiModel,
+    Condition,
+    LocalReference,
+    ObjectReference,
+    RunReference,
+    append_only,
+    cel,
+    immutable,
+)
+from durable_agents.api.v1alpha1.states import RunState
 
 # --- AgentRun ------------------------------------------------------------------------------
 
@@ -457,186 +381,3 @@ class AgentRun(ApiModel):
     metadata: dict[str, Any] = Field(default_factory=dict)
     spec: AgentRunSpec
     status: AgentRunStatus | None = None
-
-
-# --- ActionRecord --------------------------------------------------------------------------
-
-
-class ActionTier(StrEnum):
-    READ_ONLY = "read-only"
-    REVERSIBLE = "reversible"
-    CONSEQUENTIAL = "consequential"
-
-
-class ActionState(StrEnum):
-    INTENT = "intent"
-    DISPATCHING = "dispatching"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    OUTCOME_UNKNOWN = "outcome_unknown"
-    CANCELED = "canceled"
-
-
-class ActionRecordSpec(ApiModel):
-    """The intent: immutable once committed; the name of the record derives from the key."""
-
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [cel("self == oldSelf", "an action intent is immutable")]
-        }
-    )
-
-    idempotency_key: str = Field(max_length=253)
-    run_ref: RunReference
-    service_account_name: str = Field(default="default", max_length=253, description="Who the effect acts as")
-    step_index: int = Field(ge=0)
-    effect: str = Field(max_length=128)
-    tier: ActionTier
-    target: dict[str, Any] | None = Field(
-        default=None, json_schema_extra={"x-kubernetes-preserve-unknown-fields": True}
-    )
-    arguments: dict[str, Any] | None = Field(
-        default=None, json_schema_extra={"x-kubernetes-preserve-unknown-fields": True}
-    )
-    approval_request_id: str | None = Field(default=None, max_length=128)
-    compensates: str | None = Field(default=None, max_length=253)
-
-
-class ActionRecordStatus(ApiModel):
-    state: ActionState = ActionState.INTENT
-    attempts: int = Field(default=0, ge=0)
-    queries: int = Field(default=0, ge=0, description="Times the authoritative system was asked")
-    claimed_by: str | None = Field(default=None, max_length=253)
-    claim_expires_at: datetime | None = None
-    first_dispatched_at: datetime | None = None
-    last_attempt_at: datetime | None = None
-    outcome_unknown_since: datetime | None = None
-    finished_at: datetime | None = None
-    outcome: dict[str, Any] | None = Field(
-        default=None, json_schema_extra={"x-kubernetes-preserve-unknown-fields": True}
-    )
-    reason: str | None = Field(default=None, max_length=128)
-    message: str | None = Field(default=None, max_length=4096)
-    conditions: list[Condition] = Field(
-        default_factory=list, max_length=16, json_schema_extra=CONDITIONS_SCHEMA_EXTRA
-    )
-
-
-class ActionRecord(ApiModel):
-    api_version: Literal["durable-agents.io/v1alpha1"] = API_VERSION  # type: ignore[assignment]
-    kind: Literal["ActionRecord"] = "ActionRecord"
-    metadata: dict[str, Any] = Field(default_factory=dict)
-    spec: ActionRecordSpec
-    status: ActionRecordStatus | None = None
-
-
-# --- AgentPolicy ---------------------------------------------------------------------------
-
-
-class ChangeResponse(StrEnum):
-    """What a material change during a wait means for a pending approval."""
-
-    REAPPROVE = "reapprove"
-    REFRESH = "refresh"
-    IMMATERIAL = "immaterial"
-
-
-class ExpiryAction(StrEnum):
-    EXPIRE = "expire"
-    REAPPROVE = "reapprove"
-
-
-class Decision(StrEnum):
-    APPROVE = "approve"
-    REJECT = "reject"
-
-
-class WaitExpiries(ApiModel):
-    input: str = Field(default="24h", max_length=32, pattern=DURATION_PATTERN)
-    approval: str = Field(default="72h", max_length=32, pattern=DURATION_PATTERN)
-    external: str = Field(default="24h", max_length=32, pattern=DURATION_PATTERN)
-    retry: str = Field(default="1h", max_length=32, pattern=DURATION_PATTERN)
-
-
-class ApproverRule(ApiModel):
-    """Who may approve: a Kubernetes RBAC question (SubjectAccessReview on this verb/resource)."""
-
-    verb: str = Field(default="approve", max_length=63)
-    resource: str = Field(default="agentruns", max_length=63)
-    four_eyes: bool = Field(default=False, description="The run's creator may not approve it.")
-
-
-class FreshnessRules(ApiModel):
-    evidence_changed: ChangeResponse = ChangeResponse.REAPPROVE
-    policy_changed: ChangeResponse = ChangeResponse.REAPPROVE
-    approval_expired: ExpiryAction = ExpiryAction.EXPIRE
-
-
-class RetryPolicy(ApiModel):
-    """Retry of a failed attempt (a failed read, an effect that definitely failed): waiting_retry.
-
-    The default is one attempt (no retry): retrying a consequential effect is opted into by policy.
-    """
-
-    max_attempts: int = Field(default=1, ge=1, le=100)
-    initial_backoff: str = Field(default="1s", max_length=32, pattern=DURATION_PATTERN)
-    max_backoff: str = Field(default="5m", max_length=32, pattern=DURATION_PATTERN)
-    jitter: float = Field(default=0.2, ge=0, le=1)
-
-
-class UnavailableResponse(StrEnum):
-    FAIL = "fail"
-    CONTINUE = "continue"
-
-
-class RuntimeAvailability(ApiModel):
-    """The runtime configurations (model, prompt, tool set IDs) a run may resume with.
-
-    An empty list allows any. A run whose recorded configuration is no longer listed goes to
-    resume_validation and then, per ``onUnavailable``, fails or continues.
-    """
-
-    models: list[Annotated[str, Field(max_length=253)]] = Field(default_factory=list, max_length=64)
-    prompts: list[Annotated[str, Field(max_length=253)]] = Field(default_factory=list, max_length=64)
-    tool_sets: list[Annotated[str, Field(max_length=253)]] = Field(default_factory=list, max_length=64)
-    on_unavailable: UnavailableResponse = UnavailableResponse.FAIL
-
-
-class AgentPolicySpec(ApiModel):
-    """GitOps-owned: the operator reads it and records ``version`` in every run it governs."""
-
-    version: str = Field(max_length=63)
-    tiers: dict[str, ActionTier] = Field(
-        default_factory=dict,
-        description="Tier of each effect or tool, by name.",
-        max_length=128,
-    )
-    approval_required_tiers: list[ActionTier] = Field(
-        default_factory=lambda: [ActionTier.CONSEQUENTIAL],
-        max_length=3,
-        json_schema_extra={"x-kubernetes-list-type": "set"},
-    )
-    approvers: ApproverRule = Field(default_factory=ApproverRule)
-    approval_expiry: str = Field(default="24h", max_length=32, pattern=DURATION_PATTERN)
-    allowed_decisions: list[Decision] = Field(
-        default_factory=lambda: [Decision.APPROVE, Decision.REJECT],
-        min_length=1,
-        max_length=2,
-        json_schema_extra={"x-kubernetes-list-type": "set"},
-    )
-    freshness: FreshnessRules = Field(default_factory=FreshnessRules)
-    wait_expiries: WaitExpiries = Field(default_factory=WaitExpiries)
-    retry: RetryPolicy = Field(default_factory=RetryPolicy)
-    deadline: str | None = Field(default=None, max_length=32, pattern=DURATION_PATTERN)
-    retention: str = Field(default="720h", max_length=32, pattern=DURATION_PATTERN)
-    runtime: RuntimeAvailability = Field(default_factory=lambda: RuntimeAvailability())
-    propose_compensations: bool = Field(
-        default=False, description="On cancellation, list the steps that would compensate unreversed effects."
-    )
-
-
-class AgentPolicy(ApiModel):
-    api_version: Literal["durable-agents.io/v1alpha1"] = API_VERSION  # type: ignore[assignment]
-    kind: Literal["AgentPolicy"] = "AgentPolicy"
-    metadata: dict[str, Any] = Field(default_factory=dict)
-    spec: AgentPolicySpec

@@ -1,14 +1,15 @@
-"""``durable-agents-cluster``: a detached local control plane for the demo, the docs and make targets.
+"""A detached local control plane for the demo, the docs and make targets (``make cluster-up``).
 
 This module owns the command line only; the plane itself is
-:class:`~durable_agents.localcluster.controlplane.LocalControlPlane` in detached mode, which
+:class:`~durable_agents_testkit.localcluster.controlplane.LocalControlPlane` in detached mode, which
 records its processes in ``DIR/state.json`` so that a later ``status`` or ``down`` (another
 process) can find them.
 
-    durable-agents-cluster up [--dir DIR] [--fsync]   # last stdout line: the admin kubeconfig
-    durable-agents-cluster status [--dir DIR]
-    durable-agents-cluster user NAME [--group G ...]  # last stdout line: that user's kubeconfig
-    durable-agents-cluster down [--dir DIR]
+    CLI=durable_agents_testkit.localcluster.cli
+    python -m $CLI up [--dir DIR] [--fsync]   # last stdout line: the admin kubeconfig
+    python -m $CLI status [--dir DIR]
+    python -m $CLI user NAME [--group G ...]  # last stdout line: that user's kubeconfig
+    python -m $CLI down [--dir DIR]
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from durable_agents.localcluster.controlplane import (
+from durable_agents_testkit.localcluster.controlplane import (
     ControlPlaneError,
     LocalControlPlane,
     find_repo_root,
@@ -107,7 +108,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_user(args: argparse.Namespace) -> int:
     plane = _attach(args.dir)
     if plane is None:
-        _info(f"no control plane recorded in {args.dir}; run `durable-agents-cluster up` first")
+        _info(f"no control plane recorded in {args.dir}; run `make cluster-up` first")
         return 1
     print(plane.write_user_kubeconfig(args.name, args.group))
     return 0

@@ -8,8 +8,8 @@ from typing import Any
 from kubernetes import client
 
 from durable_agents.api.v1alpha1 import GROUP, VERSION
-from durable_agents.testing.kube import KubeEnv
-from durable_agents.testing.operator_process import wait_for
+from durable_agents_testkit.cluster import KubeEnv
+from durable_agents_testkit.operator_process import wait_for
 
 
 class Runs:

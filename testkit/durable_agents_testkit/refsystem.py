@@ -583,7 +583,7 @@ async def _run_forever(host: str, port: int, allow_non_loopback: bool) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m durable_agents.refsystem",
+        prog="python -m durable_agents_testkit.refsystem",
         description="The reference authoritative system: records effects by idempotency key and "
         "never deduplicates.",
     )

@@ -1,0 +1,18 @@
+"""The API types of group ``durable-agents.io``, version ``v1alpha1``: the one source of truth.
+
+AgentRun, ActionRecord and AgentPolicy are defined here once, as pydantic models. The CRD YAML
+under ``crds/`` is generated from these models (see :mod:`durable_agents.api.crdgen`), so API
+server validation (OpenAPI + CEL) and operator-side parsing can never disagree. Constraints the
+API server can enforce alone (enums, bounds, immutability) are declared here as schema extras.
+
+The checkpoint is deliberately an open object at this layer: the API server must store a
+checkpoint written by a *newer* operator untouched, so that an older operator can quarantine it
+instead of the API server rejecting or pruning it. The operator validates it
+(:mod:`durable_agents.core.checkpoint`).
+"""
+
+from durable_agents.api.v1alpha1.actionrecord import *
+from durable_agents.api.v1alpha1.agentpolicy import *
+from durable_agents.api.v1alpha1.agentrun import *
+from durable_agents.api.v1alpha1.meta import *
+from durable_agents.api.v1alpha1.states import *

@@ -1,0 +1,83 @@
+"""ActionRecord: one entry of the action ledger (intent, dispatch, outcome)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import ConfigDict, Field
+
+from durable_agents.api.v1alpha1.meta import (
+    API_VERSION,
+    CONDITIONS_SCHEMA_EXTRA,
+    ActionTier,
+    ApiModel,
+    Condition,
+    RunReference,
+    cel,
+)
+
+# --- ActionRecord --------------------------------------------------------------------------
+
+
+class ActionState(StrEnum):
+    INTENT = "intent"
+    DISPATCHING = "dispatching"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    OUTCOME_UNKNOWN = "outcome_unknown"
+    CANCELED = "canceled"
+
+
+class ActionRecordSpec(ApiModel):
+    """The intent: immutable once committed; the name of the record derives from the key."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [cel("self == oldSelf", "an action intent is immutable")]
+        }
+    )
+
+    idempotency_key: str = Field(max_length=253)
+    run_ref: RunReference
+    service_account_name: str = Field(default="default", max_length=253, description="Who the effect acts as")
+    step_index: int = Field(ge=0)
+    effect: str = Field(max_length=128)
+    tier: ActionTier
+    target: dict[str, Any] | None = Field(
+        default=None, json_schema_extra={"x-kubernetes-preserve-unknown-fields": True}
+    )
+    arguments: dict[str, Any] | None = Field(
+        default=None, json_schema_extra={"x-kubernetes-preserve-unknown-fields": True}
+    )
+    approval_request_id: str | None = Field(default=None, max_length=128)
+    compensates: str | None = Field(default=None, max_length=253)
+
+
+class ActionRecordStatus(ApiModel):
+    state: ActionState = ActionState.INTENT
+    attempts: int = Field(default=0, ge=0)
+    queries: int = Field(default=0, ge=0, description="Times the authoritative system was asked")
+    claimed_by: str | None = Field(default=None, max_length=253)
+    claim_expires_at: datetime | None = None
+    first_dispatched_at: datetime | None = None
+    last_attempt_at: datetime | None = None
+    outcome_unknown_since: datetime | None = None
+    finished_at: datetime | None = None
+    outcome: dict[str, Any] | None = Field(
+        default=None, json_schema_extra={"x-kubernetes-preserve-unknown-fields": True}
+    )
+    reason: str | None = Field(default=None, max_length=128)
+    message: str | None = Field(default=None, max_length=4096)
+    conditions: list[Condition] = Field(
+        default_factory=list, max_length=16, json_schema_extra=CONDITIONS_SCHEMA_EXTRA
+    )
+
+
+class ActionRecord(ApiModel):
+    api_version: Literal["durable-agents.io/v1alpha1"] = API_VERSION  # type: ignore[assignment]
+    kind: Literal["ActionRecord"] = "ActionRecord"
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    spec: ActionRecordSpec
+    status: ActionRecordStatus | None = None

@@ -1,0 +1,121 @@
+"""AgentPolicy: approvals, tiers, expiries, retries and runtime configuration, versioned."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import Field
+
+from durable_agents.api.v1alpha1.meta import API_VERSION, DURATION_PATTERN, ActionTier, ApiModel
+
+# --- AgentPolicy ---------------------------------------------------------------------------
+
+
+class ChangeResponse(StrEnum):
+    """What a material change during a wait means for a pending approval."""
+
+    REAPPROVE = "reapprove"
+    REFRESH = "refresh"
+    IMMATERIAL = "immaterial"
+
+
+class ExpiryAction(StrEnum):
+    EXPIRE = "expire"
+    REAPPROVE = "reapprove"
+
+
+class Decision(StrEnum):
+    APPROVE = "approve"
+    REJECT = "reject"
+
+
+class WaitExpiries(ApiModel):
+    input: str = Field(default="24h", max_length=32, pattern=DURATION_PATTERN)
+    approval: str = Field(default="72h", max_length=32, pattern=DURATION_PATTERN)
+    external: str = Field(default="24h", max_length=32, pattern=DURATION_PATTERN)
+    retry: str = Field(default="1h", max_length=32, pattern=DURATION_PATTERN)
+
+
+class ApproverRule(ApiModel):
+    """Who may approve: a Kubernetes RBAC question (SubjectAccessReview on this verb/resource)."""
+
+    verb: str = Field(default="approve", max_length=63)
+    resource: str = Field(default="agentruns", max_length=63)
+    four_eyes: bool = Field(default=False, description="The run's creator may not approve it.")
+
+
+class FreshnessRules(ApiModel):
+    evidence_changed: ChangeResponse = ChangeResponse.REAPPROVE
+    policy_changed: ChangeResponse = ChangeResponse.REAPPROVE
+    approval_expired: ExpiryAction = ExpiryAction.EXPIRE
+
+
+class RetryPolicy(ApiModel):
+    """Retry of a failed attempt (a failed read, an effect that definitely failed): waiting_retry.
+
+    The default is one attempt (no retry): retrying a consequential effect is opted into by policy.
+    """
+
+    max_attempts: int = Field(default=1, ge=1, le=100)
+    initial_backoff: str = Field(default="1s", max_length=32, pattern=DURATION_PATTERN)
+    max_backoff: str = Field(default="5m", max_length=32, pattern=DURATION_PATTERN)
+    jitter: float = Field(default=0.2, ge=0, le=1)
+
+
+class UnavailableResponse(StrEnum):
+    FAIL = "fail"
+    CONTINUE = "continue"
+
+
+class RuntimeAvailability(ApiModel):
+    """The runtime configurations (model, prompt, tool set IDs) a run may resume with.
+
+    An empty list allows any. A run whose recorded configuration is no longer listed goes to
+    resume_validation and then, per ``onUnavailable``, fails or continues.
+    """
+
+    models: list[Annotated[str, Field(max_length=253)]] = Field(default_factory=list, max_length=64)
+    prompts: list[Annotated[str, Field(max_length=253)]] = Field(default_factory=list, max_length=64)
+    tool_sets: list[Annotated[str, Field(max_length=253)]] = Field(default_factory=list, max_length=64)
+    on_unavailable: UnavailableResponse = UnavailableResponse.FAIL
+
+
+class AgentPolicySpec(ApiModel):
+    """GitOps-owned: the operator reads it and records ``version`` in every run it governs."""
+
+    version: str = Field(max_length=63)
+    tiers: dict[str, ActionTier] = Field(
+        default_factory=dict,
+        description="Tier of each effect or tool, by name.",
+        max_length=128,
+    )
+    approval_required_tiers: list[ActionTier] = Field(
+        default_factory=lambda: [ActionTier.CONSEQUENTIAL],
+        max_length=3,
+        json_schema_extra={"x-kubernetes-list-type": "set"},
+    )
+    approvers: ApproverRule = Field(default_factory=ApproverRule)
+    approval_expiry: str = Field(default="24h", max_length=32, pattern=DURATION_PATTERN)
+    allowed_decisions: list[Decision] = Field(
+        default_factory=lambda: [Decision.APPROVE, Decision.REJECT],
+        min_length=1,
+        max_length=2,
+        json_schema_extra={"x-kubernetes-list-type": "set"},
+    )
+    freshness: FreshnessRules = Field(default_factory=FreshnessRules)
+    wait_expiries: WaitExpiries = Field(default_factory=WaitExpiries)
+    retry: RetryPolicy = Field(default_factory=RetryPolicy)
+    deadline: str | None = Field(default=None, max_length=32, pattern=DURATION_PATTERN)
+    retention: str = Field(default="720h", max_length=32, pattern=DURATION_PATTERN)
+    runtime: RuntimeAvailability = Field(default_factory=lambda: RuntimeAvailability())
+    propose_compensations: bool = Field(
+        default=False, description="On cancellation, list the steps that would compensate unreversed effects."
+    )
+
+
+class AgentPolicy(ApiModel):
+    api_version: Literal["durable-agents.io/v1alpha1"] = API_VERSION  # type: ignore[assignment]
+    kind: Literal["AgentPolicy"] = "AgentPolicy"
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    spec: AgentPolicySpec

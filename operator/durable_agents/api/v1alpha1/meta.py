@@ -1,0 +1,96 @@
+"""Shared pieces of the v1alpha1 API: group, patterns, schema helpers, references, conditions."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+GROUP = "durable-agents.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+
+# Go-style durations ("90s", "15m", "1h30m"), as in metav1.Duration.
+DURATION_PATTERN = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"
+NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+REQUEST_ID_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+
+Answer = Annotated[str, Field(max_length=4096)]
+
+
+def cel(rule: str, message: str, **extra: str) -> dict[str, Any]:
+    """One ``x-kubernetes-validations`` entry."""
+    return {"rule": rule, "message": message, **extra}
+
+
+def append_only(message: str) -> dict[str, Any]:
+    """Schema extra for a map of requests: entries may be added, never changed or withdrawn."""
+    return {"x-kubernetes-validations": [cel("oldSelf.all(k, k in self && self[k] == oldSelf[k])", message)]}
+
+
+def immutable(field: str) -> dict[str, Any]:
+    """Schema extra that makes a field immutable once set (CEL transition rule)."""
+    return {"x-kubernetes-validations": [cel("self == oldSelf", f"{field} is immutable")]}
+
+
+class ApiModel(BaseModel):
+    """camelCase on the wire, snake_case in Python; unknown fields from newer servers ignored."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+    def wire(self) -> dict[str, Any]:
+        """The JSON-ready dict as the API server stores it."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+# --- shared pieces ---------------------------------------------------------------------------
+
+
+class ConditionStatus(StrEnum):
+    TRUE = "True"
+    FALSE = "False"
+    UNKNOWN = "Unknown"
+
+
+class Condition(ApiModel):
+    """metav1.Condition, so that ``kubectl wait --for=condition=...`` works."""
+
+    type: str = Field(max_length=316, pattern=r"^([a-zA-Z0-9]([-a-zA-Z0-9.]*[a-zA-Z0-9])?/)?[A-Za-z]+$")
+    status: ConditionStatus
+    reason: str = Field(max_length=1024, pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
+    message: str = Field(default="", max_length=32768)
+    last_transition_time: datetime
+    observed_generation: int | None = Field(default=None, ge=0)
+
+
+CONDITIONS_SCHEMA_EXTRA: dict[str, Any] = {
+    "x-kubernetes-list-type": "map",
+    "x-kubernetes-list-map-keys": ["type"],
+}
+
+
+class ObjectReference(ApiModel):
+    """A Kubernetes object a step reads or targets. Namespace defaults to the run's."""
+
+    api_version: str = Field(max_length=253)
+    kind: str = Field(max_length=63)
+    name: str = Field(max_length=253)
+    namespace: str | None = Field(default=None, max_length=63)
+
+
+class RunReference(ApiModel):
+    name: str = Field(max_length=253)
+    uid: str = Field(max_length=64)
+
+
+class LocalReference(ApiModel):
+    name: str = Field(max_length=253, pattern=NAME_PATTERN)
+
+
+class ActionTier(StrEnum):
+    READ_ONLY = "read-only"
+    REVERSIBLE = "reversible"
+    CONSEQUENTIAL = "consequential"
