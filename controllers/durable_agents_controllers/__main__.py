@@ -1,14 +1,14 @@
-"""``python -m durable_agents_controllers``: run the operator (kopf, standalone, all namespaces).
+"""``durable-agents-operator`` (``python -m durable_agents_controllers``): run the operator.
 
-Environment: KUBECONFIG (outside a Pod), DURABLE_AGENTS_NAMESPACE (watch one namespace instead of
-all), DURABLE_AGENTS_LEASE_DURATION, DURABLE_AGENTS_WORKERS, DURABLE_AGENTS_METRICS_PORT,
-DURABLE_AGENTS_IDENTITY, DURABLE_AGENTS_DISPATCH_TIMEOUT.
+The configuration is read once, here (see :mod:`durable_agents_controllers.config` and the
+README's table); a malformed or unknown ``DURABLE_AGENTS_*`` variable stops start-up with exit
+code 2 and a message naming it. Each controller module registers its handlers on one registry
+and receives the manager explicitly.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import sys
 import tracemalloc
@@ -16,11 +16,13 @@ from types import FrameType
 
 import kopf
 
-from durable_agents_controllers import actionrecord, agentpolicy, agentrun, runtime, webhook
+from durable_agents_controllers import actionrecord, agentpolicy, runlease, webhook
+from durable_agents_controllers.config import ConfigError, OperatorConfig
+from durable_agents_controllers.manager import Manager
 
 
 def _memory_report(_signum: int, _frame: FrameType | None) -> None:
-    """SIGUSR1 with DURABLE_AGENTS_TRACEMALLOC=1: log where the live memory was allocated."""
+    """SIGUSR1: log allocator statistics (and, with TRACEMALLOC=1, where live memory came from)."""
     sys._debugmallocstats()  # pymalloc arenas: live vs. free-but-kept
     if tracemalloc.is_tracing():
         snapshot = tracemalloc.take_snapshot()
@@ -36,25 +38,37 @@ def _memory_report(_signum: int, _frame: FrameType | None) -> None:
             )
 
 
+def registry_for(manager: Manager) -> kopf.OperatorRegistry:
+    """Every handler of the operator, on one registry, each given the manager."""
+    registry = kopf.OperatorRegistry()
+    # The same credentials as the kubernetes client the shell uses (in-cluster or KUBECONFIG).
+    kopf.on.login(registry=registry)(kopf.login_via_client)
+    manager.register(registry)
+    for controller in (runlease, actionrecord, agentpolicy, webhook):
+        controller.register(registry, manager)
+    return registry
+
+
 def main() -> None:
-    if os.environ.get("DURABLE_AGENTS_TRACEMALLOC") == "1":
+    try:
+        config = OperatorConfig.from_env()
+    except ConfigError as err:
+        print(f"durable-agents-operator: configuration: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+    if config.tracemalloc:
         tracemalloc.start(6)
     signal.signal(signal.SIGUSR1, _memory_report)
-    logging.basicConfig(
-        level=os.environ.get("DURABLE_AGENTS_LOG_LEVEL", "INFO"),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # kopf logs every handler call at INFO; our own log says what matters per run.
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
-    namespace = os.environ.get("DURABLE_AGENTS_NAMESPACE")
+    manager = Manager(config)
     kopf.run(
+        registry=registry_for(manager),
         standalone=True,
-        clusterwide=namespace is None,
-        namespaces=[namespace] if namespace else (),
+        clusterwide=config.namespace is None,
+        namespaces=[config.namespace] if config.namespace else (),
     )
 
-
-__all__ = ["actionrecord", "agentpolicy", "agentrun", "main", "runtime", "webhook"]
 
 if __name__ == "__main__":
     main()

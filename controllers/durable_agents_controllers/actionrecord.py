@@ -8,18 +8,21 @@ import kopf
 
 from durable_agents.core.ledger import TERMINAL_ACTION_STATES
 from durable_agents.shell.kube import GROUP, VERSION
-from durable_agents_controllers.runtime import dispatcher, worker
+from durable_agents_controllers.manager import Manager
+
+TERMINAL = frozenset(s.value for s in TERMINAL_ACTION_STATES)
 
 
-@kopf.on.event(GROUP, VERSION, "actionrecords")
-async def actionrecord_event(event: kopf.RawEvent, **_: Any) -> None:
-    body: dict[str, Any] = dict(event["object"])
-    ledger = dispatcher()
-    if ledger is not None:
-        ledger.observe(event.get("type"), body)
-    status: dict[str, Any] = body.get("status") or {}
-    if status.get("state") in {s.value for s in TERMINAL_ACTION_STATES}:
-        spec: dict[str, Any] = body.get("spec") or {}
-        run = (spec.get("runRef") or {}).get("name")
-        if run:
-            worker().enqueue((body["metadata"]["namespace"], run))
+def register(registry: kopf.OperatorRegistry, manager: Manager) -> None:
+    @kopf.on.event(GROUP, VERSION, "actionrecords", registry=registry)
+    async def actionrecord_event(event: kopf.RawEvent, **_: Any) -> None:
+        body: dict[str, Any] = dict(event["object"])
+        ledger = manager.dispatcher
+        if ledger is not None:
+            ledger.observe(event.get("type"), body)
+        status: dict[str, Any] = body.get("status") or {}
+        if status.get("state") in TERMINAL:
+            spec: dict[str, Any] = body.get("spec") or {}
+            run = (spec.get("runRef") or {}).get("name")
+            if run:
+                manager.worker.enqueue((body["metadata"]["namespace"], run))

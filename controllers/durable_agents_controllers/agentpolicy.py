@@ -7,9 +7,10 @@ from typing import Any
 import kopf
 
 from durable_agents.shell.kube import GROUP, VERSION
-from durable_agents_controllers.runtime import worker
+from durable_agents_controllers.manager import Manager
 
 
-@kopf.on.event(GROUP, VERSION, "agentpolicies")
-async def agentpolicy_event(event: kopf.RawEvent, **_: Any) -> None:
-    worker().observe_policy(event.get("type"), dict(event["object"]))
+def register(registry: kopf.OperatorRegistry, manager: Manager) -> None:
+    @kopf.on.event(GROUP, VERSION, "agentpolicies", registry=registry)
+    async def agentpolicy_event(event: kopf.RawEvent, **_: Any) -> None:
+        manager.worker.observe_policy(event.get("type"), dict(event["object"]))

@@ -1,15 +1,14 @@
 """The admission webhook served by the operator: identity stamping and approval authority.
 
-Enabled when DURABLE_AGENTS_WEBHOOK_PORT is set. The operator makes its own TLS certificate
-(cryptography), serves on loopback, and registers Mutating/ValidatingWebhookConfigurations with
-failurePolicy Fail: with the operator down, approvals are refused, never silently accepted.
+Registered only when the configuration gives it a port. The operator makes its own TLS
+certificate, serves on the configured host, and registers Mutating/ValidatingWebhookConfigurations
+with failurePolicy Fail: with the operator down, approvals are refused, never silently accepted.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
@@ -20,20 +19,83 @@ import kopf
 from durable_agents.api.v1alpha1 import AgentRunSpec
 from durable_agents.shell import admission
 from durable_agents.shell.certs import generate_ca, issue_serving_cert
-from durable_agents.shell.kube import GROUP, VERSION, Kube
-from durable_agents_controllers.runtime import worker
+from durable_agents.shell.kube import GROUP, VERSION
+from durable_agents_controllers.manager import Manager
 
 log = logging.getLogger(__name__)
 READY_LINE = "admission webhook serving"
 
 
+def register(registry: kopf.OperatorRegistry, manager: Manager) -> None:
+    """Serve the admission webhook if the configuration enables it (kopf refuses admission
+    handlers without a server, so nothing is registered otherwise)."""
+    port = manager.config.webhook_port
+    if port is None:
+        return
+    host = manager.config.webhook_host
+    background: set[asyncio.Task[None]] = set()
+
+    async def serve(settings: kopf.OperatorSettings) -> None:
+        configurations = configure(settings, host, port, manager.config.namespace)
+        # Installed before the server listens: until then every AgentRun write fails closed.
+        await admission.install_webhooks(manager.kube, *configurations)
+        task = asyncio.create_task(announce_when_serving(settings))
+        background.add(task)
+        task.add_done_callback(background.discard)
+
+    async def stamp_identity(
+        body: kopf.Body, userinfo: kopf.UserInfo, patch: kopf.Patch, **kwargs: Any
+    ) -> None:
+        operation, old = str(kwargs.get("operation")), kwargs.get("old")
+        user = admission.identity_of(dict(userinfo))
+        stamped = admission.stamps(
+            operation, dict(body), dict(old) if old is not None else None, user, datetime.now(UTC)
+        )
+        for field, value in stamped.items():
+            patch.spec[field] = value
+
+    async def check_approvals(body: kopf.Body, userinfo: kopf.UserInfo, **kwargs: Any) -> None:
+        operation, old = str(kwargs.get("operation")), kwargs.get("old")
+        if operation != "UPDATE":
+            return
+        new = dict(body)
+        spec = AgentRunSpec.model_validate(new.get("spec") or {})
+        policy = None
+        if spec.policy_ref is not None:
+            policy = manager.worker.policies.get((body.metadata.namespace or "", spec.policy_ref.name))
+        reason = await admission.check_update(
+            manager.kube,
+            new,
+            dict(old) if old is not None else None,
+            admission.identity_of(dict(userinfo)),
+            policy,
+        )
+        if reason is not None:
+            raise kopf.AdmissionError(reason, code=403)
+
+    manager.start_hooks.append(serve)
+    kopf.on.mutate(
+        GROUP,
+        VERSION,
+        "agentruns",
+        id=admission.MUTATE_PATH,
+        operations=["CREATE", "UPDATE"],
+        registry=registry,
+    )(stamp_identity)
+    kopf.on.validate(
+        GROUP,
+        VERSION,
+        "agentruns",
+        id=admission.VALIDATE_PATH,
+        operations=["CREATE", "UPDATE"],
+        registry=registry,
+    )(check_approvals)
+
+
 def configure(
-    settings: kopf.OperatorSettings, kube: Kube, namespace: str | None
-) -> tuple[dict[str, Any], dict[str, Any]] | None:
-    port = os.environ.get("DURABLE_AGENTS_WEBHOOK_PORT")
-    if not port:
-        return None
-    host = os.environ.get("DURABLE_AGENTS_WEBHOOK_HOST", "127.0.0.1")
+    settings: kopf.OperatorSettings, host: str, port: int, namespace: str | None
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Make the serving certificate, set kopf's server, and return our webhook configurations."""
     ca = generate_ca("durable-agents-webhook-ca")
     serving = issue_serving_cert(ca, host, ["localhost"], ["127.0.0.1"])
     certs = Path(tempfile.mkdtemp(prefix="durable-agents-webhook-"))
@@ -42,7 +104,7 @@ def configure(
     (certs / "ca.crt").write_bytes(ca.cert_pem)
     settings.admission.server = kopf.WebhookServer(
         addr=host,
-        port=int(port),
+        port=port,
         certfile=certs / "tls.crt",
         pkeyfile=certs / "tls.key",
         cafile=certs / "ca.crt",
@@ -70,47 +132,3 @@ async def announce_when_serving(settings: kopf.OperatorSettings, within: float =
         log.info("%s on https://%s:%s", READY_LINE, server.addr, server.port)
         return
     log.error("the admission webhook did not start listening within %.0fs", within)
-
-
-async def stamp_identity(body: kopf.Body, userinfo: kopf.UserInfo, patch: kopf.Patch, **kwargs: Any) -> None:
-    operation, old = str(kwargs.get("operation")), kwargs.get("old")
-    user = admission.identity_of(dict(userinfo))
-    stamped = admission.stamps(
-        operation, dict(body), dict(old) if old is not None else None, user, datetime.now(UTC)
-    )
-    for field, value in stamped.items():
-        patch.spec[field] = value
-
-
-async def check_approvals(body: kopf.Body, userinfo: kopf.UserInfo, **kwargs: Any) -> None:
-    operation, old = str(kwargs.get("operation")), kwargs.get("old")
-    if operation != "UPDATE":
-        return
-    new = dict(body)
-    spec = AgentRunSpec.model_validate(new.get("spec") or {})
-    policy = None
-    if spec.policy_ref is not None:
-        policy = worker().policies.get((body.metadata.namespace or "", spec.policy_ref.name))
-    reason = await admission.check_update(
-        worker().kube,
-        new,
-        dict(old) if old is not None else None,
-        admission.identity_of(dict(userinfo)),
-        policy,
-    )
-    if reason is not None:
-        raise kopf.AdmissionError(reason, code=403)
-
-
-def enabled() -> bool:
-    return bool(os.environ.get("DURABLE_AGENTS_WEBHOOK_PORT"))
-
-
-# kopf refuses to run with admission handlers but no server: register them only when enabled.
-if enabled():
-    kopf.on.mutate(GROUP, VERSION, "agentruns", id=admission.MUTATE_PATH, operations=["CREATE", "UPDATE"])(
-        stamp_identity
-    )
-    kopf.on.validate(
-        GROUP, VERSION, "agentruns", id=admission.VALIDATE_PATH, operations=["CREATE", "UPDATE"]
-    )(check_approvals)

@@ -1,5 +1,5 @@
 """The reference authoritative system: a small HTTP service that stands in for a payment, ticket
-or e-mail system (architecture §6).
+or e-mail system: it owns the truth about which effects happened.
 
 It owns the *ground truth* about external effects in tests and the demo: every application of an
 effect is recorded under its idempotency key, so a test can count how often each key was applied

@@ -84,7 +84,7 @@ class Runs:
 
 
 def read_ask_await_complete(configmap: str, *, answered: bool = False, expires: str = "1h") -> dict[str, Any]:
-    """The canonical read-only scenario of the seed: read, ask, wait for an event, complete."""
+    """The canonical read-only scenario: read, ask, wait for an event, complete."""
     spec: dict[str, Any] = {
         "taskType": "e2e",
         "objective": "read a config map, confirm with a human, wait for a window, finish",

@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 import pytest
 
-from durable_agents.api.v1alpha1 import ActionRecordStatus, ActionState, ActionTier
+from durable_agents.api.v1alpha1 import ActionRecordStatus, ActionState
 from durable_agents.core import ledger
-from durable_agents.shell import effects as effects_module
-from durable_agents.shell.effects import Action, Applied, EffectContext, NotApplied, load_effects
 
 A = ActionState
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
@@ -64,39 +61,3 @@ def test_query_backoff_grows_and_is_capped() -> None:
     assert waits == sorted(waits)
     assert waits[0] == 1
     assert waits[-1] == 60
-
-
-class _Ticket:
-    name = "ticket.open"
-    tier = ActionTier.REVERSIBLE
-    reversible = True
-    compensation: str | None = "ticket.close"
-
-    async def dispatch(self, ctx: EffectContext, action: Action) -> Applied:
-        return Applied({"ticket": action.key})
-
-    async def query(self, ctx: EffectContext, action: Action) -> NotApplied:
-        return NotApplied()
-
-
-class _EntryPoint:
-    def __init__(self, name: str, factory: Any) -> None:
-        self.name = name
-        self._factory = factory
-
-    def load(self) -> Any:
-        return self._factory
-
-
-def test_third_party_effects_register_through_entry_points(monkeypatch: pytest.MonkeyPatch) -> None:
-    def fake_entry_points(*, group: str) -> list[_EntryPoint]:
-        assert group == "durable_agents.effects"
-        return [_EntryPoint("ticket.open", _Ticket), _EntryPoint("http.post", _Ticket)]
-
-    monkeypatch.setattr(effects_module, "entry_points", fake_entry_points)
-    loaded = load_effects()
-    assert isinstance(loaded["ticket.open"], _Ticket)
-    assert loaded["ticket.open"].tier is ActionTier.REVERSIBLE
-    # A plugin cannot replace a built-in effect.
-    assert type(loaded["http.post"]).__name__ == "HttpPost"
-    assert loaded["kubernetes.apply"].reversible

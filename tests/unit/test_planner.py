@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from durable_agents.api.v1alpha1 import AgentRunSpec, ObjectReference
-from durable_agents.core import planner as planner_module
 from durable_agents.core.checkpoint import Checkpoint, Position, Timestamps
 from durable_agents.core.planner import (
     BUILTIN,
-    ENTRY_POINT_GROUP,
     AskHuman,
     AwaitEvent,
     Finish,
@@ -21,7 +18,6 @@ from durable_agents.core.planner import (
     PlanningContext,
     ReadObject,
     ScriptedPlanner,
-    load_planners,
 )
 
 pytestmark = pytest.mark.unit
@@ -139,35 +135,3 @@ def test_the_planner_reads_only_the_position_and_the_steps() -> None:
     ctx = context(STEPS, 2)
     planner = ScriptedPlanner()
     assert planner.next_step(ctx) == planner.next_step(ctx) == plan(STEPS, 2)
-
-
-def test_load_planners_adds_entry_points_and_builtins_win(monkeypatch: pytest.MonkeyPatch) -> None:
-    class Other:
-        name = "other"
-
-        def next_step(self, context: PlanningContext) -> Finish:
-            return Finish("other", "")
-
-    class Impostor(Other):
-        name = "scripted"
-
-    seen_groups: list[str] = []
-
-    def fake_entry_points(*, group: str) -> list[SimpleNamespace]:
-        seen_groups.append(group)
-        return [
-            SimpleNamespace(name="other", load=lambda: Other),
-            SimpleNamespace(name="scripted", load=lambda: Impostor),
-        ]
-
-    monkeypatch.setattr(planner_module, "entry_points", fake_entry_points)
-    planners = load_planners()
-    assert seen_groups == [ENTRY_POINT_GROUP]
-    assert set(planners) == {"scripted", "other"}
-    assert planners["scripted"] is BUILTIN["scripted"]
-    assert isinstance(planners["other"], Other)
-
-
-def test_load_planners_without_plugins_is_the_builtins(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(planner_module, "entry_points", lambda *, group: [])
-    assert load_planners() == BUILTIN

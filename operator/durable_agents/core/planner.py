@@ -3,21 +3,18 @@
 A planner sees the run's reconstructed context (its spec and its checkpoint) and names the next
 step. It never performs I/O and never commits anything: the engine turns the step into a
 transition, and the shell performs the reads or effects a step needs. Third-party planners
-register under the entry-point group ``durable_agents.planners``.
+register under an entry-point group (the shell loads them: :mod:`durable_agents.shell.plugins`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import timedelta
-from importlib.metadata import entry_points
 from typing import Any, Protocol
 
 from durable_agents.api.v1alpha1 import AgentRunSpec, ChildStep, ObjectReference
 from durable_agents.core.checkpoint import Checkpoint
 from durable_agents.core.durations import parse_duration
-
-ENTRY_POINT_GROUP = "durable_agents.planners"
 
 
 @dataclass(frozen=True)
@@ -120,11 +117,3 @@ class ScriptedPlanner:
 
 
 BUILTIN: dict[str, Planner] = {"scripted": ScriptedPlanner()}
-
-
-def load_planners() -> dict[str, Planner]:
-    """Built-in planners plus those registered through entry points (built-ins win on a clash)."""
-    found: dict[str, Planner] = {}
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        found[ep.name] = ep.load()()
-    return {**found, **BUILTIN}

@@ -7,17 +7,21 @@ carry the run's label for listing but no ownerReference: the ledger outlives the
 
 from __future__ import annotations
 
+import logging
+from datetime import UTC, datetime
 from typing import Any
 
 from kubernetes.client.rest import ApiException
 
-from durable_agents.api.v1alpha1 import API_VERSION, ActionRecordSpec
-from durable_agents.core.ledger import action_record_name
+from durable_agents.api.v1alpha1 import API_VERSION, ActionRecordSpec, ActionRecordStatus, ActionState
+from durable_agents.core.engine import ActionObservation, NeedActions, RunSnapshot
+from durable_agents.core.ledger import action_record_name, check_action_transition
 from durable_agents.shell import metrics
 from durable_agents.shell.kube import GROUP, VERSION
 from durable_agents.shell.leases import RUN_LABEL
-from durable_agents.shell.store import StatusStore
+from durable_agents.shell.store import Conflict, Gone, StatusStore
 
+log = logging.getLogger(__name__)
 PLURAL = "actionrecords"
 
 
@@ -50,3 +54,46 @@ class ActionStore(StatusStore):
             metrics.API_WRITES.labels("actionrecords", "create").inc()
             self.faults.after()
             return out
+
+    async def observe(self, run: RunSnapshot, need: NeedActions) -> dict[str, ActionObservation]:
+        """The ledger's word on each action a run waits on; an intent whose record is missing is
+        created, and (when the run cancels) an undispatched intent is canceled."""
+        seen: dict[str, ActionObservation] = {}
+        for name, spec in need.records.items():
+            try:
+                record = await self.get(run.namespace, name)
+            except Gone:
+                if spec is None:
+                    log.warning(
+                        "run %s/%s waits on a missing action record %s", run.namespace, run.name, name
+                    )
+                    continue
+                record = await self.ensure(run.namespace, spec)
+            status = ActionRecordStatus.model_validate(record.get("status") or {})
+            if need.cancel and status.state is ActionState.INTENT:
+                record, status = await self._cancel_intent(record, status)
+            seen[name] = ActionObservation(status.state, status.outcome, status.reason, status.message)
+        return seen
+
+    async def _cancel_intent(
+        self, record: dict[str, Any], status: ActionRecordStatus
+    ) -> tuple[dict[str, Any], ActionRecordStatus]:
+        """An undispatched intent is canceled by compare-and-swap; if a dispatcher claimed it first,
+        it is dispatched and will be reconciled, never assumed undone."""
+        meta = record["metadata"]
+        check_action_transition(status.state, ActionState.CANCELED)  # the ledger's one table
+        canceled = status.model_copy(
+            update={
+                "state": ActionState.CANCELED,
+                "reason": "RunCanceled",
+                "message": "canceled before dispatch",
+                "finished_at": datetime.now(UTC),
+            }
+        )
+        try:
+            record = await self.commit_status(record, canceled.wire())
+        except Conflict:
+            record = await self.get(meta["namespace"], meta["name"])
+        status = ActionRecordStatus.model_validate(record.get("status") or {})
+        log.info("action %s/%s: %s before dispatch", meta["namespace"], meta["name"], status.state.value)
+        return record, status

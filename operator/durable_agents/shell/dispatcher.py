@@ -47,12 +47,11 @@ from durable_agents.shell.effects import (
     Failed,
     NotApplied,
     Unknown,
-    load_effects,
 )
 from durable_agents.shell.events import EventRecorder
 from durable_agents.shell.faults import process_faults
-from durable_agents.shell.kube import Kube
-from durable_agents.shell.scheduler import Key
+from durable_agents.shell.kube import Kube, ObjectKey
+from durable_agents.shell.plugins import load_effects
 from durable_agents.shell.store import Conflict, Gone
 from durable_agents.shell.workqueue import WorkQueue
 
@@ -85,7 +84,7 @@ class Dispatcher:
         self.events = EventRecorder(kube, config.identity)
         self.effects = effects if effects is not None else load_effects()
         self.queue = WorkQueue("dispatcher", self.process, concurrency=config.concurrency)
-        self._unknown: set[Key] = set()
+        self._unknown: set[ObjectKey] = set()
 
     def observe(self, event_type: str | None, body: dict[str, Any]) -> None:
         meta = body.get("metadata") or {}
@@ -103,7 +102,7 @@ class Dispatcher:
 
     # --- one record -----------------------------------------------------------------------
 
-    async def process(self, key: Key, body: dict[str, Any] | None) -> None:
+    async def process(self, key: ObjectKey, body: dict[str, Any] | None) -> None:
         log.debug("dispatcher looks at %s/%s", *key)
         if body is None:
             try:
@@ -137,7 +136,7 @@ class Dispatcher:
                 log.info("%s/%s moved on meanwhile (409); reading it again", *key)
                 body = await self.store.get(*key)  # someone else moved it: decide again
 
-    def _track_unknown(self, key: Key, status: ActionRecordStatus) -> None:
+    def _track_unknown(self, key: ObjectKey, status: ActionRecordStatus) -> None:
         if status.state is A.OUTCOME_UNKNOWN:
             self._unknown.add(key)
         else:
@@ -229,7 +228,7 @@ class Dispatcher:
         ctx: EffectContext,
         action: Action,
     ) -> dict[str, Any] | None:
-        """The key asked of the authoritative system before the first send (architecture §8).
+        """The key asked of the authoritative system before the first send.
 
         An ActionRecord restored from an older backup says ``intent`` for an effect that may have
         happened after the backup; only the authoritative system knows. None: send. A question it
@@ -327,7 +326,7 @@ class Dispatcher:
             metrics.UNKNOWN_OUTCOME_SECONDS.observe(max(0.0, waited))
 
     @staticmethod
-    def _key(body: dict[str, Any]) -> Key:
+    def _key(body: dict[str, Any]) -> ObjectKey:
         return (body["metadata"]["namespace"], body["metadata"]["name"])
 
     async def _write(

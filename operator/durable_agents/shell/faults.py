@@ -1,5 +1,6 @@
-"""Test hooks that make the process die or freeze at a chosen write. Inert by default.
+"""Fault injection for the recovery tests: die or freeze at a chosen write. Inert by default.
 
+Configured once at start-up (the operator's configuration installs them):
 ``DURABLE_AGENTS_TEST_KILL_AT=before:N`` (or ``after:N``) sends SIGKILL to this process right
 before (after) its Nth successful write of record: run status commits, action-record creations
 and action status writes, counted together in the order they happen.
@@ -18,11 +19,6 @@ import contextlib
 import os
 import signal
 from dataclasses import dataclass
-
-KILL_ENV = "DURABLE_AGENTS_TEST_KILL_AT"
-STOP_ENV = "DURABLE_AGENTS_TEST_STOP_AT"
-DELAY_ENV = "DURABLE_AGENTS_TEST_COMMIT_DELAY"
-SEND_STOP_ENV = "DURABLE_AGENTS_TEST_STOP_BEFORE_SEND"
 
 
 @dataclass(frozen=True)
@@ -59,15 +55,6 @@ class FaultPoints:
             self._lock = asyncio.Lock()
         return self._lock
 
-    @classmethod
-    def from_env(cls) -> FaultPoints:
-        triggers = [
-            Trigger.parse(os.environ[env], sig)
-            for env, sig in ((KILL_ENV, signal.SIGKILL), (STOP_ENV, signal.SIGSTOP))
-            if os.environ.get(env)
-        ]
-        return cls(triggers, float(os.environ.get(DELAY_ENV) or 0), os.environ.get(SEND_STOP_ENV) == "1")
-
     def before_send(self) -> None:
         if self.stop_before_send:
             self.stop_before_send = False  # once: after SIGCONT, later requests go out
@@ -87,12 +74,15 @@ class FaultPoints:
                 os.kill(os.getpid(), t.sig)
 
 
-_process_faults: FaultPoints | None = None
+_process_faults = FaultPoints([])
+
+
+def install_faults(points: FaultPoints) -> None:
+    """Set this process's fault points (from the operator's configuration, at start-up)."""
+    global _process_faults
+    _process_faults = points
 
 
 def process_faults() -> FaultPoints:
-    """The one hook counter of this process: run and action-record commits count together."""
-    global _process_faults
-    if _process_faults is None:
-        _process_faults = FaultPoints.from_env()
+    """The one write counter of this process: run and action-record commits count together."""
     return _process_faults

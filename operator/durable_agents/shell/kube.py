@@ -22,6 +22,8 @@ T = TypeVar("T")
 
 GROUP = "durable-agents.io"
 VERSION = "v1alpha1"
+# (namespace, name): how the operator keys a namespaced object in its queues and caches.
+ObjectKey = tuple[str, str]
 
 
 def load_api_client(kubeconfig: str | None = None, pool_size: int = 32) -> client.ApiClient:

@@ -1,4 +1,4 @@
-"""Prometheus metrics of the operator (prometheus-client); names follow the seed's list."""
+"""Prometheus metrics of the operator (prometheus-client): transitions, waits, leases, the ledger."""
 
 from __future__ import annotations
 

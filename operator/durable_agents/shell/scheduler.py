@@ -13,21 +13,21 @@ import itertools
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-Key = tuple[str, str]
+from durable_agents.shell.kube import ObjectKey
 
 
 class WakeScheduler:
-    def __init__(self, wake: Callable[[Key], None]) -> None:
+    def __init__(self, wake: Callable[[ObjectKey], None]) -> None:
         self._wake = wake
-        self._heap: list[tuple[float, int, Key]] = []
-        self._due: dict[Key, tuple[float, int]] = {}
+        self._heap: list[tuple[float, int, ObjectKey]] = []
+        self._due: dict[ObjectKey, tuple[float, int]] = {}
         self._seq = itertools.count()
         self._changed = asyncio.Event()
 
     def __len__(self) -> int:
         return len(self._due)
 
-    def schedule(self, key: Key, at: datetime | None) -> None:
+    def schedule(self, key: ObjectKey, at: datetime | None) -> None:
         """Wake ``key`` at ``at`` (replacing an earlier request); None cancels."""
         if at is None:
             self._due.pop(key, None)

@@ -1,6 +1,6 @@
 """The run worker: bounded work under a lease, committed by compare-and-swap.
 
-For one run, one unit of work is (architecture §5):
+For one run, one unit of work is:
 
 1. decide from the latest known record whether there is work at all (a parked run has none: it
    gets a wake-up at its expiry and costs nothing else);
@@ -24,20 +24,18 @@ import os
 import random
 import socket
 import uuid
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from kubernetes.client.rest import ApiException
 
 from durable_agents import __version__
-from durable_agents.api.v1alpha1 import ActionRecordStatus, ActionState, AgentPolicySpec
 from durable_agents.api.v1alpha1.states import RunState
 from durable_agents.core.checkpoint import Fencing, KubernetesEvidenceRef, Loaded, load_checkpoint
 from durable_agents.core.engine import (
     ActionObservation,
     ChildObservation,
-    Commit,
     Idle,
     NeedActions,
     NeedChildren,
@@ -49,21 +47,18 @@ from durable_agents.core.engine import (
     decide,
     fence,
 )
-from durable_agents.core.ledger import check_action_transition
-from durable_agents.core.planner import Planner, load_planners
+from durable_agents.core.planner import Planner
 from durable_agents.core.sealing import Keyring
-from durable_agents.core.statemachine import RunEvent
-from durable_agents.shell import metrics
 from durable_agents.shell.actions import ActionStore
 from durable_agents.shell.children import ChildRuns
-from durable_agents.shell.effects import load_effects
-from durable_agents.shell.events import NOTABLE, EventRecorder, reason_of
+from durable_agents.shell.events import EventRecorder
 from durable_agents.shell.evidence import EvidenceReader
-from durable_agents.shell.keyring import load_keyring
-from durable_agents.shell.kube import GROUP, VERSION, Kube
+from durable_agents.shell.kube import GROUP, VERSION, Kube, ObjectKey
 from durable_agents.shell.leases import RUN_LABEL, Hold, LeaseRecord, RunLeases
 from durable_agents.shell.memory import release_memory
-from durable_agents.shell.scheduler import Key
+from durable_agents.shell.plugins import load_effects, load_planners
+from durable_agents.shell.policies import PolicyCache
+from durable_agents.shell.reporting import CommitReporter
 from durable_agents.shell.store import Conflict, Gone, RunStore
 from durable_agents.shell.workqueue import WorkQueue, cancel_all
 
@@ -86,18 +81,6 @@ class WorkerConfig:
     operator_version: str = __version__
     all_events: bool = False  # a Kubernetes Event for every transition, not only the notable ones
     keyring: Keyring | None = field(default=None, repr=False)  # None: sealed checkpoints quarantine
-
-    @classmethod
-    def from_env(cls) -> WorkerConfig:
-        env = os.environ
-        return cls(
-            identity=env.get("DURABLE_AGENTS_IDENTITY") or new_identity(),
-            lease_duration=int(env.get("DURABLE_AGENTS_LEASE_DURATION", "15")),
-            concurrency=int(env.get("DURABLE_AGENTS_WORKERS", "8")),
-            operator_version=env.get("DURABLE_AGENTS_OPERATOR_VERSION") or __version__,
-            all_events=env.get("DURABLE_AGENTS_EVENTS", "notable") == "all",
-            keyring=load_keyring(env),
-        )
 
 
 class Lost(Exception):
@@ -129,20 +112,23 @@ class RunWorker:
         self.leases = RunLeases(kube, self.identity, self.config.lease_duration)
         self.reader = EvidenceReader(kube)
         self.events = EventRecorder(kube, self.identity)
+        self.reporter = CommitReporter(self.events, all_events=self.config.all_events)
         self.queue = WorkQueue("run-worker", self.process, concurrency=self.config.concurrency)
         self.planners: dict[str, Planner] = load_planners()
-        self.effect_tiers = {name: effect.tier for name, effect in load_effects().items()}
-        self.policies: dict[Key, AgentPolicySpec] = {}
-        # Runs whose policy this process has not seen yet: decided only once it arrives, never
-        # without it (a missing policy must not mean "no approval required").
-        self.awaiting_policy: dict[Key, set[Key]] = {}
-        self.holds: dict[Key, Hold] = {}
+        effect_tiers = {name: effect.tier for name, effect in load_effects().items()}
+        self.policies = PolicyCache(kube)
+        self.base_settings = Settings(
+            tiers=effect_tiers,
+            available_effects=frozenset(effect_tiers),
+            operator_version=self.config.operator_version,
+            keyring=self.config.keyring,
+        )
+        self.holds: dict[ObjectKey, Hold] = {}
         # The newest state version this process committed or saw, per run: a watch event can
         # arrive after our own later commit, and deciding from it would only earn a 409.
-        self.versions: dict[Key, int] = {}
-        self.leases_seen: dict[Key, LeaseRecord] = {}
+        self.versions: dict[ObjectKey, int] = {}
+        self.leases_seen: dict[ObjectKey, LeaseRecord] = {}
         self._tasks: list[asyncio.Task[None]] = []
-        self._background: set[asyncio.Task[None]] = set()
 
     # --- intake ---------------------------------------------------------------------------
 
@@ -163,24 +149,8 @@ class RunWorker:
             self.enqueue((key[0], parent.get("name", "")))  # a child's outcome wakes its parent
 
     def observe_policy(self, event_type: str | None, body: dict[str, Any]) -> None:
-        meta = body.get("metadata") or {}
-        key = (meta.get("namespace", ""), meta.get("name", ""))
-        if event_type == "DELETED":
-            self.policies.pop(key, None)
-            return
-        try:
-            self.policies[key] = AgentPolicySpec.model_validate(body.get("spec") or {})
-        except ValueError:
-            log.warning("ignoring invalid AgentPolicy %s/%s", *key)
-            return
-        waiting = self.awaiting_policy.pop(key, set())
-        log.info(
-            "AgentPolicy %s/%s version %s known (%d run(s) waited for it)",
-            *key,
-            self.policies[key].version,
-            len(waiting),
-        )
-        for run in waiting:
+        """A watch event for an AgentPolicy: runs that waited for it are looked at again."""
+        for run in self.policies.observe(event_type, body):
             self.enqueue(run)
 
     def observe_lease(self, event_type: str | None, body: dict[str, Any]) -> None:
@@ -198,25 +168,7 @@ class RunWorker:
         if event_type is None and record.holder != self.identity:
             self.enqueue(key)  # found at start-up: its holder may be gone, look at the run again
 
-    async def _fetch_policy(self, namespace: str, name: str) -> bool:
-        """Read a policy the watch has not delivered (yet): True if it exists and is now known."""
-        try:
-            body = await self.kube.call(
-                self.kube.custom.get_namespaced_custom_object,
-                GROUP,
-                VERSION,
-                namespace,
-                "agentpolicies",
-                name,
-            )
-        except ApiException as err:
-            if err.status == 404:
-                return False
-            raise
-        self.observe_policy("ADDED", body)
-        return (namespace, name) in self.policies
-
-    def enqueue(self, key: Key) -> None:
+    def enqueue(self, key: ObjectKey) -> None:
         self.queue.add(key)
 
     # --- lifecycle ------------------------------------------------------------------------
@@ -260,32 +212,13 @@ class RunWorker:
         return min(1.0, self.config.lease_duration / 4)
 
     def settings_for(self, run: RunSnapshot) -> Settings:
-        ref = run.spec.policy_ref
-        base = Settings(
-            tiers=self.effect_tiers,
-            available_effects=frozenset(self.effect_tiers),
-            operator_version=self.config.operator_version,
-            keyring=self.config.keyring,
-        )
-        if ref is None:
-            return base
-        policy = self.policies.get((run.namespace, ref.name))
-        if policy is None:
-            return replace(base, policy_name=ref.name)
-        return replace(
-            base,
-            wait_expiries=policy.wait_expiries,
-            policy_name=ref.name,
-            policy_version=policy.version,
-            tiers={**self.effect_tiers, **policy.tiers},
-            policy=policy,
-        )
+        return self.policies.settings_for(run, self.base_settings)
 
     def planner_for(self, run: RunSnapshot) -> Planner:
         kind = run.spec.agent.planner.value if run.spec.agent else "scripted"
         return self.planners[kind]
 
-    async def process(self, key: Key, body: dict[str, Any] | None) -> None:
+    async def process(self, key: ObjectKey, body: dict[str, Any] | None) -> None:
         if body is not None and _state_version(body) < self.versions.get(key, 0):
             body = None  # stale: read the current record instead
         if body is None:
@@ -299,12 +232,10 @@ class RunWorker:
         ref = snap.spec.policy_ref
         if (
             ref is not None
-            and (snap.namespace, ref.name) not in self.policies
             and not snap.state.terminal
-            and not await self._fetch_policy(snap.namespace, ref.name)
+            and not await self._policy_known(snap.namespace, ref.name)
         ):
-            waiting = self.awaiting_policy.setdefault((snap.namespace, ref.name), set())
-            if key not in waiting:
+            if self.policies.wait_for((snap.namespace, ref.name), key):
                 log.warning("run %s/%s waits for its AgentPolicy %r to be known", *key, ref.name)
                 await self.events.record(
                     body,
@@ -312,7 +243,6 @@ class RunWorker:
                     f"waiting for AgentPolicy {ref.name!r}: nothing runs without it",
                     warning=True,
                 )
-            waiting.add(key)
             await self._release(key)
             return
         now = datetime.now(UTC)
@@ -325,7 +255,7 @@ class RunWorker:
         for _ in range(2):
             # Looking at the ledger and at child runs needs no Lease: only a commit does.
             if isinstance(decision, NeedActions):
-                actions = await self._observe_actions(snap, decision)
+                actions = await self.actions.observe(snap, decision)
             elif isinstance(decision, NeedChildren):
                 children = await self.children.observe(snap, decision)
             else:
@@ -363,8 +293,16 @@ class RunWorker:
         except Gone:
             await self._release(key)
 
+    async def _policy_known(self, namespace: str, name: str) -> bool:
+        if self.policies.get((namespace, name)) is not None:
+            return True
+        waited = await self.policies.fetch(namespace, name)
+        for run in waited or ():
+            self.enqueue(run)
+        return waited is not None
+
     async def _acquire(
-        self, key: Key, snap: RunSnapshot, body: dict[str, Any]
+        self, key: ObjectKey, snap: RunSnapshot, body: dict[str, Any]
     ) -> tuple[Hold, dict[str, Any]] | None:
         now = datetime.now(UTC)
         cp_epoch = _checkpoint_epoch(snap.raw_checkpoint)
@@ -388,7 +326,7 @@ class RunWorker:
 
     async def _take_existing(
         self,
-        key: Key,
+        key: ObjectKey,
         snap: RunSnapshot,
         body: dict[str, Any],
         record: LeaseRecord,
@@ -426,7 +364,7 @@ class RunWorker:
         self.holds[key] = hold
         return hold, body
 
-    async def _idle(self, key: Key, wake_at: datetime | None, now: datetime) -> None:
+    async def _idle(self, key: ObjectKey, wake_at: datetime | None, now: datetime) -> None:
         """Park an idle run: a wake-up at its expiry, and no Lease left behind by a dead holder."""
         orphan = self.leases_seen.get(key)
         # A Lease is an orphan if a dead holder left it, or if it names us but we hold nothing.
@@ -439,13 +377,13 @@ class RunWorker:
                 wake_at = expiry if wake_at is None else min(wake_at, expiry)
         self.queue.wake_at(key, wake_at)
 
-    def _recheck(self, key: Key, at: datetime) -> None:
+    def _recheck(self, key: ObjectKey, at: datetime) -> None:
         jitter = timedelta(milliseconds=random.randint(50, 250))
         self.queue.wake_at(key, at + jitter)
 
     async def _advance(
         self,
-        key: Key,
+        key: ObjectKey,
         hold: Hold,
         body: dict[str, Any],
         actions: dict[str, ActionObservation] | None,
@@ -478,7 +416,7 @@ class RunWorker:
                 read = await self.reader.read(snap, decision, now)
                 continue
             if isinstance(decision, NeedActions):
-                actions = await self._observe_actions(snap, decision)
+                actions = await self.actions.observe(snap, decision)
                 continue
             if isinstance(decision, NeedChildren):
                 children = await self.children.observe(snap, decision)
@@ -501,7 +439,7 @@ class RunWorker:
                 continue
             read, actions, fresh, children = None, None, None, None
             self.versions[key] = decision.status.state_version
-            self._after_commit(body, snap.state, decision)
+            self.reporter.report(body, snap.state, decision)
             for intent in decision.intents:
                 # Right after the intent commit: the record the dispatcher works from. If it
                 # exists already, the API server says so and the ledger counts a suppressed duplicate.
@@ -510,93 +448,7 @@ class RunWorker:
                 await self.children.create(snap, child)
         self.enqueue(key)  # bounded work done; keep the hold and come back
 
-    async def _observe_actions(self, run: RunSnapshot, need: NeedActions) -> dict[str, ActionObservation]:
-        """The ledger's word on each pending action; an intent whose record is missing is created."""
-        seen: dict[str, ActionObservation] = {}
-        for name, spec in need.records.items():
-            try:
-                record = await self.actions.get(run.namespace, name)
-            except Gone:
-                if spec is None:
-                    log.warning(
-                        "run %s/%s waits on a missing action record %s", run.namespace, run.name, name
-                    )
-                    continue
-                record = await self.actions.ensure(run.namespace, spec)
-            status = ActionRecordStatus.model_validate(record.get("status") or {})
-            if need.cancel and status.state is ActionState.INTENT:
-                record, status = await self._cancel_intent(record, status)
-            seen[name] = ActionObservation(status.state, status.outcome, status.reason, status.message)
-        return seen
-
-    async def _cancel_intent(
-        self, record: dict[str, Any], status: ActionRecordStatus
-    ) -> tuple[dict[str, Any], ActionRecordStatus]:
-        """An undispatched intent is canceled by compare-and-swap; if a dispatcher claimed it first,
-        it is dispatched and will be reconciled, never assumed undone."""
-        meta = record["metadata"]
-        check_action_transition(status.state, ActionState.CANCELED)  # the ledger's one table
-        canceled = status.model_copy(
-            update={
-                "state": ActionState.CANCELED,
-                "reason": "RunCanceled",
-                "message": "canceled before dispatch",
-                "finished_at": datetime.now(UTC),
-            }
-        )
-        try:
-            record = await self.actions.commit_status(record, canceled.wire())
-        except Conflict:
-            record = await self.actions.get(meta["namespace"], meta["name"])
-        status = ActionRecordStatus.model_validate(record.get("status") or {})
-        log.info("action %s/%s: %s before dispatch", meta["namespace"], meta["name"], status.state.value)
-        return record, status
-
-    def _after_commit(self, body: dict[str, Any], before: RunState, commit: Commit) -> None:
-        metrics.TRANSITIONS.labels(commit.event.value).inc()
-        status = commit.status
-        if status.state.terminal:
-            reason = status.outcome.reason if status.outcome else status.state.value
-            metrics.TERMINAL_OUTCOMES.labels(status.state.value, reason).inc()
-        if status.state is RunState.QUARANTINED and status.outcome:
-            metrics.QUARANTINES.labels(status.outcome.reason).inc()
-        if commit.migrated_from is not None:
-            metrics.CHECKPOINT_MIGRATIONS.labels(str(commit.migrated_from)).inc()
-        if (
-            commit.event is RunEvent.CANCEL_REQUESTED
-            and status.cancellation
-            and status.cancellation.requested_at
-        ):
-            waited = (datetime.now(UTC) - status.cancellation.requested_at).total_seconds()
-            metrics.CANCELLATION_LATENCY.observe(max(0.0, waited))
-        policy = ""
-        parent_ref = (body.get("spec") or {}).get("parentRef")
-        parent = f" parent={parent_ref.get('uid')}" if parent_ref else ""
-        cp = commit.checkpoint or {}
-        if isinstance(cp.get("policy"), dict):
-            policy = f" policy={cp['policy'].get('name')}@{cp['policy'].get('version', '')}"
-        message = (
-            f"task={body['metadata']['uid']} stateVersion={status.state_version} "
-            f"{before.value} -> {status.state.value} attempt={(cp.get('retry') or {}).get('attempts', 0)}"
-            f"{policy}{parent}" + (f": {commit.detail}" if commit.detail else "")
-        )
-        log.info(
-            "%s/%s %s: %s",
-            body["metadata"]["namespace"],
-            body["metadata"]["name"],
-            commit.event.value,
-            message,
-        )
-        if not self.config.all_events and commit.event.value not in NOTABLE:
-            return
-        warning = status.state in (RunState.FAILED, RunState.QUARANTINED, RunState.EXPIRED)
-        task = asyncio.create_task(
-            self.events.record(body, reason_of(commit.event.value), message, warning=warning)
-        )
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-
-    async def _release(self, key: Key) -> None:
+    async def _release(self, key: ObjectKey) -> None:
         hold = self.holds.pop(key, None)
         if hold is not None and not hold.lost:
             await self.leases.release(hold)

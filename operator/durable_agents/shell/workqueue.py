@@ -17,7 +17,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from durable_agents.shell import metrics
-from durable_agents.shell.scheduler import Key, WakeScheduler
+from durable_agents.shell.kube import ObjectKey
+from durable_agents.shell.scheduler import WakeScheduler
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +37,7 @@ class WorkQueue:
     def __init__(
         self,
         name: str,
-        process: Callable[[Key, dict[str, Any] | None], Awaitable[None]],
+        process: Callable[[ObjectKey, dict[str, Any] | None], Awaitable[None]],
         *,
         concurrency: int,
         retry_backoff: float = 2.0,
@@ -49,11 +50,11 @@ class WorkQueue:
         metrics.SCHEDULED_WAKEUPS.labels(name).set_function(lambda: len(self.scheduler))
         # The latest body per queued key, as compact JSON: a backlog of thousands (a cold start)
         # then costs one string each, not thousands of small objects that fragment the heap.
-        self._latest: dict[Key, str] = {}
-        self._queue: asyncio.Queue[Key] = asyncio.Queue()
-        self._queued: set[Key] = set()
-        self._active: set[Key] = set()
-        self._dirty: set[Key] = set()
+        self._latest: dict[ObjectKey, str] = {}
+        self._queue: asyncio.Queue[ObjectKey] = asyncio.Queue()
+        self._queued: set[ObjectKey] = set()
+        self._active: set[ObjectKey] = set()
+        self._dirty: set[ObjectKey] = set()
         self._tasks: list[asyncio.Task[None]] = []
         self.processed = 0  # units of work done, ever
 
@@ -61,7 +62,7 @@ class WorkQueue:
     def idle(self) -> bool:
         return not self._queued and not self._active
 
-    def add(self, key: Key, body: dict[str, Any] | None = None) -> None:
+    def add(self, key: ObjectKey, body: dict[str, Any] | None = None) -> None:
         if body is not None:
             self._latest[key] = json.dumps(body, separators=(",", ":"))
         if key in self._active:
@@ -70,11 +71,11 @@ class WorkQueue:
             self._queued.add(key)
             self._queue.put_nowait(key)
 
-    def forget(self, key: Key) -> None:
+    def forget(self, key: ObjectKey) -> None:
         self._latest.pop(key, None)
         self.scheduler.schedule(key, None)
 
-    def wake_at(self, key: Key, at: datetime | None) -> None:
+    def wake_at(self, key: ObjectKey, at: datetime | None) -> None:
         self.scheduler.schedule(key, at)
 
     def start(self) -> None:

@@ -1,94 +1,27 @@
-"""Effect plugins: one interface for every side effect the action ledger dispatches.
-
-An effect dispatches with an idempotency key, answers a query by that key from the authoritative
-system, declares its tier, and says whether (and by which effect) it can be compensated.
-Dispatch answers are definite (:class:`Applied`, :class:`Failed`) or :class:`Unknown`: a timeout,
-a dropped connection or an ambiguous error is never a failure. Built in: ``http.post`` and
-``kubernetes.apply``; third-party effects register under the entry-point group
-``durable_agents.effects`` (a callable returning an :class:`Effect`).
-"""
+"""Effect plugins: the interface (:mod:`.base`) and the built-in effects (``http``, ``kubernetes``)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from importlib.metadata import entry_points
-from typing import Any, Protocol
+from durable_agents.shell.effects.base import (
+    Action,
+    Applied,
+    DispatchResult,
+    Effect,
+    EffectContext,
+    Failed,
+    NotApplied,
+    QueryResult,
+    Unknown,
+)
 
-from durable_agents.api.v1alpha1 import ActionTier
-from durable_agents.shell.kube import Kube
-
-ENTRY_POINT_GROUP = "durable_agents.effects"
-
-
-@dataclass(frozen=True)
-class Applied:
-    """The effect happened; ``outcome`` is what the authoritative system says about it."""
-
-    outcome: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class Failed:
-    """The effect definitely did not happen and will not by retrying (403, 4xx, invalid)."""
-
-    reason: str
-    message: str
-
-
-@dataclass(frozen=True)
-class Unknown:
-    """We cannot tell whether it happened: ask the authoritative system before anything else."""
-
-    reason: str
-    message: str
-
-
-@dataclass(frozen=True)
-class NotApplied:
-    """The authoritative system has no record of this key: another dispatch is allowed."""
-
-
-DispatchResult = Applied | Failed | Unknown
-QueryResult = Applied | NotApplied | Unknown
-
-
-@dataclass(frozen=True)
-class EffectContext:
-    """Who the effect acts as, and how long a dispatch may take before its outcome is unknown."""
-
-    kube: Kube
-    namespace: str  # the run's
-    service_account: str
-    timeout: float = 5.0
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Action:
-    key: str
-    target: dict[str, Any]
-    arguments: dict[str, Any]
-
-
-class Effect(Protocol):
-    name: str
-    tier: ActionTier
-    reversible: bool
-    compensation: str | None  # the effect that compensates this one, if any
-
-    async def dispatch(self, ctx: EffectContext, action: Action) -> DispatchResult: ...
-
-    async def query(self, ctx: EffectContext, action: Action) -> QueryResult: ...
-
-
-def load_effects() -> dict[str, Effect]:
-    """Built-in effects plus entry-point plugins (built-ins win on a name clash)."""
-    from durable_agents.shell.effects.http import HttpPost
-    from durable_agents.shell.effects.kubernetes import KubernetesApply
-
-    builtin: dict[str, Effect] = {e.name: e for e in (HttpPost(), KubernetesApply())}
-    found: dict[str, Effect] = {}
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        effect = ep.load()()
-        found[effect.name] = effect
-    return {**found, **builtin}
+__all__ = [
+    "Action",
+    "Applied",
+    "DispatchResult",
+    "Effect",
+    "EffectContext",
+    "Failed",
+    "NotApplied",
+    "QueryResult",
+    "Unknown",
+]

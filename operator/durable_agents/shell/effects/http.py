@@ -13,7 +13,7 @@ from typing import Any
 import aiohttp
 
 from durable_agents.api.v1alpha1 import ActionTier
-from durable_agents.shell.effects import (
+from durable_agents.shell.effects.base import (
     Action,
     Applied,
     DispatchResult,

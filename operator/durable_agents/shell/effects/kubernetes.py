@@ -17,7 +17,7 @@ from kubernetes.client.rest import ApiException
 from kubernetes.dynamic.exceptions import ResourceNotFoundError
 
 from durable_agents.api.v1alpha1 import ActionTier
-from durable_agents.shell.effects import (
+from durable_agents.shell.effects.base import (
     Action,
     Applied,
     DispatchResult,

@@ -1,0 +1,206 @@
+"""The operator's configuration: every ``DURABLE_AGENTS_*`` variable, read once at start-up.
+
+:data:`VARIABLES` is the one list of the variables (the README's table is checked against it).
+:meth:`OperatorConfig.from_env` parses them into typed values; a malformed value, or a
+``DURABLE_AGENTS_*`` variable nobody reads (a typo would otherwise be silently ignored), stops
+start-up with a message naming the variable. Nothing else in the operator reads the environment
+for its own settings (``KUBECONFIG`` and the ``KUBERNETES_SERVICE_*`` variables of a Pod are the
+Kubernetes client's).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import TypeVar
+
+from durable_agents import __version__
+from durable_agents.core.sealing import Keyring, KeyringError
+from durable_agents.shell.faults import FaultPoints, Trigger
+from durable_agents.shell.keyring import load_keyring
+from durable_agents.shell.worker import new_identity
+
+PREFIX = "DURABLE_AGENTS_"
+T = TypeVar("T")
+
+
+class Reader(StrEnum):
+    """Who reads a variable: the operator, or only the test kit (which the operator ignores)."""
+
+    OPERATOR = "operator"
+    FAULTS = "operator, tests only"  # fault injection: inert unless set
+    TEST_KIT = "test kit"
+
+
+@dataclass(frozen=True)
+class Variable:
+    suffix: str  # the name after DURABLE_AGENTS_
+    default: str
+    meaning: str
+    reader: Reader = Reader.OPERATOR
+
+    @property
+    def name(self) -> str:
+        return PREFIX + self.suffix
+
+
+FAULTS, TEST_KIT = Reader.FAULTS, Reader.TEST_KIT
+VARIABLES: tuple[Variable, ...] = (
+    Variable("NAMESPACE", "(all)", "watch and serve one namespace only"),
+    Variable("IDENTITY", "host-pid-random", "this process's name in Leases and claims"),
+    Variable("LEASE_DURATION", "15", "seconds a run Lease is valid; takeover after it"),
+    Variable("WORKERS", "8", "runs worked on at once by this process"),
+    Variable("OPERATOR_VERSION", __version__, "version stamped into checkpoints"),
+    Variable("EVENTS", "notable", "`notable` or `all`: which transitions get a Kubernetes Event"),
+    Variable("DISPATCHER", "on", "`on` or `off`: whether this process dispatches intents"),
+    Variable("DISPATCH_TIMEOUT", "5", "seconds before a dispatch's answer is an unknown outcome"),
+    Variable("METRICS_PORT", "(off)", "port of the Prometheus metrics endpoint"),
+    Variable("LOG_LEVEL", "INFO", "`DEBUG`, `INFO`, `WARNING` or `ERROR`"),
+    Variable("WATCH_TIMEOUT", "300", "seconds of one watch request before it is renewed"),
+    Variable("LIST_CHUNK", "200", "page size of list requests (bounds the start-up memory peak)"),
+    Variable("WEBHOOK_PORT", "(off)", "port of the admission webhook (stamps and approvals)"),
+    Variable("WEBHOOK_HOST", "127.0.0.1", "address the admission webhook listens on"),
+    Variable("SEALING_KEYS_DIR", "(none)", "directory of sealing keys (a mounted Secret)"),
+    Variable("SEALING_ACTIVE_KEY", "(none)", "key ID that seals new values; required with the keys"),
+    Variable("TRACEMALLOC", "0", "`1`: SIGUSR1 also logs where live memory was allocated"),
+    Variable("TEST_KILL_AT", "(off)", "`before:N`/`after:N`: SIGKILL at the Nth write", FAULTS),
+    Variable("TEST_STOP_AT", "(off)", "`before:N`/`after:N`: SIGSTOP at the Nth write", FAULTS),
+    Variable("TEST_STOP_BEFORE_SEND", "0", "`1`: SIGSTOP before the first effect request", FAULTS),
+    Variable("TEST_COMMIT_DELAY", "0", "seconds each run commit waits first", FAULTS),
+    Variable("BIN_DIR", "(built)", "where the control-plane binaries are", TEST_KIT),
+    Variable("CACHE", "~/.cache/durable-agents", "cache of built binaries", TEST_KIT),
+    Variable("TEST_KUBECONFIG", "(local plane)", "run the suites on this cluster", TEST_KIT),
+    Variable("CHAOS_SIZE", "ci", "`ci` or `full`: size of the recovery suite", TEST_KIT),
+    Variable("CHAOS_SEED", "(random)", "seed of the recovery suite's choices", TEST_KIT),
+    Variable("CHAOS_OUT", "(none)", "where the recovery suite writes its JSON", TEST_KIT),
+    Variable("CHAOS_TUNE", "(none)", "overrides of the recovery suite's sizes", TEST_KIT),
+)
+KNOWN = frozenset(v.name for v in VARIABLES)
+
+
+class ConfigError(Exception):
+    """A variable the operator cannot start with; the message names it."""
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    namespace: str | None = None
+    identity: str = field(default_factory=new_identity)
+    lease_duration: int = 15
+    workers: int = 8
+    operator_version: str = __version__
+    all_events: bool = False
+    dispatcher: bool = True
+    dispatch_timeout: float = 5.0
+    metrics_port: int | None = None
+    log_level: str = "INFO"
+    watch_timeout: int = 300
+    list_chunk: int = 200
+    webhook_port: int | None = None
+    webhook_host: str = "127.0.0.1"
+    keyring: Keyring | None = field(default=None, repr=False)
+    tracemalloc: bool = False
+    faults: FaultPoints = field(default_factory=lambda: FaultPoints([]), repr=False)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> OperatorConfig:
+        env = os.environ if env is None else env
+        unknown = sorted(k for k in env if k.startswith(PREFIX) and k not in KNOWN)
+        if unknown:
+            raise ConfigError(
+                f"{', '.join(unknown)}: unknown variable{'s' if len(unknown) > 1 else ''}"
+                " (a typo? the README's configuration table lists every variable)"
+            )
+        read = _Reader(env)
+        return cls(
+            namespace=read.text("NAMESPACE"),
+            identity=read.text("IDENTITY") or new_identity(),
+            lease_duration=read.number("LEASE_DURATION", int, 15, minimum=1),
+            workers=read.number("WORKERS", int, 8, minimum=1),
+            operator_version=read.text("OPERATOR_VERSION") or __version__,
+            all_events=read.choice("EVENTS", ("notable", "all"), "notable") == "all",
+            dispatcher=read.choice("DISPATCHER", ("on", "off"), "on") == "on",
+            dispatch_timeout=read.number("DISPATCH_TIMEOUT", float, 5.0, minimum=0.1),
+            metrics_port=read.port("METRICS_PORT"),
+            log_level=read.choice("LOG_LEVEL", ("DEBUG", "INFO", "WARNING", "ERROR"), "INFO"),
+            watch_timeout=read.number("WATCH_TIMEOUT", int, 300, minimum=1),
+            list_chunk=read.number("LIST_CHUNK", int, 200, minimum=1),
+            webhook_port=read.port("WEBHOOK_PORT"),
+            webhook_host=read.text("WEBHOOK_HOST") or "127.0.0.1",
+            keyring=read.keyring(),
+            tracemalloc=read.choice("TRACEMALLOC", ("0", "1"), "0") == "1",
+            faults=read.faults(),
+        )
+
+
+class _Reader:
+    """Parses one variable at a time; every error names the variable and what it expects."""
+
+    def __init__(self, env: Mapping[str, str]) -> None:
+        self.env = env
+
+    def text(self, suffix: str) -> str | None:
+        return self.env.get(PREFIX + suffix) or None
+
+    def _fail(self, suffix: str, expected: str) -> ConfigError:
+        return ConfigError(f"{PREFIX}{suffix}={self.env[PREFIX + suffix]!r}: expected {expected}")
+
+    def number(self, suffix: str, kind: Callable[[str], T], default: T, *, minimum: float) -> T:
+        raw = self.text(suffix)
+        if raw is None:
+            return default
+        what = "a whole number" if kind is int else "a number"
+        try:
+            value = kind(raw)
+        except ValueError:
+            raise self._fail(suffix, f"{what} >= {minimum:g}") from None
+        if not value >= minimum:  # type: ignore[operator]
+            raise self._fail(suffix, f"{what} >= {minimum:g}")
+        return value
+
+    def port(self, suffix: str) -> int | None:
+        raw = self.text(suffix)
+        if raw is None:
+            return None
+        if not raw.isdigit() or not 0 < int(raw) < 65536:
+            raise self._fail(suffix, "a port number from 1 to 65535")
+        return int(raw)
+
+    def choice(self, suffix: str, allowed: tuple[str, ...], default: str) -> str:
+        raw = self.text(suffix) or default
+        if raw not in allowed:
+            raise self._fail(suffix, " or ".join(repr(a) for a in allowed))
+        return raw
+
+    def keyring(self) -> Keyring | None:
+        keys_dir = self.text("SEALING_KEYS_DIR")
+        active = self.text("SEALING_ACTIVE_KEY")
+        if keys_dir is None:
+            if active is not None:
+                raise ConfigError(f"{PREFIX}SEALING_ACTIVE_KEY is set, but {PREFIX}SEALING_KEYS_DIR is not")
+            return None
+        if active is None:
+            raise ConfigError(
+                f"{PREFIX}SEALING_KEYS_DIR is set, so {PREFIX}SEALING_ACTIVE_KEY must name a key"
+            )
+        try:
+            return load_keyring(Path(keys_dir), active)
+        except KeyringError as err:
+            raise ConfigError(f"{PREFIX}SEALING_KEYS_DIR={keys_dir}: {err}") from None
+
+    def faults(self) -> FaultPoints:
+        triggers = []
+        for suffix, sig in (("TEST_KILL_AT", signal.SIGKILL), ("TEST_STOP_AT", signal.SIGSTOP)):
+            raw = self.text(suffix)
+            if raw is not None:
+                try:
+                    triggers.append(Trigger.parse(raw, sig))
+                except ValueError:
+                    raise self._fail(suffix, "before:N or after:N with N >= 1") from None
+        delay = self.number("TEST_COMMIT_DELAY", float, 0.0, minimum=0.0)
+        stop_before_send = self.choice("TEST_STOP_BEFORE_SEND", ("0", "1"), "0") == "1"
+        return FaultPoints(triggers, delay, stop_before_send)

@@ -1,0 +1,110 @@
+"""The manager: builds the operator's parts from its configuration at kopf start-up, stops them
+at clean-up, and hands them to the handlers (which receive it explicitly, never import it)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+
+import kopf
+from prometheus_client import start_http_server
+
+from durable_agents.shell.dispatcher import Dispatcher, DispatcherConfig
+from durable_agents.shell.faults import install_faults
+from durable_agents.shell.kube import Kube, load_api_client
+from durable_agents.shell.reflector import RunReflector
+from durable_agents.shell.worker import RunWorker, WorkerConfig
+from durable_agents_controllers.config import OperatorConfig
+
+log = logging.getLogger(__name__)
+
+
+class Manager:
+    def __init__(self, config: OperatorConfig) -> None:
+        self.config = config
+        self._kube: Kube | None = None
+        self._worker: RunWorker | None = None
+        self._dispatcher: Dispatcher | None = None
+        self._reflector: RunReflector | None = None
+        # Run at start-up, in order, before the worker starts (the admission webhook's set-up).
+        self.start_hooks: list[Callable[[kopf.OperatorSettings], Awaitable[None]]] = []
+
+    @property
+    def kube(self) -> Kube:
+        if self._kube is None:
+            self._kube = Kube(load_api_client())
+        return self._kube
+
+    @property
+    def worker(self) -> RunWorker:
+        if self._worker is None:
+            raise RuntimeError("the run worker is not started (kopf startup has not run)")
+        return self._worker
+
+    @property
+    def dispatcher(self) -> Dispatcher | None:
+        """The dispatcher, or None when this process runs without one (DISPATCHER=off)."""
+        return self._dispatcher
+
+    def register(self, registry: kopf.OperatorRegistry) -> None:
+        kopf.on.startup(registry=registry)(self.start)
+        kopf.on.cleanup(registry=registry)(self.stop)
+
+    async def start(self, settings: kopf.OperatorSettings, **_: object) -> None:
+        config = self.config
+        # kopf is the event source and scheduler, not the commit path: no kopf posting, and no
+        # change-detecting handlers, so kopf writes no annotations or finalizers on our records.
+        settings.posting.enabled = False
+        settings.scanning.disabled = True
+        settings.watching.server_timeout = config.watch_timeout
+        # List in pages: a cold start with 10,000 runs never holds them all at once (memory peak).
+        settings.watching.chunk_size = config.list_chunk
+        # kopf keeps a task per object until it has been idle this long, and with it the last
+        # body: our handlers only enqueue, so a short idle time keeps a cold start's peak low.
+        settings.queueing.idle_timeout = 1.0
+        if config.metrics_port is not None:
+            start_http_server(config.metrics_port)
+        install_faults(config.faults)
+        for hook in self.start_hooks:
+            await hook(settings)
+        self._worker = RunWorker(
+            self.kube,
+            WorkerConfig(
+                identity=config.identity,
+                lease_duration=config.lease_duration,
+                concurrency=config.workers,
+                operator_version=config.operator_version,
+                all_events=config.all_events,
+                keyring=config.keyring,
+            ),
+        )
+        self._worker.start()
+        self._reflector = RunReflector(
+            self.kube,
+            self._worker.observe,
+            namespace=config.namespace,
+            page_size=config.list_chunk,
+            watch_timeout=config.watch_timeout,
+        )
+        self._reflector.start()
+        # Dispatchers may run as a separate deployment: "off" leaves intents to another process.
+        if config.dispatcher:
+            self._dispatcher = Dispatcher(
+                self.kube, DispatcherConfig(identity=config.identity, timeout=config.dispatch_timeout)
+            )
+            self._dispatcher.start()
+        log.info("durable-agents worker %s started (lease %ss)", config.identity, config.lease_duration)
+
+    async def stop(self, **_: object) -> None:
+        if self._reflector is not None:
+            await self._reflector.stop()
+            self._reflector = None
+        if self._dispatcher is not None:
+            await self._dispatcher.stop()
+            self._dispatcher = None
+        if self._worker is not None:
+            await self._worker.stop()
+            self._worker = None
+        if self._kube is not None:
+            self._kube.close()
+            self._kube = None

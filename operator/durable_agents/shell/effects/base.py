@@ -1,0 +1,78 @@
+"""Effect plugins: one interface for every side effect the action ledger dispatches.
+
+An effect dispatches with an idempotency key, answers a query by that key from the authoritative
+system, declares its tier, and says whether (and by which effect) it can be compensated.
+Dispatch answers are definite (:class:`Applied`, :class:`Failed`) or :class:`Unknown`: a timeout,
+a dropped connection or an ambiguous error is never a failure. Built in: ``http.post`` and
+``kubernetes.apply``; third-party effects register under an entry-point group
+(:mod:`durable_agents.shell.plugins`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from durable_agents.api.v1alpha1 import ActionTier
+from durable_agents.shell.kube import Kube
+
+
+@dataclass(frozen=True)
+class Applied:
+    """The effect happened; ``outcome`` is what the authoritative system says about it."""
+
+    outcome: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Failed:
+    """The effect definitely did not happen and will not by retrying (403, 4xx, invalid)."""
+
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Unknown:
+    """We cannot tell whether it happened: ask the authoritative system before anything else."""
+
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class NotApplied:
+    """The authoritative system has no record of this key: another dispatch is allowed."""
+
+
+DispatchResult = Applied | Failed | Unknown
+QueryResult = Applied | NotApplied | Unknown
+
+
+@dataclass(frozen=True)
+class EffectContext:
+    """Who the effect acts as, and how long a dispatch may take before its outcome is unknown."""
+
+    kube: Kube
+    namespace: str  # the run's
+    service_account: str
+    timeout: float = 5.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Action:
+    key: str
+    target: dict[str, Any]
+    arguments: dict[str, Any]
+
+
+class Effect(Protocol):
+    name: str
+    tier: ActionTier
+    reversible: bool
+    compensation: str | None  # the effect that compensates this one, if any
+
+    async def dispatch(self, ctx: EffectContext, action: Action) -> DispatchResult: ...
+
+    async def query(self, ctx: EffectContext, action: Action) -> QueryResult: ...
