@@ -294,7 +294,7 @@ class Checkpoint(_Contract):
         ref_ids = _unique("evidence reference id", (ref.id for ref in self.evidence_refs()))
         _unique("tool call id", (call.id for call in self.tool_calls))
         _unique("child run name", (child.name for child in self.children))
-        _unique("cancellation requestId", (c.request_id for c in self.cancellations))
+        _unique("cancellation requestId", (cancellation.request_id for cancellation in self.cancellations))
         _unique("pending action idempotencyKey", (action.idempotency_key for action in self.pending_actions))
         request_ids = _unique("approval requestId", (approval.request_id for approval in self.approvals))
         for call in self.tool_calls:
@@ -328,7 +328,7 @@ Migration = Callable[[dict[str, Any]], dict[str, Any]]
 
 def migrate_v1_to_v2(document: dict[str, Any]) -> dict[str, Any]:
     """Version 1 -> 2: ``attempt`` (a count) moves into ``retry.attempts``; the rest has defaults."""
-    out = {k: v for k, v in document.items() if k != "attempt"}
+    out = {key: value for key, value in document.items() if key != "attempt"}
     attempt = document.get("attempt", 0)
     if type(attempt) is not int or attempt < 0:
         raise ValueError(f"attempt must be a non-negative integer, got {attempt!r}")

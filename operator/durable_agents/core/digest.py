@@ -19,6 +19,6 @@ def canonical_digest(value: Any) -> str:
 def object_content_digest(obj: Mapping[str, Any]) -> str:
     """Digest of what a Kubernetes object says: everything but server bookkeeping and status."""
     meta = obj.get("metadata") or {}
-    content = {k: v for k, v in obj.items() if k not in ("metadata", "status")}
-    content["metadata"] = {k: meta[k] for k in _CONTENT_METADATA if meta.get(k)}
+    content = {key: value for key, value in obj.items() if key not in ("metadata", "status")}
+    content["metadata"] = {key: meta[key] for key in _CONTENT_METADATA if meta.get(key)}
     return canonical_digest(content)

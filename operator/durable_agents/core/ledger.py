@@ -14,19 +14,19 @@ from datetime import datetime, timedelta
 
 from durable_agents.api.v1alpha1 import ActionRecordStatus, ActionState
 
-A = ActionState
-
 ACTION_TRANSITIONS: dict[ActionState, frozenset[ActionState]] = {
-    A.INTENT: frozenset({A.DISPATCHING, A.CANCELED}),
+    ActionState.INTENT: frozenset({ActionState.DISPATCHING, ActionState.CANCELED}),
     # A dispatch ends in a definite answer, or in not knowing: a timeout is never a failure.
-    A.DISPATCHING: frozenset({A.SUCCEEDED, A.FAILED, A.OUTCOME_UNKNOWN}),
+    ActionState.DISPATCHING: frozenset(
+        {ActionState.SUCCEEDED, ActionState.FAILED, ActionState.OUTCOME_UNKNOWN}
+    ),
     # Only the authoritative system's "it did not happen" allows another dispatch (same key).
-    A.OUTCOME_UNKNOWN: frozenset({A.SUCCEEDED, A.DISPATCHING}),
-    A.SUCCEEDED: frozenset(),
-    A.FAILED: frozenset(),
-    A.CANCELED: frozenset(),
+    ActionState.OUTCOME_UNKNOWN: frozenset({ActionState.SUCCEEDED, ActionState.DISPATCHING}),
+    ActionState.SUCCEEDED: frozenset(),
+    ActionState.FAILED: frozenset(),
+    ActionState.CANCELED: frozenset(),
 }
-TERMINAL_ACTION_STATES = frozenset(s for s, nxt in ACTION_TRANSITIONS.items() if not nxt)
+TERMINAL_ACTION_STATES = frozenset(state for state, targets in ACTION_TRANSITIONS.items() if not targets)
 
 
 class IllegalActionTransition(Exception):
@@ -77,14 +77,14 @@ DispatchStep = Claim | GiveUpClaim | Query | WaitUntil
 
 def next_dispatch_step(status: ActionRecordStatus, now: datetime) -> DispatchStep:
     state = status.state
-    if state is A.INTENT:
+    if state is ActionState.INTENT:
         return Claim()
-    if state is A.DISPATCHING:
+    if state is ActionState.DISPATCHING:
         expires = status.claim_expires_at
         if expires is None or now >= expires:
             return GiveUpClaim()
         return WaitUntil(expires)
-    if state is A.OUTCOME_UNKNOWN:
+    if state is ActionState.OUTCOME_UNKNOWN:
         return Query()
     return WaitUntil(None)
 

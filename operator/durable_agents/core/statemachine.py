@@ -43,59 +43,55 @@ class RunEvent(StrEnum):
     RELEASE_QUARANTINE = "release_quarantine"  # operator retries after an upgrade
 
 
-S = RunState
-E = RunEvent
-
-
 _WAIT_EXITS: dict[RunState, RunEvent] = {
-    S.WAITING_INPUT: E.INPUT_RECEIVED,
-    S.WAITING_APPROVAL: E.APPROVAL_DECIDED,
-    S.WAITING_EXTERNAL: E.EXTERNAL_RECEIVED,
-    S.WAITING_RETRY: E.RETRY_DUE,
+    RunState.WAITING_INPUT: RunEvent.INPUT_RECEIVED,
+    RunState.WAITING_APPROVAL: RunEvent.APPROVAL_DECIDED,
+    RunState.WAITING_EXTERNAL: RunEvent.EXTERNAL_RECEIVED,
+    RunState.WAITING_RETRY: RunEvent.RETRY_DUE,
 }
 
 
 def _table() -> dict[tuple[RunState, RunEvent], RunState]:
-    t: dict[tuple[RunState, RunEvent], RunState] = {
-        (S.PENDING, E.ACCEPTED): S.READY,
-        (S.PENDING, E.REJECTED): S.FAILED,
-        (S.READY, E.STEP_COMPLETED): S.READY,
-        (S.READY, E.INPUT_REQUESTED): S.WAITING_INPUT,
-        (S.READY, E.APPROVAL_REQUESTED): S.WAITING_APPROVAL,
-        (S.READY, E.EXTERNAL_AWAITED): S.WAITING_EXTERNAL,
-        (S.READY, E.RETRY_SCHEDULED): S.WAITING_RETRY,
-        (S.READY, E.SUCCEEDED): S.COMPLETED,
-        (S.READY, E.ATTEMPT_FAILED): S.FAILED,
-        (S.READY, E.REVALIDATION_REQUIRED): S.RESUME_VALIDATION,
-        (S.RESUME_VALIDATION, E.REVALIDATED): S.READY,
-        (S.RESUME_VALIDATION, E.REFRESH_REQUIRED): S.READY,
-        (S.RESUME_VALIDATION, E.REAPPROVAL_REQUIRED): S.WAITING_APPROVAL,
-        (S.RESUME_VALIDATION, E.ATTEMPT_FAILED): S.FAILED,
-        (S.RESUME_VALIDATION, E.RETRY_SCHEDULED): S.WAITING_RETRY,
+    table: dict[tuple[RunState, RunEvent], RunState] = {
+        (RunState.PENDING, RunEvent.ACCEPTED): RunState.READY,
+        (RunState.PENDING, RunEvent.REJECTED): RunState.FAILED,
+        (RunState.READY, RunEvent.STEP_COMPLETED): RunState.READY,
+        (RunState.READY, RunEvent.INPUT_REQUESTED): RunState.WAITING_INPUT,
+        (RunState.READY, RunEvent.APPROVAL_REQUESTED): RunState.WAITING_APPROVAL,
+        (RunState.READY, RunEvent.EXTERNAL_AWAITED): RunState.WAITING_EXTERNAL,
+        (RunState.READY, RunEvent.RETRY_SCHEDULED): RunState.WAITING_RETRY,
+        (RunState.READY, RunEvent.SUCCEEDED): RunState.COMPLETED,
+        (RunState.READY, RunEvent.ATTEMPT_FAILED): RunState.FAILED,
+        (RunState.READY, RunEvent.REVALIDATION_REQUIRED): RunState.RESUME_VALIDATION,
+        (RunState.RESUME_VALIDATION, RunEvent.REVALIDATED): RunState.READY,
+        (RunState.RESUME_VALIDATION, RunEvent.REFRESH_REQUIRED): RunState.READY,
+        (RunState.RESUME_VALIDATION, RunEvent.REAPPROVAL_REQUIRED): RunState.WAITING_APPROVAL,
+        (RunState.RESUME_VALIDATION, RunEvent.ATTEMPT_FAILED): RunState.FAILED,
+        (RunState.RESUME_VALIDATION, RunEvent.RETRY_SCHEDULED): RunState.WAITING_RETRY,
         # Released from quarantine with a wait recorded in the checkpoint: back into that wait.
-        (S.RESUME_VALIDATION, E.INPUT_REQUESTED): S.WAITING_INPUT,
-        (S.RESUME_VALIDATION, E.EXTERNAL_AWAITED): S.WAITING_EXTERNAL,
-        (S.CANCEL_REQUESTED, E.CANCEL_FINISHED): S.CANCELED,
-        (S.QUARANTINED, E.RELEASE_QUARANTINE): S.RESUME_VALIDATION,
+        (RunState.RESUME_VALIDATION, RunEvent.INPUT_REQUESTED): RunState.WAITING_INPUT,
+        (RunState.RESUME_VALIDATION, RunEvent.EXTERNAL_AWAITED): RunState.WAITING_EXTERNAL,
+        (RunState.CANCEL_REQUESTED, RunEvent.CANCEL_FINISHED): RunState.CANCELED,
+        (RunState.QUARANTINED, RunEvent.RELEASE_QUARANTINE): RunState.RESUME_VALIDATION,
     }
     for waiting, leave in _WAIT_EXITS.items():
         # Leaving any wait goes through resume validation: facts may have changed meanwhile.
-        t[(waiting, leave)] = S.RESUME_VALIDATION
-        t[(waiting, E.WAIT_EXPIRED)] = S.EXPIRED
-        t[(waiting, E.REVALIDATION_REQUIRED)] = S.RESUME_VALIDATION
-        t[(waiting, E.STEP_CANCELED)] = S.RESUME_VALIDATION
-    t[(S.READY, E.STEP_CANCELED)] = S.READY
-    for state in (S.READY, S.RESUME_VALIDATION, *WAITING_STATES):
-        t[(state, E.CANCEL_RECORDED)] = state
+        table[(waiting, leave)] = RunState.RESUME_VALIDATION
+        table[(waiting, RunEvent.WAIT_EXPIRED)] = RunState.EXPIRED
+        table[(waiting, RunEvent.REVALIDATION_REQUIRED)] = RunState.RESUME_VALIDATION
+        table[(waiting, RunEvent.STEP_CANCELED)] = RunState.RESUME_VALIDATION
+    table[(RunState.READY, RunEvent.STEP_CANCELED)] = RunState.READY
+    for state in (RunState.READY, RunState.RESUME_VALIDATION, *WAITING_STATES):
+        table[(state, RunEvent.CANCEL_RECORDED)] = state
     for state in NON_TERMINAL_STATES:
-        t[(state, E.DEADLINE_EXCEEDED)] = S.EXPIRED
-        t[(state, E.QUARANTINE)] = S.QUARANTINED
-        if state is not S.CANCEL_REQUESTED:
-            t[(state, E.CANCEL_REQUESTED)] = S.CANCEL_REQUESTED
+        table[(state, RunEvent.DEADLINE_EXCEEDED)] = RunState.EXPIRED
+        table[(state, RunEvent.QUARANTINE)] = RunState.QUARANTINED
+        if state is not RunState.CANCEL_REQUESTED:
+            table[(state, RunEvent.CANCEL_REQUESTED)] = RunState.CANCEL_REQUESTED
     # A quarantined checkpoint is untouched until someone acts: only release or cancel leave it.
-    del t[(S.QUARANTINED, E.DEADLINE_EXCEEDED)]
-    del t[(S.QUARANTINED, E.QUARANTINE)]
-    return t
+    del table[(RunState.QUARANTINED, RunEvent.DEADLINE_EXCEEDED)]
+    del table[(RunState.QUARANTINED, RunEvent.QUARANTINE)]
+    return table
 
 
 TRANSITIONS: dict[tuple[RunState, RunEvent], RunState] = _table()
@@ -131,4 +127,4 @@ def transition(position: Position, event: RunEvent) -> Position:
 
 
 def allowed_events(state: RunState) -> frozenset[RunEvent]:
-    return frozenset(e for (s, e) in TRANSITIONS if s is state)
+    return frozenset(event for (source, event) in TRANSITIONS if source is state)

@@ -1,0 +1,134 @@
+"""Effects go through the ledger: each one's intent (an ActionRecord) and its reconciled outcome."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from durable_agents.api.v1alpha1 import ActionRecordSpec, ActionState, ActionTier, RunReference
+from durable_agents.core.checkpoint import Checkpoint, ExternalEvidenceRef, PendingAction, ToolCallRecord
+from durable_agents.core.digest import canonical_digest
+from durable_agents.core.engine.commits import CommitBuilder
+from durable_agents.core.engine.decisions import Decision, Idle, NeedActions
+from durable_agents.core.engine.snapshot import ActionObservation, RunSnapshot, Settings
+from durable_agents.core.ledger import action_record_name, idempotency_key
+from durable_agents.core.planner import PerformEffect, Planner, PlannerError, PlanningContext
+from durable_agents.core.statemachine import RunEvent
+
+# An action in one of these states has its final answer: the run can take it into account.
+SETTLED = (ActionState.SUCCEEDED, ActionState.FAILED, ActionState.CANCELED)
+
+
+def action_spec(
+    run: RunSnapshot, index: int, step: PerformEffect, settings: Settings, attempt: int = 0
+) -> ActionRecordSpec:
+    """The immutable intent of one effect step: the same on every recomputation of one attempt.
+
+    A retry after a definite failure is a new action with its own key (the failed one was not applied).
+    """
+    key = idempotency_key(run.run_id, index, step.name, attempt)
+    compensates = None
+    if step.compensates is not None:
+        names = [spec_step.name for spec_step in run.spec.steps]
+        if step.compensates in names:
+            target = names.index(step.compensates)
+            compensates = action_record_name(idempotency_key(run.run_id, target, step.compensates))
+    return ActionRecordSpec(
+        idempotency_key=key,
+        run_ref=RunReference(name=run.name, uid=run.uid),
+        service_account_name=run.spec.service_account_name,
+        step_index=index,
+        effect=step.effect,
+        tier=settings.tiers.get(step.effect, ActionTier.CONSEQUENTIAL),
+        target=step.target or None,
+        arguments=step.arguments or None,
+        compensates=compensates,
+    )
+
+
+def reconcile_actions(
+    builder: CommitBuilder,
+    run: RunSnapshot,
+    planner: Planner,
+    settings: Settings,
+    actions: Mapping[str, ActionObservation] | None,
+    *,
+    cancel: bool,
+) -> Decision:
+    """Take the first settled pending action into the checkpoint; wait while none has settled.
+
+    ``cancel``: when the shell is asked for the actions' states, it cancels undispatched intents too.
+    """
+    cp = builder.cp
+    if actions is None:
+        return NeedActions(pending_specs(run, cp, planner, settings), cancel=cancel)
+    for pending in cp.pending_actions:
+        seen = actions.get(pending.action_record_name)
+        if seen is None or seen.state not in SETTLED:
+            continue
+        return _settled(builder, run, pending, seen)
+    # Still in flight or unknown: the run waits (no expiry: an unknown outcome is never assumed).
+    return Idle(wake_at=run.spec.deadline, reason="action in flight")
+
+
+def _settled(
+    builder: CommitBuilder, run: RunSnapshot, pending: PendingAction, seen: ActionObservation
+) -> Decision:
+    """Reconciled: resume from a checkpoint committed after reconciliation, with the authoritative
+    outcome as an evidence reference (never the raw response body)."""
+    cp = builder.cp
+    ref = ExternalEvidenceRef(
+        id=f"action-{pending.step_index}-{pending.action_record_name[4:16]}",
+        step_index=pending.step_index,
+        recorded_at=builder.now,
+        uri=f"actionrecord://{run.namespace}/{pending.action_record_name}",
+        content_digest=canonical_digest(dict(seen.outcome or {})),
+    )
+    ok = seen.state is ActionState.SUCCEEDED
+    call = ToolCallRecord(
+        id=f"call-{pending.step_index}-{pending.action_record_name[4:16]}",
+        tool=pending.effect,
+        step_index=pending.step_index,
+        started_at=builder.now,
+        finished_at=builder.now,
+        outcome="succeeded" if ok else "failed",
+        result_ref=ref.id,
+        error=None if ok else f"{seen.reason or seen.state.value}: {seen.message or ''}"[:1024],
+        attempt=cp.retry.attempts,
+    )
+    remaining = [other for other in cp.pending_actions if other is not pending]
+    step = cp.position.step + 1 if ok and not remaining else cp.position.step
+    return builder.commit(
+        RunEvent.EXTERNAL_RECEIVED,
+        checkpoint=cp.model_copy(
+            update={
+                "pending_actions": remaining,
+                "evidence": [*cp.evidence, ref],
+                "tool_calls": [*cp.tool_calls, call],
+                "position": cp.position.model_copy(update={"step": step}),
+            }
+        ),
+        detail=f"action {pending.effect} {seen.state.value}",
+    )
+
+
+def pending_specs(
+    run: RunSnapshot, cp: Checkpoint, planner: Planner, settings: Settings
+) -> dict[str, ActionRecordSpec | None]:
+    """Each pending action's intent, recomputed (so a record lost from the ledger can be recreated)."""
+    return {
+        pending.action_record_name: _rebuild_spec(run, cp, planner, settings, pending)
+        for pending in cp.pending_actions
+    }
+
+
+def _rebuild_spec(
+    run: RunSnapshot, cp: Checkpoint, planner: Planner, settings: Settings, pending: PendingAction
+) -> ActionRecordSpec | None:
+    try:
+        step = planner.next_step(PlanningContext(run.spec, cp))
+    except PlannerError:
+        return None
+    if not isinstance(step, PerformEffect):
+        return None
+    spec = action_spec(run, pending.step_index, step, settings, cp.retry.attempts)
+    return spec if spec.idempotency_key == pending.idempotency_key else None

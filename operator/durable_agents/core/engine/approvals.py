@@ -1,0 +1,252 @@
+"""Approvals: an effect the policy says needs one waits for a decision bound to its exact digest,
+and the approval is checked again, after the wait, before the run acts on it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from durable_agents.api.v1alpha1 import (
+    ActionRecordSpec,
+    AgentPolicySpec,
+    ApprovalRequest,
+    ChangeResponse,
+    ExpiryAction,
+    Outcome,
+)
+from durable_agents.core.approvals import approval_digest
+from durable_agents.core.checkpoint import ApprovalRecord, Checkpoint, KubernetesEvidenceRef
+from durable_agents.core.durations import parse_duration
+from durable_agents.core.engine.actions import action_spec
+from durable_agents.core.engine.commits import CommitBuilder
+from durable_agents.core.engine.decisions import Commit, Decision, Idle, NeedEvidence
+from durable_agents.core.engine.snapshot import RunSnapshot, Settings
+from durable_agents.core.planner import PerformEffect, Planner, PlannerError, PlanningContext
+from durable_agents.core.statemachine import RunEvent
+
+
+def _approvals_of_step(cp: Checkpoint, index: int) -> list[ApprovalRecord]:
+    return [approval for approval in cp.approvals if approval.step_index == index]
+
+
+def approved_for(
+    cp: Checkpoint, index: int, run: RunSnapshot, spec: ActionRecordSpec, step: PerformEffect
+) -> ApprovalRecord | None:
+    """The approval that still binds this exact action, if any (digest recomputed now)."""
+    records = _approvals_of_step(cp, index)
+    if not records:
+        return None
+    last = records[-1]
+    if last.decision != "approved":
+        return None
+    digest = approval_digest(
+        effect=step.effect,
+        arguments=spec.arguments,
+        target=spec.target,
+        policy_version=last.policy_version,
+        run_uid=run.run_id,
+        request_id=last.request_id,
+    )
+    return last if digest == last.digest else None
+
+
+def request_approval(
+    builder: CommitBuilder,
+    run: RunSnapshot,
+    spec: ActionRecordSpec,
+    step: PerformEffect,
+    settings: Settings,
+    *,
+    reason: str,
+    cp: Checkpoint | None = None,
+    event: RunEvent = RunEvent.APPROVAL_REQUESTED,
+) -> Commit:
+    """ONE commit writes the request (status + checkpoint) and enters waiting_approval."""
+    cp = cp or builder.cp
+    policy = settings.policy
+    assert policy is not None
+    index = spec.step_index
+    request_id = f"{step.name}-{len(_approvals_of_step(cp, index)) + 1}"
+    version = settings.policy_version or "unversioned"
+    digest = approval_digest(
+        effect=step.effect,
+        arguments=spec.arguments,
+        target=spec.target,
+        policy_version=version,
+        run_uid=run.run_id,
+        request_id=request_id,
+    )
+    expires = builder.now + parse_duration(policy.approval_expiry)
+    rule = policy.approvers
+    request = ApprovalRequest(
+        request_id=request_id,
+        digest=digest,
+        step=step.name,
+        effect=step.effect,
+        tier=spec.tier,
+        target=spec.target,
+        arguments=spec.arguments,
+        evidence=[ref.id for ref in cp.evidence],
+        policy_version=version,
+        policy_reason=f"policy {settings.policy_name}@{version} requires approval for {reason}",
+        approver_role=f"{rule.verb} on {rule.resource}"
+        + (" (not the run's creator)" if rule.four_eyes else ""),
+        expires_at=expires,
+        allowed_decisions=[decision.value for decision in policy.allowed_decisions],
+    )
+    record = ApprovalRecord(
+        request_id=request_id, digest=digest, expires_at=expires, policy_version=version, step_index=index
+    )
+    commit = builder.commit(
+        event,
+        checkpoint=cp.model_copy(update={"approvals": [*cp.approvals, record]}),
+        waiting_for=f"approval:{request_id}",
+        detail=f"approval {request_id} for {step.effect}: {reason}",
+    )
+    commit.status.approval_request = request
+    return commit
+
+
+def await_decision(builder: CommitBuilder, run: RunSnapshot, settings: Settings) -> Decision:
+    """In waiting_approval: take a decision stamped for this exact request, or expire per policy."""
+    cp = builder.cp
+    request = run.status.approval_request
+    pending = [approval for approval in cp.approvals if approval.decision is None]
+    if request is None or not pending:
+        return builder.commit(RunEvent.APPROVAL_DECIDED, detail="no pending approval request recorded")
+    record = pending[-1]
+    decision = run.spec.approvals.get(record.request_id)
+    if decision is not None and decision.digest == record.digest and decision.approver is not None:
+        decided = record.model_copy(
+            update={
+                "decision": "approved" if decision.decision == "approve" else "rejected",
+                "decided_by": decision.approver.username,
+                "decided_at": decision.decided_at or builder.now,
+            }
+        )
+        approvals = [
+            decided if approval.request_id == record.request_id else approval for approval in cp.approvals
+        ]
+        commit = builder.commit(
+            RunEvent.APPROVAL_DECIDED,
+            checkpoint=cp.model_copy(update={"approvals": approvals}),
+            detail=f"{decision.decision} {record.request_id} by {decision.approver.username}",
+        )
+        commit.status.approval_request = None
+        return commit
+    if builder.now >= record.expires_at:
+        policy = settings.policy
+        if policy is not None and policy.freshness.approval_expired is ExpiryAction.REAPPROVE:
+            return builder.commit(
+                RunEvent.REVALIDATION_REQUIRED, detail=f"approval request {record.request_id} expired"
+            )
+        return builder.commit(
+            RunEvent.WAIT_EXPIRED,
+            outcome=Outcome(reason="ApprovalExpired", message=f"nobody decided {record.request_id} in time"),
+        )
+    deadline = run.spec.deadline
+    return Idle(
+        wake_at=min(record.expires_at, deadline) if deadline else record.expires_at, reason="approval"
+    )
+
+
+def decided_approval_of_step(cp: Checkpoint) -> ApprovalRecord | None:
+    """The approval decided (or expired) during the wait, for the step about to act, not acted on."""
+    records = _approvals_of_step(cp, cp.position.step)
+    if not records:
+        return None
+    last = records[-1]
+    acted = any(pending.approval_request_id == last.request_id for pending in cp.pending_actions) or any(
+        call.step_index == cp.position.step for call in cp.tool_calls
+    )
+    return None if acted else last
+
+
+def revalidate_approval(
+    builder: CommitBuilder,
+    run: RunSnapshot,
+    planner: Planner,
+    settings: Settings,
+    record: ApprovalRecord,
+    fresh: Mapping[str, KubernetesEvidenceRef | None] | None,
+) -> Decision:
+    """Before acting on an approval, check it still binds what will happen: the action's digest,
+    the installed effect, the policy version and the evidence the approver was shown."""
+    cp, policy = builder.cp, settings.policy
+    if record.decision == "rejected":
+        return builder.commit(
+            RunEvent.ATTEMPT_FAILED,
+            outcome=Outcome(
+                reason="ApprovalRejected", message=f"{record.decided_by} rejected {record.request_id}"
+            ),
+        )
+    try:
+        step = planner.next_step(PlanningContext(run.spec, cp))
+    except PlannerError as err:
+        return builder.commit(
+            RunEvent.ATTEMPT_FAILED, outcome=Outcome(reason="PlannerError", message=str(err))
+        )
+    if not isinstance(step, PerformEffect) or policy is None:
+        return builder.commit(RunEvent.REVALIDATED, detail="the approved step no longer needs approval")
+    spec = action_spec(run, cp.position.step, step, settings, cp.retry.attempts)
+
+    def reapprove(reason: str, checkpoint: Checkpoint | None = None) -> Commit:
+        return request_approval(
+            builder,
+            run,
+            spec,
+            step,
+            settings,
+            reason=reason,
+            cp=checkpoint,
+            event=RunEvent.REAPPROVAL_REQUIRED,
+        )
+
+    if record.decision is None:  # the request expired and the policy says: ask again
+        return reapprove("a new request (the last one expired)")
+    if approved_for(cp, cp.position.step, run, spec, step) is None:
+        return reapprove("the action changed since it was approved")
+    if settings.available_effects is not None and step.effect not in settings.available_effects:
+        return builder.commit(
+            RunEvent.ATTEMPT_FAILED,
+            outcome=Outcome(reason="EffectUnavailable", message=f"effect {step.effect!r} is not installed"),
+        )
+    if (
+        settings.policy_version is not None
+        and settings.policy_version != record.policy_version
+        and policy.freshness.policy_changed is not ChangeResponse.IMMATERIAL
+    ):
+        return reapprove(f"policy changed from {record.policy_version} to {settings.policy_version}")
+    return _recheck_evidence(builder, record, policy, fresh, reapprove)
+
+
+def _recheck_evidence(
+    builder: CommitBuilder,
+    record: ApprovalRecord,
+    policy: AgentPolicySpec,
+    fresh: Mapping[str, KubernetesEvidenceRef | None] | None,
+    reapprove: Callable[[str, Checkpoint | None], Commit],
+) -> Decision:
+    """The evidence the approver was shown, read again: if it changed during the wait, the policy
+    says whether to ask again, refresh it and go on, or go on as approved."""
+    cp = builder.cp
+    refs = tuple(ref for ref in cp.evidence if isinstance(ref, KubernetesEvidenceRef))
+    if refs and fresh is None:
+        return NeedEvidence(refs)
+    seen = fresh or {}
+    changed = [
+        ref
+        for ref in refs
+        if (current := seen.get(ref.id)) is None
+        or (current.resource_version, current.content_digest) != (ref.resource_version, ref.content_digest)
+    ]
+    if changed:
+        names = ", ".join(f"{ref.kind}/{ref.name}" for ref in changed)
+        refreshed = cp.model_copy(update={"evidence": [seen.get(ref.id) or ref for ref in cp.evidence]})
+        response = policy.freshness.evidence_changed
+        if response is ChangeResponse.REAPPROVE:
+            return reapprove(f"evidence changed during the wait: {names}", refreshed)
+        if response is ChangeResponse.REFRESH:
+            return builder.commit(
+                RunEvent.REFRESH_REQUIRED, checkpoint=refreshed, detail=f"evidence refreshed: {names}"
+            )
+    return builder.commit(RunEvent.REVALIDATED, detail=f"approval {record.request_id} still binds the action")

@@ -1,0 +1,183 @@
+"""Building one commit: the state machine's transition, the state version, the lease epoch
+(fencing token), timestamps, conditions and history, all in one status written at once."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from durable_agents.api.v1alpha1 import (
+    HISTORY_LIMIT,
+    AgentRunStatus,
+    Condition,
+    ConditionStatus,
+    HistoryEntry,
+    Outcome,
+)
+from durable_agents.api.v1alpha1.states import RunState
+from durable_agents.core.checkpoint import Checkpoint, Fencing, Loaded, RetryState, dump_checkpoint
+from durable_agents.core.engine.decisions import Commit
+from durable_agents.core.engine.snapshot import RunSnapshot, Settings
+from durable_agents.core.statemachine import Position as MachinePosition
+from durable_agents.core.statemachine import RunEvent, transition
+
+
+class CommitBuilder:
+    """Assembles one commit: state machine, version, fencing, timestamps, conditions, history."""
+
+    def __init__(
+        self, run: RunSnapshot, loaded: Loaded, now: datetime, epoch: Fencing, settings: Settings
+    ) -> None:
+        self.run, self.cp, self.now, self.epoch = run, loaded.checkpoint, now, epoch
+        self.operator_version = settings.operator_version
+        self.migrated_from = loaded.migrated_from
+
+    def commit(
+        self,
+        event: RunEvent,
+        *,
+        checkpoint: Checkpoint | None = None,
+        waiting_for: str | None = None,
+        outcome: Outcome | None = None,
+        detail: str = "",
+    ) -> Commit:
+        run, now = self.run, self.now
+        after = transition(MachinePosition(run.state, run.status.state_version), event)
+        cp = checkpoint or self.cp
+        changed = after.state is not run.state
+        timestamps = cp.timestamps.model_copy(
+            update={"updated_at": now, "entered_state_at": now if changed else cp.timestamps.entered_state_at}
+        )
+        if cp.position.step > self.cp.position.step:
+            cp = cp.model_copy(update={"retry": RetryState()})  # attempts are counted per step
+        runtime = cp.runtime_config
+        if self.operator_version is not None:
+            runtime = runtime.model_copy(update={"operator": self.operator_version})
+        cp = cp.model_copy(
+            update={
+                "position": cp.position.model_copy(
+                    update={"state": after.state.value, "state_version": after.state_version}
+                ),
+                "fencing": self.epoch,
+                "timestamps": timestamps,
+                "runtime_config": runtime,
+            }
+        )
+        status = status_after(
+            run,
+            after.state,
+            after.state_version,
+            event,
+            now,
+            self.epoch,
+            waiting_for=waiting_for if after.state.waiting else None,
+            outcome=outcome,
+            detail=detail,
+        )
+        return Commit(event, status, dump_checkpoint(cp), detail, migrated_from=self.migrated_from)
+
+
+def commit_untouched(
+    run: RunSnapshot,
+    now: datetime,
+    epoch: Fencing,
+    event: RunEvent,
+    outcome: Outcome | None,
+    history: str,
+    detail: str = "",
+) -> Commit:
+    """A transition that leaves the stored checkpoint exactly as it is (it may be unreadable here)."""
+    after = transition(MachinePosition(run.state, run.status.state_version), event)
+    status = status_after(
+        run,
+        after.state,
+        after.state_version,
+        event,
+        now,
+        epoch,
+        waiting_for=None,
+        outcome=outcome,
+        detail=history,
+    )
+    raw = dict(run.raw_checkpoint) if run.raw_checkpoint is not None else None
+    return Commit(event, status, raw, detail=detail or history)
+
+
+def status_after(
+    run: RunSnapshot,
+    state: RunState,
+    version: int,
+    event: RunEvent,
+    now: datetime,
+    epoch: Fencing,
+    *,
+    waiting_for: str | None,
+    outcome: Outcome | None,
+    detail: str,
+) -> AgentRunStatus:
+    """The run's status once ``event`` moved it to ``state``: one more history entry, fresh conditions."""
+    old = run.status
+    entry = HistoryEntry(
+        state_version=version,
+        event=event.value,
+        from_state=old.state,
+        to_state=state,
+        at=now,
+        holder=epoch.holder,
+        epoch=epoch.lease_transitions,
+        detail=detail[:512] or None,
+    )
+    return AgentRunStatus(
+        state=state,
+        state_version=version,
+        state_since=now if state is not old.state or old.state_since is None else old.state_since,
+        run_id=run.run_id,
+        waiting_for=waiting_for,
+        observed_generation=run.generation,
+        outcome=outcome if outcome is not None else old.outcome,
+        conditions=conditions_for(state, old.conditions, now, run.generation, outcome, waiting_for),
+        history=[*old.history, entry][-HISTORY_LIMIT:],
+        cancellation=old.cancellation,
+        quarantine_retried=old.quarantine_retried,
+    )
+
+
+def conditions_for(
+    state: RunState,
+    previous: list[Condition],
+    now: datetime,
+    generation: int,
+    outcome: Outcome | None,
+    waiting_for: str | None,
+) -> list[Condition]:
+    """Waiting, Succeeded, Finished, Quarantined: kept current so ``kubectl wait`` is useful."""
+    true, false, unknown = ConditionStatus.TRUE, ConditionStatus.FALSE, ConditionStatus.UNKNOWN
+    camel = "".join(part.capitalize() for part in state.value.split("_"))
+    message = (outcome.message if outcome else "") or ""
+    wanted = {
+        "Waiting": (true, camel, waiting_for or "") if state.waiting else (false, camel, ""),
+        "Succeeded": (true, "Completed", message)
+        if state is RunState.COMPLETED
+        else (false, outcome.reason if outcome else camel, message)
+        if state.terminal
+        else (unknown, camel, ""),
+        "Finished": (true, camel, message) if state.terminal else (false, camel, ""),
+        "Quarantined": (true, outcome.reason if outcome else camel, message)
+        if state is RunState.QUARANTINED
+        else (false, camel, ""),
+    }
+    before = {condition.type: condition for condition in previous}
+    out: list[Condition] = []
+    for ctype, (status, reason, text) in wanted.items():
+        prior = before.get(ctype)
+        since = prior.last_transition_time if prior is not None and prior.status == status else now
+        out.append(
+            Condition(
+                type=ctype,
+                status=status,
+                reason=reason,
+                message=text[:32768],
+                last_transition_time=since,
+                observed_generation=generation,
+            )
+        )
+    return out

@@ -1,0 +1,146 @@
+"""The entry point: from a snapshot of a run to what happens next, by the run's state."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+
+from durable_agents.api.v1alpha1 import Outcome
+from durable_agents.api.v1alpha1.states import RunState
+from durable_agents.core.checkpoint import Checkpoint, Fencing, KubernetesEvidenceRef, Loaded, Quarantine
+from durable_agents.core.engine.actions import reconcile_actions
+from durable_agents.core.engine.approvals import await_decision
+from durable_agents.core.engine.cancellation import (
+    cancellation_of_step,
+    finish_cancel,
+    handle_cancel,
+    next_cancellation,
+)
+from durable_agents.core.engine.children import reconcile_children, running_children
+from durable_agents.core.engine.commits import CommitBuilder
+from durable_agents.core.engine.decisions import Commit, Decision, Idle
+from durable_agents.core.engine.loading import initial_checkpoint, load_stored
+from durable_agents.core.engine.plan import plan
+from durable_agents.core.engine.quarantine import cancel_unreadable, enter_quarantine, quarantine_controls
+from durable_agents.core.engine.retries import retry_when_due
+from durable_agents.core.engine.runtime import deployment_change
+from durable_agents.core.engine.snapshot import (
+    ActionObservation,
+    ChildObservation,
+    ReadResult,
+    RunSnapshot,
+    Settings,
+)
+from durable_agents.core.engine.validation import resume_validation
+from durable_agents.core.engine.waits import leave_external_wait, leave_input_wait
+from durable_agents.core.planner import Planner
+from durable_agents.core.statemachine import RunEvent
+
+
+def decide(
+    run: RunSnapshot,
+    *,
+    now: datetime,
+    epoch: Fencing,
+    planner: Planner,
+    settings: Settings | None = None,
+    read: ReadResult | None = None,
+    actions: Mapping[str, ActionObservation] | None = None,
+    fresh_evidence: Mapping[str, KubernetesEvidenceRef | None] | None = None,
+    children: Mapping[str, ChildObservation] | None = None,
+) -> Decision:
+    """The next thing to do for ``run``: :class:`Idle`, a request to the shell, or a :class:`Commit`.
+
+    ``read``, ``actions``, ``fresh_evidence`` and ``children`` are what the shell observed after an
+    earlier answer asked for them; each is ignored unless the run is at the point that needs it.
+    """
+    settings = settings or Settings()
+    state = run.state
+    if state.terminal:
+        return Idle(reason=f"run is {state.value}")
+    if state is RunState.QUARANTINED:
+        return quarantine_controls(run, now, epoch, settings)
+    # A cancellation in progress finishes reconciling even past the deadline: no new work starts.
+    past_deadline = (
+        run.spec.deadline is not None and now >= run.spec.deadline and state is not RunState.CANCEL_REQUESTED
+    )
+    if state is RunState.PENDING and run.raw_checkpoint is None and not past_deadline:
+        return _accept(run, now, epoch, settings)
+
+    loaded = (
+        Loaded(Checkpoint.model_validate(initial_checkpoint(run, now, epoch, settings)))
+        if run.raw_checkpoint is None
+        else load_stored(run, settings)
+    )
+    if isinstance(loaded, Quarantine):
+        if state is RunState.CANCEL_REQUESTED:
+            return cancel_unreadable(run, now, epoch, loaded)
+        return enter_quarantine(run, now, epoch, loaded)
+    builder = CommitBuilder(run, loaded, now, epoch, settings)
+    if past_deadline:
+        assert run.spec.deadline is not None
+        return builder.commit(
+            RunEvent.DEADLINE_EXCEEDED,
+            outcome=Outcome(
+                reason="DeadlineExceeded",
+                message=f"the run's deadline {run.spec.deadline.isoformat()} passed",
+            ),
+        )
+    return _by_state(builder, planner, settings, read, actions, fresh_evidence, children)
+
+
+def _accept(run: RunSnapshot, now: datetime, epoch: Fencing, settings: Settings) -> Commit:
+    cp = Checkpoint.model_validate(initial_checkpoint(run, now, epoch, settings))
+    return CommitBuilder(run, Loaded(cp), now, epoch, settings).commit(
+        RunEvent.ACCEPTED, detail="spec accepted"
+    )
+
+
+def _by_state(
+    builder: CommitBuilder,
+    planner: Planner,
+    settings: Settings,
+    read: ReadResult | None,
+    actions: Mapping[str, ActionObservation] | None,
+    fresh_evidence: Mapping[str, KubernetesEvidenceRef | None] | None,
+    children: Mapping[str, ChildObservation] | None,
+) -> Decision:
+    """A readable run within its deadline: a new cancellation request first, then its state's rule."""
+    run, state = builder.run, builder.run.state
+    if state is RunState.CANCEL_REQUESTED:
+        return finish_cancel(builder, run, planner, settings, actions, children)
+    request = next_cancellation(run, builder.cp)
+    if request is not None:
+        return handle_cancel(builder, run, *request)
+    if state is RunState.WAITING_INPUT:
+        return leave_input_wait(builder)
+    if state is RunState.WAITING_EXTERNAL:
+        return _waiting_external(builder, planner, settings, actions, children)
+    if state is RunState.WAITING_APPROVAL:
+        return await_decision(builder, run, settings)
+    if state is RunState.WAITING_RETRY:
+        return retry_when_due(builder)
+    if state is RunState.RESUME_VALIDATION:
+        return resume_validation(builder, run, planner, settings, fresh_evidence)
+    if state is RunState.PENDING:  # a checkpoint exists but acceptance was not committed: accept again
+        return builder.commit(RunEvent.ACCEPTED)
+    changed = deployment_change(builder, settings)
+    return changed if changed is not None else plan(builder, run, planner, settings, read)
+
+
+def _waiting_external(
+    builder: CommitBuilder,
+    planner: Planner,
+    settings: Settings,
+    actions: Mapping[str, ActionObservation] | None,
+    children: Mapping[str, ChildObservation] | None,
+) -> Decision:
+    """In waiting_external: on the run's actions, then its child runs, else an external event."""
+    cp = builder.cp
+    if cp.pending_actions:
+        # A turn or tool-call cancellation of this step: an undispatched intent is canceled.
+        cancel = cancellation_of_step(cp, in_flight=True) is not None
+        return reconcile_actions(builder, builder.run, planner, settings, actions, cancel=cancel)
+    if running_children(cp):
+        return reconcile_children(builder, builder.run, children)
+    return leave_external_wait(builder)

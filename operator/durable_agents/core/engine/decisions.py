@@ -1,0 +1,78 @@
+"""What :func:`decide` answers: wait, ask the shell for something, or commit the next status."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from durable_agents.api.v1alpha1 import ActionRecordSpec, AgentRunStatus, ObjectReference
+from durable_agents.api.v1alpha1.states import RunState
+from durable_agents.core.checkpoint import KubernetesEvidenceRef
+from durable_agents.core.statemachine import RunEvent
+
+
+@dataclass(frozen=True)
+class NeedActions:
+    """The run waits on these actions: make sure each record exists, then report its state.
+
+    ``cancel``: cancel each one still undispatched (``intent``) first; a dispatched one is reconciled.
+    """
+
+    records: dict[str, ActionRecordSpec | None]
+    cancel: bool = False
+
+
+@dataclass(frozen=True)
+class NeedChildren:
+    """The run waits on these child runs: create any missing one (from its body), report each state.
+
+    ``cancel``: ask each one not yet terminal to cancel (task scope), with this reason.
+    """
+
+    records: dict[str, dict[str, Any] | None]
+    cancel: str | None = None
+
+
+@dataclass(frozen=True)
+class NeedEvidence:
+    """Re-read these evidence references (as the run's ServiceAccount) before acting on approval."""
+
+    refs: tuple[KubernetesEvidenceRef, ...]
+
+
+@dataclass(frozen=True)
+class Idle:
+    wake_at: datetime | None = None
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class NeedRead:
+    step_index: int
+    step_name: str
+    ref: ObjectReference
+
+
+@dataclass(frozen=True)
+class Commit:
+    event: RunEvent
+    status: AgentRunStatus
+    checkpoint: dict[str, Any] | None
+    detail: str = ""
+    intents: tuple[ActionRecordSpec, ...] = ()  # action records to create right after this commit
+    children: tuple[dict[str, Any], ...] = ()  # child runs to create right after this commit
+    migrated_from: int | None = None  # the checkpoint was read from this older schema version
+
+    @property
+    def state(self) -> RunState:
+        return self.status.state
+
+    def wire_status(self) -> dict[str, Any]:
+        out = self.status.wire()
+        if self.checkpoint is not None:
+            out["checkpoint"] = self.checkpoint
+        return out
+
+
+Decision = Idle | NeedRead | NeedActions | NeedEvidence | NeedChildren | Commit

@@ -1,0 +1,136 @@
+"""A ready run takes the planner's next step: read, ask, await, act, start a child, or finish."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from durable_agents.api.v1alpha1 import Outcome
+from durable_agents.core.checkpoint import PendingAction, ToolCallRecord
+from durable_agents.core.engine.actions import action_spec
+from durable_agents.core.engine.approvals import approved_for, request_approval
+from durable_agents.core.engine.children import start_child
+from durable_agents.core.engine.commits import CommitBuilder
+from durable_agents.core.engine.decisions import Commit, Decision, NeedRead
+from durable_agents.core.engine.retries import attempt_failed
+from durable_agents.core.engine.snapshot import ReadResult, RunSnapshot, Settings
+from durable_agents.core.engine.waits import ask_human, await_event
+from durable_agents.core.ledger import action_record_name
+from durable_agents.core.planner import (
+    AskHuman,
+    AwaitEvent,
+    Finish,
+    PerformEffect,
+    Planner,
+    PlannerError,
+    PlanningContext,
+    ReadObject,
+    StartChild,
+)
+from durable_agents.core.statemachine import RunEvent
+
+
+def plan(
+    builder: CommitBuilder, run: RunSnapshot, planner: Planner, settings: Settings, read: ReadResult | None
+) -> Decision:
+    """Ask the planner for the next step and carry it out (a planner error fails the attempt)."""
+    try:
+        step = planner.next_step(PlanningContext(run.spec, builder.cp))
+    except PlannerError as err:
+        return builder.commit(
+            RunEvent.ATTEMPT_FAILED, outcome=Outcome(reason="PlannerError", message=str(err))
+        )
+    if isinstance(step, ReadObject):
+        return _read_object(builder, step, settings, read)
+    if isinstance(step, AskHuman):
+        return ask_human(builder, step, settings)
+    if isinstance(step, AwaitEvent):
+        return await_event(builder, step, settings)
+    if isinstance(step, PerformEffect):
+        return _perform_effect(builder, run, step, settings)
+    if isinstance(step, StartChild):
+        return start_child(builder, run, step)
+    assert isinstance(step, Finish)
+    return _finish(builder, step)
+
+
+def _read_object(
+    builder: CommitBuilder, step: ReadObject, settings: Settings, read: ReadResult | None
+) -> Decision:
+    """The shell reads first; its result for THIS step is recorded as evidence, or fails the attempt."""
+    cp, now = builder.cp, builder.now
+    index = cp.position.step
+    if read is None or read.step_index != index:
+        return NeedRead(index, step.name, step.ref)
+    if read.evidence is None:
+        return attempt_failed(
+            builder,
+            settings,
+            read.error_reason or "ReadFailed",
+            read.error_message,
+            f"read {step.ref.kind}/{step.ref.name} failed",
+        )
+    call = ToolCallRecord(
+        id=f"call-{index}-{step.name}",
+        tool="kubernetes.read",
+        step_index=index,
+        started_at=now,
+        finished_at=now,
+        outcome="succeeded",
+        result_ref=read.evidence.id,
+        attempt=cp.retry.attempts,
+    )
+    return builder.commit(
+        RunEvent.STEP_COMPLETED,
+        checkpoint=cp.model_copy(
+            update={
+                "evidence": [*cp.evidence, read.evidence],
+                "tool_calls": [*cp.tool_calls, call],
+                "position": cp.position.model_copy(update={"step": index + 1}),
+            }
+        ),
+        detail=f"read {step.ref.kind}/{step.ref.name}@{read.evidence.resource_version}",
+    )
+
+
+def _perform_effect(
+    builder: CommitBuilder, run: RunSnapshot, step: PerformEffect, settings: Settings
+) -> Commit:
+    """Commit the effect's intent and wait for its outcome; first an approval, if the policy wants one."""
+    cp = builder.cp
+    index = cp.position.step
+    spec = action_spec(run, index, step, settings, cp.retry.attempts)
+    policy = settings.policy
+    approved = None
+    if policy is not None and spec.tier in policy.approval_required_tiers:
+        approved = approved_for(cp, index, run, spec, step)
+        if approved is None:
+            return request_approval(builder, run, spec, step, settings, reason=f"{spec.tier.value} effect")
+    name = action_record_name(spec.idempotency_key)
+    action = PendingAction(
+        idempotency_key=spec.idempotency_key,
+        action_record_name=name,
+        effect=step.effect,
+        tier=spec.tier.value,
+        step_index=index,
+        approval_request_id=approved.request_id if approved else None,
+    )
+    # The intent is committed before anything is dispatched: no effect happens that the run's
+    # checkpoint does not already name.
+    commit = builder.commit(
+        RunEvent.EXTERNAL_AWAITED,
+        checkpoint=cp.model_copy(update={"pending_actions": [*cp.pending_actions, action]}),
+        waiting_for=f"action:{name}",
+        detail=f"intent {step.effect} key={spec.idempotency_key}",
+    )
+    return replace(commit, intents=(spec,))
+
+
+def _finish(builder: CommitBuilder, step: Finish) -> Commit:
+    cp = builder.cp
+    return builder.commit(
+        RunEvent.SUCCEEDED,
+        checkpoint=cp.model_copy(
+            update={"position": cp.position.model_copy(update={"step": cp.position.step + 1})}
+        ),
+        outcome=Outcome(reason="Completed", message=f"finished at step {step.name}", result=step.result),
+    )

@@ -1,0 +1,76 @@
+"""Quarantine: a checkpoint this operator cannot read parks the run, untouched, until a user acts.
+
+Only two controls move a quarantined run: a task cancellation, or a retry token
+(``spec.retryQuarantine``), typically after an upgrade or once the sealing key is back.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from durable_agents.api.v1alpha1 import CancellationStatus, CancelScope, Outcome
+from durable_agents.core.checkpoint import Fencing, Quarantine
+from durable_agents.core.engine.commits import CommitBuilder, commit_untouched
+from durable_agents.core.engine.decisions import Commit, Decision, Idle
+from durable_agents.core.engine.loading import load_stored
+from durable_agents.core.engine.snapshot import RunSnapshot, Settings
+from durable_agents.core.statemachine import RunEvent
+
+
+def enter_quarantine(run: RunSnapshot, now: datetime, epoch: Fencing, problem: Quarantine) -> Commit:
+    """Quarantine the run; the checkpoint is left byte-for-byte as stored (a newer operator may read it)."""
+    outcome = Outcome(reason=problem.reason, message=problem.message[:4000])
+    return commit_untouched(
+        run, now, epoch, RunEvent.QUARANTINE, outcome, problem.reason, problem.message[:512]
+    )
+
+
+def quarantine_controls(run: RunSnapshot, now: datetime, epoch: Fencing, settings: Settings) -> Decision:
+    """A quarantined run moves only on a user's control: cancel, or retry (after an upgrade)."""
+    spec, status = run.spec, run.status
+    handled = status.cancellation.request_id if status.cancellation else None
+    # Only the whole task can be canceled: narrower scopes need a readable checkpoint.
+    pending = [
+        request_id
+        for request_id in sorted(spec.cancellations)
+        if request_id != handled and spec.cancellations[request_id].scope is CancelScope.TASK
+    ]
+    if pending:
+        request = spec.cancellations[pending[0]]
+        commit = commit_untouched(
+            run, now, epoch, RunEvent.CANCEL_REQUESTED, None, f"cancellation {pending[0]}"
+        )
+        commit.status.cancellation = CancellationStatus(
+            request_id=pending[0],
+            scope=CancelScope.TASK,
+            reason=request.reason,
+            requested_at=request.requested_at,
+        )
+        return commit
+    token = spec.retry_quarantine
+    if token is None or token == status.quarantine_retried:
+        return Idle(reason="quarantined: retry (spec.retryQuarantine) or cancel")
+    loaded = load_stored(run, settings)
+    if isinstance(loaded, Quarantine):
+        return Idle(reason=f"quarantined: still unreadable: {loaded.message}")
+    builder = CommitBuilder(run, loaded, now, epoch, settings)
+    commit = builder.commit(
+        RunEvent.RELEASE_QUARANTINE,
+        detail=f"retry {token}: checkpoint readable"
+        + (f" (migrated from schemaVersion {loaded.migrated_from})" if loaded.migrated_from else ""),
+    )
+    commit.status.quarantine_retried = token
+    return commit
+
+
+def cancel_unreadable(run: RunSnapshot, now: datetime, epoch: Fencing, problem: Quarantine) -> Commit:
+    """Finish a cancellation whose checkpoint cannot be read."""
+    # Nothing can be reconciled from an unreadable checkpoint; say so rather than assume anything.
+    outcome = Outcome(
+        reason="Canceled",
+        message=f"canceled with an unreadable checkpoint ({problem.reason}): in-flight actions of this run "
+        "were not reconciled by it; see its ActionRecords",
+    )
+    commit = commit_untouched(run, now, epoch, RunEvent.CANCEL_FINISHED, outcome, problem.reason)
+    commit.status.cancellation = run.status.cancellation
+    return commit

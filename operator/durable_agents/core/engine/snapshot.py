@@ -1,0 +1,103 @@
+"""What :func:`decide` is given: a read of the run, what the shell observed, and the settings."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from durable_agents.api.v1alpha1 import (
+    ActionState,
+    ActionTier,
+    AgentPolicySpec,
+    AgentRunSpec,
+    AgentRunStatus,
+    WaitExpiries,
+)
+from durable_agents.api.v1alpha1.states import RunState
+from durable_agents.core.checkpoint import KubernetesEvidenceRef
+from durable_agents.core.sealing import Keyring
+
+
+@dataclass(frozen=True)
+class RunSnapshot:
+    """One read of an AgentRun, as the engine needs it."""
+
+    uid: str
+    name: str
+    namespace: str
+    generation: int
+    resource_version: str
+    spec: AgentRunSpec
+    status: AgentRunStatus
+    raw_checkpoint: Mapping[str, Any] | None
+
+    @classmethod
+    def from_object(cls, obj: Mapping[str, Any]) -> RunSnapshot:
+        meta = obj["metadata"]
+        raw_status = dict(obj.get("status") or {})
+        raw_checkpoint = raw_status.pop("checkpoint", None)
+        return cls(
+            uid=meta["uid"],
+            name=meta["name"],
+            namespace=meta["namespace"],
+            generation=int(meta.get("generation", 1)),
+            resource_version=meta["resourceVersion"],
+            spec=AgentRunSpec.model_validate(obj["spec"]),
+            status=AgentRunStatus.model_validate(raw_status),
+            raw_checkpoint=raw_checkpoint,
+        )
+
+    @property
+    def state(self) -> RunState:
+        return self.status.state
+
+    @property
+    def run_id(self) -> str:
+        """The identity effects are keyed by: recorded at the first commit, so it survives a
+        restore from backup (which gives the object a new uid); the uid until then."""
+        return self.status.run_id or self.uid
+
+
+@dataclass(frozen=True)
+class ReadResult:
+    """What the shell observed when it performed a read step."""
+
+    step_index: int
+    evidence: KubernetesEvidenceRef | None = None
+    error_reason: str | None = None
+    error_message: str = ""
+
+
+@dataclass(frozen=True)
+class ActionObservation:
+    """What the ledger says about one action: its dispatch state and authoritative outcome."""
+
+    state: ActionState
+    outcome: Mapping[str, Any] | None = None
+    reason: str | None = None
+    message: str | None = None
+
+
+@dataclass(frozen=True)
+class ChildObservation:
+    """A child run's state, as its record says."""
+
+    state: RunState
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Policy inputs the engine needs; the shell resolves them from the AgentPolicy, if any."""
+
+    wait_expiries: WaitExpiries = field(default_factory=WaitExpiries)
+    policy_name: str | None = None
+    policy_version: str | None = None
+    # Tier of each effect: the plugin's declared tier, overridden by the policy's.
+    tiers: Mapping[str, ActionTier] = field(default_factory=dict)
+    policy: AgentPolicySpec | None = None
+    available_effects: frozenset[str] | None = None  # None: not checked
+    operator_version: str | None = None  # None: deployment changes are not checked
+    # Unseals checkpoints' sealed values; None: a checkpoint with any sealed value is quarantined.
+    keyring: Keyring | None = None
