@@ -12,8 +12,13 @@ import rfc8785
 _CONTENT_METADATA = ("labels", "annotations")
 
 
+def canonical_json(value: Any) -> bytes:
+    """RFC 8785 canonical JSON: one byte string for equal content."""
+    return bytes(rfc8785.dumps(value))
+
+
 def canonical_digest(value: Any) -> str:
-    return "sha256:" + hashlib.sha256(rfc8785.dumps(value)).hexdigest()
+    return "sha256:" + hashlib.sha256(canonical_json(value)).hexdigest()
 
 
 def object_content_digest(obj: Mapping[str, Any]) -> str:
