@@ -64,8 +64,8 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("LIST_CHUNK", "200", "page size of list requests (bounds the start-up memory peak)"),
     Variable("WEBHOOK_PORT", "(off)", "port of the admission webhook (stamps and approvals)"),
     Variable("WEBHOOK_HOST", "127.0.0.1", "address the admission webhook listens on"),
-    Variable("SEALING_KEYS_DIR", "(none)", "directory of sealing keys (a mounted Secret)"),
-    Variable("SEALING_ACTIVE_KEY", "(none)", "key ID that seals new values; required with the keys"),
+    Variable("SEALING_KEYS_DIR", "(required)", "directory of sealing and stamping keys (a mounted Secret)"),
+    Variable("SEALING_ACTIVE_KEY", "(required)", "key ID that seals and stamps new values"),
     Variable("TRACEMALLOC", "0", "`1`: SIGUSR1 also logs where live memory was allocated"),
     Variable("TEST_KILL_AT", "(off)", "`before:N`/`after:N`: SIGKILL at the Nth write", FAULTS),
     Variable("TEST_STOP_AT", "(off)", "`before:N`/`after:N`: SIGSTOP at the Nth write", FAULTS),
@@ -102,7 +102,7 @@ class OperatorConfig:
     list_chunk: int = 200
     webhook_port: int | None = None
     webhook_host: str = "127.0.0.1"
-    keyring: Keyring | None = field(default=None, repr=False)
+    keyring: Keyring = field(repr=False, kw_only=True)
     tracemalloc: bool = False
     faults: FaultPoints = field(default_factory=lambda: FaultPoints([]), repr=False)
 
@@ -176,16 +176,18 @@ class _Reader:
             raise self._fail(suffix, " or ".join(repr(a) for a in allowed))
         return raw
 
-    def keyring(self) -> Keyring | None:
+    def keyring(self) -> Keyring:
         keys_dir = self.text("SEALING_KEYS_DIR")
         active = self.text("SEALING_ACTIVE_KEY")
-        if keys_dir is None:
-            if active is not None:
-                raise ConfigError(f"{PREFIX}SEALING_ACTIVE_KEY is set, but {PREFIX}SEALING_KEYS_DIR is not")
-            return None
-        if active is None:
+        if keys_dir is None or active is None:
+            missing = [
+                PREFIX + s
+                for s, v in (("SEALING_KEYS_DIR", keys_dir), ("SEALING_ACTIVE_KEY", active))
+                if not v
+            ]
             raise ConfigError(
-                f"{PREFIX}SEALING_KEYS_DIR is set, so {PREFIX}SEALING_ACTIVE_KEY must name a key"
+                f"{' and '.join(missing)} required: the operator seals sensitive values and stamps what it "
+                "trusts (approvals, controls, checkpoints) with these keys (a mounted Secret)"
             )
         try:
             return load_keyring(Path(keys_dir), active)

@@ -12,6 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+from durable_agents_testkit.keys import keyring_env
+
 T = TypeVar("T")
 
 READY_LINE = "durable-agents worker"
@@ -47,9 +49,11 @@ class OperatorProcess:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def environment(self) -> dict[str, str]:
-        """The process environment: this one's, the cluster, identity and lease, then the extras."""
+        """The process environment: this one's, the cluster, identity, lease and the session's
+        sealing keys, then the extras."""
         return {
             **os.environ,
+            **keyring_env(),
             "KUBECONFIG": str(self.kubeconfig),
             "DURABLE_AGENTS_IDENTITY": self.identity,
             "DURABLE_AGENTS_LEASE_DURATION": str(self.lease_duration),
