@@ -6,3 +6,16 @@ app.kubernetes.io/name: {{ .Chart.Name }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 {{- end -}}
+
+{{/* The Secret holding the sealing and stamping keys: the user's, or the one the chart creates. */}}
+{{- define "durable-agents.keysSecret" -}}
+{{- .Values.sealing.secretName | default (printf "%s-keys" (include "durable-agents.fullname" .)) -}}
+{{- end -}}
+
+{{- define "durable-agents.activeKey" -}}
+{{- if .Values.sealing.secretName -}}
+{{- required "sealing.activeKey names the key that seals (with sealing.secretName)" .Values.sealing.activeKey -}}
+{{- else -}}
+{{- .Values.sealing.activeKey | default "key-1" -}}
+{{- end -}}
+{{- end -}}
