@@ -41,36 +41,43 @@ from kubernetes.client.rest import ApiException
 
 import durable_agents
 from durable_agents.api.v1alpha1 import GROUP, VERSION
-from durable_agents.core.ledger import action_record_name, idempotency_key
 from durable_agents_testkit.chaos import (
     DONE,
     READ,
     TERMINAL,
     ChaosReport,
-    DuplicateEffects,
     Lab,
     Responder,
     ScenarioResult,
+    all_ended,
     apply_policy,
     ask,
     assert_history_consistent,
+    assert_paid_once,
     await_event,
-    business_duplicates,
     chaos_seed,
     chaos_size,
+    conclude,
     events_of,
     export_objects,
     grant_operator_rules,
+    key_of,
+    measure,
     output_path,
     pay,
     prepare_namespace,
+    record,
+    record_state,
     restore_objects,
     retrying,
     run_spec,
-    settle,
+    runs_in,
+    wait_ended,
+    wait_no_leases,
 )
 from durable_agents_testkit.cluster import KubeEnv, install_crds
-from durable_agents_testkit.operator_process import OperatorProcess, wait_for
+from durable_agents_testkit.eventually import Within, eventually
+from durable_agents_testkit.operator_process import OperatorProcess
 from durable_agents_testkit.refsystem import ReferenceSystemThread
 from durable_agents_testkit.releases import Release, ReleaseUnavailable, materialize_release
 from durable_agents_testkit.runs import Runs
@@ -159,109 +166,6 @@ def lab(
 
 def rng_for(lab: Lab) -> random.Random:
     return random.Random(f"{lab.result.scenario}-{SEED}")
-
-
-def measure(lab: Lab, where: list[tuple[KubeEnv, list[str]]] | None = None, timeout: float = 90) -> None:
-    """The two global assertions, measured (not yet asserted) over every run of the scenario."""
-    assert lab.refsystem is not None
-    where = where if where is not None else [(lab.kube, lab.namespaces)]
-    lab.result.stuck = [s for kube, namespaces in where for s in settle(kube, namespaces, timeout)]
-    lab.result.duplicates = lab.refsystem.duplicates()
-    lab.result.business_duplicates = business_duplicates(lab.refsystem)
-
-
-def conclude(lab: Lab) -> None:
-    """Assert the global assertions measured by :func:`measure`; the scenario passed."""
-    assert lab.refsystem is not None
-    result = lab.result
-    assert not result.stuck, "runs neither terminal nor in an owned recovery state:\n" + "\n".join(
-        result.stuck
-    )
-    if result.duplicates or result.business_duplicates:
-        counts = lab.refsystem.counts()
-        raise DuplicateEffects(
-            f"idempotency keys applied twice: { {k: counts[k] for k in result.duplicates} }; "
-            f"invoices paid twice: {result.business_duplicates}\n{lab.crash_report()}"
-        )
-    result.passed = True
-
-
-def runs_in(lab: Lab, namespace: str, names: list[str]) -> list[dict[str, Any]]:
-    return [lab.runs(namespace).get(n) for n in names]
-
-
-def all_ended(lab: Lab, namespace: str, names: list[str], states: frozenset[str] = TERMINAL) -> bool:
-    by_name = {r["metadata"]["name"]: r for r in lab.runs(namespace).all()}
-    return all((by_name[n].get("status") or {}).get("state") in states for n in names)
-
-
-def wait_ended(
-    lab: Lab, namespace: str, names: list[str], timeout: float, states: frozenset[str] = TERMINAL
-) -> list[dict[str, Any]]:
-    try:
-        wait_for(
-            lambda: all_ended(lab, namespace, names, states),
-            timeout,
-            f"{len(names)} runs to end",
-            interval=0.25,
-        )
-    except TimeoutError as err:
-        pending = [
-            r for r in runs_in(lab, namespace, names) if (r.get("status") or {}).get("state") not in states
-        ]
-        summary = "\n".join(
-            f"{r['metadata']['name']}: {(r.get('status') or {}).get('state')} {events_of(r)[-3:]}"
-            for r in pending
-        )
-        raise AssertionError(f"{err}:\n{summary}\n{lab.crash_report()}") from None
-    return runs_in(lab, namespace, names)
-
-
-def wait_no_leases(lab: Lab, namespace: str, timeout: float) -> None:
-    """Wait until the run Leases of ``namespace`` are gone (parked or ended runs hold none)."""
-    try:
-        wait_for(lambda: lab.runs(namespace).leases() == [], timeout, "the run Leases to be released")
-    except TimeoutError as err:
-        leases = [
-            (x.metadata.name, x.spec.holder_identity, str(x.spec.renew_time), x.spec.lease_transitions)
-            for x in lab.runs(namespace).leases()
-        ]
-        states = {r["metadata"]["name"]: r["status"].get("state") for r in lab.runs(namespace).all()}
-        raise AssertionError(f"{err}: {leases}; runs: {states}\n{lab.crash_report()}") from None
-
-
-def key_of(run: dict[str, Any], step: int, name: str = "pay") -> str:
-    return idempotency_key(run["metadata"]["uid"], step, name)
-
-
-def record(kube: KubeEnv, namespace: str, key: str) -> dict[str, Any]:
-    out: dict[str, Any] = kube.custom().get_namespaced_custom_object(
-        GROUP, VERSION, namespace, "actionrecords", action_record_name(key)
-    )
-    return out
-
-
-def record_state(kube: KubeEnv, namespace: str, key: str) -> str | None:
-    try:
-        return str((record(kube, namespace, key).get("status") or {}).get("state", "intent"))
-    except ApiException as err:
-        if err.status == 404:
-            return None
-        raise
-
-
-def pay_key(run: dict[str, Any], name: str = "pay") -> str:
-    """The idempotency key of the run's payment step (attempt 0)."""
-    return key_of(run, [s["name"] for s in run["spec"]["steps"]].index(name), name)
-
-
-def assert_paid_once(lab: Lab, runs: list[dict[str, Any]]) -> None:
-    assert lab.refsystem is not None
-    counts = lab.refsystem.counts()
-    applied = {r["metadata"]["name"]: counts.get(pay_key(r), 0) for r in runs}
-    assert set(applied.values()) == {1}, (
-        f"each completed run's effect must be applied exactly once: {applied}"
-    )
 
 
 def boundary_spec(url: str, invoice: str, *, answered: bool) -> dict[str, Any]:
@@ -367,7 +271,7 @@ def test_crash_at_every_checkpoint_boundary(lab: Lab) -> None:
                 victim = lab.operator(
                     ns, f"v-{tag}", DURABLE_AGENTS_TEST_KILL_AT=f"{phase}:{n}", **FAST_DISPATCH
                 )
-                if lab.await_hook_kill(victim, done, timeout=120):
+                if lab.await_hook_kill(victim, done):
                     with lock:
                         swept.append((phase, n))
                 for extra in range(SIZE.crash_extra):
@@ -377,9 +281,9 @@ def test_crash_at_every_checkpoint_boundary(lab: Lab) -> None:
                     v = lab.operator(
                         ns, f"x{extra}-{tag}", DURABLE_AGENTS_TEST_KILL_AT=point, **FAST_DISPATCH
                     )
-                    lab.await_hook_kill(v, done, timeout=120)
+                    lab.await_hook_kill(v, done)
                 rescuer = lab.operator(ns, f"r-{tag}", **FAST_DISPATCH)
-                wait_for(done, 120, f"batch {tag} in {ns} to end", interval=0.25)
+                eventually(done, Within.RUN, f"batch {tag} in {ns} to end", interval=0.25)
                 rescuer.stop()
 
     with Responder(lab.kube, namespaces), ThreadPoolExecutor(chains) as pool:
@@ -429,9 +333,9 @@ def test_crash_between_dispatch_and_outcome(lab: Lab) -> None:
             ref.inject("slow", delay=30, match=key)
         # A 3 s dispatch timeout: the kill must land within 3 s of the answers being held.
         victim = lab.operator(ns, f"victim{r}", DURABLE_AGENTS_DISPATCH_TIMEOUT="3")
-        wait_for(
+        eventually(
             lambda keys=keys: all(ref.applied(k) == 1 for k in keys),  # type: ignore[misc]
-            60,
+            Within.TAKEOVER,
             "every effect applied while its answer is held back",
             interval=0.02,
         )
@@ -440,7 +344,7 @@ def test_crash_between_dispatch_and_outcome(lab: Lab) -> None:
         in_flight = [k for k in keys if record_state(lab.kube, ns, k) == "dispatching"]
         caught += len(in_flight)
         rescuer = lab.operator(ns, f"rescuer{r}", **FAST_DISPATCH)
-        done = wait_ended(lab, ns, names, timeout=90)
+        done = wait_ended(lab, ns, names)
         rescuer.stop()
         ref.clear_faults()
         for run in done:
@@ -495,7 +399,11 @@ def test_zombie_worker(lab: Lab) -> None:
             DURABLE_AGENTS_METRICS_PORT=str(port),
             **workers_only,
         )
-        wait_for(zombie.stopped, 60, f"the zombie to freeze after its write {nth}:\n{zombie.log_tail(30)}")
+        eventually(
+            zombie.stopped,
+            Within.TAKEOVER,
+            f"the zombie to freeze after its write {nth}:\n{zombie.log_tail(30)}",
+        )
         lab.count_fault()
         held = sorted(
             lease.metadata.labels["durable-agents.io/run"]
@@ -512,15 +420,17 @@ def test_zombie_worker(lab: Lab) -> None:
             ]
             return all(f == rescuer.identity for f in fenced) or all_ended(lab, ns, held)
 
-        wait_for(taken_over, 60, f"the rescuer to take over the zombie's runs {held}", interval=0.2)
+        eventually(
+            taken_over, Within.TAKEOVER, f"the rescuer to take over the zombie's runs {held}", interval=0.2
+        )
         zombie.signal(signal.SIGCONT)
-        done = wait_ended(lab, ns, names, timeout=120)
+        done = wait_ended(lab, ns, names)
         if held:
-            wait_for(
+            eventually(
                 lambda zombie=zombie: any(  # type: ignore[misc]
                     s in zombie.log_tail(400) for s in ("refused (409", "moved on", "Conflict")
                 ),
-                30,
+                Within.COMMIT,
                 f"the zombie to notice it lost {held}:\n{zombie.log_tail(40)}",
             )
             refused += 1
@@ -573,7 +483,7 @@ def test_zombie_dispatcher_frozen_between_claim_and_post(lab: Lab) -> None:
             lab.create(ns, run_spec(pay(lab.refsystem.url, f"{ns}-{i}"), DONE), f"pay-{i}")
             for i in range(SIZE.zombie_runs)
         ]
-        wait_for(zombie.stopped, 60, f"the dispatcher to freeze {where}")
+        eventually(zombie.stopped, Within.TAKEOVER, f"the dispatcher to freeze {where}")
         lab.count_fault()
         claimed = [
             r["metadata"]["name"]
@@ -584,11 +494,11 @@ def test_zombie_dispatcher_frozen_between_claim_and_post(lab: Lab) -> None:
         ]
         assert claimed, f"the zombie froze {where} holding no claim: the scenario proved nothing"
         lab.operator(ns, f"dispatcher{cycle}", DURABLE_AGENTS_WORKERS="0", **FAST_DISPATCH)
-        done = wait_ended(lab, ns, names, timeout=60)
+        done = wait_ended(lab, ns, names)
         zombie.signal(signal.SIGCONT)
-        wait_for(
+        eventually(
             lambda zombie=zombie, woke=woke: woke in (log := zombie.log_tail(400)) or SENT.search(log),  # type: ignore[misc]
-            30,
+            Within.COMMIT,
             f"the zombie (frozen {where}) to wake and log {woke!r}",
         )
         sent = [line for line in zombie.log_tail(400).splitlines() if SENT.search(line)]
@@ -625,14 +535,14 @@ def test_duplicate_events(lab: Lab, kube: KubeEnv) -> None:
         Responder(kube, [ns], approver=who["alice"], copies=copies) as first,
         Responder(kube, [ns], approver=who["carol"], copies=copies) as second,
     ):
-        wait_for(
+        eventually(
             lambda: sum("input_received" in events_of(r) for r in runs_in(lab, ns, names)) >= len(names) // 2,
-            60,
+            Within.TAKEOVER,
             "half the runs to take their answer",
         )
         lab.kill(worker)
         lab.operator(ns, "worker-2", **FAST_DISPATCH)
-        done = wait_ended(lab, ns, names, timeout=120)
+        done = wait_ended(lab, ns, names)
     lab.count_fault(first.delivered + first.refused + second.delivered + second.refused)
     # Deliver everything again, concurrently, to the ended runs: nothing may change.
     before = {r["metadata"]["name"]: r["metadata"]["resourceVersion"] for r in done}
@@ -707,18 +617,18 @@ def test_delayed_approval(lab: Lab, kube: KubeEnv) -> None:
     every = [n for names in groups.values() for n in names]
     first = {
         r["metadata"]["name"]: r["status"]["approvalRequest"]
-        for r in wait_ended(lab, ns, every, 60, frozenset({"waiting_approval"}))
+        for r in wait_ended(lab, ns, every, states=frozenset({"waiting_approval"}))
     }
     # While they wait: the policy moves on, the evidence changes, the short requests expire.
     apply_policy(kube, ns, "policy", "v2", **policies["policy"])
     client.CoreV1Api(kube.api).patch_namespaced_config_map("settings", ns, {"data": {"maxSurge": "90%"}})
-    wait_ended(lab, ns, groups["expire"], 60, frozenset({"expired"}))
-    wait_for(
+    wait_ended(lab, ns, groups["expire"], states=frozenset({"expired"}))
+    eventually(
         lambda: all(
             r["status"].get("approvalRequest", {}).get("requestId") == "pay-2"
             for r in runs_in(lab, ns, groups["reask"])
         ),
-        60,
+        Within.TAKEOVER,
         "the expired requests to be asked again (approvalExpired: reapprove)",
     )
     # Now the original approvals arrive.
@@ -737,7 +647,7 @@ def test_delayed_approval(lab: Lab, kube: KubeEnv) -> None:
         return request.get("requestId") == "pay-2"
 
     for name in groups["policy"] + groups["evidence"]:
-        wait_for(lambda name=name: reasked(name), 60, f"{name} to ask for a new approval")  # type: ignore[misc]
+        eventually(lambda name=name: reasked(name), Within.TAKEOVER, f"{name} to ask for a new approval")  # type: ignore[misc]
     assert lab.refsystem.counts() == {}, "a stale approval let an action run"
     for name in groups["policy"]:
         assert (
@@ -748,7 +658,7 @@ def test_delayed_approval(lab: Lab, kube: KubeEnv) -> None:
         reason = lab.runs(ns).get(name)["status"]["approvalRequest"]["policyReason"]
         assert "evidence changed during the wait: ConfigMap/settings" in reason, reason
     with Responder(kube, [ns], approver=alice):
-        approved = wait_ended(lab, ns, groups["reask"] + groups["policy"] + groups["evidence"], 90)
+        approved = wait_ended(lab, ns, groups["reask"] + groups["policy"] + groups["evidence"])
     for run in approved:
         assert run["status"]["state"] == "completed", run["status"].get("outcome")
         assert events_of(run).count("reapproval_required") >= 1
@@ -798,8 +708,8 @@ def test_policy_change_during_wait(lab: Lab, kube: KubeEnv) -> None:
         ]
         for case in specs
     }
-    wait_ended(lab, ns, groups["strict"] + groups["lenient"], 60, frozenset({"waiting_approval"}))
-    wait_ended(lab, ns, groups["gate"], 60, frozenset({"waiting_input"}))
+    wait_ended(lab, ns, groups["strict"] + groups["lenient"], states=frozenset({"waiting_approval"}))
+    wait_ended(lab, ns, groups["gate"], states=frozenset({"waiting_input"}))
     version = "v1"
     for change in range(SIZE.policy_changes):
         version = f"v{change + 2}"
@@ -817,7 +727,7 @@ def test_policy_change_during_wait(lab: Lab, kube: KubeEnv) -> None:
             worker = lab.operator(ns, f"worker-{change}b", **FAST_DISPATCH)
     assert lab.refsystem.counts() == {}
     with Responder(kube, [ns], approver=people(kube)["alice"]):
-        done = wait_ended(lab, ns, [n for names in groups.values() for n in names], 120)
+        done = wait_ended(lab, ns, [n for names in groups.values() for n in names])
     for run in done:
         name = run["metadata"]["name"]
         assert run["status"]["state"] == "completed", (name, run["status"].get("outcome"))
@@ -870,9 +780,9 @@ def test_deployment_upgrade(lab: Lab, old_release: Release) -> None:
     for k in range(SIZE.upgrade_kills):
         point = f"{rng.choice(['before', 'after'])}:{rng.randint(1, 4 * len(mixed))}"
         old = lab.operator(up, f"old{k}", **old_env, DURABLE_AGENTS_TEST_KILL_AT=point, **FAST_DISPATCH)
-        lab.await_hook_kill(old, lambda: all_ended(lab, up, mixed), timeout=120)
+        lab.await_hook_kill(old, lambda: all_ended(lab, up, mixed))
     new = lab.operator(up, "new", warm=False, **FAST_DISPATCH)
-    upgraded = wait_ended(lab, up, mixed, 120)
+    upgraded = wait_ended(lab, up, mixed)
     new.stop()
     for run in upgraded:
         assert run["status"]["state"] == "completed", (run["metadata"]["name"], run["status"].get("outcome"))
@@ -894,10 +804,10 @@ def test_deployment_upgrade(lab: Lab, old_release: Release) -> None:
         ref.inject("slow", delay=30, match=key)
     # Its dispatch timeout (6 s) is the window in which it must die with the answers still held.
     new = lab.operator(down, "new", DURABLE_AGENTS_DISPATCH_TIMEOUT="6")
-    wait_ended(lab, down, asking, 60, frozenset({"waiting_input"}))
-    wait_for(
+    wait_ended(lab, down, asking, states=frozenset({"waiting_input"}))
+    eventually(
         lambda: all(ref.applied(k) == 1 for k in keys),
-        60,
+        Within.TAKEOVER,
         "the effects to be applied, answers held",
         interval=0.02,
     )
@@ -909,18 +819,18 @@ def test_deployment_upgrade(lab: Lab, old_release: Release) -> None:
     old = lab.operator(down, "old-again", **old_env, **FAST_DISPATCH)
     for name in asking:
         lab.runs(down).patch_spec(name, {"answers": {"confirm": "yes"}})
-    quarantined = wait_ended(lab, down, asking + paying, 60, frozenset({"quarantined"}))
+    quarantined = wait_ended(lab, down, asking + paying, states=frozenset({"quarantined"}))
     for run in quarantined:
         assert run["status"]["outcome"]["reason"] == "UnknownSchemaVersion", run["status"]["outcome"]
         assert run["status"]["checkpoint"] == parked[run["metadata"]["name"]], (
             "the old operator changed a checkpoint"
         )
-    wait_no_leases(lab, down, 30)
+    wait_no_leases(lab, down)
     lab.kill(old)
     lab.operator(down, "new-again", **FAST_DISPATCH)
     for name in asking + paying:
         lab.runs(down).patch_spec(name, {"retryQuarantine": "upgraded-again"})
-    done = wait_ended(lab, down, asking + paying, 120)
+    done = wait_ended(lab, down, asking + paying)
     for run in done:
         assert run["status"]["state"] == "completed", (run["metadata"]["name"], run["status"].get("outcome"))
         assert_history_consistent(run)
@@ -959,9 +869,9 @@ def test_ambiguous_responses(lab: Lab) -> None:
     for k in range(SIZE.ambiguous_kills):
         point = f"{rng.choice(['before', 'after'])}:{rng.randint(1, 3 * len(every))}"
         victim = lab.operator(ns, f"victim{k}", DURABLE_AGENTS_TEST_KILL_AT=point, **FAST_DISPATCH)
-        lab.await_hook_kill(victim, lambda: all_ended(lab, ns, every), timeout=120)
+        lab.await_hook_kill(victim, lambda: all_ended(lab, ns, every))
     lab.operator(ns, "rescuer", **FAST_DISPATCH)
-    done = wait_ended(lab, ns, every, 120)
+    done = wait_ended(lab, ns, every)
     for run in done:
         assert run["status"]["state"] == "completed", (run["metadata"]["name"], run["status"].get("outcome"))
         status = record(lab.kube, ns, key_of(run, 0))["status"]
@@ -1003,11 +913,11 @@ def test_api_server_and_etcd_restarts(lab: Lab, kube: KubeEnv) -> None:
                 for j in range(per_restart)
             ]
             names += batch
-            wait_for(
+            eventually(
                 lambda batch=batch: any(
                     len(events_of(r)) >= 2 for r in retrying(lambda: runs_in(lab, ns, batch), "read")
                 ),  # type: ignore[misc]
-                60,
+                Within.TAKEOVER,
                 "the new runs to be under way",
             )
             before = {
@@ -1030,7 +940,7 @@ def test_api_server_and_etcd_restarts(lab: Lab, kube: KubeEnv) -> None:
                 assert after[name][: len(history)] == history, (
                     f"{name}: committed history lost in restart {i}"
                 )
-        done = wait_ended(lab, ns, names, 180)
+        done = wait_ended(lab, ns, names, Within.SETTLE)
     assert op.alive, f"the operator died in a restart:\n{op.log_tail(60)}"
     for run in done:
         assert run["status"]["state"] == "completed", (run["metadata"]["name"], run["status"].get("outcome"))
@@ -1061,7 +971,7 @@ def test_stale_backup_restore(lab: Lab, kube: KubeEnv) -> None:
             lab.create(ns, run_spec(pay(ref.url, f"{ns}-f{i}"), DONE), f"finished-{i}")
             for i in range(SIZE.restore_runs)
         ]
-        wait_ended(lab, ns, finished, 60)
+        wait_ended(lab, ns, finished)
         first.stop()
         # No dispatcher yet: intents are committed and wait in the ledger, undispatched.
         holding = lab.operator(ns, f"no-dispatch{r}", DURABLE_AGENTS_DISPATCHER="off")
@@ -1073,11 +983,11 @@ def test_stale_backup_restore(lab: Lab, kube: KubeEnv) -> None:
             lab.create(ns, run_spec(READ, ask(), pay(ref.url, f"{ns}-a{i}"), DONE), f"asking-{i}")
             for i in range(SIZE.restore_runs)
         ]
-        wait_ended(lab, ns, intents, 60, frozenset({"waiting_external"}))
-        wait_ended(lab, ns, asking, 60, frozenset({"waiting_input"}))
-        wait_for(
+        wait_ended(lab, ns, intents, states=frozenset({"waiting_external"}))
+        wait_ended(lab, ns, asking, states=frozenset({"waiting_input"}))
+        eventually(
             lambda ns=ns: len(export_objects(kube, ns)["actionrecords"]) == 2 * SIZE.restore_runs,
-            30,
+            Within.COMMIT,
             "the intents' records",
         )  # type: ignore[misc]
         backup = export_objects(kube, ns)
@@ -1085,7 +995,7 @@ def test_stale_backup_restore(lab: Lab, kube: KubeEnv) -> None:
         # The cluster goes on after the backup: the intents are dispatched, the questions answered.
         later = lab.operator(ns, f"after-backup{r}", **FAST_DISPATCH)
         with Responder(kube, [ns]):
-            wait_ended(lab, ns, finished + intents + asking, 90)
+            wait_ended(lab, ns, finished + intents + asking)
         later.stop()
         assert set(ref.counts().values()) == {1}
         # Disaster: the cluster is rebuilt from the stale backup.
@@ -1099,11 +1009,11 @@ def test_stale_backup_restore(lab: Lab, kube: KubeEnv) -> None:
             kubeconfig = plane2.write_user_kubeconfig("durable-agents-operator", [])
             restored_op = lab.operator(ns, f"restored{r}", kubeconfig=kubeconfig, **FAST_DISPATCH)
             with Responder(fresh, [ns]), contextlib.suppress(TimeoutError):  # stuck runs: measured below
-                wait_for(
+                eventually(
                     lambda fresh=fresh, ns=ns: all(  # type: ignore[misc]
                         r["status"].get("state") in TERMINAL for r in Runs(fresh, ns).all()
                     ),
-                    90,
+                    Within.RUN,
                     "the restored runs to end",
                     interval=0.25,
                 )
@@ -1120,11 +1030,11 @@ def test_stale_backup_restore(lab: Lab, kube: KubeEnv) -> None:
             assert len(recognised) == 2 * SIZE.restore_runs, [
                 (rec["spec"]["idempotencyKey"], rec.get("status")) for rec in records
             ]
-            measure(lab, where, timeout=5)
+            measure(lab, where, within=5)  # every run ended above: a last look
             restored_op.stop()
             conclude(lab)  # a duplicate fails here, while this round's plane is still up
             where.pop()
-    measure(lab, where, timeout=30)
+    measure(lab, where, within=Within.COMMIT)
     conclude(lab)
 
 
@@ -1242,14 +1152,14 @@ def test_bad_input(lab: Lab, kube: KubeEnv) -> None:
         lab.create(ns, boundary_spec(url, f"{ns}-good-{i}", answered=True), f"good-{i}")
         for i in range(SIZE.bad_runs)
     ]
-    wait_ended(lab, ns, list(damaged), 60, frozenset({"waiting_input"}))
-    wait_for(
+    wait_ended(lab, ns, list(damaged), states=frozenset({"waiting_input"}))
+    eventually(
         lambda: (
             not [
                 lease for lease in runs.leases() if lease.metadata.labels["durable-agents.io/run"] in damaged
             ]
         ),
-        30,
+        Within.COMMIT,
         "the parked runs' Leases to go",
     )
     for name, kind in damaged.items():
@@ -1267,10 +1177,10 @@ def test_bad_input(lab: Lab, kube: KubeEnv) -> None:
     for name in damaged:
         runs.patch_spec(name, {"answers": {"confirm": "yes"}})
     half = list(damaged)[: len(damaged) // 2]
-    wait_ended(lab, ns, half, 60, frozenset({"quarantined"}))
+    wait_ended(lab, ns, half, states=frozenset({"quarantined"}))
     lab.kill(worker)  # killed among the quarantines: the next one must not crash-loop either
     survivor = lab.operator(ns, "survivor", **FAST_DISPATCH)
-    quarantined = wait_ended(lab, ns, list(damaged), 60, frozenset({"quarantined"}))
+    quarantined = wait_ended(lab, ns, list(damaged), states=frozenset({"quarantined"}))
     for run in quarantined:
         kind = damaged[run["metadata"]["name"]]
         assert run["status"]["outcome"]["reason"] == reasons[kind], (kind, run["status"]["outcome"])
@@ -1278,9 +1188,9 @@ def test_bad_input(lab: Lab, kube: KubeEnv) -> None:
     retried, canceled = next(iter(damaged)), list(damaged)[-1]
     runs.patch_spec(retried, {"retryQuarantine": "try-1"})
     runs.patch_spec(canceled, {"cancellations": {"give-up": {"scope": "task", "reason": "unreadable"}}})
-    runs.wait_state(canceled, "canceled", timeout=60)
+    runs.wait_state(canceled, "canceled")
     with Responder(kube, [ns], approver=who["alice"]):
-        finished = wait_ended(lab, ns, good + paying, 90)
+        finished = wait_ended(lab, ns, good + paying)
     # By now (a cancel patched after it was carried out, other runs finished) the retry was looked at.
     assert runs.state(retried) == "quarantined", "a still unreadable checkpoint must stay quarantined"
     for run in finished:
@@ -1308,8 +1218,8 @@ def test_bad_input_undecryptable_checkpoint(lab: Lab) -> None:
     worker = lab.operator(ns, "worker", **FAST_DISPATCH)
     runs = lab.runs(ns)
     names = [lab.create(ns, run_spec(ask(), DONE), f"sealed-{i}") for i in range(SIZE.bad_runs)]
-    wait_ended(lab, ns, names, 60, frozenset({"waiting_input"}))
-    wait_no_leases(lab, ns, 30)
+    wait_ended(lab, ns, names, states=frozenset({"waiting_input"}))
+    wait_no_leases(lab, ns)
     for name in names:
         run = runs.get(name)
         run["status"]["checkpoint"]["sealed"] = {
@@ -1322,7 +1232,7 @@ def test_bad_input_undecryptable_checkpoint(lab: Lab) -> None:
         runs.custom.replace_namespaced_custom_object_status(GROUP, VERSION, ns, "agentruns", name, run)
         runs.patch_spec(name, {"answers": {"confirm": "yes"}})
         lab.count_fault()
-    ended = wait_ended(lab, ns, names, 60, TERMINAL | frozenset({"quarantined"}))
+    ended = wait_ended(lab, ns, names, states=TERMINAL | frozenset({"quarantined"}))
     assert worker.alive, f"the operator died on an undecryptable checkpoint:\n{worker.log_tail(60)}"
     measure(lab)
     went_on = [r["metadata"]["name"] for r in ended if r["status"]["state"] != "quarantined"]

@@ -64,7 +64,7 @@ def test_values_are_typed(keys: dict[str, str]) -> None:
     [
         ("LEASE_DURATION", "abc", "a whole number >= 1"),
         ("LEASE_DURATION", "0", "a whole number >= 1"),
-        ("WORKERS", "-2", "a whole number >= 1"),
+        ("WORKERS", "-2", "a whole number >= 0"),
         ("DISPATCH_TIMEOUT", "soon", "a number >= 0.1"),
         ("METRICS_PORT", "70000", "a port number"),
         ("WEBHOOK_PORT", "https", "a port number"),
