@@ -100,7 +100,7 @@ def generate_ca(common_name: str) -> KeyPair:
 def issue_leaf(
     ca: KeyPair,
     subject: x509.Name,
-    usage: x509.ObjectIdentifier,
+    usage: x509.ObjectIdentifier | Sequence[x509.ObjectIdentifier],
     san: x509.SubjectAlternativeName | None,
 ) -> KeyPair:
     ca_cert = ca.certificate
@@ -130,7 +130,10 @@ def issue_leaf(
             ),
             critical=True,
         )
-        .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+        .add_extension(
+            x509.ExtendedKeyUsage([usage] if isinstance(usage, x509.ObjectIdentifier) else list(usage)),
+            critical=False,
+        )
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
         .add_extension(
             # Strict verifiers (webpki, OpenSSL's X509_STRICT) require the AKI on leaves.

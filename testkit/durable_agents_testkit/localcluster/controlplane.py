@@ -21,6 +21,7 @@ import base64
 import contextlib
 import fcntl
 import http.client
+import ipaddress
 import json
 import os
 import re
@@ -41,8 +42,10 @@ from types import TracebackType
 from typing import Any, Self
 
 import yaml
+from cryptography import x509
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from durable_agents.shell.certs import KeyPair
+from durable_agents.shell.certs import KeyPair, issue_leaf
 from durable_agents_testkit.localcluster.certs import ClusterPKI, PKIPaths, write_file
 
 ETCD = "etcd"
@@ -70,6 +73,12 @@ ADMIN_USER = "durable-agents-admin"
 CONTEXT_NAME = "durable-agents-local"
 SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc"
+
+# What kube-apiserver encrypts before it reaches etcd (EncryptionConfiguration): the runs, the
+# ledger and Secrets. aescbc with a local key, as a cluster without a KMS would; the README shows
+# the KMS v2 configuration a production cluster uses instead.
+ENCRYPTED_RESOURCES = ("agentruns.durable-agents.io", "actionrecords.durable-agents.io", "secrets")
+ENCRYPTION_KEY_NAME = "local-1"
 
 _STATE_VERSION = 1
 _POLL_INTERVAL = 0.1
@@ -423,7 +432,16 @@ class LocalControlPlane:
 
     @property
     def etcd_url(self) -> str:
-        return f"http://127.0.0.1:{self.ports.etcd_client}"
+        return f"https://127.0.0.1:{self.ports.etcd_client}"
+
+    @property
+    def etcd_certs_dir(self) -> Path:
+        """etcd's serving certificate and the client certificate of whoever may talk to etcd."""
+        return self.work_dir / "etcd-certs"
+
+    @property
+    def encryption_config_path(self) -> Path:
+        return self.work_dir / "encryption-config.yaml"
 
     @property
     def audit_log_path(self) -> Path:
@@ -653,9 +671,9 @@ class LocalControlPlane:
 
     def _reset_work_dir(self) -> None:
         # Only what this class creates; logs are kept (appended to) for post-mortems.
-        for sub in ("etcd-data", "pki", "users", "apiserver-certs", "controller-manager-certs"):
+        for sub in ("etcd-data", "pki", "etcd-certs", "users", "apiserver-certs", "controller-manager-certs"):
             shutil.rmtree(self.work_dir / sub, ignore_errors=True)
-        for f in (STATE_FILE, "admin.kubeconfig", "controller-manager.kubeconfig"):
+        for f in (STATE_FILE, "admin.kubeconfig", "controller-manager.kubeconfig", "encryption-config.yaml"):
             (self.work_dir / f).unlink(missing_ok=True)
 
     # -- users and kubectl ---------------------------------------------------------------------
@@ -666,9 +684,76 @@ class LocalControlPlane:
     def _write_pki_and_kubeconfigs(self) -> None:
         pki = ClusterPKI.create()
         pki.write(self.pki_dir)
+        self._write_etcd_certs(pki)
+        self._write_encryption_config()
         cm = pki.issue_serving(CONTROLLER_MANAGER)
         write_file(self.work_dir / "controller-manager-certs" / "tls.crt", cm.cert_pem)
         write_file(self.work_dir / "controller-manager-certs" / "tls.key", cm.key_pem, secret=True)
+
+    def _write_etcd_certs(self, pki: ClusterPKI) -> None:
+        """etcd serves TLS only and accepts only clients with a certificate from the cluster CA."""
+        certs = self.etcd_certs_dir
+        # Server and client usage both: etcd's gRPC gateway dials etcd's own gRPC port with it.
+        serving = issue_leaf(
+            pki.ca,
+            x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "etcd")]),
+            (ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH),
+            x509.SubjectAlternativeName(
+                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+            ),
+        )
+        client_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver-etcd-client")])
+        client = issue_leaf(pki.ca, client_name, ExtendedKeyUsageOID.CLIENT_AUTH, None)
+        write_file(certs / "server.crt", serving.cert_pem)
+        write_file(certs / "server.key", serving.key_pem, secret=True)
+        write_file(certs / "client.crt", client.cert_pem)
+        write_file(certs / "client.key", client.key_pem, secret=True)
+
+    def _write_encryption_config(self) -> None:
+        key = base64.b64encode(os.urandom(32)).decode()
+        config = {
+            "apiVersion": "apiserver.config.k8s.io/v1",
+            "kind": "EncryptionConfiguration",
+            "resources": [
+                {
+                    "resources": list(ENCRYPTED_RESOURCES),
+                    "providers": [
+                        {"aescbc": {"keys": [{"name": ENCRYPTION_KEY_NAME, "secret": key}]}},
+                        {"identity": {}},  # reads what was stored before encryption was on
+                    ],
+                }
+            ],
+        }
+        write_file(self.encryption_config_path, yaml.safe_dump(config, sort_keys=False).encode(), secret=True)
+
+    def etcd_ssl_context(self) -> ssl.SSLContext:
+        """A client context etcd accepts (its client certificate): for probes and for tests that
+        read etcd directly, as someone with a copy of the etcd client certificate would."""
+        ctx = ssl.create_default_context(cafile=str(self.pki_paths.ca_cert))
+        ctx.load_cert_chain(str(self.etcd_certs_dir / "client.crt"), str(self.etcd_certs_dir / "client.key"))
+        return ctx
+
+    def etcd_range(self, prefix: str) -> list[tuple[str, bytes]]:
+        """Every key under ``prefix`` and its raw stored value, read from etcd's gRPC gateway."""
+        end = prefix[:-1] + chr(ord(prefix[-1]) + 1)
+        body = json.dumps(
+            {
+                "key": base64.b64encode(prefix.encode()).decode(),
+                "range_end": base64.b64encode(end.encode()).decode(),
+            }
+        ).encode()
+        request = urllib.request.Request(
+            self.etcd_url + "/v3/kv/range", data=body, headers={"Content-Type": "application/json"}
+        )
+        opener = urllib.request.build_opener(
+            urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=self.etcd_ssl_context())
+        )
+        with opener.open(request, timeout=10) as resp:
+            answer = json.loads(resp.read())
+        return [
+            (base64.b64decode(kv["key"]).decode(), base64.b64decode(kv.get("value", "")))
+            for kv in answer.get("kvs", [])
+        ]
 
     def _write_component_kubeconfigs(self) -> None:
         # Written once ports are known (the server URL is in them).
@@ -720,8 +805,10 @@ class LocalControlPlane:
         ports = self.ports
         pki = self.pki_paths
         logs = self.work_dir / "logs"
-        etcd_client = f"http://127.0.0.1:{ports.etcd_client}"
+        etcd_client = self.etcd_url
+        # One member: peer traffic never happens, and stays on loopback.
         etcd_peer = f"http://127.0.0.1:{ports.etcd_peer}"
+        etcd_certs = self.etcd_certs_dir
         etcd = [
             str(bin_dir / ETCD),
             "--name=default",
@@ -732,12 +819,20 @@ class LocalControlPlane:
             f"--initial-advertise-peer-urls={etcd_peer}",
             f"--initial-cluster=default={etcd_peer}",
             "--initial-cluster-state=new",
+            f"--cert-file={etcd_certs / 'server.crt'}",
+            f"--key-file={etcd_certs / 'server.key'}",
+            "--client-cert-auth=true",
+            f"--trusted-ca-file={pki.ca_cert}",
         ]
         if not self.fsync:
             etcd.append("--unsafe-no-fsync")
         apiserver = [
             str(bin_dir / APISERVER),
             f"--etcd-servers={etcd_client}",
+            f"--etcd-cafile={pki.ca_cert}",
+            f"--etcd-certfile={etcd_certs / 'client.crt'}",
+            f"--etcd-keyfile={etcd_certs / 'client.key'}",
+            f"--encryption-provider-config={self.encryption_config_path}",
             f"--secure-port={ports.apiserver}",
             "--bind-address=127.0.0.1",
             "--advertise-address=127.0.0.1",
@@ -867,7 +962,7 @@ class LocalControlPlane:
         url = self.etcd_url + "/health"
 
         def probe() -> tuple[bool, str]:
-            status, body = self._get(url, None, 2.0)
+            status, body = self._get(url, self.etcd_ssl_context(), 2.0)
             return status == 200 and json.loads(body).get("health") == "true", f"{status} {body.strip()}"
 
         self._await(ETCD, probe, timeout)
