@@ -1,9 +1,14 @@
 """Child runs: created AS the parent's ServiceAccount, observed, and canceled with the parent.
 
 A parent's step names its child; the engine commits the child's name in the parent's checkpoint
-before this module creates it (the intent first, as for effects). Creation is idempotent by name
-(AlreadyExists is success if the child names this parent). Creating and canceling a child are
-impersonated, so a run can start or stop only what its ServiceAccount may: no confused deputy.
+before this module creates it (the intent first, as for effects). Each child is created with the
+operator's stamp (:func:`~durable_agents.core.engine.children.stamp_child`), and an object under a
+child's name is adopted only if it carries that stamp and the step's spec: anything else (a run
+someone created first under the expected name, with the parent as owner or not) is a foreign
+child, reported as ``ForeignChild``, never adopted and never canceled. A creation refused with
+AlreadyExists is therefore no success by itself: the object found is judged like any other.
+Creating and canceling a child are impersonated, so a run can start or stop only what its
+ServiceAccount may: no confused deputy.
 """
 
 from __future__ import annotations
@@ -16,7 +21,11 @@ from kubernetes.client.rest import ApiException
 from durable_agents.api.v1alpha1 import API_VERSION, AgentRunStatus
 from durable_agents.api.v1alpha1.states import RunState
 from durable_agents.core.engine import ChildObservation, NeedChildren, RunSnapshot
+from durable_agents.core.engine.children import FOREIGN_CHILD, foreign_child, stamp_child
+from durable_agents.core.sealing import Keyring
 from durable_agents.shell import metrics
+from durable_agents.shell.events import EventRecorder
+from durable_agents.shell.faults import FaultPoints, process_faults
 from durable_agents.shell.kube import Kube, service_account_user
 from durable_agents.shell.store import Gone, RunStore
 
@@ -24,15 +33,32 @@ log = logging.getLogger(__name__)
 
 
 class ChildRuns:
-    def __init__(self, kube: Kube, store: RunStore) -> None:
+    def __init__(
+        self,
+        kube: Kube,
+        store: RunStore,
+        events: EventRecorder,
+        keyring: Keyring | None,
+        faults: FaultPoints | None = None,
+    ) -> None:
         self.kube = kube
         self.store = store
+        self.events = events
+        self.keyring = keyring  # None: children are created unstamped, so none is ever adopted
+        self.faults = faults or process_faults()
+        self._reported: set[str] = set()  # uids of foreign children already reported by an Event
 
     def _resource(self) -> Any:
         return self.kube.dynamic().resources.get(api_version=API_VERSION, kind="AgentRun")
 
     async def create(self, parent: RunSnapshot, body: dict[str, Any]) -> None:
+        """Create the child, stamped; one that exists already is judged when it is observed."""
         user = service_account_user(parent.namespace, parent.spec.service_account_name)
+        if self.keyring is not None:
+            body = stamp_child(body, self.keyring, parent.run_id)
+        else:
+            name = body["metadata"]["name"]
+            log.error("no keyring: child run %s is created unstamped and will not be adopted", name)
 
         def create() -> None:
             self.kube.dynamic().create(
@@ -42,15 +68,19 @@ class ChildRuns:
                 header_params={"Impersonate-User": user},
             )
 
-        try:
-            await self.kube.call(create)
-        except ApiException as err:
+        # A creation is a write of record for the fault points: a test can die right after it.
+        async with self.faults.serialized():
+            self.faults.before()
+            try:
+                await self.kube.call(create)
+            except ApiException as err:
+                metrics.API_WRITES.labels("agentruns", "create").inc()
+                if err.status != 409:
+                    raise
+                log.info("child run %s/%s exists already", parent.namespace, body["metadata"]["name"])
+                return
             metrics.API_WRITES.labels("agentruns", "create").inc()
-            if err.status != 409:
-                raise
-            log.info("child run %s/%s exists already", parent.namespace, body["metadata"]["name"])
-            return
-        metrics.API_WRITES.labels("agentruns", "create").inc()
+            self.faults.after()
 
     async def cancel(self, parent: RunSnapshot, child: dict[str, Any], reason: str) -> None:
         """Ask a running child to cancel (task scope, so its own children follow), once."""
@@ -76,7 +106,8 @@ class ChildRuns:
         log.info("asked child run %s/%s to cancel: %s", parent.namespace, name, reason)
 
     async def observe(self, parent: RunSnapshot, need: NeedChildren) -> dict[str, ChildObservation]:
-        """Each child's state; a missing child is created from its body, a running one canceled if asked."""
+        """Each child's state; a missing child is created from its body, a running one canceled if
+        asked; a foreign object under a child's name is reported and left alone."""
         seen: dict[str, ChildObservation] = {}
         for name, body in need.records.items():
             try:
@@ -89,9 +120,12 @@ class ChildRuns:
                 await self.create(parent, body)
                 seen[name] = ChildObservation(RunState.PENDING)
                 continue
-            refs = [r.get("uid") for r in (child["metadata"].get("ownerReferences") or [])]
-            if parent.uid not in refs:
-                seen[name] = ChildObservation(RunState.FAILED, "NameTakenByAnotherRun")
+            why = foreign_child(
+                child, body, keyring=self.keyring, parent_run_id=parent.run_id, parent_name=parent.name
+            )
+            if why is not None:
+                await self._report_foreign(parent, child, why)
+                seen[name] = ChildObservation(RunState.FAILED, FOREIGN_CHILD)
                 continue
             status = AgentRunStatus.model_validate(
                 {k: v for k, v in (child.get("status") or {}).items() if k != "checkpoint"}
@@ -101,3 +135,17 @@ class ChildRuns:
             reason = status.outcome.reason if status.outcome else None
             seen[name] = ChildObservation(status.state, reason)
         return seen
+
+    async def _report_foreign(self, parent: RunSnapshot, child: dict[str, Any], why: str) -> None:
+        """A Warning Event on the parent naming the foreign object, once per object."""
+        meta = child["metadata"]
+        message = (
+            f"AgentRun {meta['namespace']}/{meta['name']} (uid {meta.get('uid')}) is under the name of"
+            f" a child of this run but was not created by the operator ({why}): not adopted"
+        )
+        log.warning("run %s/%s: %s", parent.namespace, parent.name, message)
+        if meta.get("uid") in self._reported:
+            return
+        self._reported.add(str(meta.get("uid")))
+        ref = {"metadata": {"name": parent.name, "namespace": parent.namespace, "uid": parent.uid}}
+        await self.events.record(ref, FOREIGN_CHILD, message, warning=True)

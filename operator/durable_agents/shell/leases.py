@@ -9,6 +9,12 @@ from the epoch recorded in the run's checkpoint, so lease epochs only ever grow.
 Expiry is judged from ``renewTime + leaseDurationSeconds`` against the local clock. That alone
 is not what keeps a run safe: the epoch (holder + transitions) is a fencing token written into
 the run's checkpoint, and every commit is a compare-and-swap (see the worker).
+
+The operator deletes or takes over only a Lease it made for that run: one named for the run,
+labelled with its name and owned by its AgentRun (an ownerReference with the run's uid, which
+also lets the garbage collector remove the Lease with the run). Anything else under that name
+(:meth:`LeaseRecord.foreign_because`) is someone else's object: it is left alone and the run
+waits, saying why (:func:`conflict_status`), until it is gone.
 """
 
 from __future__ import annotations
@@ -23,11 +29,13 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from durable_agents.api.v1alpha1 import Condition, ConditionStatus
 from durable_agents.core.checkpoint import Fencing
 from durable_agents.shell import metrics
 from durable_agents.shell.kube import GROUP, VERSION, Kube
 
 RUN_LABEL = "durable-agents.io/run"
+LEASE_CONFLICT = "LeaseConflict"
 
 
 def lease_name(run_name: str) -> str:
@@ -48,10 +56,13 @@ class LeaseRecord:
     renew_time: datetime | None
     transitions: int
     resource_version: str
+    uid: str = ""
+    run_label: str | None = None  # the value of RUN_LABEL, if any
+    owner_uids: tuple[str, ...] = ()  # uids of the objects its ownerReferences name
 
     @classmethod
     def parse(cls, lease: Any) -> LeaseRecord:
-        spec = lease.spec
+        spec, meta = lease.spec, lease.metadata
         return cls(
             namespace=lease.metadata.namespace,
             name=lease.metadata.name,
@@ -60,7 +71,10 @@ class LeaseRecord:
             acquire_time=spec.acquire_time,
             renew_time=spec.renew_time,
             transitions=int(spec.lease_transitions or 0),
-            resource_version=lease.metadata.resource_version,
+            resource_version=meta.resource_version,
+            uid=meta.uid or "",
+            run_label=(meta.labels or {}).get(RUN_LABEL),
+            owner_uids=tuple(ref.uid for ref in meta.owner_references or ()),
         )
 
     @classmethod
@@ -80,7 +94,22 @@ class LeaseRecord:
             renew_time=when("renewTime"),
             transitions=int(spec.get("leaseTransitions") or 0),
             resource_version=meta["resourceVersion"],
+            uid=meta.get("uid") or "",
+            run_label=(meta.get("labels") or {}).get(RUN_LABEL),
+            owner_uids=tuple(ref.get("uid", "") for ref in meta.get("ownerReferences") or ()),
         )
+
+    def foreign_because(self, run_name: str, run_uid: str) -> str | None:
+        """Why this Lease is not one the operator made for the run (a short clause), or None."""
+        if self.name != lease_name(run_name):
+            return f"it is not named {lease_name(run_name)!r}"
+        if run_uid not in self.owner_uids:
+            if not self.owner_uids:
+                return "it has no owner reference to the run"
+            return f"its owner is another object (uid {', '.join(self.owner_uids)})"
+        if self.run_label != run_name:
+            return f"its label {RUN_LABEL} does not name the run"
+        return None
 
     @property
     def released(self) -> bool:
@@ -119,6 +148,33 @@ def _micro(t: datetime) -> str:
 
 
 MERGE_PATCH = "application/merge-patch+json"
+
+
+def conflict_message(record: LeaseRecord, why: str) -> str:
+    return (
+        f"Lease {record.namespace}/{record.name} was not created by the operator for this run ({why}):"
+        " it is never taken over or deleted, and the run does not advance until it is removed"
+    )
+
+
+def conflict_status(run: dict[str, Any], message: str, now: datetime) -> dict[str, Any] | None:
+    """The run's status with a ``LeaseConflict`` condition saying why it does not advance, or None
+    when it says so already. No transition: the next commit rebuilds the conditions without it."""
+    status = dict(run.get("status") or {})
+    conditions = list(status.get("conditions") or [])
+    prior = next((c for c in conditions if c.get("type") == LEASE_CONFLICT), None)
+    if prior is not None and prior.get("status") == ConditionStatus.TRUE and prior.get("message") == message:
+        return None
+    condition = Condition(
+        type=LEASE_CONFLICT,
+        status=ConditionStatus.TRUE,
+        reason="ForeignLease",
+        message=message,
+        last_transition_time=now,
+        observed_generation=(run.get("metadata") or {}).get("generation"),
+    )
+    status["conditions"] = [*(c for c in conditions if c is not prior), condition.wire()]
+    return status
 
 
 class RunLeases:
@@ -174,8 +230,16 @@ class RunLeases:
                 "name": lease_name(run_name),
                 "namespace": namespace,
                 "labels": {RUN_LABEL: run_name},
+                # Proof that the operator made it for this run, and garbage collected with it.
                 "ownerReferences": [
-                    {"apiVersion": f"{GROUP}/{VERSION}", "kind": "AgentRun", "name": run_name, "uid": run_uid}
+                    {
+                        "apiVersion": f"{GROUP}/{VERSION}",
+                        "kind": "AgentRun",
+                        "name": run_name,
+                        "uid": run_uid,
+                        "controller": False,
+                        "blockOwnerDeletion": False,
+                    }
                 ],
             },
             "spec": self._spec(transitions, datetime.now(UTC)),
@@ -192,7 +256,10 @@ class RunLeases:
         return self._hold(lease, started)
 
     async def take_over(self, record: LeaseRecord, transitions: int) -> Hold | None:
-        """Take an expired or released Lease by compare-and-swap; None when we lost the race."""
+        """Take an expired or released Lease by compare-and-swap; None when we lost the race.
+
+        Only a Lease this operator made for the run (the caller checks :meth:`LeaseRecord.foreign_because`);
+        the resourceVersion precondition keeps it that Lease, not another one made under its name since."""
         started = time.monotonic()
         try:
             lease = await self._patch(record, self._spec(transitions, datetime.now(UTC)))
@@ -233,7 +300,8 @@ class RunLeases:
             await self.delete(hold.record)
 
     async def delete(self, rec: LeaseRecord) -> None:
-        """Delete exactly this version of a Lease; gone or moved on meanwhile is fine."""
+        """Delete exactly this version of a Lease (one the operator made for its run: the caller
+        checks); gone or moved on meanwhile is fine."""
         try:
             await self.kube.call(
                 self.api.delete_namespaced_lease,

@@ -6,7 +6,9 @@ For one run, one unit of work is:
    gets a wake-up at its expiry and costs nothing else);
 2. acquire the run's Lease, or do nothing while another live holder has it; taking over an
    *expired* holder's Lease first stamps the new epoch into the run (a fencing write), so a
-   zombie's commit prepared against the old resourceVersion is refused;
+   zombie's commit prepared against the old resourceVersion is refused. Only a Lease the operator
+   made for the run is ever taken over or deleted: a foreign one under its name leaves the run
+   where it is, with a ``LeaseConflict`` condition and Event, until it is gone;
 3. do bounded work: ask the engine for the next status, performing the read a step needs;
 4. commit it in ONE status write with the read resourceVersion as precondition;
 5. on 409, throw the computation away and reload;
@@ -19,6 +21,7 @@ meanwhile mark the run dirty and it is processed once more afterwards.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import random
@@ -54,7 +57,16 @@ from durable_agents.shell.children import ChildRuns
 from durable_agents.shell.events import EventRecorder
 from durable_agents.shell.evidence import EvidenceReader
 from durable_agents.shell.kube import GROUP, VERSION, Kube, ObjectKey
-from durable_agents.shell.leases import RUN_LABEL, Hold, LeaseRecord, RunLeases
+from durable_agents.shell.leases import (
+    LEASE_CONFLICT,
+    RUN_LABEL,
+    Hold,
+    LeaseRecord,
+    RunLeases,
+    conflict_message,
+    conflict_status,
+    lease_name,
+)
 from durable_agents.shell.memory import release_memory
 from durable_agents.shell.plugins import load_effects, load_planners
 from durable_agents.shell.policies import PolicyCache
@@ -108,10 +120,10 @@ class RunWorker:
         self.identity = self.config.identity
         self.store = RunStore(kube)
         self.actions = ActionStore(kube)
-        self.children = ChildRuns(kube, self.store)
+        self.events = EventRecorder(kube, self.identity)
+        self.children = ChildRuns(kube, self.store, self.events, self.config.keyring)
         self.leases = RunLeases(kube, self.identity, self.config.lease_duration)
         self.reader = EvidenceReader(kube)
-        self.events = EventRecorder(kube, self.identity)
         self.reporter = CommitReporter(self.events, all_events=self.config.all_events)
         self.queue = WorkQueue("run-worker", self.process, concurrency=self.config.concurrency)
         self.planners: dict[str, Planner] = load_planners()
@@ -128,6 +140,8 @@ class RunWorker:
         # arrive after our own later commit, and deciding from it would only earn a 409.
         self.versions: dict[ObjectKey, int] = {}
         self.leases_seen: dict[ObjectKey, LeaseRecord] = {}
+        # Runs kept from advancing by a foreign Lease under their Lease name (its uid, per run).
+        self.lease_conflicts: dict[ObjectKey, str] = {}
         self._tasks: list[asyncio.Task[None]] = []
 
     # --- intake ---------------------------------------------------------------------------
@@ -139,6 +153,7 @@ class RunWorker:
         if event_type == "DELETED":
             self.queue.forget(key)
             self.versions.pop(key, None)
+            self.lease_conflicts.pop(key, None)
             hold = self.holds.pop(key, None)
             if hold is not None:
                 hold.lost = True
@@ -157,11 +172,13 @@ class RunWorker:
         """A watch event for a run Lease: lets an idle run's orphaned Lease be reaped."""
         meta = body.get("metadata") or {}
         run = (meta.get("labels") or {}).get(RUN_LABEL)
-        if not run:
-            return
+        if not run or meta.get("name") != lease_name(run):
+            return  # not under the run's Lease name: nothing the worker would take or reap
         key = (meta.get("namespace", ""), run)
         if event_type == "DELETED":
             self.leases_seen.pop(key, None)
+            if key in self.lease_conflicts:
+                self.enqueue(key)  # the foreign Lease is gone: the run may advance again
             return
         record = LeaseRecord.from_dict(body)
         self.leases_seen[key] = record
@@ -274,7 +291,7 @@ class RunWorker:
                 self.queue.wake_at(key, decision.wake_at)
                 await self._release(key)
             else:
-                await self._idle(key, decision.wake_at, now)
+                await self._idle(key, snap, decision.wake_at, now)
             return
         if hold is not None and not hold.valid(self._margin) and not await self.leases.renew(hold):
             self.holds.pop(key, None)
@@ -317,12 +334,38 @@ class RunWorker:
             hold = await self.leases.create(snap.namespace, snap.name, snap.uid, cp_transitions + 1)
             if hold is not None:
                 self.holds[key] = hold
+                self.lease_conflicts.pop(key, None)
                 return hold, body
             record = await self.leases.get(snap.namespace, snap.name)
             if record is None:  # created and deleted again meanwhile: look again soon
                 self._recheck(key, now + timedelta(seconds=1))
                 return None
+        why = record.foreign_because(snap.name, snap.uid)
+        if why is not None:
+            await self._lease_conflict(key, body, record, why, now)
+            return None
+        self.lease_conflicts.pop(key, None)
         return await self._take_existing(key, snap, body, record, cp_transitions, now)
+
+    async def _lease_conflict(
+        self, key: ObjectKey, body: dict[str, Any], record: LeaseRecord, why: str, now: datetime
+    ) -> None:
+        """A foreign Lease under the run's Lease name: never taken over or deleted. The run does
+        not advance, says why (a condition, and an Event once per Lease), and looks again."""
+        message = conflict_message(record, why)
+        if self.lease_conflicts.get(key) != record.uid:
+            self.lease_conflicts[key] = record.uid
+            log.warning("run %s/%s does not advance: %s", *key, message)
+            await self.events.record(body, LEASE_CONFLICT, message, warning=True)
+        else:
+            log.info("run %s/%s still waits: the foreign Lease %s is still there", *key, record.name)
+        status = conflict_status(body, message, now)
+        if status is not None:
+            # The record moved (or went): the next look writes it again if it is still needed.
+            with contextlib.suppress(Conflict, Gone):
+                await self.store.commit_status(body, status)
+        # A foreign Lease may carry no run label, so its deletion may never be watched: poll.
+        self._recheck(key, now + timedelta(seconds=self.config.lease_duration))
 
     async def _take_existing(
         self,
@@ -364,9 +407,13 @@ class RunWorker:
         self.holds[key] = hold
         return hold, body
 
-    async def _idle(self, key: ObjectKey, wake_at: datetime | None, now: datetime) -> None:
+    async def _idle(self, key: ObjectKey, snap: RunSnapshot, wake_at: datetime | None, now: datetime) -> None:
         """Park an idle run: a wake-up at its expiry, and no Lease left behind by a dead holder."""
         orphan = self.leases_seen.get(key)
+        why = orphan.foreign_because(snap.name, snap.uid) if orphan is not None else None
+        if orphan is not None and why is not None:
+            log.info("leaving the foreign Lease %s of idle run %s/%s alone: %s", orphan.name, *key, why)
+            orphan = None  # not made by the operator for this run: never reaped
         # A Lease is an orphan if a dead holder left it, or if it names us but we hold nothing.
         if orphan is not None and (orphan.holder != self.identity or key not in self.holds):
             if orphan.expired(now) or orphan.holder == self.identity:

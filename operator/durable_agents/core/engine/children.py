@@ -1,13 +1,27 @@
-"""Child runs: a step that starts another AgentRun, owned by this one, and waits for its end."""
+"""Child runs: a step that starts another AgentRun, owned by this one, and waits for its end.
+
+Only a child the operator made is adopted. Anyone who may create AgentRuns can create one under
+the expected name, with the parent as owner, before the operator does; adopting it would let the
+parent go on as if its own child had run. So the operator stamps each child it creates
+(:data:`CHILD_STAMP_ANNOTATION`, a :class:`~durable_agents.core.stamps.Purpose.CHILD` stamp over
+the parent's run ID, the step and the child's name: a user can copy it, not make it) and adopts
+an object under a child's name only if that stamp verifies and its spec is the step's child
+(:func:`foreign_child`). The stamp travels with the child itself, so a child created right before
+a crash, and never recorded by the parent, is still recognised as ours. Anything else is a
+foreign child: never adopted, never canceled, and the parent's step fails ``ForeignChild``.
+"""
 
 from __future__ import annotations
 
+import copy
 import hashlib
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from durable_agents.api.v1alpha1 import API_VERSION
+from pydantic import ValidationError
+
+from durable_agents.api.v1alpha1 import API_VERSION, AgentRunSpec, Outcome
 from durable_agents.api.v1alpha1.states import RunState
 from durable_agents.core.checkpoint import Checkpoint, ChildRecord, ExternalEvidenceRef
 from durable_agents.core.digest import canonical_digest
@@ -15,9 +29,28 @@ from durable_agents.core.engine.commits import CommitBuilder
 from durable_agents.core.engine.decisions import Commit, Decision, Idle, NeedChildren
 from durable_agents.core.engine.snapshot import ChildObservation, RunSnapshot
 from durable_agents.core.planner import StartChild
+from durable_agents.core.sealing import Keyring
+from durable_agents.core.stamps import Purpose, stamp, verify
 from durable_agents.core.statemachine import RunEvent
 
 PARENT_LABEL = "durable-agents.io/parent"
+PARENT_STEP_ANNOTATION = "durable-agents.io/parent-step"
+CHILD_STAMP_ANNOTATION = "durable-agents.io/child-stamp"
+FOREIGN_CHILD = "ForeignChild"
+"""The reason a step fails when an object under its child's name is not the operator's child."""
+
+# What makes a child do what its parent asked: an adopted child must match the step on each.
+_DEFINING_FIELDS = (
+    "task_type",
+    "objective",
+    "owner",
+    "tenant",
+    "service_account_name",
+    "policy_ref",
+    "agent",
+    "deadline",
+    "steps",
+)
 
 
 def child_run_name(parent: str, step: str) -> str:
@@ -51,12 +84,82 @@ def child_body(run: RunSnapshot, step: StartChild) -> dict[str, Any]:
             "name": child_run_name(run.name, step.name),
             "namespace": run.namespace,
             "labels": {PARENT_LABEL: run.name},
+            "annotations": {PARENT_STEP_ANNOTATION: step.name},
             "ownerReferences": [
                 {"apiVersion": API_VERSION, "kind": "AgentRun", "name": run.name, "uid": run.uid}
             ],
         },
         "spec": child,
     }
+
+
+def child_proof(parent_run_id: str, step: str, child: str) -> dict[str, str]:
+    """What a child's stamp vouches for: this parent run's step made this child."""
+    return {"parentRunId": parent_run_id, "step": step, "child": child}
+
+
+def stamp_child(body: Mapping[str, Any], keyring: Keyring, parent_run_id: str) -> dict[str, Any]:
+    """The child's body with the operator's stamp (the shell stamps right before creating it)."""
+    out = copy.deepcopy(dict(body))
+    meta = out["metadata"]
+    annotations = meta.setdefault("annotations", {})
+    proof = child_proof(parent_run_id, annotations[PARENT_STEP_ANNOTATION], meta["name"])
+    annotations[CHILD_STAMP_ANNOTATION] = stamp(keyring, Purpose.CHILD, proof)
+    return out
+
+
+def foreign_child(
+    found: Mapping[str, Any],
+    expected: Mapping[str, Any] | None,
+    *,
+    keyring: Keyring | None,
+    parent_run_id: str,
+    parent_name: str,
+) -> str | None:
+    """Why the AgentRun ``found`` under a child's name is not the child the operator made for this
+    parent (a short clause), or None when it is.
+
+    ``expected`` is the child's body as the step defines it (None when the step is no longer
+    known, e.g. while canceling): then only the stamp and the parent reference are checked.
+    """
+    meta = found.get("metadata") or {}
+    annotations = meta.get("annotations") or {}
+    value = annotations.get(CHILD_STAMP_ANNOTATION)
+    if not value:
+        return "it carries no child stamp"
+    step = annotations.get(PARENT_STEP_ANNOTATION) or ""
+    if expected is not None:
+        expected_step = (expected["metadata"].get("annotations") or {}).get(PARENT_STEP_ANNOTATION)
+        if step != expected_step:
+            return f"it was made for step {step!r}, not {expected_step!r}"
+    if not verify(keyring, Purpose.CHILD, child_proof(parent_run_id, step, meta.get("name", "")), value):
+        return "its child stamp is not the operator's for this parent and step"
+    try:
+        spec = AgentRunSpec.model_validate(found.get("spec") or {})
+        wanted = AgentRunSpec.model_validate(expected["spec"]) if expected is not None else None
+    except ValidationError:
+        return "its spec is not a valid AgentRun spec"
+    if spec.parent_ref is None or spec.parent_ref.name != parent_name:
+        return f"its parentRef does not name {parent_name!r}"
+    if wanted is not None:
+        differs = [f for f in _DEFINING_FIELDS if getattr(spec, f) != getattr(wanted, f)]
+        if differs:
+            return f"its spec differs from the step's child in {', '.join(differs)}"
+    return None
+
+
+def child_failure(namespace: str, child: ChildRecord) -> Outcome:
+    """The outcome of a step whose child did not complete (resume validation fails the step)."""
+    if child.reason == FOREIGN_CHILD:
+        return Outcome(
+            reason=FOREIGN_CHILD,
+            message=f"AgentRun {namespace}/{child.name} exists under this step's child name but was not"
+            " created by the operator for this run: it was not adopted, and the step's child never ran",
+        )
+    return Outcome(
+        reason="ChildRunFailed",
+        message=f"child run {child.name} ended {child.outcome}: {child.reason}",
+    )
 
 
 def start_child(builder: CommitBuilder, run: RunSnapshot, step: StartChild) -> Commit:
@@ -129,8 +232,13 @@ def reconcile_children(
                 ),
             }
         )
+        foreign = ""
+        if seen.reason == FOREIGN_CHILD:
+            foreign = " (ForeignChild: not created by the operator, not adopted)"
         return builder.commit(
-            RunEvent.EXTERNAL_RECEIVED, checkpoint=checkpoint, detail=f"child run {record.name} {outcome}"
+            RunEvent.EXTERNAL_RECEIVED,
+            checkpoint=checkpoint,
+            detail=f"child run {record.name} {outcome}{foreign}",
         )
     return Idle(wake_at=run.spec.deadline, reason="child run in progress")
 

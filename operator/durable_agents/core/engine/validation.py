@@ -9,7 +9,7 @@ from durable_agents.api.v1alpha1 import Outcome, UnavailableResponse
 from durable_agents.core.checkpoint import KubernetesEvidenceRef
 from durable_agents.core.engine.approvals import decided_approval_of_step, revalidate_approval
 from durable_agents.core.engine.cancellation import cancellation_of_step, skip_step
-from durable_agents.core.engine.children import failed_child_of_step
+from durable_agents.core.engine.children import child_failure, failed_child_of_step
 from durable_agents.core.engine.commits import CommitBuilder
 from durable_agents.core.engine.decisions import Decision
 from durable_agents.core.engine.retries import attempt_failed, failed_call_of_step
@@ -61,13 +61,8 @@ def resume_validation(
         )
     child = failed_child_of_step(cp)
     if child is not None:
-        return builder.commit(
-            RunEvent.ATTEMPT_FAILED,
-            outcome=Outcome(
-                reason="ChildRunFailed",
-                message=f"child run {child.name} ended {child.outcome}: {child.reason}",
-            ),
-        )
+        outcome = child_failure(run.namespace, child)
+        return builder.commit(RunEvent.ATTEMPT_FAILED, outcome=outcome, detail=outcome.message)
     decided = decided_approval_of_step(cp)
     if decided is not None:
         return revalidate_approval(builder, run, planner, settings, decided, fresh_evidence)
