@@ -31,7 +31,7 @@ from bench.core import (
     list_runs,
     parked,
 )
-from durable_agents_testkit.operator_process import wait_for
+from durable_agents_testkit.eventually import Within, eventually
 from durable_agents_testkit.releases import materialize_release
 from durable_agents_testkit.scrape import free_port
 
@@ -47,7 +47,9 @@ def cold_start(env: Env, namespace: str, runs: int, name: str) -> float:
     started = time.perf_counter()
     op = env.operator(namespace, name, DURABLE_AGENTS_METRICS_PORT=str(port))
     try:
-        wait_for(lambda: parked(port) >= runs, 900, f"{runs} wake-ups armed by {name}", interval=0.1)
+        eventually(
+            lambda: parked(port) >= runs, 3 * Within.SETTLE, f"{runs} wake-ups armed by {name}", interval=0.1
+        )
         return time.perf_counter() - started
     finally:
         op.stop()

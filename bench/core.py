@@ -36,8 +36,9 @@ from durable_agents import __version__
 from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents_testkit.audit import read_audit
 from durable_agents_testkit.cluster import KubeEnv, install_crds
+from durable_agents_testkit.eventually import Within, eventually
 from durable_agents_testkit.localcluster.controlplane import LocalControlPlane
-from durable_agents_testkit.operator_process import OperatorProcess, wait_for
+from durable_agents_testkit.operator_process import OperatorProcess
 from durable_agents_testkit.refsystem import ReferenceSystemThread
 from durable_agents_testkit.scrape import free_port, metric, scrape
 
@@ -141,7 +142,7 @@ def states(env: Env, namespace: str) -> dict[str, int]:
 def await_states(
     env: Env, namespace: str, state: str, count: int, timeout: float, interval: float = 0.5
 ) -> None:
-    wait_for(
+    eventually(
         lambda: states(env, namespace).get(state, 0) >= count,
         timeout,
         f"{count} runs in {state} in {namespace}",
@@ -296,7 +297,7 @@ def bench_approval(env: Env, runs: int) -> list[float]:
                             return datetime.fromisoformat(h["at"])
                     return None
 
-                at = wait_for(decided, 60, "the approval to be committed", interval=0.01)
+                at = eventually(decided, Within.TAKEOVER, "the approval to be committed", interval=0.01)
                 latencies.append(max(0.0, (at - accepted).total_seconds()))
             await_states(env, namespace, "completed", runs, timeout=300)
             assert refsystem.duplicates() == [], refsystem.duplicates()
@@ -320,7 +321,7 @@ def bench_takeover(env: Env, lease: int) -> float:
 
     standby = env.operator(namespace, "standby", lease)
     try:
-        wait_for(lambda: version() >= 4, 60, "the holder to be mid-flight", interval=0.05)
+        eventually(lambda: version() >= 4, Within.TAKEOVER, "the holder to be mid-flight", interval=0.05)
         slow.kill()
         killed_at = time.perf_counter()
         seen = version()
@@ -328,9 +329,9 @@ def bench_takeover(env: Env, lease: int) -> float:
         def advanced() -> bool:
             body = env.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, "agentruns", "long")
             history = body["status"]["history"]
-            return body["status"]["stateVersion"] > seen and history[-1]["holder"] == standby.identity
+            return bool(body["status"]["stateVersion"] > seen and history[-1]["holder"] == standby.identity)
 
-        wait_for(advanced, lease * 4 + 30, "the standby to take over", interval=0.02)
+        eventually(advanced, lease * 4 + 30.0, "the standby to take over", interval=0.02)
         return time.perf_counter() - killed_at
     finally:
         standby.stop()
@@ -404,7 +405,7 @@ def bench_idle_and_cold_start(env: Env, runs: int, window: float) -> dict[str, A
     started = time.perf_counter()
     op = env.operator(namespace, "cold", DURABLE_AGENTS_METRICS_PORT=str(port))
     try:
-        wait_for(lambda: parked(port) >= runs, 600, f"{runs} wake-ups armed", interval=0.1)
+        eventually(lambda: parked(port) >= runs, 2 * Within.SETTLE, f"{runs} wake-ups armed", interval=0.1)
         cold = time.perf_counter() - started
         after_cold = idle_window(env, op, min(window, 30))
     finally:

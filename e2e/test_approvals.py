@@ -18,7 +18,8 @@ from kubernetes import client
 
 from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents_testkit.cluster import KubeEnv
-from durable_agents_testkit.operator_process import OperatorProcess, wait_for
+from durable_agents_testkit.eventually import Within, eventually
+from durable_agents_testkit.operator_process import OperatorProcess
 from durable_agents_testkit.refsystem import ReferenceSystemThread
 from durable_agents_testkit.runs import Runs, assert_history_is_gapless
 from durable_agents_testkit.scrape import free_port
@@ -36,7 +37,9 @@ def refsystem() -> Iterator[ReferenceSystemThread]:
 def people(kube: KubeEnv, namespace: str) -> dict[str, client.ApiClient]:
     """alice and carol may approve; bob may edit runs but not approve."""
     if kube.plane is None:
-        pytest.skip("mints users with the local control plane's client CA")
+        # The users' client certificates come from the plane's CA, and the API server must reach
+        # the operator's admission webhook on this host's loopback.
+        pytest.skip("needs the local control plane: its client CA, and the webhook on loopback")
     rbac = client.RbacAuthorizationV1Api(kube.api)
     roles = {
         "approver": ["get", "list", "create", "patch", "approve"],
@@ -96,6 +99,16 @@ def policy(runs: Runs, version: str = "v1", **freshness: Any) -> None:
         runs.custom.patch_namespaced_custom_object(
             GROUP, VERSION, runs.namespace, "agentpolicies", "payments", {"spec": spec}
         )
+
+
+def policy_known(op: OperatorProcess, runs: Runs, version: str) -> None:
+    """Wait until ``op`` has taken in ``version`` of the policy: its policy cache logs each version
+    it learns (the dispatcher's cache logs the same line, but only when it verifies an intent)."""
+    eventually(
+        lambda: op.logged(f"AgentPolicy {runs.namespace}/payments version {version} known"),
+        Within.COMMIT,
+        f"the operator to know policy {version}",
+    )
 
 
 def payment(url: str, read: str | None = None) -> dict[str, Any]:
@@ -160,7 +173,7 @@ def pending(runs: Runs, name: str) -> dict[str, Any]:
 def webhook_operator(start_operator: Callable[..., OperatorProcess]) -> Callable[..., OperatorProcess]:
     def start(name: str = "approvals", **env: str) -> OperatorProcess:
         op = start_operator(name, LEASE, DURABLE_AGENTS_WEBHOOK_PORT=str(free_port()), **env)
-        wait_for(lambda: "admission webhook serving" in op.log_tail(100), 30, "the admission webhook")
+        eventually(lambda: op.logged("admission webhook serving"), Within.COMMIT, "the admission webhook")
         return op
 
     return start
@@ -251,8 +264,10 @@ def test_an_expired_request_is_refused(
     op.stop()
     # Only the webhook now (no run workers), so the run stays parked past its expiry.
     webhook_operator("webhook-only", DURABLE_AGENTS_WORKERS="0")
-    wait_for(
-        lambda: runs.get(name)["status"]["approvalRequest"]["expiresAt"] < _now(), 10, "the request to expire"
+    eventually(
+        lambda: runs.get(name)["status"]["approvalRequest"]["expiresAt"] < _now(),
+        Within.MOMENT,
+        "the request to expire",
     )
     message = refused(people["alice"], runs, name, request["requestId"], request["digest"])
     assert f"approval request '{request['requestId']}' expired" in message
@@ -312,12 +327,12 @@ def test_evidence_changed_during_the_wait_asks_for_a_new_approval(
         readable_configmap, runs.namespace, {"data": {"maxSurge": "90%"}}
     )
     decide(people["alice"], runs, name, first["requestId"], first["digest"])
-    second = wait_for(
+    second = eventually(
         lambda: (
             (runs.get(name)["status"].get("approvalRequest") or {}).get("requestId") == "pay-2"
             and runs.get(name)["status"]["approvalRequest"]
         ),
-        60,
+        Within.TAKEOVER,
         "a new approval request after the evidence changed",
     )
     assert "evidence changed during the wait: ConfigMap/settings" in second["policyReason"]
@@ -335,18 +350,20 @@ def test_policy_changed_during_the_wait_is_handled_as_the_policy_says(
     refsystem: ReferenceSystemThread,
 ) -> None:
     policy(runs, version="v1")
-    webhook_operator()
+    op = webhook_operator()
     reapproved = runs.create(payment(refsystem.url), name="reapproved")
     request = pending(runs, reapproved)
     policy(runs, version="v2")  # a GitOps pipeline rolls out a new version (policyChanged: reapprove)
-    wait_for(lambda: runs.get("reapproved") and True, 1, "noop")
+    # The decision must find the operator knowing v2 (else it is decided under v1, a race the test
+    # would lose or win by chance).
+    policy_known(op, runs, "v2")
     decide(people["alice"], runs, reapproved, request["requestId"], request["digest"])
-    second = wait_for(
+    second = eventually(
         lambda: (
             (runs.get(reapproved)["status"].get("approvalRequest") or {}).get("policyVersion") == "v2"
             and runs.get(reapproved)["status"]["approvalRequest"]
         ),
-        60,
+        Within.TAKEOVER,
         "a new request under policy v2",
     )
     assert "policy changed from v1 to v2" in second["policyReason"]
@@ -354,9 +371,12 @@ def test_policy_changed_during_the_wait_is_handled_as_the_policy_says(
 
     # The same change, with a policy that calls it immaterial: the first approval still binds.
     policy(runs, version="v3", policyChanged="immaterial")
+    policy_known(op, runs, "v3")
     immaterial = runs.create(payment(refsystem.url), name="immaterial")
     request = pending(runs, immaterial)
+    assert request["policyVersion"] == "v3"
     policy(runs, version="v4", policyChanged="immaterial")
+    policy_known(op, runs, "v4")
     decide(people["alice"], runs, immaterial, request["requestId"], request["digest"])
     done = runs.wait_state(immaterial, "completed", timeout=60)
     assert [h["event"] for h in done["status"]["history"]].count("reapproval_required") == 0

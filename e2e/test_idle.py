@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections import Counter
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -12,7 +13,8 @@ import pytest
 
 from durable_agents_testkit.audit import count_by, read_audit
 from durable_agents_testkit.cluster import KubeEnv
-from durable_agents_testkit.operator_process import OperatorProcess, wait_for
+from durable_agents_testkit.eventually import Within, eventually
+from durable_agents_testkit.operator_process import OperatorProcess
 from durable_agents_testkit.runs import Runs
 
 OPERATOR_USER = "durable-agents-operator"
@@ -37,16 +39,17 @@ def test_parked_runs_cost_no_lease_and_no_requests_and_expire_on_time(
     if kube.plane is None:
         pytest.skip("counts requests in the local control plane's audit log")
     audit = kube.plane.audit_log_path
-    op = start_operator("idle", 15)
+    start_operator("idle", 15)
     started = datetime.now(UTC)
     names = [runs.create(parked_spec(), name=f"parked-{i:03d}") for i in range(PARKED)]
 
     def all_parked() -> bool:
-        return sum((r.get("status") or {}).get("state") == "waiting_input" for r in runs.all()) == PARKED
+        states = [(r.get("status") or {}).get("state") for r in runs.all()]
+        return states.count("waiting_input") == PARKED
 
-    wait_for(all_parked, 120, f"{PARKED} runs to park in waiting_input", interval=0.5)
+    eventually(all_parked, Within.RUN, f"{PARKED} runs to park in waiting_input", interval=0.5)
     parked_at = datetime.now(UTC)
-    wait_for(lambda: runs.leases() == [], 10, "parked runs to hold no Lease")
+    eventually(lambda: runs.leases() == [], Within.COMMIT, "parked runs to hold no Lease")
 
     # Writes per transition while parking (2 transitions each: accepted, input_requested).
     parking = read_audit(audit, user=OPERATOR_USER, since=started, until=parked_at)
@@ -78,7 +81,7 @@ def test_parked_runs_cost_no_lease_and_no_requests_and_expire_on_time(
         done = [r for r in items if (r.get("status") or {}).get("state") == "expired"]
         return done if len(done) == PARKED else None
 
-    expired = wait_for(all_expired, EXPIRES_IN + 60, f"{PARKED} runs to expire", interval=1)
+    expired = eventually(all_expired, EXPIRES_IN + 60.0, f"{PARKED} runs to expire", interval=1)
     lateness = []
     for run in expired:
         history = run["status"]["history"]
@@ -93,5 +96,15 @@ def test_parked_runs_cost_no_lease_and_no_requests_and_expire_on_time(
         f"expiry lateness over {PARKED} runs: p50 {statistics.median(lateness):.2f}s max {max(lateness):.2f}s"
     )
     assert max(lateness) < 10, "each run expires on time"
-    assert op.alive
-    assert names
+    assert sorted(r["metadata"]["name"] for r in expired) == names
+
+    # An expiry costs what any transition costs: one status write, and no Lease left behind.
+    eventually(lambda: runs.leases() == [], Within.COMMIT, "the expired runs' Leases to be released")
+
+    def expiry_writes() -> Counter[str] | None:
+        writes = count_by([e for e in read_audit(audit, user=OPERATOR_USER, since=window_end) if e.is_write])
+        return writes if writes["update agentruns/status"] >= PARKED else None
+
+    writes = eventually(expiry_writes, Within.MOMENT, f"{PARKED} expiries in the audit log")
+    print(f"expiring {PARKED} runs: all writes {dict(writes)}")
+    assert writes["update agentruns/status"] == PARKED, "exactly one status write per expiry"

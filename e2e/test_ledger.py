@@ -11,7 +11,8 @@ from kubernetes import client
 from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents.core.ledger import action_record_name, idempotency_key
 from durable_agents_testkit.cluster import KubeEnv
-from durable_agents_testkit.operator_process import OperatorProcess, wait_for
+from durable_agents_testkit.eventually import Within, eventually
+from durable_agents_testkit.operator_process import OperatorProcess
 from durable_agents_testkit.refsystem import ReferenceSystemThread
 from durable_agents_testkit.runs import Runs, assert_history_is_gapless
 from durable_agents_testkit.scrape import free_port, metric, scrape
@@ -71,7 +72,7 @@ def test_effect_is_applied_once_and_its_outcome_becomes_evidence(
     done = runs.wait_state(name, "completed", timeout=60)
     if kube.plane is not None:
         # Let the last Events and the Lease deletion land, then count the operator's writes.
-        wait_for(lambda: runs.leases() == [], 10, "the run's Lease to be released")
+        eventually(lambda: runs.leases() == [], Within.COMMIT, "the run's Lease to be released")
         writes = [
             e
             for e in read_audit(kube.plane.audit_log_path, user="durable-agents-operator", since=started)
@@ -254,7 +255,7 @@ def test_unknown_outcome_duration_is_observable(
     done = runs.wait_state(runs.create(http_effect_run(refsystem.url)), "completed", timeout=60)
     status = record_of(runs, key_of(done))["status"]
     assert status["outcomeUnknownSince"] <= status["finishedAt"]
-    text = wait_for(lambda: scrape(port), 10, "metrics")
+    text = eventually(lambda: scrape(port), Within.MOMENT, "metrics")
     assert metric(text, "durable_agents_unknown_outcome_seconds_count") == 1
     assert metric(text, 'durable_agents_action_dispatches_total{answer="Unknown",effect="http.post"}') == 1
     assert metric(text, 'durable_agents_action_queries_total{answer="Applied",effect="http.post"}') == 1

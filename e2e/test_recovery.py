@@ -7,14 +7,14 @@ step was committed twice, and who committed what, from the fencing epochs in the
 from __future__ import annotations
 
 import signal
-import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
-from durable_agents_testkit.operator_process import OperatorProcess, wait_for
+from durable_agents_testkit.eventually import Within, eventually
+from durable_agents_testkit.operator_process import OperatorProcess
 from durable_agents_testkit.runs import (
     EXPECTED_EVENTS,
     Runs,
@@ -26,21 +26,21 @@ LEASE = 2  # seconds; short so that takeovers are quick
 
 
 def drive_to_completion(
-    runs: Runs, name: str, timeout: float = 60, until: Callable[[], bool] = lambda: False
+    runs: Runs, name: str, within: float = Within.TAKEOVER, until: Callable[[], bool] = lambda: False
 ) -> dict[str, Any] | None:
     """Answer the question and deliver the event whenever the run waits for them.
 
     Returns the completed run, or None as soon as ``until()`` holds (e.g. the operator died).
     """
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+
+    def driven() -> tuple[dict[str, Any] | None] | None:
         if until():
-            return None
+            return (None,)
         run = runs.get(name)
         status = run.get("status") or {}
         state = status.get("state")
         if state == "completed":
-            return run
+            return (run,)
         if state in ("failed", "expired", "quarantined", "canceled"):
             raise AssertionError(f"run {name} ended {state}: {status.get('outcome')}")
         spec = run["spec"]
@@ -48,8 +48,12 @@ def drive_to_completion(
             runs.patch_spec(name, {"answers": {"confirm": "yes"}})
         if state == "waiting_external" and "window-open" not in spec.get("events", {}):
             runs.patch_spec(name, {"events": {"window-open": "now"}})
-        time.sleep(0.1)
-    raise TimeoutError(f"run {name} did not complete within {timeout}s: {runs.get(name).get('status')}")
+        return None
+
+    try:
+        return eventually(driven, within, f"run {name} to complete", interval=0.1)[0]
+    except TimeoutError as err:
+        raise TimeoutError(f"{err}: {runs.get(name).get('status')}") from None
 
 
 def holders(history: list[dict[str, Any]]) -> list[tuple[str, int]]:
@@ -64,7 +68,7 @@ def test_sigkill_at_every_commit_boundary(
         victim = start_operator(f"victim-{phase}{nth}", LEASE, DURABLE_AGENTS_TEST_KILL_AT=f"{phase}:{nth}")
         name = runs.create(read_ask_await_complete(readable_configmap), name=f"{phase}-{nth}")
         # Answer while the victim lives, so that every boundary is reached by it.
-        drive_to_completion(runs, name, timeout=30, until=lambda v=victim: not v.alive)  # type: ignore[misc]
+        drive_to_completion(runs, name, Within.COMMIT, until=lambda v=victim: not v.alive)  # type: ignore[misc]
         assert victim.wait_killed(60) == -signal.SIGKILL
 
         rescuer = start_operator(f"rescuer-{phase}{nth}", LEASE)
@@ -84,7 +88,7 @@ def test_sigkill_at_every_commit_boundary(
         assert len(cp["toolCalls"]) == 1
         assert cp["fencing"]["holder"] == history[-1]["holder"]
         # A Lease the victim left behind is reaped once expired: a finished run costs no Lease.
-        wait_for(lambda: runs.leases() == [], 30, "the victim's orphaned Lease to be reaped")
+        eventually(lambda: runs.leases() == [], Within.COMMIT, "the victim's orphaned Lease to be reaped")
         rescuer.stop()
 
 
@@ -102,11 +106,11 @@ def test_zombie_cannot_commit_after_takeover(
     # Freeze right before the 2nd commit (the read step): the zombie holds a computed step.
     zombie = start_operator("zombie", LEASE, DURABLE_AGENTS_TEST_STOP_AT="before:2")
     name = runs.create(spec)
-    wait_for(zombie.stopped, 30, "the zombie to freeze before its 2nd commit")
+    eventually(zombie.stopped, Within.COMMIT, "the zombie to freeze before its 2nd commit")
     stale = runs.get(name)
     # The new holder freezes right after its 1st write, which is the fencing write.
     rescuer = start_operator("rescuer", LEASE, DURABLE_AGENTS_TEST_STOP_AT="after:1")
-    wait_for(rescuer.stopped, 30, "the rescuer to fence the run and freeze")
+    eventually(rescuer.stopped, Within.COMMIT, "the rescuer to fence the run and freeze")
     fenced = runs.get(name)
     assert fenced["status"]["checkpoint"]["fencing"]["holder"] == rescuer.identity
     assert fenced["status"]["stateVersion"] == stale["status"]["stateVersion"] == 1, (
@@ -115,8 +119,8 @@ def test_zombie_cannot_commit_after_takeover(
     assert fenced["metadata"]["resourceVersion"] != stale["metadata"]["resourceVersion"]
 
     zombie.signal(signal.SIGCONT)  # wakes with its computed step and tries to commit it
-    wait_for(lambda: "refused (409" in zombie.log_tail(400), 30, "the zombie's commit to be refused")
-    wait_for(lambda: "moved on" in zombie.log_tail(400), 30, "the zombie to drop its stale epoch")
+    eventually(lambda: zombie.logged("refused (409"), Within.COMMIT, "the zombie's commit to be refused")
+    eventually(lambda: zombie.logged("moved on"), Within.COMMIT, "the zombie to drop its stale epoch")
     rescuer.signal(signal.SIGCONT)
     done = runs.wait_state(name, "completed", timeout=60)
 
@@ -133,13 +137,13 @@ def test_zombie_after_new_holder_committed_steps(
 ) -> None:
     zombie = start_operator("zombie", LEASE, DURABLE_AGENTS_TEST_STOP_AT="before:2")
     name = runs.create(read_ask_await_complete(readable_configmap))
-    wait_for(zombie.stopped, 30, "the zombie to freeze")
+    eventually(zombie.stopped, Within.COMMIT, "the zombie to freeze")
     rescuer = start_operator("rescuer", LEASE)
     parked = runs.wait_state(name, "waiting_input", timeout=30)
     zombie.signal(signal.SIGCONT)
-    wait_for(
-        lambda: "moved on" in zombie.log_tail(200) or "Conflict" in zombie.log_tail(200),
-        30,
+    eventually(
+        lambda: zombie.logged("moved on") or zombie.logged("Conflict"),
+        Within.COMMIT,
         "the zombie to notice",
     )
     assert runs.get(name)["metadata"]["resourceVersion"] == parked["metadata"]["resourceVersion"]
@@ -173,7 +177,7 @@ def test_two_operators_one_holder_at_a_time_and_takeover(
         return [n for n in held if any(h["holder"] == a.identity for h in history[n])]
 
     # Kill A while it holds the Lease of a run it is advancing.
-    held_by_a = wait_for(advancing_by_a, 30, "A to be advancing a run", interval=0.02)
+    held_by_a = eventually(advancing_by_a, Within.COMMIT, "A to be advancing a run", interval=0.02)
     a.kill()
     killed_at = datetime.now(UTC)
     done = {name: runs.wait_state(name, "completed", timeout=90) for name in names}

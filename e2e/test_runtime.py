@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from durable_agents_testkit.operator_process import OperatorProcess, wait_for
+from durable_agents_testkit.eventually import Within, eventually
+from durable_agents_testkit.operator_process import OperatorProcess
 from durable_agents_testkit.runs import (
     EXPECTED_EVENTS,
     Runs,
@@ -22,13 +23,13 @@ def test_run_pauses_without_a_lease_and_resumes_on_patch(
     parked = runs.wait_state(name, "waiting_input")
     assert parked["status"]["waitingFor"] == "input:confirm"
     # The worker deletes the Lease right after committing the wait.
-    wait_for(lambda: runs.leases() == [], 10, "the parked run's Lease to be released")
+    eventually(lambda: runs.leases() == [], Within.COMMIT, "the parked run's Lease to be released")
     waiting = {c["type"]: c for c in parked["status"]["conditions"]}["Waiting"]
     assert (waiting["status"], waiting["reason"]) == ("True", "WaitingInput")
 
     runs.patch_spec(name, {"answers": {"confirm": "yes"}})
     runs.wait_state(name, "waiting_external")
-    wait_for(lambda: runs.leases() == [], 10, "the run's Lease to be released")
+    eventually(lambda: runs.leases() == [], Within.COMMIT, "the run's Lease to be released")
     runs.patch_spec(name, {"events": {"window-open": "now"}})
     done = runs.wait_state(name, "completed")
 
@@ -50,7 +51,7 @@ def test_run_pauses_without_a_lease_and_resumes_on_patch(
     # An Event per notable transition (reason = the transition); routine ones are in the history only.
     reasons = sorted(e.reason for e in runs.events(name))
     assert reasons == ["Accepted", "InputRequested", "Succeeded"]
-    wait_for(lambda: runs.leases() == [], 10, "the run's Lease to be released")
+    eventually(lambda: runs.leases() == [], Within.COMMIT, "the run's Lease to be released")
 
 
 def test_read_as_a_service_account_without_permission_fails_with_the_reason(

@@ -24,7 +24,8 @@ import durable_agents
 from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents.core.ledger import action_record_name, idempotency_key
 from durable_agents.shell.leases import LeaseRecord
-from durable_agents_testkit.operator_process import OperatorProcess, wait_for
+from durable_agents_testkit.eventually import Within, eventually
+from durable_agents_testkit.operator_process import OperatorProcess
 from durable_agents_testkit.refsystem import ReferenceSystemThread
 from durable_agents_testkit.releases import Release, ReleaseUnavailable, materialize_release
 from durable_agents_testkit.runs import (
@@ -174,8 +175,10 @@ def test_old_operator_killed_mid_flight_new_operator_migrates_and_finishes_every
     runs.wait_state(awaiting, "waiting_external", timeout=30)
 
     busy = runs.create(many_reads_run(readable_configmap, 40), name="busy")
-    wait_for(
-        lambda: "step_completed" in events_of(runs.get(busy)), 30, "the old operator to be reading for busy"
+    eventually(
+        lambda: "step_completed" in events_of(runs.get(busy)),
+        Within.COMMIT,
+        "the old operator to be reading for busy",
     )
     # The effect is applied, then its answer is held back: the old dispatcher waits for it.
     refsystem.inject("slow", delay=60)
@@ -190,7 +193,9 @@ def test_old_operator_killed_mid_flight_new_operator_migrates_and_finishes_every
         except Exception:  # the record may not exist yet
             return False
 
-    wait_for(dispatch_in_flight, 30, "the old operator to be dispatching the effect", interval=0.02)
+    eventually(
+        dispatch_in_flight, Within.COMMIT, "the old operator to be dispatching the effect", interval=0.02
+    )
     old.kill()
     assert not old.alive
 
@@ -282,7 +287,9 @@ def test_old_operator_quarantines_new_checkpoints_untouched_and_new_operator_rel
         assert cp["schemaVersion"] == 2
         assert cp["runtimeConfig"]["operator"] == NEW_VERSION
     # A wait commit is followed by the Lease's release: stop only after it, or a Lease stays behind.
-    wait_for(lambda: runs.leases() == [], 10, "the new operator to release the waiting runs' Leases")
+    eventually(
+        lambda: runs.leases() == [], Within.COMMIT, "the new operator to release the waiting runs' Leases"
+    )
     new.stop()
     originals = {name: checkpoint_of(runs, name) for name in (retried, canceled)}
     stored = {name: canonical(cp) for name, cp in originals.items()}
@@ -307,7 +314,9 @@ def test_old_operator_quarantines_new_checkpoints_untouched_and_new_operator_rel
         assert canonical(status["checkpoint"]) == stored[name], (
             f"{name}: the old operator changed the checkpoint"
         )
-    wait_for(lambda: old_release_let_go(runs), 10, "the old operator to let go of the runs' Leases")
+    eventually(
+        lambda: old_release_let_go(runs), Within.COMMIT, "the old operator to let go of the runs' Leases"
+    )
     old.stop()
 
     newer = start_operator("new-again", LEASE)
@@ -322,7 +331,7 @@ def test_old_operator_quarantines_new_checkpoints_untouched_and_new_operator_rel
 
     # Retry: the new operator reads the checkpoint, releases the run, and it completes.
     runs.patch_spec(retried, {"retryQuarantine": "after-upgrade", "events": {"window-open": "now"}})
-    wait_for(lambda: runs.state(retried) != "quarantined", 30, f"{retried} to leave quarantine")
+    eventually(lambda: runs.state(retried) != "quarantined", Within.COMMIT, f"{retried} to leave quarantine")
     done = runs.wait_state(retried, "completed", "failed", "canceled", "quarantined", timeout=60)
     assert done["status"]["state"] == "completed", done["status"]
     assert done["status"]["quarantineRetried"] == "after-upgrade"
@@ -381,8 +390,12 @@ def test_a_run_quarantined_with_its_effect_in_flight_is_released_and_applies_it_
         except Exception:  # the record may not exist yet
             return False
 
-    wait_for(dispatch_in_flight, 30, "the new operator to be dispatching the effect", interval=0.02)
-    wait_for(lambda: runs.leases() == [], 10, "the new operator to release the waiting run's Lease")
+    eventually(
+        dispatch_in_flight, Within.COMMIT, "the new operator to be dispatching the effect", interval=0.02
+    )
+    eventually(
+        lambda: runs.leases() == [], Within.COMMIT, "the new operator to release the waiting run's Lease"
+    )
     new.kill()
     waiting = runs.get(paying)
     assert waiting["status"]["state"] == "waiting_external"
@@ -393,7 +406,9 @@ def test_a_run_quarantined_with_its_effect_in_flight_is_released_and_applies_it_
     quarantined = runs.wait_state(paying, "quarantined", "completed", "failed", timeout=30)
     assert quarantined["status"]["outcome"]["reason"] == "UnknownSchemaVersion"
     assert canonical(quarantined["status"]["checkpoint"]) == stored
-    wait_for(lambda: old_release_let_go(runs), 10, "the old operator to let go of the run's Lease")
+    eventually(
+        lambda: old_release_let_go(runs), Within.COMMIT, "the old operator to let go of the run's Lease"
+    )
     old.stop()
 
     start_operator("new-again", LEASE)
@@ -410,7 +425,7 @@ def test_a_run_quarantined_with_its_effect_in_flight_is_released_and_applies_it_
             return run  # quarantined again, by the new operator
         return None
 
-    done = wait_for(settled, 60, f"{paying} to settle after the retry", interval=0.1)
+    done = eventually(settled, Within.TAKEOVER, f"{paying} to settle after the retry", interval=0.1)
     status = done["status"]
     assert status["state"] == "completed", (status["state"], status.get("outcome"), events_of(done))
     assert refsystem.duplicates() == []

@@ -54,8 +54,9 @@ from durable_agents.core.ledger import idempotency_key
 from durable_agents_testkit.audit import AuditEntry, parse_audit_line
 from durable_agents_testkit.cluster import KubeEnv, install_crds
 from durable_agents_testkit.demo import operator_kubeconfig
+from durable_agents_testkit.eventually import Within, eventually
 from durable_agents_testkit.localcluster.controlplane import LocalControlPlane, find_repo_root
-from durable_agents_testkit.operator_process import OperatorProcess, wait_for
+from durable_agents_testkit.operator_process import OperatorProcess
 from durable_agents_testkit.scrape import free_port
 
 APPROVER = "bench-approver"
@@ -281,7 +282,8 @@ class DurableAgentsPeer(PeerSystem):
             lease_duration=self.lease_duration,
             env=operator_env,
         ).start()
-        wait_for(lambda: "admission webhook serving" in self.operator.log_tail(50), 60, "the webhook")
+        operator = self.operator
+        eventually(lambda: operator.logged("admission webhook serving"), Within.TAKEOVER, "the webhook")
         self.watch = RunWatch(api_client(Path(self.plane.kubeconfig_path), pool=2)).start()
         return {
             "versions": {
@@ -426,7 +428,7 @@ class DurableAgentsPeer(PeerSystem):
         # Let the last Lease deletions and Events land before counting. A Lease whose delete was
         # refused (409: renewed meanwhile) stays until the operator reaps it: reported, not awaited.
         with contextlib.suppress(TimeoutError):
-            wait_for(lambda: self._leases(ns) == 0, 5, "the runs' Leases to be released")
+            eventually(lambda: self._leases(ns) == 0, Within.MOMENT, "the runs' Leases to be released")
         leftover = self._leases(ns)
         writes = self._settled_writes(ns, window_start, audit_offset)
         op_after = _metrics(

@@ -7,14 +7,16 @@ cluster, tests that need it use impersonation instead.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
+
+from durable_agents_testkit.eventually import Within, eventually
 
 if TYPE_CHECKING:
     from durable_agents_testkit.localcluster.controlplane import LocalControlPlane
@@ -51,7 +53,7 @@ class KubeEnv:
         return client.CustomObjectsApi(api or self.api)
 
 
-def install_crds(api: client.ApiClient, crd_dir: Path, timeout: float = 60.0) -> list[str]:
+def install_crds(api: client.ApiClient, crd_dir: Path, timeout: float = Within.TAKEOVER) -> list[str]:
     """Create or replace every CRD in crd_dir and wait until each is Established."""
     ext = client.ApiextensionsV1Api(api)
     names: list[str] = []
@@ -67,29 +69,33 @@ def install_crds(api: client.ApiClient, crd_dir: Path, timeout: float = 60.0) ->
             current = ext.read_custom_resource_definition(name)
             body["metadata"]["resourceVersion"] = current.metadata.resource_version
             ext.replace_custom_resource_definition(name, body)
-    deadline = time.monotonic() + timeout
     pending = set(names)
-    while pending:
+
+    def established() -> bool:
         for name in list(pending):
             crd = ext.read_custom_resource_definition(name)
             conds = {c.type: c.status for c in (crd.status.conditions or [])}
             if conds.get("Established") == "True" and conds.get("NamesAccepted") == "True":
                 pending.discard(name)
-        if not pending:
-            break
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"CRDs not established within {timeout}s: {sorted(pending)}")
-        time.sleep(0.1)  # polling a condition with a deadline, not a fixed wait
+        return not pending
+
+    try:
+        eventually(established, timeout, "the CRDs to be established", interval=0.1)
+    except TimeoutError:
+        raise TimeoutError(f"CRDs not established within {timeout}s: {sorted(pending)}") from None
     # Discovery can lag establishment by a moment; wait until the resources are served.
     custom = client.CustomObjectsApi(api)
-    for name in names:
+
+    def served(name: str) -> bool:
         plural, group = name.split(".", 1)
-        while True:
-            try:
-                custom.list_cluster_custom_object(group, "v1alpha1", plural, limit=1)
-                break
-            except ApiException as err:
-                if err.status != 404 or time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
+        try:
+            custom.list_cluster_custom_object(group, "v1alpha1", plural, limit=1)
+        except ApiException as err:
+            if err.status != 404:
+                raise
+            return False
+        return True
+
+    for name in names:
+        eventually(partial(served, name), timeout, f"{name} to be served", interval=0.1)
     return names

@@ -26,8 +26,9 @@ import yaml
 from kubernetes import client
 
 from durable_agents_testkit.cluster import KubeEnv, install_crds
+from durable_agents_testkit.eventually import Within, eventually
 from durable_agents_testkit.localcluster.controlplane import LocalControlPlane, find_repo_root
-from durable_agents_testkit.operator_process import OperatorProcess, wait_for
+from durable_agents_testkit.operator_process import OperatorProcess
 from durable_agents_testkit.runs import Runs
 
 OPERATOR_USER = "durable-agents-operator"
@@ -227,7 +228,7 @@ def main() -> int:
             env=extra,
         ).start()
         if env.plane is not None:
-            wait_for(lambda: "admission webhook serving" in op.log_tail(50), 30, "the admission webhook")
+            eventually(lambda: op.logged("admission webhook serving"), Within.COMMIT, "the admission webhook")
         say(f"    operator {op.identity} (pid {op.pid}) is watching namespace {ns}")
         try:
             runs = Runs(env, ns)

@@ -6,29 +6,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
 
+from durable_agents_testkit.eventually import Within, eventually
 from durable_agents_testkit.keys import keyring_env
 
-T = TypeVar("T")
-
 READY_LINE = "durable-agents worker"
-
-
-def wait_for(predicate: Callable[[], T | None], timeout: float, what: str, interval: float = 0.05) -> T:
-    """Poll until ``predicate`` returns a truthy value; TimeoutError naming ``what`` otherwise."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(interval)
 
 
 class OperatorProcess:
@@ -62,11 +46,11 @@ class OperatorProcess:
         }
 
     def await_ready(self, timeout: float) -> None:
-        wait_for(lambda: self._ready_or_dead(), timeout, f"operator {self.identity} to start")
+        eventually(self._ready_or_dead, timeout, f"operator {self.identity} to start")
         if not self.alive:
             raise RuntimeError(f"operator {self.identity} exited at start:\n{self.log_tail()}")
 
-    def start(self, timeout: float = 60.0) -> OperatorProcess:
+    def start(self, timeout: float = Within.TAKEOVER) -> OperatorProcess:
         env = self.environment()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
@@ -132,6 +116,10 @@ class OperatorProcess:
                 self.wait_exit(15)
             except subprocess.TimeoutExpired:
                 self.kill()
+
+    def logged(self, text: str, times: int = 1) -> bool:
+        """Whether ``text`` appears in this process's log so far (at least ``times`` times)."""
+        return self.log_path.exists() and self.log_path.read_text().count(text) >= times
 
     def log_tail(self, lines: int = 40) -> str:
         if not self.log_path.exists():

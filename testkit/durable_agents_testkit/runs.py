@@ -9,7 +9,7 @@ from kubernetes import client
 
 from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents_testkit.cluster import KubeEnv
-from durable_agents_testkit.operator_process import wait_for
+from durable_agents_testkit.eventually import Within, eventually
 
 
 class Runs:
@@ -51,7 +51,7 @@ class Runs:
             GROUP, VERSION, self.namespace, "agentruns", name, {"spec": spec}
         )
 
-    def wait_state(self, name: str, *states: str, timeout: float = 60) -> dict[str, Any]:
+    def wait_state(self, name: str, *states: str, timeout: float = Within.TAKEOVER) -> dict[str, Any]:
         def reached() -> dict[str, Any] | None:
             try:
                 run = self.get(name)
@@ -62,7 +62,7 @@ class Runs:
             return run if (run.get("status") or {}).get("state") in states else None
 
         try:
-            return wait_for(reached, timeout, f"run {name} to reach {states}", interval=0.1)
+            return eventually(reached, timeout, f"run {name} to reach {states}", interval=0.1)
         except TimeoutError as err:
             try:
                 status = self.get(name).get("status") or {}

@@ -12,9 +12,8 @@ import json
 import os
 import subprocess
 import sys
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,6 +21,7 @@ from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
 from durable_agents_testkit.cluster import KubeEnv
+from durable_agents_testkit.eventually import Within, eventually
 from durable_agents_testkit.localcluster.controlplane import ControlPlaneError, LocalControlPlane
 
 pytestmark = [
@@ -49,14 +49,6 @@ def process_gone(pid: int) -> bool:
     except FileNotFoundError:
         return True
     return stat[stat.rindex(")") + 2] in "ZX"
-
-
-def wait_for(condition: Callable[[], bool], timeout: float = 60.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.1)
 
 
 @pytest.fixture
@@ -149,7 +141,7 @@ def test_plane_restarts_keep_data_collects_garbage_and_stop_leaves_no_process(bi
                 return bool(err.status == 404)
             return False
 
-        wait_for(child_gone, what="garbage collection of the child ConfigMap")
+        eventually(child_gone, Within.TAKEOVER, "garbage collection of the child ConfigMap", interval=0.1)
         all_pids = {*pids.values(), *plane.pids.values()}
     finally:
         plane.stop()
@@ -190,7 +182,7 @@ def test_a_component_that_never_gets_ready_times_out_and_its_whole_group_is_kill
     leader = plane.pids["etcd"]
     child = int(child_pid_file.read_text())
     assert process_gone(leader)
-    wait_for(lambda: process_gone(child), timeout=10, what="the component's child process to exit")
+    eventually(lambda: process_gone(child), Within.MOMENT, "the component's child process to exit")
 
 
 # -- the detached CLI ------------------------------------------------------------------------

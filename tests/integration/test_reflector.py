@@ -4,7 +4,7 @@ expired resourceVersion by listing again."""
 from __future__ import annotations
 
 import asyncio
-import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from test_run_leases import agent_run
@@ -13,6 +13,7 @@ from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents.shell.kube import Kube
 from durable_agents.shell.reflector import RunReflector
 from durable_agents_testkit.cluster import KubeEnv
+from durable_agents_testkit.eventually import Within, eventually_async
 
 Seen = list[tuple[str | None, str, str]]
 
@@ -26,12 +27,14 @@ def recorder() -> tuple[Seen, Any]:
     return seen, deliver
 
 
-async def until(predicate: Any, seconds: float, what: str) -> None:
-    deadline = time.monotonic() + seconds
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {seconds:.0f}s waiting for {what}")
-        await asyncio.sleep(0.02)
+def polled(condition: Callable[[], bool]) -> Callable[[], Awaitable[bool]]:
+    """A plain condition as the predicate of :func:`eventually_async` (the reflector runs on this
+    event loop: the wait must not block it)."""
+
+    async def holds() -> bool:
+        return condition()
+
+    return holds
 
 
 async def test_lists_in_pages_then_watches_every_change_in_order(kube: KubeEnv, namespace: str) -> None:
@@ -49,7 +52,9 @@ async def test_lists_in_pages_then_watches_every_change_in_order(kube: KubeEnv, 
             GROUP, VERSION, namespace, "agentruns", "after", {"spec": {"answers": {"confirm": "yes"}}}
         )
         custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, "agentruns", "before-0")
-        await until(lambda: len(seen) >= 8, 30, "the watch to deliver three changes")
+        await eventually_async(
+            polled(lambda: len(seen) >= 8), Within.COMMIT, "the watch to deliver three changes", interval=0.02
+        )
         assert [(kind, name) for kind, name, _ in seen[5:]] == [
             ("ADDED", "after"),
             ("MODIFIED", "after"),
@@ -71,9 +76,19 @@ async def test_an_expired_resource_version_lists_again_and_loses_nothing(
     reflector._version = "1"  # as if resuming long after the history was compacted: 410 Gone
     reflector.start()
     try:
-        await until(lambda: reflector.lists >= 1, 30, "the reflector to list again after 410 Gone")
+        await eventually_async(
+            polled(lambda: reflector.lists >= 1),
+            Within.COMMIT,
+            "the reflector to list again after 410 Gone",
+            interval=0.02,
+        )
         assert "existing" in {name for kind, name, _ in seen if kind is None}, seen
         agent_run(kube, namespace, "later")
-        await until(lambda: any(name == "later" for _, name, _ in seen), 30, "the resumed watch")
+        await eventually_async(
+            polled(lambda: any(name == "later" for _, name, _ in seen)),
+            Within.COMMIT,
+            "the resumed watch",
+            interval=0.02,
+        )
     finally:
         await asyncio.wait_for(reflector.stop(), 10)

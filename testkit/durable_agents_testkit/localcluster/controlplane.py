@@ -46,6 +46,7 @@ from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from durable_agents.shell.certs import KeyPair, issue_leaf
+from durable_agents_testkit.eventually import eventually
 from durable_agents_testkit.localcluster.certs import ClusterPKI, PKIPaths, write_file
 
 ETCD = "etcd"
@@ -250,18 +251,17 @@ class ManagedProcess:
                 os.killpg(self.pid, sig)
 
     def _wait_gone(self, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
         if self.popen is not None:
             try:
                 self.popen.wait(timeout)
             except subprocess.TimeoutExpired:
                 return False
             return True
-        while time.monotonic() < deadline:
-            if not self.alive():
-                return True
-            time.sleep(_POLL_INTERVAL)
-        return not self.alive()
+        try:
+            eventually(lambda: not self.alive(), timeout, f"{self.name} to exit", interval=_POLL_INTERVAL)
+        except TimeoutError:
+            return False
+        return True
 
     def terminate(self, *, graceful: bool = True) -> None:
         """SIGTERM (unless not ``graceful``), a bounded wait, then SIGKILL; raises if it survives."""
@@ -937,9 +937,10 @@ class LocalControlPlane:
     ) -> None:
         proc = self._processes[name]
         budget = self.startup_timeout if timeout is None else timeout
-        deadline = time.monotonic() + budget
         last = "no answer yet"
-        while True:
+
+        def ready() -> bool:
+            nonlocal last
             if not proc.alive():
                 raise ControlPlaneError(
                     f"{name} exited with code {proc.exit_code()} before becoming ready; "
@@ -949,14 +950,15 @@ class LocalControlPlane:
                 ok, last = probe()
             except (OSError, ValueError, http.client.HTTPException) as err:
                 ok, last = False, f"{type(err).__name__}: {err}"
-            if ok:
-                return
-            if time.monotonic() >= deadline:
-                raise TimeoutError(
-                    f"{name} not ready after {budget:.0f}s (last probe: {last}); "
-                    f"log {proc.log_path}:\n{_tail(proc.log_path)}"
-                )
-            time.sleep(_POLL_INTERVAL)
+            return ok
+
+        try:
+            eventually(ready, budget, f"{name} to be ready", interval=_POLL_INTERVAL)
+        except TimeoutError:
+            raise TimeoutError(
+                f"{name} not ready after {budget:.0f}s (last probe: {last}); "
+                f"log {proc.log_path}:\n{_tail(proc.log_path)}"
+            ) from None
 
     def _wait_etcd(self, timeout: float | None = None) -> None:
         url = self.etcd_url + "/health"
