@@ -41,6 +41,7 @@ from kubernetes.client.rest import ApiException
 
 import durable_agents
 from durable_agents.api.v1alpha1 import GROUP, VERSION
+from durable_agents.core.checkpoint import CURRENT_SCHEMA_VERSION
 from durable_agents_testkit.chaos import (
     DONE,
     READ,
@@ -788,7 +789,7 @@ def test_deployment_upgrade(lab: Lab, old_release: Release) -> None:
         assert run["status"]["state"] == "completed", (run["metadata"]["name"], run["status"].get("outcome"))
         cp = run["status"]["checkpoint"]
         if run["status"]["history"][-1]["holder"] == new.identity:  # else it ended under the old one
-            assert cp["schemaVersion"] == 2, f"{run['metadata']['name']} not migrated"
+            assert cp["schemaVersion"] == CURRENT_SCHEMA_VERSION, f"{run['metadata']['name']} not migrated"
             assert cp["runtimeConfig"].get("operator") == durable_agents.__version__
         assert_history_consistent(run)
 

@@ -22,6 +22,7 @@ import pytest
 
 import durable_agents
 from durable_agents.api.v1alpha1 import GROUP, VERSION
+from durable_agents.core.checkpoint import CURRENT_SCHEMA_VERSION
 from durable_agents.core.ledger import action_record_name, idempotency_key
 from durable_agents.shell.leases import LeaseRecord
 from durable_agents_testkit.eventually import Within, eventually
@@ -48,6 +49,7 @@ CANCEL_BOOKKEEPING = {
     "fencing.leaseTransitions",
     "timestamps.updatedAt",
     "timestamps.enteredStateAt",
+    "integrity",  # the checkpoint's stamp changes with every commit
 }
 EFFECT_EVENTS = ["accepted", "external_awaited", "external_received", "revalidated", "succeeded"]
 
@@ -140,7 +142,9 @@ def record_of(runs: Runs, key: str) -> dict[str, Any]:
 def assert_migrated(run: dict[str, Any]) -> None:
     cp = run["status"]["checkpoint"]
     name = run["metadata"]["name"]
-    assert cp["schemaVersion"] == 2, f"{name}: checkpoint still at schemaVersion {cp['schemaVersion']}"
+    assert cp["schemaVersion"] == CURRENT_SCHEMA_VERSION, (
+        f"{name}: still at schemaVersion {cp['schemaVersion']}"
+    )
     assert "attempt" not in cp, f"{name}: attempt not migrated: {cp}"
     assert "attempts" in cp["retry"], f"{name}: attempt not migrated: {cp}"
     assert cp["runtimeConfig"].get("operator") == NEW_VERSION, f"{name}: {cp['runtimeConfig']}"
@@ -284,7 +288,7 @@ def test_old_operator_quarantines_new_checkpoints_untouched_and_new_operator_rel
     for name in (retried, canceled):
         runs.wait_state(name, "waiting_input", timeout=30)
         cp = checkpoint_of(runs, name)
-        assert cp["schemaVersion"] == 2
+        assert cp["schemaVersion"] == CURRENT_SCHEMA_VERSION
         assert cp["runtimeConfig"]["operator"] == NEW_VERSION
     # A wait commit is followed by the Lease's release: stop only after it, or a Lease stays behind.
     eventually(
@@ -302,7 +306,7 @@ def test_old_operator_quarantines_new_checkpoints_untouched_and_new_operator_rel
         status = run["status"]
         assert status["state"] == "quarantined", f"{name}: the old operator acted on a v2 checkpoint"
         assert status["outcome"]["reason"] == "UnknownSchemaVersion", status["outcome"]
-        assert "schemaVersion 2" in status["outcome"]["message"]
+        assert f"schemaVersion {CURRENT_SCHEMA_VERSION}" in status["outcome"]["message"]
         quarantined = {c["type"]: c for c in status["conditions"]}["Quarantined"]
         assert (quarantined["status"], quarantined["reason"]) == ("True", "UnknownSchemaVersion")
         last = status["history"][-1]

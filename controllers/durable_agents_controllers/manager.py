@@ -90,7 +90,10 @@ class Manager:
         # Dispatchers may run as a separate deployment: "off" leaves intents to another process.
         if config.dispatcher:
             self._dispatcher = Dispatcher(
-                self.kube, DispatcherConfig(identity=config.identity, timeout=config.dispatch_timeout)
+                self.kube,
+                DispatcherConfig(
+                    identity=config.identity, timeout=config.dispatch_timeout, keyring=config.keyring
+                ),
             )
             self._dispatcher.start()
         log.info("durable-agents worker %s started (lease %ss)", config.identity, config.lease_duration)

@@ -1,8 +1,10 @@
-"""The admission webhook served by the operator: identity stamping and approval authority.
+"""The admission webhook served by the operator: identity and stamps, append-only requests, and
+the authority of every request (the rules: :mod:`durable_agents.shell.admission`).
 
-Registered only when the configuration gives it a port. The operator makes its own TLS
-certificate, serves on the configured host, and registers Mutating/ValidatingWebhookConfigurations
-with failurePolicy Fail: with the operator down, approvals are refused, never silently accepted.
+Registered only when the configuration gives it a port. It runs in the operator's process and
+stamps with the operator's keyring, which is what the engine verifies. The operator makes its own
+TLS certificate, serves on the configured host, and registers Mutating/ValidatingWebhookConfigurations
+with failurePolicy Fail: with the operator down, requests are refused, never silently accepted.
 """
 
 from __future__ import annotations
@@ -49,27 +51,30 @@ def register(registry: kopf.OperatorRegistry, manager: Manager) -> None:
         operation, old = str(kwargs.get("operation")), kwargs.get("old")
         user = admission.identity_of(dict(userinfo))
         stamped = admission.stamps(
-            operation, dict(body), dict(old) if old is not None else None, user, datetime.now(UTC)
+            operation,
+            dict(body),
+            dict(old) if old is not None else None,
+            user,
+            datetime.now(UTC),
+            manager.config.keyring,
         )
         for field, value in stamped.items():
             patch.spec[field] = value
 
     async def check_approvals(body: kopf.Body, userinfo: kopf.UserInfo, **kwargs: Any) -> None:
         operation, old = str(kwargs.get("operation")), kwargs.get("old")
-        if operation != "UPDATE":
+        new, user, keyring = dict(body), admission.identity_of(dict(userinfo)), manager.config.keyring
+        if operation == "CREATE":
+            reason = await admission.check_create(manager.kube, new, user, keyring)
+        elif operation == "UPDATE":
+            spec = AgentRunSpec.model_validate(new.get("spec") or {})
+            policy = None
+            if spec.policy_ref is not None:
+                policy = manager.worker.policies.get((body.metadata.namespace or "", spec.policy_ref.name))
+            previous = dict(old) if old is not None else None
+            reason = await admission.check_update(manager.kube, new, previous, user, policy, keyring)
+        else:
             return
-        new = dict(body)
-        spec = AgentRunSpec.model_validate(new.get("spec") or {})
-        policy = None
-        if spec.policy_ref is not None:
-            policy = manager.worker.policies.get((body.metadata.namespace or "", spec.policy_ref.name))
-        reason = await admission.check_update(
-            manager.kube,
-            new,
-            dict(old) if old is not None else None,
-            admission.identity_of(dict(userinfo)),
-            policy,
-        )
         if reason is not None:
             raise kopf.AdmissionError(reason, code=403)
 

@@ -9,7 +9,17 @@
 
 approve/reject read the pending approval request from the run's status and send the decision
 (request ID + digest) as a patch on spec.approvals. Who you are is decided by the API server, and
-whether you may approve by Kubernetes RBAC (the admission webhook asks a SubjectAccessReview).
+what you may do by Kubernetes RBAC: the operator's admission webhook asks a SubjectAccessReview
+for each kind of request, on the run (agentruns/NAME), and a refusal names the missing verb:
+
+    approve, reject    the policy's verb (default "approve")
+    cancel             "cancel"
+    retry              "retry"
+    answers, events    "answer"  (kubectl patch ... spec.answers / spec.events)
+
+Creating a run needs verb "use" on the ServiceAccount it names (serviceaccounts/NAME, core group):
+the run acts as it. Requests are stamped by the webhook; the operator acts on nothing else, and
+a request once made cannot be changed or withdrawn.
 """
 
 from __future__ import annotations
@@ -108,6 +118,7 @@ def describe(run: dict[str, Any]) -> str:
             f"  digest:      {request['digest']}",
             f"  reason:      {request['policyReason']}",
             f"  approver:    {request['approverRole']}",
+            f"  runs as:     serviceaccount {request.get('serviceAccount', '-')}",
             f"  expires at:  {request['expiresAt']}",
             f"  decisions:   {', '.join(request['allowedDecisions'])}",
         ]
@@ -123,6 +134,8 @@ def describe(run: dict[str, Any]) -> str:
             )
         for step in cancellation.get("proposedCompensations", []):
             lines.append(f"  proposed compensation: step {step}")
+    for refused in status.get("refusedRequests", []):
+        lines.append(f"Refused:     {refused['field']}[{refused['key']}] ({refused['reason']})")
     if status.get("outcome"):
         lines.append(
             f"Outcome:     {status['outcome'].get('reason')}: {status['outcome'].get('message', '')}"

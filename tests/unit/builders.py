@@ -17,9 +17,14 @@ from durable_agents.api.v1alpha1 import (
     ActionTier,
     AgentPolicySpec,
     AgentRunStatus,
+    ApprovalDecision,
+    CancelRequest,
     Condition,
+    ControlRequest,
+    Identity,
 )
 from durable_agents.api.v1alpha1.states import RunState
+from durable_agents.core.authority import stamp_cancellation, stamp_creator, stamp_decision, stamp_retry
 from durable_agents.core.checkpoint import Checkpoint, Fencing, KubernetesEvidenceRef, Loaded, load_checkpoint
 from durable_agents.core.digest import canonical_digest
 from durable_agents.core.engine import (
@@ -36,9 +41,15 @@ from durable_agents.core.engine import (
 )
 from durable_agents.core.ledger import action_record_name
 from durable_agents.core.planner import ScriptedPlanner
+from durable_agents.core.sealing import Keyring
 from durable_agents.core.statemachine import TRANSITIONS, RunEvent
 
 T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
+
+# The operator's keys in the engine's tests: what stamps the runs' ServiceAccounts (new_run), and
+# what a test's Settings(keyring=...) verifies them with.
+KEYRING = Keyring(keys={"k2030": bytes(range(32))}, active_key_id="k2030")
+CREATOR = Identity(username="alice", groups=["editors"])
 
 EPOCH = Fencing(holder="worker-a", lease_transitions=3)
 
@@ -89,7 +100,15 @@ def iso(moment: datetime) -> str:
 
 
 def new_run(**spec: Any) -> dict[str, Any]:
-    """An AgentRun as the API server returns it right after creation (no status yet)."""
+    """An AgentRun as the API server returns it right after creation (no status yet), created
+    through the admission webhook: ``createdBy`` carries the stamp of :data:`KEYRING` that lets the
+    run act as its ServiceAccount (pass ``createdBy`` to say otherwise, ``None`` for none)."""
+    body: dict[str, Any] = {"taskType": "unit", "objective": "exercise the engine", **spec}
+    if "createdBy" not in body:
+        sa = body.get("serviceAccountName", "default")
+        body["createdBy"] = stamp_creator(KEYRING, "team-a", "run-1", sa, CREATOR)
+    elif body["createdBy"] is None:
+        del body["createdBy"]
     return {
         "apiVersion": "durable-agents.io/v1alpha1",
         "kind": "AgentRun",
@@ -100,7 +119,7 @@ def new_run(**spec: Any) -> dict[str, Any]:
             "generation": 1,
             "resourceVersion": "100",
         },
-        "spec": {"taskType": "unit", "objective": "exercise the engine", **spec},
+        "spec": body,
     }
 
 
@@ -143,9 +162,43 @@ def patch_spec(obj: dict[str, Any], **fields: Any) -> dict[str, Any]:
     return out
 
 
-def cancel(obj: dict[str, Any], requests: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """A user adds cancellation requests (the webhook would stamp requestedBy/requestedAt)."""
+def _run_id(obj: dict[str, Any]) -> str:
+    return str((obj.get("status") or {}).get("runId") or obj["metadata"]["uid"])
+
+
+def cancel(
+    obj: dict[str, Any], requests: dict[str, dict[str, Any]], *, stamped: bool = True
+) -> dict[str, Any]:
+    """A user adds cancellation requests, through the admission webhook (``requestedBy``,
+    ``requestedAt`` and the stamp of :data:`KEYRING`) unless not ``stamped``."""
+    if stamped:
+        requests = {
+            request_id: _stamped_cancellation(obj, request_id, request)
+            for request_id, request in requests.items()
+        }
     return patch_spec(obj, cancellations={**obj["spec"].get("cancellations", {}), **requests})
+
+
+def _stamped_cancellation(obj: dict[str, Any], request_id: str, request: dict[str, Any]) -> dict[str, Any]:
+    parsed = CancelRequest.model_validate({"requestedBy": CREATOR.wire(), "requestedAt": iso(T0), **request})
+    return {**parsed.wire(), "stamp": stamp_cancellation(KEYRING, _run_id(obj), request_id, parsed)}
+
+
+def decision(
+    obj: dict[str, Any], request_id: str, digest: str, verdict: str = "approve", *, by: str = "carol"
+) -> dict[str, Any]:
+    """``spec.approvals[request_id]`` as the admission webhook writes it: approver, time, stamp."""
+    parsed = ApprovalDecision.model_validate(
+        {"digest": digest, "decision": verdict, "approver": {"username": by}, "decidedAt": iso(T0)}
+    )
+    return {**parsed.wire(), "stamp": stamp_decision(KEYRING, _run_id(obj), request_id, parsed)}
+
+
+def retry_request(obj: dict[str, Any], token: str) -> dict[str, Any]:
+    """The spec fields of a quarantine retry as the admission webhook writes them (to ``update``)."""
+    request = ControlRequest(requested_by=CREATOR, requested_at=T0)
+    stamped = {**request.wire(), "stamp": stamp_retry(KEYRING, _run_id(obj), token, request)}
+    return {"retryQuarantine": token, "retryQuarantineRequest": stamped}
 
 
 # --- steps of a run's spec -----------------------------------------------------------------------

@@ -9,7 +9,7 @@ import json
 import re
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 import pytest
 from hypothesis import given, settings
@@ -36,13 +36,18 @@ from durable_agents.core.checkpoint import (
     Timestamps,
     ToolCallRecord,
     dump_checkpoint,
+    integrity_payload,
     load_checkpoint,
     migrate_v1_to_v2,
+    migrate_v2_to_v3,
     seal_field,
+    stamp_checkpoint,
     unseal_field,
+    verify_integrity,
     verify_sealed,
 )
 from durable_agents.core.sealing import Keyring, SealedField, UndecryptableError
+from durable_agents.core.stamps import Purpose, stamp
 
 pytestmark = pytest.mark.unit
 
@@ -195,7 +200,7 @@ def test_dump_is_camel_case_and_omits_none() -> None:
     assert not [key for key in keys if "_" in key]
     assert "decision" not in raw["approvals"][0]  # None is omitted, not stored as null
     assert "pendingInput" not in raw
-    assert raw["schemaVersion"] == CURRENT_SCHEMA_VERSION == 2
+    assert raw["schemaVersion"] == CURRENT_SCHEMA_VERSION == 3
     assert raw["timestamps"]["createdAt"] == "2025-03-04T09:00:00Z"
 
 
@@ -279,6 +284,7 @@ def _set(path: str, value: Any) -> Any:
     ("mutate", "named"),
     [
         (_set("position.stateVersion", -1), "position.stateVersion"),
+        (_set("position.stateVersion", 2**53), "position.stateVersion"),  # beyond what JSON carries exactly
         (_set("position.step", "next"), "position.step"),
         (_set("approvals[0].digest", "sha256:abc"), "approvals[0].digest"),
         (_set("inputRefs[0].contentDigest", "md5:" + "0" * 32), "inputRefs[0].kubernetes.contentDigest"),
@@ -333,14 +339,8 @@ def test_duplicate_idempotency_keys_are_refused() -> None:
 # --- migrations ------------------------------------------------------------------------------
 
 
-class _CheckpointV3(Checkpoint):
-    """Stands in for a future schema version 3 of the contract."""
-
-    schema_version: Literal[3] = 3  # type: ignore[assignment]
-
-
 def test_the_registry_migrates_every_older_version() -> None:
-    assert CURRENT_SCHEMA_VERSION == 2
+    assert CURRENT_SCHEMA_VERSION == 3
     assert set(MIGRATIONS) == set(range(1, CURRENT_SCHEMA_VERSION))
 
 
@@ -383,11 +383,11 @@ def test_migration_chain_runs_in_order() -> None:
 
     raw = _raw_v1()
     before = copy.deepcopy(raw)
-    result = load_checkpoint(raw, migrations={2: two_to_three, 1: one_to_two}, current=3, model=_CheckpointV3)
+    result = load_checkpoint(raw, migrations={2: two_to_three, 1: one_to_two}, current=3, model=Checkpoint)
     loaded = _loaded(result)
     assert calls == [1, 2]
     assert loaded.migrated_from == 1
-    assert isinstance(loaded.checkpoint, _CheckpointV3)
+    assert isinstance(loaded.checkpoint, Checkpoint)
     assert loaded.checkpoint.retry.attempts == 1 * 10 + 1  # in the opposite order: (1 + 1) * 10
     assert raw == before  # one_to_two popped from its argument: a copy, never the stored mapping
 
@@ -403,9 +403,7 @@ def test_a_checkpoint_already_at_a_middle_version_runs_only_the_rest() -> None:
         return migrate
 
     raw = {**_raw(), "schemaVersion": 2}
-    loaded = _loaded(
-        load_checkpoint(raw, migrations={1: step(1), 2: step(2)}, current=3, model=_CheckpointV3)
-    )
+    loaded = _loaded(load_checkpoint(raw, migrations={1: step(1), 2: step(2)}, current=3, model=Checkpoint))
     assert calls == [2]
     assert loaded.migrated_from == 2
 
@@ -418,7 +416,7 @@ def test_a_raising_migration_is_quarantined_and_leaves_the_input_alone() -> None
     raw = _raw_v1()
     before = copy.deepcopy(raw)
     quarantine = _quarantined(
-        load_checkpoint(raw, migrations={1: broken}, current=2, model=_CheckpointV3), "MigrationFailed"
+        load_checkpoint(raw, migrations={1: broken}, current=2, model=Checkpoint), "MigrationFailed"
     )
     assert "from schemaVersion 1" in quarantine.message
     assert "KeyError" in quarantine.message
@@ -427,15 +425,13 @@ def test_a_raising_migration_is_quarantined_and_leaves_the_input_alone() -> None
 
 @pytest.mark.parametrize("output", [{"schemaVersion": 3}, {"schemaVersion": 1}, None, ["not", "a", "dict"]])
 def test_a_migration_that_produces_the_wrong_version_is_quarantined(output: Any) -> None:
-    quarantine = load_checkpoint(
-        _raw_v1(), migrations={1: lambda _doc: output}, current=2, model=_CheckpointV3
-    )
+    quarantine = load_checkpoint(_raw_v1(), migrations={1: lambda _doc: output}, current=2, model=Checkpoint)
     _quarantined(quarantine, "MigrationFailed")
 
 
 def test_a_gap_in_the_chain_is_an_unknown_version() -> None:
     quarantine = load_checkpoint(
-        _raw_v1(), migrations={2: lambda doc: {**doc, "schemaVersion": 3}}, current=3, model=_CheckpointV3
+        _raw_v1(), migrations={2: lambda doc: {**doc, "schemaVersion": 3}}, current=3, model=Checkpoint
     )
     assert "no migration from schemaVersion 1" in _quarantined(quarantine, "UnknownSchemaVersion").message
 
@@ -509,6 +505,182 @@ def test_recorded_checkpoint_loads(path: Path) -> None:
     else:
         assert loaded.migrated_from == version
     assert verify_sealed(loaded.checkpoint, keyring=RECORDED_KEYRING, run_uid=RECORDED_RUN_UID) is None
+    if version >= 3:  # stamped since version 3: the recorded stamp verifies as recorded
+        assert verify_integrity(raw, keyring=RECORDED_KEYRING, run_id=RECORDED_RUN_UID) is None
+    else:
+        assert loaded.checkpoint.integrity is None
+
+
+@pytest.mark.parametrize("name", ["waiting-approval", "waiting-external-approved", "waiting-input"])
+def test_a_recorded_version_two_checkpoint_migrates_to_three_unstamped(name: str) -> None:
+    v2 = json.loads((FIXTURES / f"v2-{name}.json").read_text())
+    v3 = json.loads((FIXTURES / f"v3-{name}.json").read_text())
+    loaded = _loaded(load_checkpoint(v2))
+    assert loaded.migrated_from == 2
+    assert loaded.checkpoint.integrity is None, "a version-2 operator never stamped"
+    # The same fields: stamped (as the operator does at its next commit), it is the v3 recording.
+    restamped = stamp_checkpoint(loaded.checkpoint, keyring=RECORDED_KEYRING, run_id=RECORDED_RUN_UID)
+    assert dump_checkpoint(restamped) == v3
+    assert migrate_v2_to_v3(v2) == {**v2, "schemaVersion": 3}
+
+
+def test_a_version_two_checkpoint_that_claims_a_stamp_fails_migration() -> None:
+    v3 = json.loads((FIXTURES / "v3-waiting-input.json").read_text())
+    forged = {**v3, "schemaVersion": 2}
+    quarantine = _quarantined(load_checkpoint(forged), "MigrationFailed")
+    assert "carries no integrity stamp" in quarantine.message
+
+
+# --- integrity: the stamp covers every decisive field ----------------------------------------
+
+_STAMPED = json.loads((FIXTURES / "v3-waiting-external-approved.json").read_text())
+
+
+def _changed(path: str, value: Any) -> dict[str, Any]:
+    raw = copy.deepcopy(_STAMPED)
+    _set(path, value)(raw)
+    return raw
+
+
+def _without(path: str) -> dict[str, Any]:
+    raw = copy.deepcopy(_STAMPED)
+    *parents, last = re.findall(r"[A-Za-z]+|\d+", path)
+    target: Any = raw
+    for part in parents:
+        target = target[int(part)] if part.isdigit() else target[part]
+    del target[int(last) if last.isdigit() else last]
+    return raw
+
+
+_CANCELLATION = {
+    "requestId": "c9",
+    "scope": "toolCall",
+    "stepIndex": 5,
+    "handledAt": "2025-03-04T13:50:00Z",
+    "effective": True,
+}
+
+_DECISIVE = {
+    "schema version": _changed("schemaVersion", 4),
+    "state": _changed("position.state", "resume_validation"),
+    "step": _changed("position.step", 6),
+    "state version": _changed("position.stateVersion", 15),
+    "pending intent's key": _changed("pendingActions[0].idempotencyKey", "other/4/scale"),
+    "pending intent's record": _changed("pendingActions[0].actionRecordName", "act-0000"),
+    "pending intent's effect": _changed("pendingActions[0].effect", "http.post"),
+    "pending intent's tier": _changed("pendingActions[0].tier", "read-only"),
+    "pending intent's approval": _without("pendingActions[0].approvalRequestId"),
+    "a pending intent added": _changed(
+        "pendingActions",
+        [*_STAMPED["pendingActions"], {**_STAMPED["pendingActions"][0], "idempotencyKey": "k2"}],
+    ),
+    "no pending intent": _changed("pendingActions", []),
+    "approval request digest": _changed("approvals[0].digest", "sha256:" + "1" * 64),
+    "approval request expiry": _changed("approvals[0].expiresAt", "2099-01-01T00:00:00Z"),
+    "recorded decision": _changed("approvals[0].decision", "rejected"),
+    "recorded approver": _changed("approvals[0].decidedBy", "mallory"),
+    "a pending request approved": _changed(
+        "approvals",
+        [
+            *_STAMPED["approvals"],
+            {
+                "requestId": "apr-2",
+                "digest": "sha256:" + "2" * 64,
+                "expiresAt": "2099-01-01T00:00:00Z",
+                "policyVersion": "2025.02.3",
+                "decision": "approved",
+                "decidedBy": "mallory",
+                "decidedAt": "2025-03-04T13:47:09Z",
+            },
+        ],
+    ),
+    "tool call outcome": _changed("toolCalls[2].outcome", "succeeded"),
+    "a tool call removed": _changed("toolCalls", _STAMPED["toolCalls"][:-1]),
+    "evidence": _changed("evidence[0].resourceVersion", "1"),
+    "input reference": _changed("inputRefs[0].contentDigest", "sha256:" + "3" * 64),
+    "output reference": _changed("outputRefs", []),
+    "awaited event": _changed("pendingExternal.event", "something-else"),
+    "wait expiry": _changed("pendingExternal.expiresAt", "2099-01-01T00:00:00Z"),
+    "awaited input instead": _changed(
+        "pendingInput", {"requestId": "q", "question": "?", "expiresAt": "2099-01-01T00:00:00Z"}
+    ),
+    "retry attempts": _changed("retry.attempts", 0),
+    "retry window": _changed("retry.retryAt", "2025-03-04T13:48:00Z"),
+    "child outcome": _changed("children[0].outcome", "failed"),
+    "handled cancellation": _changed("cancellations", [_CANCELLATION]),
+    "policy version": _changed("policy.version", "2025.03.1"),
+    "operator version": _changed("runtimeConfig.operator", "9.9.9"),
+    "model": _changed("runtimeConfig.model", "another-model"),
+    "sealed value": _changed("sealed.actionArguments.nonce", "AAAAAAAAAAAAAAAA"),
+    "an unknown field": _changed("transcript", ["smuggled"]),
+}
+
+
+def test_the_unchanged_recording_verifies() -> None:
+    assert verify_integrity(_STAMPED, keyring=RECORDED_KEYRING, run_id=RECORDED_RUN_UID) is None
+
+
+@pytest.mark.parametrize("raw", list(_DECISIVE.values()), ids=list(_DECISIVE))
+def test_changing_any_decisive_field_fails_verification(raw: dict[str, Any]) -> None:
+    assert raw != _STAMPED
+    before = copy.deepcopy(raw)
+    quarantine = verify_integrity(raw, keyring=RECORDED_KEYRING, run_id=RECORDED_RUN_UID)
+    assert quarantine is not None
+    assert quarantine.reason == "IntegrityFailed"
+    assert "does not verify" in quarantine.message
+    assert raw == before
+
+
+def test_the_stamp_is_bound_to_the_run_id() -> None:
+    quarantine = verify_integrity(_STAMPED, keyring=RECORDED_KEYRING, run_id="another-run")
+    assert quarantine is not None
+    assert "another-run" in quarantine.message
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        _changed("fencing", {"holder": "someone-else", "leaseTransitions": 99}),
+        _without("fencing"),
+        _changed("timestamps.updatedAt", "2030-01-01T00:00:00Z"),
+        _without("traceLink"),
+    ],
+    ids=["fencing", "no fencing", "timestamps", "trace link"],
+)
+def test_fields_that_decide_nothing_are_not_stamped(raw: dict[str, Any]) -> None:
+    # The fencing epoch is rewritten by a takeover without a transition (checked against the Lease).
+    assert verify_integrity(raw, keyring=RECORDED_KEYRING, run_id=RECORDED_RUN_UID) is None
+
+
+def test_an_unstamped_current_checkpoint_fails() -> None:
+    quarantine = verify_integrity(_without("integrity"), keyring=RECORDED_KEYRING, run_id=RECORDED_RUN_UID)
+    assert quarantine is not None
+    assert "carries no integrity stamp" in quarantine.message
+
+
+def test_a_stamp_by_a_key_this_operator_lacks_names_the_key() -> None:
+    other = Keyring(keys={"k2030": b"\x07" * 32}, active_key_id="k2030")
+    quarantine = verify_integrity(_STAMPED, keyring=other, run_id=RECORDED_RUN_UID)
+    assert quarantine is not None
+    assert "'sealing-2025-01'" in quarantine.message
+    assert "put the key back" in quarantine.message
+    # A rotated keyring that still holds the old key verifies; new stamps use the active key.
+    rotated = Keyring(keys={**other.keys, **RECORDED_KEYRING.keys}, active_key_id="k2030")
+    assert verify_integrity(_STAMPED, keyring=rotated, run_id=RECORDED_RUN_UID) is None
+    restamped = stamp_checkpoint(_loaded(load_checkpoint(_STAMPED)).checkpoint, keyring=rotated, run_id="r")
+    assert (restamped.integrity or "").startswith("k2030:")
+
+
+def test_a_stamp_made_for_another_purpose_or_by_another_key_does_not_verify() -> None:
+    payload = integrity_payload(_STAMPED, RECORDED_RUN_UID)
+    for purpose in Purpose:
+        tag = stamp(RECORDED_KEYRING, purpose, payload)
+        assert (purpose is Purpose.CHECKPOINT) == (tag == _STAMPED["integrity"])
+    same_id = Keyring(keys={"sealing-2025-01": b"\x09" * 32}, active_key_id="sealing-2025-01")
+    forged = {**_STAMPED, "integrity": stamp(same_id, Purpose.CHECKPOINT, payload)}
+    assert verify_integrity(forged, keyring=RECORDED_KEYRING, run_id=RECORDED_RUN_UID) is not None
+    garbage = {**_STAMPED, "integrity": "sealing-2025-01:not base64!"}
+    assert verify_integrity(garbage, keyring=RECORDED_KEYRING, run_id=RECORDED_RUN_UID) is not None
 
 
 # --- property: any checkpoint round-trips exactly --------------------------------------------
@@ -520,7 +692,7 @@ _instants = st.datetimes(
     timezones=st.sampled_from([UTC, timezone(timedelta(hours=5, minutes=30))]),
 )
 _ids = st.text(min_size=1, max_size=24)
-_small = st.integers(min_value=0, max_value=2**53)
+_small = st.integers(min_value=0, max_value=2**53 - 1)
 _digests = st.binary(max_size=16).map(lambda data: "sha256:" + hashlib.sha256(data).hexdigest())
 
 
@@ -660,6 +832,18 @@ def test_any_checkpoint_round_trips_exactly(checkpoint: Checkpoint) -> None:
     loaded = _loaded(load_checkpoint(raw))
     assert loaded.checkpoint == checkpoint
     assert dump_checkpoint(loaded.checkpoint) == raw
+
+
+@settings(max_examples=30)
+@given(_checkpoints(), st.text(min_size=1, max_size=40))
+def test_any_stamped_checkpoint_verifies_once_stored_and_read_back(
+    checkpoint: Checkpoint, run_id: str
+) -> None:
+    stamped = stamp_checkpoint(checkpoint, keyring=RECORDED_KEYRING, run_id=run_id)
+    stored = json.loads(json.dumps(dump_checkpoint(stamped)))  # what the API server hands back
+    assert verify_integrity(stored, keyring=RECORDED_KEYRING, run_id=run_id) is None
+    reread = _loaded(load_checkpoint(stored)).checkpoint
+    assert stamp_checkpoint(reread, keyring=RECORDED_KEYRING, run_id=run_id) == stamped
 
 
 _json = st.recursive(

@@ -1,8 +1,9 @@
 """Approvals bound to a digest: what is approved, and whether a decision may be accepted.
 
 The digest is SHA-256 over RFC 8785 canonical JSON of the consequential fields (effect,
-arguments, target, policy version, run UID, request ID), so an approval binds to exactly one
-action under one policy version in one run. :func:`check_decision` holds every rule the admission
+arguments, target, the ServiceAccount the effect runs as, policy version, run UID, request ID),
+so an approval binds to exactly one action, done as one identity, under one policy version in one
+run. :func:`check_decision` holds every rule the admission
 webhook enforces except the RBAC question (a SubjectAccessReview, asked by the shell). Pure.
 """
 
@@ -21,6 +22,7 @@ def approval_digest(
     effect: str,
     arguments: Mapping[str, Any] | None,
     target: Mapping[str, Any] | None,
+    service_account: str,
     policy_version: str | None,
     run_uid: str,
     request_id: str,
@@ -30,6 +32,7 @@ def approval_digest(
             "effect": effect,
             "arguments": dict(arguments or {}),
             "target": dict(target or {}),
+            "serviceAccount": service_account,
             "policyVersion": policy_version or "",
             "runUID": run_uid,
             "requestID": request_id,

@@ -19,9 +19,40 @@ version stay under test in ``tests/unit/fixtures/checkpoints``):
   records the operator version that committed (a different one means a deployment change:
   resume validation); ``children`` and ``cancellations`` record child runs and handled
   cancellation requests.
+- 3: ``integrity``, the operator's stamp over the checkpoint (see "Integrity" below). Nothing else
+  changed: a version-2 checkpoint migrates by its version number alone, and carries no stamp.
+
+Integrity: anyone who may write ``agentruns/status`` could otherwise write what the run does next
+(an approval, an intent, a finished child, a skipped step). Every commit therefore stamps the
+checkpoint with :func:`durable_agents.core.stamps.stamp` (purpose ``CHECKPOINT``, keys derived
+from the operator's sealing keyring) over :func:`integrity_payload`: the run ID and every field
+of the checkpoint except these, which decide nothing about what happens next:
+
+- ``fencing``: the lease epoch, rewritten by a takeover's fencing write without a transition and
+  checked against the Lease itself (a forged epoch can only make a worker drop the run);
+- ``timestamps``: wall-clock bookkeeping, deliberately never acted on;
+- ``traceLink``: observability only;
+- ``integrity`` itself.
+
+So the stamp covers the position (state, step, state version), pending intents (``pendingActions``)
+and completed tool calls, approval requests and recorded decisions (``approvals``), evidence, what
+a wait waits on (``pendingInput``, ``pendingExternal``), retry attempts and windows, child runs,
+handled cancellations, the policy and runtime configuration recorded, and the sealed values. A
+field added later is covered unless it is added to :data:`UNSTAMPED_FIELDS`, which needs a new
+schema version (the recorded version-3 fixtures verify against this definition). The stamp is
+bound to the run ID (``status.runId``), so a checkpoint copied into another run does not verify.
+A checkpoint whose stamp does not verify is quarantined (``IntegrityFailed``), never rewritten.
+
+Checkpoints of versions 1 and 2 (written before stamps) are adopted on upgrade by the engine
+(``core/engine/loading.py``): stamped at once, provided what they claim can be corroborated (each
+recorded approval decision is in ``spec.approvals`` as the webhook stamped it; each pending intent
+whose tier needs approval names an approved request; the status names the same position). The
+residual risk, accepted so that runs cross the upgrade: whoever can write ``agentruns/status`` can
+store a version-2 checkpoint instead of forging a stamp, and so move a run within its own spec
+(skip a step, a wait, a retry) without an approval or an effect the run did not intend.
 
 Adding version N+1: bump ``Checkpoint.schema_version`` and ``CURRENT_SCHEMA_VERSION``, register
-``MIGRATIONS[N]`` and record version-N+1 fixtures beside the older ones.
+``MIGRATIONS[N]`` and record version-N+1 fixtures beside the older ones (stamped, for N+1 >= 3).
 """
 
 from __future__ import annotations
@@ -44,8 +75,11 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from durable_agents.core.sealing import Keyring, SealedField, UndecryptableError, seal, sealing_aad, unseal
+from durable_agents.core.stamps import Purpose, stamp, stamp_key_id, verify
 
-CURRENT_SCHEMA_VERSION: Final = 2
+CURRENT_SCHEMA_VERSION: Final = 3
+FIRST_STAMPED_SCHEMA_VERSION: Final = 3
+"""Checkpoints of older schema versions were written before checkpoints were stamped (legacy)."""
 
 
 def _to_utc(value: datetime) -> datetime:
@@ -63,16 +97,25 @@ Identifier = Annotated[str, StringConstraints(min_length=1, max_length=253)]
 KubernetesName = Annotated[str, StringConstraints(pattern=r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")]
 Namespace = Annotated[str, StringConstraints(pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")]
 FieldName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z][A-Za-z0-9_.-]{0,62}$")]
+Stamp = Annotated[str, StringConstraints(min_length=3, max_length=512, pattern=r"^[^:]+:[A-Za-z0-9+/=]+$")]
+"""An operator stamp, ``<key ID>:<base64 MAC>`` (:mod:`durable_agents.core.stamps`)."""
 Traceparent = Annotated[
     str, StringConstraints(pattern=r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")
 ]
-StepIndex = Annotated[int, Field(ge=0)]
+Count = Annotated[int, Field(ge=0, le=2**53 - 1)]
+"""A non-negative integer JSON carries exactly (RFC 8785, which stamps are computed over)."""
+StepIndex = Count
 
 ActionTier = Literal["read-only", "reversible", "consequential"]
 ApprovalDecision = Literal["approved", "rejected"]
 ToolCallOutcome = Literal["succeeded", "failed"]
 QuarantineReason = Literal[
-    "MissingCheckpoint", "UnknownSchemaVersion", "InvalidCheckpoint", "MigrationFailed", "Undecryptable"
+    "MissingCheckpoint",
+    "UnknownSchemaVersion",
+    "InvalidCheckpoint",
+    "MigrationFailed",
+    "Undecryptable",
+    "IntegrityFailed",
 ]
 
 
@@ -86,14 +129,14 @@ class Position(_Contract):
     state: Annotated[str, StringConstraints(min_length=1, max_length=63)]
     step: StepIndex
     """Index of the next scripted step."""
-    state_version: Annotated[int, Field(ge=0)]
+    state_version: Count
 
 
 class Fencing(_Contract):
     """The lease epoch of the worker that committed this checkpoint: a stale holder's commit fails."""
 
     holder: Identifier
-    lease_transitions: Annotated[int, Field(ge=0)]
+    lease_transitions: Count
 
 
 class _EvidenceRefBase(_Contract):
@@ -143,7 +186,7 @@ class ToolCallRecord(_Contract):
     """ID of an evidence reference in this checkpoint."""
     error: Annotated[str, StringConstraints(max_length=1024)] | None = None
     """Why a failed call failed (reason: message); never a raw response body."""
-    attempt: Annotated[int, Field(ge=0)] = 0
+    attempt: Count = 0
     """The retry attempt (``retry.attempts`` when the call was made) it belongs to."""
 
 
@@ -225,7 +268,7 @@ class PendingExternal(_Contract):
 class RetryState(_Contract):
     """Failed attempts so far and, in ``waiting_retry``, when the next one is due."""
 
-    attempts: Annotated[int, Field(ge=0)] = 0
+    attempts: Count = 0
     """Failed attempts so far; the current attempt has this number."""
     retry_at: UtcDatetime | None = None
     last_failure: Annotated[str, StringConstraints(max_length=1024)] | None = None
@@ -260,9 +303,9 @@ class CancellationRecord(_Contract):
 
 
 class Checkpoint(_Contract):
-    """The authoritative, resumable record of one run, schema version 2."""
+    """The authoritative, resumable record of one run, schema version 3."""
 
-    schema_version: Literal[2] = 2
+    schema_version: Literal[3] = 3
     position: Position
     fencing: Fencing | None = None
     """None only before any worker has committed under a lease."""
@@ -284,6 +327,8 @@ class Checkpoint(_Contract):
     """Sensitive values, sealed, by field name; see :func:`seal_field`."""
     children: list[ChildRecord] = Field(default_factory=list)
     cancellations: list[CancellationRecord] = Field(default_factory=list)
+    integrity: Stamp | None = None
+    """The operator's stamp over :func:`integrity_payload`; None only where no keyring stamps."""
 
     def evidence_refs(self) -> list[KubernetesEvidenceRef | ExternalEvidenceRef]:
         """All evidence references: inputs, outputs and evidence, in that order."""
@@ -337,7 +382,15 @@ def migrate_v1_to_v2(document: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-MIGRATIONS: Final[Mapping[int, Migration]] = {1: migrate_v1_to_v2}
+def migrate_v2_to_v3(document: dict[str, Any]) -> dict[str, Any]:
+    """Version 2 -> 3: the same fields; version 2 had no stamp, so a version-2 document with one is
+    not what a version-2 operator wrote."""
+    if "integrity" in document:
+        raise ValueError("a version-2 checkpoint carries no integrity stamp")
+    return {**document, "schemaVersion": 3}
+
+
+MIGRATIONS: Final[Mapping[int, Migration]] = {1: migrate_v1_to_v2, 2: migrate_v2_to_v3}
 """Schema version N -> its migration to N+1."""
 
 
@@ -445,6 +498,59 @@ def verify_sealed(checkpoint: Checkpoint, *, keyring: Keyring, run_uid: str) -> 
             unseal_field(checkpoint, name, keyring=keyring, run_uid=run_uid)
         except UndecryptableError as exc:
             return Quarantine("Undecryptable", f"sealed field {name!r}: {exc}")
+    return None
+
+
+UNSTAMPED_FIELDS: Final = frozenset({"integrity", "fencing", "timestamps", "traceLink"})
+"""Checkpoint fields the integrity stamp leaves out (see the module docstring for why each)."""
+
+
+def integrity_payload(stored: Mapping[str, Any], run_id: str) -> dict[str, Any]:
+    """What the integrity stamp covers: the run ID and every decisive field of the stored form.
+
+    Computed from the stored (camelCase JSON) form, exactly as committed, so that a later schema
+    version can still verify a stamp made under this one before migrating it.
+    """
+    return {
+        "runId": run_id,
+        "checkpoint": {key: value for key, value in stored.items() if key not in UNSTAMPED_FIELDS},
+    }
+
+
+def stamp_checkpoint(checkpoint: Checkpoint, *, keyring: Keyring, run_id: str) -> Checkpoint:
+    """A copy of ``checkpoint`` carrying this operator's stamp over its decisive fields."""
+    tag = stamp(keyring, Purpose.CHECKPOINT, integrity_payload(dump_checkpoint(checkpoint), run_id))
+    return checkpoint.model_copy(update={"integrity": tag})
+
+
+def verify_integrity(stored: Mapping[str, Any], *, keyring: Keyring, run_id: str) -> Quarantine | None:
+    """None if the ``stored`` checkpoint carries this keyring's stamp over exactly its decisive
+    fields and ``run_id``; otherwise a quarantine that says what is wrong. Never raises."""
+    tag = stored.get("integrity")
+    if not isinstance(tag, str) or not tag:
+        return Quarantine(
+            "IntegrityFailed",
+            f"the schemaVersion {stored.get('schemaVersion')} checkpoint carries no integrity stamp: "
+            "it was not committed by this operator",
+        )
+    key_id = stamp_key_id(tag)
+    if key_id not in keyring.keys:
+        return Quarantine(
+            "IntegrityFailed",
+            f"the checkpoint is stamped with key {key_id!r}, which is not in this operator's keyring "
+            "(put the key back, then retry)",
+        )
+    try:
+        payload = integrity_payload(_plain(stored), run_id)
+        authentic = verify(keyring, Purpose.CHECKPOINT, payload, tag)
+    except (TypeError, ValueError, RecursionError):  # not plain JSON: cannot be what was stamped
+        authentic = False
+    if not authentic:
+        return Quarantine(
+            "IntegrityFailed",
+            f"the checkpoint's integrity stamp does not verify for run {run_id!r}: its decisive fields "
+            "were written by someone other than the operator (or belong to another run)",
+        )
     return None
 
 

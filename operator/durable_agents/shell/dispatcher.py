@@ -11,6 +11,17 @@ For each ActionRecord it does what :func:`durable_agents.core.ledger.next_dispat
 - ``outcome_unknown``: ask the authoritative system by key. Applied: ``succeeded``. Not applied:
   claim and dispatch again with the SAME key. Still unknown: stay visible and ask again later.
 
+Only the run's own intents are sent. Anyone allowed to create ActionRecords could otherwise have
+any effect dispatched as any ServiceAccount; so before a record is claimed for a send, its run
+(``spec.runRef``) is read and must exist, and the run's committed checkpoint, verified by its
+integrity stamp, must hold exactly this intent (same idempotency key and record name, same digest
+of effect, target, arguments and ServiceAccount as the engine's intent for that step:
+:func:`~durable_agents.core.engine.actions.intent_refusal`). Otherwise nothing is sent: the record
+ends ``failed``, reason ``NotInCheckpoint``, with a Warning Event (on the record, and on the run if
+it exists) and ``durable_agents_action_dispatches_total{answer="NotInCheckpoint"}``. A run whose
+checkpoint cannot be verified here (quarantined, or from a newer operator) holds its intents back,
+neither sent nor failed, and they are looked at again later.
+
 Effects act as the run's ServiceAccount. A claim is a lease on the record: the request is sent
 only while the claim still has a whole dispatch timeout (plus a margin) left on this process's
 monotonic clock, so a dispatcher paused after its claim (GC pause, SIGSTOP, a starved node) finds
@@ -23,11 +34,15 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from pydantic import ValidationError
+
 from durable_agents.api.v1alpha1 import ActionRecordSpec, ActionRecordStatus, ActionState
+from durable_agents.core.engine import RunSnapshot, Settings
+from durable_agents.core.engine.actions import Refused, Unverified, intent_refusal
 from durable_agents.core.ledger import (
     Claim,
     GiveUpClaim,
@@ -37,6 +52,7 @@ from durable_agents.core.ledger import (
     next_dispatch_step,
     query_backoff,
 )
+from durable_agents.core.sealing import Keyring
 from durable_agents.shell import metrics
 from durable_agents.shell.actions import ActionStore
 from durable_agents.shell.effects import (
@@ -51,8 +67,9 @@ from durable_agents.shell.effects import (
 from durable_agents.shell.events import EventRecorder
 from durable_agents.shell.faults import process_faults
 from durable_agents.shell.kube import Kube, ObjectKey
-from durable_agents.shell.plugins import load_effects
-from durable_agents.shell.store import Conflict, Gone
+from durable_agents.shell.plugins import load_effects, load_planners
+from durable_agents.shell.policies import PolicyCache
+from durable_agents.shell.store import Conflict, Gone, RunStore
 from durable_agents.shell.workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
@@ -60,6 +77,9 @@ A = ActionState
 
 SEND_MARGIN = 0.5
 """Seconds of claim, beyond a whole dispatch timeout, that must remain when a request is sent."""
+UNVERIFIED_RECHECK = timedelta(seconds=30)
+"""How soon an intent held back (its run's checkpoint could not be verified) is looked at again."""
+NOT_IN_CHECKPOINT = "NotInCheckpoint"
 
 
 @dataclass(frozen=True)
@@ -67,6 +87,8 @@ class DispatcherConfig:
     identity: str
     timeout: float = 5.0  # a dispatch answer later than this is an unknown outcome
     concurrency: int = 8
+    # Verifies run checkpoints' integrity stamps; the operator always has one (None: tests only).
+    keyring: Keyring | None = field(default=None, repr=False)
 
     @property
     def claim_ttl(self) -> timedelta:
@@ -83,6 +105,12 @@ class Dispatcher:
         self.store = ActionStore(kube)
         self.events = EventRecorder(kube, config.identity)
         self.effects = effects if effects is not None else load_effects()
+        self.runs = RunStore(kube)
+        self.policies = PolicyCache(kube)
+        self.planners = load_planners()
+        self.base_settings = Settings(
+            tiers={name: effect.tier for name, effect in self.effects.items()}, keyring=config.keyring
+        )
         self.queue = WorkQueue("dispatcher", self.process, concurrency=config.concurrency)
         self._unknown: set[ObjectKey] = set()
 
@@ -118,7 +146,10 @@ class Dispatcher:
                 return
             try:
                 if isinstance(step, Claim):
-                    body = await self._claim_and_dispatch(body, status)
+                    claimed = await self._claim_and_dispatch(body, status)
+                    if claimed is None:  # held back until its run can be verified
+                        return
+                    body = claimed
                 elif isinstance(step, GiveUpClaim):
                     body = await self._write(
                         body,
@@ -146,8 +177,16 @@ class Dispatcher:
     def _context(self, spec: ActionRecordSpec, namespace: str) -> EffectContext:
         return EffectContext(self.kube, namespace, spec.service_account_name, self.config.timeout)
 
-    async def _claim_and_dispatch(self, body: dict[str, Any], status: ActionRecordStatus) -> dict[str, Any]:
+    async def _claim_and_dispatch(
+        self, body: dict[str, Any], status: ActionRecordStatus
+    ) -> dict[str, Any] | None:
         spec = ActionRecordSpec.model_validate(body["spec"])
+        verdict = await self._verdict(body, spec)
+        if isinstance(verdict, Refused):
+            return await self._refuse(body, status, spec, verdict.message)
+        if isinstance(verdict, Unverified):
+            self._hold(body, spec, verdict)
+            return None
         effect = self.effects.get(spec.effect)
         if effect is None:
             return await self._fail_unknown_effect(body, status, spec)
@@ -202,6 +241,63 @@ class Dispatcher:
             warning=True,
         )
         return out
+
+    async def _verdict(self, body: dict[str, Any], spec: ActionRecordSpec) -> Refused | Unverified | None:
+        """Whether this record is its run's committed intent (None), read fresh from the API server."""
+        namespace = body["metadata"]["namespace"]
+        try:
+            run_body = await self.runs.get(namespace, spec.run_ref.name)
+        except Gone:
+            return intent_refusal(None, body["metadata"]["name"], spec, None, self.base_settings)
+        try:
+            run = RunSnapshot.from_object(run_body)
+        except (ValidationError, KeyError) as err:
+            return Refused(f"its run {spec.run_ref.name!r} cannot be read: {err}"[:1024])
+        settings = self.base_settings
+        if run.spec.policy_ref is not None:  # its approval rules: a fresh read, as the worker waits for it
+            await self.policies.fetch(namespace, run.spec.policy_ref.name)
+            settings = self.policies.settings_for(run, settings)
+        kind = run.spec.agent.planner.value if run.spec.agent else "scripted"
+        return intent_refusal(run, body["metadata"]["name"], spec, self.planners.get(kind), settings)
+
+    async def _refuse(
+        self, body: dict[str, Any], status: ActionRecordStatus, spec: ActionRecordSpec, why: str
+    ) -> dict[str, Any]:
+        """Not the run's intent: nothing is sent, ever; the record fails with the reason."""
+        namespace, name = self._key(body)
+        claimed = await self._write(body, status, A.DISPATCHING, claim=True)
+        out = await self._write(
+            claimed,
+            ActionRecordStatus.model_validate(claimed["status"]),
+            A.FAILED,
+            reason=NOT_IN_CHECKPOINT,
+            message=f"not dispatched: {why}"[:4096],
+        )
+        label = spec.effect if spec.effect in self.effects else "unknown"  # no label from a forger
+        metrics.ACTION_DISPATCHES.labels(label, NOT_IN_CHECKPOINT).inc()
+        log.warning("%s/%s refused: not its run's committed intent: %s", namespace, name, why)
+        message = f"{spec.effect} key={spec.idempotency_key} not dispatched: {why}"
+        await self._event(out, NOT_IN_CHECKPOINT, message, warning=True)
+        try:
+            run_body = await self.runs.get(namespace, spec.run_ref.name)
+        except Gone:
+            return out
+        await self._event(run_body, NOT_IN_CHECKPOINT, f"ActionRecord {name}: {message}", warning=True)
+        return out
+
+    def _hold(self, body: dict[str, Any], spec: ActionRecordSpec, verdict: Unverified) -> None:
+        """The run's checkpoint cannot be verified here: send nothing, fail nothing, look again later."""
+        metrics.ACTION_DISPATCHES.labels(
+            spec.effect if spec.effect in self.effects else "unknown", "Unverified"
+        ).inc()
+        log.warning(
+            "%s/%s held back: run %s's checkpoint cannot be verified (%s: %s)",
+            *self._key(body),
+            spec.run_ref.name,
+            verdict.problem.reason,
+            verdict.problem.message,
+        )
+        self.queue.wake_at(self._key(body), datetime.now(UTC) + UNVERIFIED_RECHECK)
 
     def _claim_holds(self, claimed_at: float) -> bool:
         """Whether a request sent now is answered (or abandoned) before the claim can expire."""

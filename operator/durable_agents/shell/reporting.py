@@ -1,6 +1,9 @@
 """What follows a committed transition: metrics, one log line, and a Kubernetes Event if notable.
 
-Nothing here can change what was committed; an Event that fails to post is logged and dropped.
+A refused request (a :class:`~durable_agents.core.engine.commits.Refusal`, written once per
+request) always gets a Warning Event ``RequestRefused`` naming it; a run rejected at acceptance
+gets its Event under the outcome's reason (``ServiceAccountNotAuthorized``). Nothing here can
+change what was committed; an Event that fails to post is logged and dropped.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from typing import Any
 
 from durable_agents.api.v1alpha1.states import RunState
 from durable_agents.core.engine import Commit
+from durable_agents.core.engine.commits import REQUEST_REFUSED, Refusal
 from durable_agents.core.statemachine import RunEvent
 from durable_agents.shell import metrics
 from durable_agents.shell.events import NOTABLE, EventRecorder, reason_of
@@ -26,6 +30,12 @@ class CommitReporter:
         self._background: set[asyncio.Task[None]] = set()
 
     def report(self, body: dict[str, Any], before: RunState, commit: Commit) -> None:
+        if isinstance(commit, Refusal):
+            meta = body["metadata"]
+            log.warning("%s/%s request refused: %s", meta["namespace"], meta["name"], commit.refused.message)
+            self._post(body, REQUEST_REFUSED, commit.refused.message, warning=True)
+            if not commit.moved:
+                return  # nothing else happened: no transition to count or report
         self._count(commit)
         message = self._describe(body, before, commit)
         log.info(
@@ -39,9 +49,13 @@ class CommitReporter:
             return
         status = commit.status
         warning = status.state in (RunState.FAILED, RunState.QUARANTINED, RunState.EXPIRED)
-        task = asyncio.create_task(
-            self.events.record(body, reason_of(commit.event.value), message, warning=warning)
-        )
+        reason = reason_of(commit.event.value)
+        if commit.event is RunEvent.REJECTED and status.outcome is not None:
+            reason = status.outcome.reason  # why the run was not accepted says more than "Rejected"
+        self._post(body, reason, message, warning=warning)
+
+    def _post(self, body: dict[str, Any], reason: str, message: str, *, warning: bool) -> None:
+        task = asyncio.create_task(self.events.record(body, reason, message, warning=warning))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 

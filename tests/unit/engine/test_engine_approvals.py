@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -12,6 +11,7 @@ from tests.unit.builders import T0, apply, at, commit_of, new_run, step
 from durable_agents.api.v1alpha1 import ActionTier, AgentPolicySpec
 from durable_agents.api.v1alpha1.states import RunState
 from durable_agents.core.engine import Idle, Settings
+from durable_agents.core.engine.commits import Refusal
 from durable_agents.core.statemachine import RunEvent
 
 pytestmark = pytest.mark.unit
@@ -87,18 +87,30 @@ def test_an_expired_approval_request_moves_the_run_as_the_policy_says(
         assert again.status.approval_request.request_id == "pay-2"
 
 
-def test_an_unstamped_or_mismatched_decision_is_not_acted_on() -> None:
+@pytest.mark.parametrize(
+    ("decision", "reason"),
+    [
+        ({"decision": "approve"}, "Unstamped"),
+        (
+            {"digest": "sha256:" + "1" * 64, "decision": "approve", "approver": {"username": "a"}},
+            "DigestMismatch",
+        ),
+    ],
+    ids=["no-approver", "wrong-digest"],
+)
+def test_an_unstamped_or_mismatched_decision_is_not_acted_on(decision: dict[str, Any], reason: str) -> None:
+    """Refused (recorded once) and asked again: never taken as a decision (stamps: test_engine_authority)."""
     settings = _approval_settings()
     obj = _to_waiting_approval(settings)
     request = obj["status"]["approvalRequest"]
-    unstamped = copy.deepcopy(obj)
-    unstamped["spec"]["approvals"] = {"pay-1": {"digest": request["digest"], "decision": "approve"}}
-    assert isinstance(step(unstamped, at(2), settings=settings), Idle)
-    wrong = copy.deepcopy(obj)
-    wrong["spec"]["approvals"] = {
-        "pay-1": {"digest": "sha256:" + "1" * 64, "decision": "approve", "approver": {"username": "a"}}
-    }
-    assert isinstance(step(wrong, at(2), settings=settings), Idle)
+    obj["spec"]["approvals"] = {"pay-1": {"digest": request["digest"], **decision}}
+    refused = step(obj, at(2), settings=settings)
+    assert isinstance(refused, Refusal)
+    assert (refused.refused.key, refused.refused.reason) == ("pay-1", reason)
+    assert (refused.event, refused.state) == (RunEvent.REVALIDATION_REQUIRED, RunState.RESUME_VALIDATION)
+    again = commit_of(step(apply(obj, refused), at(3), settings=settings))
+    assert (again.event, again.state) == (RunEvent.REAPPROVAL_REQUIRED, RunState.WAITING_APPROVAL)
+    assert again.intents == ()
 
 
 def test_a_rejection_fails_the_attempt_with_the_reason() -> None:

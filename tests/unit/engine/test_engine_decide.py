@@ -87,7 +87,7 @@ def test_read_ask_await_complete_walk() -> None:
     )
     cp = checkpoint_of(accepted)
     assert accepted.checkpoint is not None
-    assert accepted.checkpoint["schemaVersion"] == CURRENT_SCHEMA_VERSION == 2
+    assert accepted.checkpoint["schemaVersion"] == CURRENT_SCHEMA_VERSION
     assert accepted.checkpoint["runtimeConfig"] == AGENT
     assert cp.position == Position(state="ready", step=0, state_version=1)
     assert cp.runtime_config == RuntimeConfig(

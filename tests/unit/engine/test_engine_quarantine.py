@@ -36,7 +36,7 @@ from tests.unit.builders import (
 
 from durable_agents.api.v1alpha1 import CancelScope, ConditionStatus
 from durable_agents.api.v1alpha1.states import RunState
-from durable_agents.core.checkpoint import Fencing
+from durable_agents.core.checkpoint import CURRENT_SCHEMA_VERSION, Fencing
 from durable_agents.core.engine import Idle, ReadResult, fence
 from durable_agents.core.statemachine import RunEvent
 
@@ -191,7 +191,7 @@ def test_retry_quarantine_releases_a_readable_checkpoint_migrating_it() -> None:
     assert released.migrated_from == 1
     assert released.status.quarantine_retried == "t1"
     assert released.checkpoint is not None
-    assert released.checkpoint["schemaVersion"] == 2
+    assert released.checkpoint["schemaVersion"] == CURRENT_SCHEMA_VERSION
     assert "attempt" not in released.checkpoint
     assert checkpoint_of(released).retry.attempts == 2
     assert "t1" in released.detail

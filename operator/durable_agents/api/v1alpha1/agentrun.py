@@ -146,13 +146,31 @@ class Identity(ApiModel):
     groups: list[Annotated[str, Field(max_length=253)]] = Field(default_factory=list, max_length=32)
     uid: str | None = Field(default=None, max_length=128)
 
+    def who(self) -> Identity:
+        """Just the identity (without a subclass's stamp): what stamps cover."""
+        return Identity(username=self.username, groups=list(self.groups), uid=self.uid)
+
+
+# An operator stamp, ``<key ID>:<base64 MAC>`` (durable_agents.core.stamps); only the operator's
+# admission webhook makes one, so a copied or hand-written value never verifies for other fields.
+def _stamp() -> Any:
+    return Field(default=None, max_length=512, pattern=r"^[^:]+:[A-Za-z0-9+/=]+$")
+
+
+class Creator(Identity):
+    """The run's creator, stamped by the admission webhook at creation. ``stamp`` is the operator's
+    proof that this creator was allowed to ``use`` the run's ServiceAccount (the run acts as it)."""
+
+    stamp: str | None = _stamp()
+
 
 class ApprovalDecision(ApiModel):
     """An approver's decision on one approval request, keyed by its request ID in ``spec.approvals``.
 
     ``digest`` must equal the request's digest (it binds the decision to the exact action).
-    ``approver`` and ``decidedAt`` are overwritten by the admission webhook from the request's
-    authenticated user; whatever a client writes there is discarded.
+    ``approver``, ``decidedAt`` and ``stamp`` are overwritten by the admission webhook from the
+    request's authenticated user; whatever a client writes there is discarded. The operator acts
+    only on a decision whose stamp verifies.
     """
 
     digest: str = Field(max_length=71, pattern=r"^sha256:[0-9a-f]{64}$")
@@ -160,6 +178,7 @@ class ApprovalDecision(ApiModel):
     reason: str | None = Field(default=None, max_length=1024)
     approver: Identity | None = None
     decided_at: datetime | None = None
+    stamp: str | None = _stamp()
 
 
 class CancelScope(StrEnum):
@@ -174,16 +193,38 @@ class CancelScope(StrEnum):
 class CancelRequest(ApiModel):
     """A user's request to cancel, keyed by a request ID in ``spec.cancellations``.
 
-    ``requestedBy`` and ``requestedAt`` are stamped by the admission webhook.
+    ``requestedBy``, ``requestedAt`` and ``stamp`` are stamped by the admission webhook; the
+    operator acts only on a request whose stamp verifies.
     """
 
     scope: CancelScope = CancelScope.TASK
     reason: str = Field(default="", max_length=1024)
     requested_by: Identity | None = None
     requested_at: datetime | None = None
+    stamp: str | None = _stamp()
+
+
+class ControlRequest(ApiModel):
+    """Who asked for a control that is a single field (``spec.retryQuarantine``), when, and the
+    operator's stamp over it: all three set by the admission webhook, never by a client."""
+
+    requested_by: Identity | None = None
+    requested_at: datetime | None = None
+    stamp: str | None = _stamp()
 
 
 IMMUTABLE_ONCE_SET = ("tenant", "owner", "policyRef", "deadline", "agent", "steps", "createdBy", "parentRef")
+# Requests to a live run. A map's own rule (append_only) is skipped when the whole field goes (a
+# merge patch with null, a JSON patch remove): these rules refuse that too, webhook or not.
+REQUEST_FIELDS = ("answers", "events", "approvals", "cancellations")
+
+
+def _not_withdrawn(field: str) -> dict[str, Any]:
+    return cel(
+        f"!has(oldSelf.{field}) || size(oldSelf.{field}) == 0 || has(self.{field})",
+        f"{field} cannot be withdrawn once given",
+        fieldPath=f".{field}",
+    )
 
 
 class AgentRunSpec(ApiModel):
@@ -192,12 +233,20 @@ class AgentRunSpec(ApiModel):
     model_config = ConfigDict(
         json_schema_extra={
             "x-kubernetes-validations": [
+                *(
+                    cel(
+                        f"has(self.{f}) == has(oldSelf.{f})",
+                        f"{f} cannot be added or removed after creation",
+                        fieldPath=f".{f}",
+                    )
+                    for f in IMMUTABLE_ONCE_SET
+                ),
+                *(_not_withdrawn(f) for f in REQUEST_FIELDS),
                 cel(
-                    f"has(self.{f}) == has(oldSelf.{f})",
-                    f"{f} cannot be added or removed after creation",
-                    fieldPath=f".{f}",
-                )
-                for f in IMMUTABLE_ONCE_SET
+                    "!has(oldSelf.retryQuarantine) || has(self.retryQuarantine)",
+                    "retryQuarantine cannot be withdrawn (set a new token to retry again)",
+                    fieldPath=".retryQuarantine",
+                ),
             ]
         }
     )
@@ -238,9 +287,12 @@ class AgentRunSpec(ApiModel):
         description="Approval decisions, keyed by the request ID in status.approvalRequest.",
         json_schema_extra=append_only("an approval decision cannot be changed or withdrawn once given"),
     )
-    created_by: Identity | None = Field(
+    created_by: Creator | None = Field(
         default=None,
-        description="The run's creator, stamped by the admission webhook (four-eyes approvals).",
+        description=(
+            "The run's creator, stamped by the admission webhook (four-eyes approvals), with the "
+            "operator's proof that the creator may use the run's ServiceAccount."
+        ),
         json_schema_extra=immutable("createdBy"),
     )
     events: dict[str, Answer] = Field(
@@ -259,6 +311,10 @@ class AgentRunSpec(ApiModel):
         default=None,
         max_length=63,
         description="Set to a new token to retry a quarantined run (for example after an upgrade).",
+    )
+    retry_quarantine_request: ControlRequest | None = Field(
+        default=None,
+        description="Who set retryQuarantine to its current token: stamped by the admission webhook.",
     )
     parent_ref: RunReference | None = Field(
         default=None,
@@ -307,6 +363,11 @@ class ApprovalRequest(ApiModel):
     policy_version: str | None = Field(default=None, max_length=63)
     policy_reason: str = Field(max_length=1024)
     approver_role: str = Field(max_length=253)
+    service_account: str | None = Field(
+        default=None,
+        max_length=253,
+        description="The ServiceAccount the action runs as (covered by the digest).",
+    )
     expires_at: datetime
     allowed_decisions: list[Literal["approve", "reject"]] = Field(max_length=2)
 
@@ -336,6 +397,22 @@ class CancellationStatus(ApiModel):
     )
 
 
+class RefusedRequest(ApiModel):
+    """A request in the spec that the operator did not act on: nothing proves its authority (no
+    stamp of the operator's admission webhook, or one that does not verify). Recorded once."""
+
+    field: Literal["approvals", "cancellations", "retryQuarantine"]
+    key: str = Field(max_length=128, description="The request ID (for retryQuarantine: the token).")
+    reason: str = Field(max_length=64, pattern=r"^[A-Za-z]+$")
+    message: str = Field(default="", max_length=512)
+    at: datetime
+
+
+# Every request the engine looks at again fits (32 decisions, 16 cancellations, a retry token), so
+# none is dropped from the record while it still matters and refused twice.
+REFUSED_LIMIT = 64
+
+
 class AgentRunStatus(ApiModel):
     """The operator's authoritative record. Written only by the operator, one write per transition."""
 
@@ -363,6 +440,11 @@ class AgentRunStatus(ApiModel):
     retry_at: datetime | None = Field(default=None, description="When a run in waiting_retry tries again.")
     quarantine_retried: str | None = Field(
         default=None, max_length=63, description="The spec.retryQuarantine token last acted on."
+    )
+    refused_requests: list[RefusedRequest] = Field(
+        default_factory=list,
+        max_length=REFUSED_LIMIT,
+        description="Requests the operator refused to act on (the newest, each once), and why.",
     )
     checkpoint: dict[str, Any] | None = Field(
         default=None,

@@ -1,14 +1,23 @@
-"""Effects go through the ledger: each one's intent (an ActionRecord) and its reconciled outcome."""
+"""Effects go through the ledger: each one's intent (an ActionRecord) and its reconciled outcome,
+and the rule by which the dispatcher sends only an intent its run's checkpoint holds."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from durable_agents.api.v1alpha1 import ActionRecordSpec, ActionState, ActionTier, RunReference
-from durable_agents.core.checkpoint import Checkpoint, ExternalEvidenceRef, PendingAction, ToolCallRecord
+from durable_agents.core.checkpoint import (
+    Checkpoint,
+    ExternalEvidenceRef,
+    PendingAction,
+    Quarantine,
+    ToolCallRecord,
+)
 from durable_agents.core.digest import canonical_digest
 from durable_agents.core.engine.commits import CommitBuilder
 from durable_agents.core.engine.decisions import Decision, Idle, NeedActions
+from durable_agents.core.engine.loading import load_stored
 from durable_agents.core.engine.snapshot import ActionObservation, RunSnapshot, Settings
 from durable_agents.core.ledger import action_record_name, idempotency_key
 from durable_agents.core.planner import PerformEffect, Planner, PlannerError, PlanningContext
@@ -132,3 +141,78 @@ def _rebuild_spec(
         return None
     spec = action_spec(run, pending.step_index, step, settings, cp.retry.attempts)
     return spec if spec.idempotency_key == pending.idempotency_key else None
+
+
+def intent_digest(spec: ActionRecordSpec) -> str:
+    """SHA-256 (RFC 8785 canonical JSON) of what an intent asks for: the effect, its target and
+    arguments, and the ServiceAccount it acts as."""
+    return canonical_digest(
+        {
+            "effect": spec.effect,
+            "target": spec.target or {},
+            "arguments": spec.arguments or {},
+            "serviceAccountName": spec.service_account_name,
+        }
+    )
+
+
+@dataclass(frozen=True)
+class Unverified:
+    """The run's checkpoint cannot be read or verified here (quarantined, or written by a newer
+    operator): the intent is neither sent nor refused yet."""
+
+    problem: Quarantine
+
+
+@dataclass(frozen=True)
+class Refused:
+    """The intent is not the run's: never to be dispatched."""
+
+    message: str
+
+
+def intent_refusal(
+    run: RunSnapshot | None,
+    name: str,
+    record: ActionRecordSpec,
+    planner: Planner | None,
+    settings: Settings,
+) -> Refused | Unverified | None:
+    """Whether the ledger may send the ActionRecord ``name`` (None: it may).
+
+    Only if its run (``record.runRef``) exists and the run's committed, verified checkpoint holds
+    exactly this intent: a pending action with the same idempotency key and record name, whose
+    intent, recomputed from the run's spec and checkpoint as the engine built it
+    (:func:`pending_specs`), has the same :func:`intent_digest`, as the run's ServiceAccount.
+    """
+    if run is None:
+        return Refused(f"its run {record.run_ref.name!r} does not exist")
+    if record.service_account_name != run.spec.service_account_name:
+        return Refused(
+            f"it acts as ServiceAccount {record.service_account_name!r}, but run {run.name!r} "
+            f"runs as {run.spec.service_account_name!r}"
+        )
+    loaded = load_stored(run, settings)
+    if isinstance(loaded, Quarantine):
+        return Unverified(loaded)
+    cp = loaded.checkpoint
+    pending = next((p for p in cp.pending_actions if p.idempotency_key == record.idempotency_key), None)
+    if (
+        pending is None
+        or pending.action_record_name != name
+        or action_record_name(pending.idempotency_key) != name
+    ):
+        return Refused(
+            f"run {run.name!r}'s checkpoint holds no pending action with key "
+            f"{record.idempotency_key!r} recorded as {name!r}"
+        )
+    expected = pending_specs(run, cp, planner, settings).get(name) if planner is not None else None
+    if expected is None:
+        return Refused(f"run {run.name!r} does not intend {record.idempotency_key!r} at its current step")
+    wanted, asked = intent_digest(expected), intent_digest(record)
+    if wanted != asked:
+        return Refused(
+            f"the requested effect (digest {asked}) differs from the intent run {run.name!r} "
+            f"committed (digest {wanted})"
+        )
+    return None

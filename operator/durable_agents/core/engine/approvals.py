@@ -1,5 +1,11 @@
 """Approvals: an effect the policy says needs one waits for a decision bound to its exact digest,
-and the approval is checked again, after the wait, before the run acts on it."""
+and the approval is checked again, after the wait, before the run acts on it.
+
+Only a decision the operator's admission webhook stamped counts (:mod:`durable_agents.core.authority`).
+One it cannot verify is never recorded as a decision: it is refused once (status
+``refusedRequests``, condition ``RequestRefused``, an Event) and, since its request ID is taken
+for good (``spec.approvals`` is append-only), the run asks again under a new request ID.
+"""
 
 from __future__ import annotations
 
@@ -8,16 +14,18 @@ from collections.abc import Callable, Mapping
 from durable_agents.api.v1alpha1 import (
     ActionRecordSpec,
     AgentPolicySpec,
+    ApprovalDecision,
     ApprovalRequest,
     ChangeResponse,
     ExpiryAction,
     Outcome,
 )
 from durable_agents.core.approvals import approval_digest
+from durable_agents.core.authority import Unproven, decision_unproven
 from durable_agents.core.checkpoint import ApprovalRecord, Checkpoint, KubernetesEvidenceRef
 from durable_agents.core.durations import parse_duration
 from durable_agents.core.engine.actions import action_spec
-from durable_agents.core.engine.commits import CommitBuilder
+from durable_agents.core.engine.commits import CommitBuilder, refusal_of, refuse_in
 from durable_agents.core.engine.decisions import Commit, Decision, Idle, NeedEvidence
 from durable_agents.core.engine.snapshot import RunSnapshot, Settings
 from durable_agents.core.planner import PerformEffect, Planner, PlannerError, PlanningContext
@@ -42,6 +50,7 @@ def approved_for(
         effect=step.effect,
         arguments=spec.arguments,
         target=spec.target,
+        service_account=run.spec.service_account_name,
         policy_version=last.policy_version,
         run_uid=run.run_id,
         request_id=last.request_id,
@@ -71,6 +80,7 @@ def request_approval(
         effect=step.effect,
         arguments=spec.arguments,
         target=spec.target,
+        service_account=run.spec.service_account_name,
         policy_version=version,
         run_uid=run.run_id,
         request_id=request_id,
@@ -90,6 +100,7 @@ def request_approval(
         policy_reason=f"policy {settings.policy_name}@{version} requires approval for {reason}",
         approver_role=f"{rule.verb} on {rule.resource}"
         + (" (not the run's creator)" if rule.four_eyes else ""),
+        service_account=run.spec.service_account_name,
         expires_at=expires,
         allowed_decisions=[decision.value for decision in policy.allowed_decisions],
     )
@@ -107,7 +118,8 @@ def request_approval(
 
 
 def await_decision(builder: CommitBuilder, run: RunSnapshot, settings: Settings) -> Decision:
-    """In waiting_approval: take a decision stamped for this exact request, or expire per policy."""
+    """In waiting_approval: take a decision stamped for this exact request, refuse one that is not,
+    or expire per policy."""
     cp = builder.cp
     request = run.status.approval_request
     pending = [approval for approval in cp.approvals if approval.decision is None]
@@ -115,7 +127,17 @@ def await_decision(builder: CommitBuilder, run: RunSnapshot, settings: Settings)
         return builder.commit(RunEvent.APPROVAL_DECIDED, detail="no pending approval request recorded")
     record = pending[-1]
     decision = run.spec.approvals.get(record.request_id)
-    if decision is not None and decision.digest == record.digest and decision.approver is not None:
+    expired = builder.now >= record.expires_at
+    problem = None if decision is None else _unproven_decision(run, record, decision, settings)
+    if decision is not None and problem is not None and not expired:
+        # Never acted on, never recorded as decided: the run asks again (resume validation).
+        refused = refusal_of("approvals", record.request_id, problem, builder.now)
+        commit = builder.commit(
+            RunEvent.REVALIDATION_REQUIRED,
+            detail=f"decision on {record.request_id} refused ({problem.reason}): a new request follows",
+        )
+        return refuse_in(commit, refused)
+    if decision is not None and decision.approver is not None and problem is None:
         decided = record.model_copy(
             update={
                 "decision": "approved" if decision.decision == "approve" else "rejected",
@@ -133,7 +155,7 @@ def await_decision(builder: CommitBuilder, run: RunSnapshot, settings: Settings)
         )
         commit.status.approval_request = None
         return commit
-    if builder.now >= record.expires_at:
+    if expired:
         policy = settings.policy
         if policy is not None and policy.freshness.approval_expired is ExpiryAction.REAPPROVE:
             return builder.commit(
@@ -147,6 +169,24 @@ def await_decision(builder: CommitBuilder, run: RunSnapshot, settings: Settings)
     return Idle(
         wake_at=min(record.expires_at, deadline) if deadline else record.expires_at, reason="approval"
     )
+
+
+def _unproven_decision(
+    run: RunSnapshot, record: ApprovalRecord, decision: ApprovalDecision, settings: Settings
+) -> Unproven | None:
+    """Why the decision in the spec cannot be taken for ``record``: its stamp, then its digest."""
+    problem = decision_unproven(settings.keyring, run.run_id, record.request_id, decision)
+    if problem is not None:
+        return problem
+    if decision.approver is None:
+        return Unproven("Unstamped", f"the decision on {record.request_id!r} names no approver")
+    if decision.digest != record.digest:
+        return Unproven(
+            "DigestMismatch",
+            f"the decision on {record.request_id!r} names digest {decision.digest}, the request "
+            f"binds {record.digest}",
+        )
+    return None
 
 
 def decided_approval_of_step(cp: Checkpoint) -> ApprovalRecord | None:
@@ -201,7 +241,15 @@ def revalidate_approval(
             event=RunEvent.REAPPROVAL_REQUIRED,
         )
 
-    if record.decision is None:  # the request expired and the policy says: ask again
+    if record.decision is None:  # refused, or expired and the policy says: ask again
+        refused = next(
+            (r for r in run.status.refused_requests if (r.field, r.key) == ("approvals", record.request_id)),
+            None,
+        )
+        if refused is not None:
+            return reapprove(
+                f"a new request (the decision on {record.request_id} was refused: {refused.reason})"
+            )
         return reapprove("a new request (the last one expired)")
     if approved_for(cp, cp.position.step, run, spec, step) is None:
         return reapprove("the action changed since it was approved")

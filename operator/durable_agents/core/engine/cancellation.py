@@ -1,38 +1,72 @@
 """Cancellation requests: a task scope ends the run ``canceled``; a turn, tool-call or children
 scope abandons the current step (or its children) and the run goes on. In-flight work is always
-reconciled first, never assumed undone."""
+reconciled first, never assumed undone.
+
+Only a request the operator's admission webhook stamped is acted on. One whose stamp does not
+verify is never handled (nor recorded as handled): it is refused once, and the run goes on as
+if it were not there (a stamped request can still follow under another request ID).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from datetime import datetime
 
 from durable_agents.api.v1alpha1 import (
     ActionState,
+    AgentRunStatus,
     CancellationStatus,
     CancelRequest,
     CancelScope,
     Outcome,
+    RefusedRequest,
     UnreversedEffect,
 )
 from durable_agents.api.v1alpha1.states import RunState
+from durable_agents.core.authority import Unproven, cancellation_unproven
 from durable_agents.core.checkpoint import CancellationRecord, Checkpoint, ExternalEvidenceRef
 from durable_agents.core.engine.actions import SETTLED, pending_specs
 from durable_agents.core.engine.children import children_cancel_reason, ended, running_children
-from durable_agents.core.engine.commits import CommitBuilder
+from durable_agents.core.engine.commits import CommitBuilder, already_refused, refusal_of
 from durable_agents.core.engine.decisions import Commit, Decision, Idle, NeedActions, NeedChildren
 from durable_agents.core.engine.snapshot import ActionObservation, ChildObservation, RunSnapshot, Settings
 from durable_agents.core.planner import Planner
+from durable_agents.core.sealing import Keyring
 from durable_agents.core.statemachine import RunEvent
 
 
-def next_cancellation(run: RunSnapshot, cp: Checkpoint) -> tuple[str, CancelRequest] | None:
-    """The first cancellation request (by request ID) this run has not acted on yet."""
-    handled = {record.request_id for record in cp.cancellations}
-    if run.status.cancellation is not None:
-        handled.add(run.status.cancellation.request_id)
+def _not_handled(
+    run: RunSnapshot, handled: set[str], keyring: Keyring | None
+) -> Iterator[tuple[str, CancelRequest, Unproven | None]]:
+    """Each cancellation request not acted on yet, in request-ID order, with why it cannot be."""
+    status = run.status
+    if status.cancellation is not None:
+        handled = handled | {status.cancellation.request_id}
     for request_id in sorted(run.spec.cancellations):
         if request_id not in handled:
-            return request_id, run.spec.cancellations[request_id]
+            request = run.spec.cancellations[request_id]
+            yield request_id, request, cancellation_unproven(keyring, run.run_id, request_id, request)
+
+
+def next_cancellation(
+    run: RunSnapshot, cp: Checkpoint, keyring: Keyring | None = None
+) -> tuple[str, CancelRequest] | None:
+    """The first stamped cancellation request (by request ID) this run has not acted on yet."""
+    handled = {record.request_id for record in cp.cancellations}
+    for request_id, request, problem in _not_handled(run, handled, keyring):
+        if problem is None:
+            return request_id, request
+    return None
+
+
+def cancellation_to_refuse(
+    run: RunSnapshot, handled: set[str], keyring: Keyring | None, now: datetime
+) -> RefusedRequest | None:
+    """The first cancellation request whose stamp does not verify and that is not refused yet."""
+    status: AgentRunStatus = run.status
+    for request_id, _, problem in _not_handled(run, handled, keyring):
+        if problem is not None and not already_refused(status, "cancellations", request_id):
+            return refusal_of("cancellations", request_id, problem, now)
     return None
 
 

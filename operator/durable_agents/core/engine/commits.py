@@ -1,20 +1,39 @@
 """Building one commit: the state machine's transition, the state version, the lease epoch
-(fencing token), timestamps, conditions and history, all in one status written at once."""
+(fencing token), timestamps, conditions and history, all in one status written at once; the
+checkpoint stamped last (its integrity stamp, :mod:`durable_agents.core.checkpoint`).
+
+Also the one write that is not a transition: a :class:`Refusal` records a request the operator
+will not act on (its authority cannot be verified) in ``status.refusedRequests`` with the
+``RequestRefused`` condition, once per request, and leaves everything else as it is.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
 from datetime import datetime
+from typing import Literal
 
 from durable_agents.api.v1alpha1 import (
     HISTORY_LIMIT,
+    REFUSED_LIMIT,
     AgentRunStatus,
     Condition,
     ConditionStatus,
     HistoryEntry,
     Outcome,
+    RefusedRequest,
 )
 from durable_agents.api.v1alpha1.states import RunState
-from durable_agents.core.checkpoint import Checkpoint, Fencing, Loaded, RetryState, dump_checkpoint
+from durable_agents.core.authority import Unproven
+from durable_agents.core.checkpoint import (
+    Checkpoint,
+    Fencing,
+    Loaded,
+    RetryState,
+    dump_checkpoint,
+    stamp_checkpoint,
+)
 from durable_agents.core.engine.decisions import Commit
 from durable_agents.core.engine.snapshot import RunSnapshot, Settings
 from durable_agents.core.statemachine import Position as MachinePosition
@@ -30,6 +49,7 @@ class CommitBuilder:
         self.run, self.cp, self.now, self.epoch = run, loaded.checkpoint, now, epoch
         self.operator_version = settings.operator_version
         self.migrated_from = loaded.migrated_from
+        self.keyring = settings.keyring
 
     def commit(
         self,
@@ -61,6 +81,13 @@ class CommitBuilder:
                 "timestamps": timestamps,
                 "runtime_config": runtime,
             }
+        )
+        # Last, over the finished checkpoint: the proof that this operator committed its decisive
+        # fields (bound to the run ID the status records). Without keys, no stale stamp survives.
+        cp = (
+            stamp_checkpoint(cp, keyring=self.keyring, run_id=run.run_id)
+            if self.keyring is not None
+            else cp.model_copy(update={"integrity": None})
         )
         status = status_after(
             run,
@@ -126,6 +153,10 @@ def status_after(
         epoch=epoch.lease_transitions,
         detail=detail[:512] or None,
     )
+    conditions = [
+        *conditions_for(state, old.conditions, now, run.generation, outcome, waiting_for),
+        *refusal_conditions(old.refused_requests, old.conditions, now, run.generation),
+    ]
     return AgentRunStatus(
         state=state,
         state_version=version,
@@ -134,10 +165,11 @@ def status_after(
         waiting_for=waiting_for,
         observed_generation=run.generation,
         outcome=outcome if outcome is not None else old.outcome,
-        conditions=conditions_for(state, old.conditions, now, run.generation, outcome, waiting_for),
+        conditions=conditions,
         history=[*old.history, entry][-HISTORY_LIMIT:],
         cancellation=old.cancellation,
         quarantine_retried=old.quarantine_retried,
+        refused_requests=old.refused_requests,
     )
 
 
@@ -181,3 +213,81 @@ def conditions_for(
             )
         )
     return out
+
+
+# --- refusals --------------------------------------------------------------------------------
+
+REQUEST_REFUSED = "RequestRefused"
+RefusedField = Literal["approvals", "cancellations", "retryQuarantine"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Refusal(Commit):
+    """A commit that records one refused request (reported by an Event once written).
+
+    ``moved``: whether it is also a transition. When it is not, it moves nothing: the same state
+    and state version, no history entry, the checkpoint as stored; its ``event`` only repeats the
+    run's last transition (the log names it).
+    """
+
+    refused: RefusedRequest
+    moved: bool = True
+
+
+def refusal_of(field: RefusedField, key: str, problem: Unproven, now: datetime) -> RefusedRequest:
+    message = f"{field}[{key}] refused: {problem.message}"
+    return RefusedRequest(field=field, key=key[:128], reason=problem.reason, message=message[:512], at=now)
+
+
+def already_refused(status: AgentRunStatus, field: RefusedField, key: str) -> bool:
+    return any((refused.field, refused.key) == (field, key[:128]) for refused in status.refused_requests)
+
+
+def _recorded(status: AgentRunStatus, refused: RefusedRequest, now: datetime, generation: int) -> None:
+    """Add ``refused`` to the status (in place) and bring its condition up to date."""
+    status.refused_requests = [*status.refused_requests, refused][-REFUSED_LIMIT:]
+    others = [c for c in status.conditions if c.type != REQUEST_REFUSED]
+    status.conditions = [
+        *others,
+        *refusal_conditions(status.refused_requests, status.conditions, now, generation),
+    ]
+
+
+def refuse_in(commit: Commit, refused: RefusedRequest) -> Refusal:
+    """``commit`` (a transition), also recording ``refused``."""
+    status = commit.status.model_copy(deep=True)
+    _recorded(status, refused, refused.at, status.observed_generation or 0)
+    carried = {field.name: getattr(commit, field.name) for field in fields(Commit)}
+    return Refusal(**{**carried, "status": status}, refused=refused)
+
+
+def refuse(run: RunSnapshot, refused: RefusedRequest) -> Refusal:
+    """Record ``refused`` and change nothing else: the run goes on waiting (or working) as it was."""
+    status = run.status.model_copy(deep=True)
+    _recorded(status, refused, refused.at, run.generation)
+    history = run.status.history
+    last = RunEvent(history[-1].event) if history else RunEvent.ACCEPTED
+    raw = dict(run.raw_checkpoint) if run.raw_checkpoint is not None else None
+    return Refusal(last, status, raw, detail=refused.message, refused=refused, moved=False)
+
+
+def refusal_conditions(
+    refused: Sequence[RefusedRequest], previous: Sequence[Condition], now: datetime, generation: int
+) -> list[Condition]:
+    """``RequestRefused`` (True, the newest refusal's reason) once any request was refused."""
+    if not refused:
+        return []
+    newest = refused[-1]
+    prior = next((c for c in previous if c.type == REQUEST_REFUSED), None)
+    since = prior.last_transition_time if prior is not None and prior.status is ConditionStatus.TRUE else now
+    more = f" ({len(refused)} requests refused in all)" if len(refused) > 1 else ""
+    return [
+        Condition(
+            type=REQUEST_REFUSED,
+            status=ConditionStatus.TRUE,
+            reason=newest.reason,
+            message=(newest.message + more)[:32768],
+            last_transition_time=since,
+            observed_generation=generation,
+        )
+    ]

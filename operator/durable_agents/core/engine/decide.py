@@ -1,4 +1,11 @@
-"""The entry point: from a snapshot of a run to what happens next, by the run's state."""
+"""The entry point: from a snapshot of a run to what happens next, by the run's state.
+
+A run is accepted only if the operator can verify that its creator may act as its ServiceAccount
+(the admission webhook's stamp in ``spec.createdBy``); otherwise it fails at acceptance
+(``ServiceAccountNotAuthorized``) before any read, effect or child. A run an earlier operator
+accepted (it has a checkpoint and has left ``pending``) is not asked again: that operator
+checked what it checked then, and ``serviceAccountName`` and ``createdBy`` are immutable.
+"""
 
 from __future__ import annotations
 
@@ -7,17 +14,19 @@ from datetime import datetime
 
 from durable_agents.api.v1alpha1 import Outcome
 from durable_agents.api.v1alpha1.states import RunState
+from durable_agents.core.authority import Unproven, service_account_unproven
 from durable_agents.core.checkpoint import Checkpoint, Fencing, KubernetesEvidenceRef, Loaded, Quarantine
 from durable_agents.core.engine.actions import reconcile_actions
 from durable_agents.core.engine.approvals import await_decision
 from durable_agents.core.engine.cancellation import (
     cancellation_of_step,
+    cancellation_to_refuse,
     finish_cancel,
     handle_cancel,
     next_cancellation,
 )
 from durable_agents.core.engine.children import reconcile_children, running_children
-from durable_agents.core.engine.commits import CommitBuilder
+from durable_agents.core.engine.commits import CommitBuilder, commit_untouched, refuse
 from durable_agents.core.engine.decisions import Commit, Decision, Idle
 from durable_agents.core.engine.loading import initial_checkpoint, load_stored
 from durable_agents.core.engine.plan import plan
@@ -64,8 +73,19 @@ def decide(
     past_deadline = (
         run.spec.deadline is not None and now >= run.spec.deadline and state is not RunState.CANCEL_REQUESTED
     )
+    never_accepted = state is RunState.PENDING or run.raw_checkpoint is None
+    unauthorized = (
+        service_account_unproven(settings.keyring, run.namespace, run.name, run.spec)
+        if never_accepted and not past_deadline
+        else None
+    )
+    if unauthorized is not None and state is not RunState.PENDING:
+        # No checkpoint, yet not pending: a status the operator did not write. Nothing runs.
+        return commit_untouched(
+            run, now, epoch, RunEvent.QUARANTINE, _not_authorized(unauthorized), "ServiceAccountNotAuthorized"
+        )
     if state is RunState.PENDING and run.raw_checkpoint is None and not past_deadline:
-        return _accept(run, now, epoch, settings)
+        return _accept(run, now, epoch, settings, unauthorized)
 
     loaded = (
         Loaded(Checkpoint.model_validate(initial_checkpoint(run, now, epoch, settings)))
@@ -86,14 +106,30 @@ def decide(
                 message=f"the run's deadline {run.spec.deadline.isoformat()} passed",
             ),
         )
+    if unauthorized is not None:  # pending with a checkpoint (a takeover fenced it first)
+        return _reject(builder, unauthorized)
     return _by_state(builder, planner, settings, read, actions, fresh_evidence, children)
 
 
-def _accept(run: RunSnapshot, now: datetime, epoch: Fencing, settings: Settings) -> Commit:
+def _accept(
+    run: RunSnapshot, now: datetime, epoch: Fencing, settings: Settings, unauthorized: Unproven | None
+) -> Commit:
     cp = Checkpoint.model_validate(initial_checkpoint(run, now, epoch, settings))
-    return CommitBuilder(run, Loaded(cp), now, epoch, settings).commit(
-        RunEvent.ACCEPTED, detail="spec accepted"
+    builder = CommitBuilder(run, Loaded(cp), now, epoch, settings)
+    if unauthorized is not None:
+        return _reject(builder, unauthorized)
+    return builder.commit(RunEvent.ACCEPTED, detail="spec accepted")
+
+
+def _reject(builder: CommitBuilder, problem: Unproven) -> Commit:
+    """Not accepted: the run never acts as its ServiceAccount (nothing was read, done or started)."""
+    return builder.commit(
+        RunEvent.REJECTED, outcome=_not_authorized(problem), detail=f"not accepted: {problem.message}"
     )
+
+
+def _not_authorized(problem: Unproven) -> Outcome:
+    return Outcome(reason="ServiceAccountNotAuthorized", message=f"{problem.reason}: {problem.message}")
 
 
 def _by_state(
@@ -109,9 +145,13 @@ def _by_state(
     run, state = builder.run, builder.run.state
     if state is RunState.CANCEL_REQUESTED:
         return finish_cancel(builder, run, planner, settings, actions, children)
-    request = next_cancellation(run, builder.cp)
+    request = next_cancellation(run, builder.cp, settings.keyring)
     if request is not None:
         return handle_cancel(builder, run, *request)
+    handled = {record.request_id for record in builder.cp.cancellations}
+    refused = cancellation_to_refuse(run, handled, settings.keyring, builder.now)
+    if refused is not None:
+        return refuse(run, refused)
     if state is RunState.WAITING_INPUT:
         return leave_input_wait(builder)
     if state is RunState.WAITING_EXTERNAL:

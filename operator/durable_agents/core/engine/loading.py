@@ -1,12 +1,15 @@
-"""The checkpoint a decision starts from: a new run's initial one, or the stored one, loaded."""
+"""The checkpoint a decision starts from: a new run's initial one, or the stored one, loaded and
+verified: its sealed values still unseal, and its integrity stamp proves this operator wrote it."""
 
 from __future__ import annotations
 
 from datetime import datetime
 from typing import Any
 
+from durable_agents.api.v1alpha1 import ActionTier
 from durable_agents.api.v1alpha1.states import RunState
 from durable_agents.core.checkpoint import (
+    FIRST_STAMPED_SCHEMA_VERSION,
     Checkpoint,
     Fencing,
     Loaded,
@@ -17,9 +20,18 @@ from durable_agents.core.checkpoint import (
     Timestamps,
     dump_checkpoint,
     load_checkpoint,
+    stamp_checkpoint,
+    verify_integrity,
     verify_sealed,
 )
 from durable_agents.core.engine.snapshot import RunSnapshot, Settings
+
+# States whose status may name another position than the checkpoint: entered by a commit that
+# leaves the stored checkpoint untouched (quarantine; a cancellation from quarantine; a cancel of
+# an unreadable checkpoint), or terminal.
+_UNBOUND_STATES = frozenset(
+    {RunState.QUARANTINED, RunState.CANCEL_REQUESTED} | {state for state in RunState if state.terminal}
+)
 
 
 def initial_checkpoint(run: RunSnapshot, now: datetime, epoch: Fencing, settings: Settings) -> dict[str, Any]:
@@ -39,22 +51,104 @@ def initial_checkpoint(run: RunSnapshot, now: datetime, epoch: Fencing, settings
         else None,
         timestamps=Timestamps(created_at=now, updated_at=now, entered_state_at=now),
     )
+    if settings.keyring is not None:  # a takeover's fencing write stores it as it is
+        cp = stamp_checkpoint(cp, keyring=settings.keyring, run_id=run.run_id)
     return dump_checkpoint(cp)
 
 
 def load_stored(run: RunSnapshot, settings: Settings) -> Loaded | Quarantine:
-    """The stored checkpoint, migrated and validated, with every sealed value still unsealable.
+    """The stored checkpoint, migrated and validated, with every sealed value still unsealable and,
+    where this operator has keys, its integrity stamp verified and its position the status's.
 
     A sealed value that cannot be unsealed (its key retired, the ciphertext tampered with, or no
     keyring here at all) quarantines the run: resuming would act without data the run relies on.
-    Sealed values are bound to the recorded run ID, not the uid, so a restored run still unseals.
+    Sealed values and stamps are bound to the recorded run ID, not the uid, so a restored run
+    still verifies. Without a keyring (pure tests and tools: the operator never runs without one)
+    nothing is stamped, so nothing is verified.
     """
     loaded = load_checkpoint(run.raw_checkpoint)
-    if isinstance(loaded, Quarantine) or not loaded.checkpoint.sealed:
+    if isinstance(loaded, Quarantine):
         return loaded
-    if settings.keyring is None:
-        names = ", ".join(sorted(loaded.checkpoint.sealed))
+    keyring = settings.keyring
+    if keyring is None:
+        if loaded.checkpoint.sealed:
+            names = ", ".join(sorted(loaded.checkpoint.sealed))
+            return Quarantine(
+                "Undecryptable", f"sealed fields ({names}) and this operator has no sealing keyring"
+            )
+        return loaded
+    unsealable = verify_sealed(loaded.checkpoint, keyring=keyring, run_uid=run.run_id)
+    if unsealable is not None:
+        return unsealable
+    stored = run.raw_checkpoint
+    assert stored is not None  # load_checkpoint quarantines a missing one
+    if loaded.migrated_from is not None and loaded.migrated_from < FIRST_STAMPED_SCHEMA_VERSION:
+        return _adopt_legacy(run, loaded, settings)
+    return verify_integrity(stored, keyring=keyring, run_id=run.run_id) or _bound_to_status(run, loaded)
+
+
+def _bound_to_status(run: RunSnapshot, loaded: Loaded) -> Loaded | Quarantine:
+    """The engine acts by ``status.state``: it must be the stamped position (else the status was
+    moved by someone other than the operator, e.g. into ``resume_validation``)."""
+    position = loaded.checkpoint.position
+    if run.state in _UNBOUND_STATES or (position.state, position.state_version) == (
+        run.state.value,
+        run.status.state_version,
+    ):
+        return loaded
+    return Quarantine(
+        "IntegrityFailed",
+        f"status says {run.state.value} at stateVersion {run.status.state_version} but the stamped "
+        f"checkpoint says {position.state} at stateVersion {position.state_version}: the status was "
+        "written by someone other than the operator",
+    )
+
+
+def _adopt_legacy(run: RunSnapshot, loaded: Loaded, settings: Settings) -> Loaded | Quarantine:
+    """A checkpoint of a schema from before stamps (the previous operator version wrote it) is
+    adopted and stamped, if nothing in it claims more than the record can corroborate: each
+    recorded decision is in ``spec.approvals`` as the webhook stamped it (append-only), and each
+    pending action whose tier needs approval names an approved request."""
+    assert settings.keyring is not None
+    problem = _uncorroborated(run, loaded.checkpoint, settings)
+    if problem is not None:
         return Quarantine(
-            "Undecryptable", f"sealed fields ({names}) and this operator has no sealing keyring"
+            "IntegrityFailed",
+            f"schemaVersion {loaded.migrated_from} checkpoint (from before checkpoints were stamped) "
+            f"not adopted: {problem}",
         )
-    return verify_sealed(loaded.checkpoint, keyring=settings.keyring, run_uid=run.run_id) or loaded
+    bound = _bound_to_status(run, loaded)
+    if isinstance(bound, Quarantine):
+        return bound
+    adopted = stamp_checkpoint(loaded.checkpoint, keyring=settings.keyring, run_id=run.run_id)
+    return Loaded(adopted, migrated_from=loaded.migrated_from)
+
+
+def _uncorroborated(run: RunSnapshot, cp: Checkpoint, settings: Settings) -> str | None:
+    for record in cp.approvals:
+        if record.decision is None:
+            continue
+        given = run.spec.approvals.get(record.request_id)
+        if (
+            given is None
+            or given.digest != record.digest
+            or given.approver is None
+            or given.approver.username != record.decided_by
+            or ("approved" if given.decision == "approve" else "rejected") != record.decision
+        ):
+            return (
+                f"approval {record.request_id!r} is recorded as {record.decision} by {record.decided_by}, "
+                "but spec.approvals holds no such decision"
+            )
+    policy = settings.policy
+    if policy is None:
+        return None
+    approved = {record.request_id for record in cp.approvals if record.decision == "approved"}
+    for pending in cp.pending_actions:
+        tier = settings.tiers.get(pending.effect, ActionTier.CONSEQUENTIAL)
+        if tier in policy.approval_required_tiers and pending.approval_request_id not in approved:
+            return (
+                f"pending action {pending.idempotency_key!r} ({tier.value}) needs an approval "
+                "and names no approved request"
+            )
+    return None

@@ -1,7 +1,9 @@
 """Quarantine: a checkpoint this operator cannot read parks the run, untouched, until a user acts.
 
 Only two controls move a quarantined run: a task cancellation, or a retry token
-(``spec.retryQuarantine``), typically after an upgrade or once the sealing key is back.
+(``spec.retryQuarantine``), typically after an upgrade or once the sealing key is back. Each
+counts only if the operator's admission webhook stamped it; one that is not is refused once and
+the run stays quarantined.
 """
 
 from __future__ import annotations
@@ -9,8 +11,15 @@ from __future__ import annotations
 from datetime import datetime
 
 from durable_agents.api.v1alpha1 import CancellationStatus, CancelScope, Outcome
+from durable_agents.core.authority import cancellation_unproven, retry_unproven
 from durable_agents.core.checkpoint import Fencing, Quarantine
-from durable_agents.core.engine.commits import CommitBuilder, commit_untouched
+from durable_agents.core.engine.commits import (
+    CommitBuilder,
+    already_refused,
+    commit_untouched,
+    refusal_of,
+    refuse,
+)
 from durable_agents.core.engine.decisions import Commit, Decision, Idle
 from durable_agents.core.engine.loading import load_stored
 from durable_agents.core.engine.snapshot import RunSnapshot, Settings
@@ -26,15 +35,17 @@ def enter_quarantine(run: RunSnapshot, now: datetime, epoch: Fencing, problem: Q
 
 
 def quarantine_controls(run: RunSnapshot, now: datetime, epoch: Fencing, settings: Settings) -> Decision:
-    """A quarantined run moves only on a user's control: cancel, or retry (after an upgrade)."""
-    spec, status = run.spec, run.status
+    """A quarantined run moves only on a user's stamped control: cancel, or retry (after an
+    upgrade); an unstamped one is refused once."""
+    spec, status, keyring = run.spec, run.status, settings.keyring
     handled = status.cancellation.request_id if status.cancellation else None
     # Only the whole task can be canceled: narrower scopes need a readable checkpoint.
-    pending = [
-        request_id
-        for request_id in sorted(spec.cancellations)
-        if request_id != handled and spec.cancellations[request_id].scope is CancelScope.TASK
-    ]
+    unproven = {
+        request_id: cancellation_unproven(keyring, run.run_id, request_id, request)
+        for request_id, request in sorted(spec.cancellations.items())
+        if request_id != handled and request.scope is CancelScope.TASK
+    }
+    pending = [request_id for request_id, problem in unproven.items() if problem is None]
     if pending:
         request = spec.cancellations[pending[0]]
         commit = commit_untouched(
@@ -47,9 +58,17 @@ def quarantine_controls(run: RunSnapshot, now: datetime, epoch: Fencing, setting
             requested_at=request.requested_at,
         )
         return commit
+    for request_id, problem in unproven.items():
+        if problem is not None and not already_refused(status, "cancellations", request_id):
+            return refuse(run, refusal_of("cancellations", request_id, problem, now))
     token = spec.retry_quarantine
     if token is None or token == status.quarantine_retried:
         return Idle(reason="quarantined: retry (spec.retryQuarantine) or cancel")
+    problem = retry_unproven(keyring, run.run_id, token, spec.retry_quarantine_request)
+    if problem is not None:
+        if already_refused(status, "retryQuarantine", token):
+            return Idle(reason=f"quarantined: retry {token} refused ({problem.reason})")
+        return refuse(run, refusal_of("retryQuarantine", token, problem, now))
     loaded = load_stored(run, settings)
     if isinstance(loaded, Quarantine):
         return Idle(reason=f"quarantined: still unreadable: {loaded.message}")

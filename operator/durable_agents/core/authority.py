@@ -1,0 +1,219 @@
+"""Authority the operator can verify: what its admission webhook's stamps on a run's requests
+vouch for, how a stamp is made, and whether one holds.
+
+Writing a field proves nothing: with the webhook off (or misconfigured), anyone who may patch an
+AgentRun can write an approval decision with any ``approver``, a cancellation, a retry token, or
+create a run naming any ServiceAccount of the namespace. So the webhook, which has asked the API
+server who the user is and whether RBAC lets them, stamps what it admitted
+(:mod:`durable_agents.core.stamps`, keys the operator alone holds), and the engine acts only on a
+request whose stamp verifies:
+
+- an approval decision (``Purpose.DECISION``): run ID, request ID, decision, digest, reason,
+  approver, decision time;
+- a cancellation or a quarantine retry (``Purpose.CONTROL``): run ID, request ID (the retry's
+  token), scope and reason, who asked, when;
+- the run's ServiceAccount (``Purpose.SERVICE_ACCOUNT``, in ``spec.createdBy.stamp``): namespace,
+  run name, ServiceAccount, creator: the creator was allowed to ``use`` it.
+
+The run ID is ``status.runId`` (the uid until the first commit), so a stamp copied into another
+run does not verify, and a run restored from a backup keeps its stamps. Times are stamped in one
+fixed form (:func:`instant`) so that what the webhook stamped and what the engine reads back
+agree to the microsecond. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from durable_agents.api.v1alpha1 import (
+    AgentRunSpec,
+    ApprovalDecision,
+    CancelRequest,
+    ControlRequest,
+    Identity,
+)
+from durable_agents.core.sealing import Keyring
+from durable_agents.core.stamps import Purpose, stamp, stamp_key_id, verify
+
+UNSTAMPED = "Unstamped"
+STAMP_INVALID = "StampInvalid"
+
+
+def instant(moment: datetime) -> str:
+    """A time as the webhook writes it and as stamps cover it (UTC, microseconds)."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _who(identity: Identity) -> dict[str, Any]:
+    return identity.who().wire()
+
+
+def decision_proof(run_id: str, request_id: str, decision: ApprovalDecision) -> dict[str, Any] | None:
+    """What a decision's stamp covers; None while it names no approver or time (never stamped)."""
+    if decision.approver is None or decision.decided_at is None:
+        return None
+    return {
+        "runId": run_id,
+        "requestId": request_id,
+        "decision": decision.decision,
+        "digest": decision.digest,
+        "reason": decision.reason or "",
+        "approver": _who(decision.approver),
+        "decidedAt": instant(decision.decided_at),
+    }
+
+
+def cancellation_proof(run_id: str, request_id: str, request: CancelRequest) -> dict[str, Any] | None:
+    """What a cancellation's stamp covers; None while it names nobody who asked, or no time."""
+    if request.requested_by is None or request.requested_at is None:
+        return None
+    return {
+        "runId": run_id,
+        "requestId": request_id,
+        "scope": request.scope.value,
+        "reason": request.reason,
+        "requestedBy": _who(request.requested_by),
+        "requestedAt": instant(request.requested_at),
+    }
+
+
+def retry_proof(run_id: str, token: str, request: ControlRequest | None) -> dict[str, Any] | None:
+    """What a quarantine retry's stamp covers (in ``spec.retryQuarantineRequest``)."""
+    if request is None or request.requested_by is None or request.requested_at is None:
+        return None
+    return {
+        "runId": run_id,
+        "retryQuarantine": token,
+        "requestedBy": _who(request.requested_by),
+        "requestedAt": instant(request.requested_at),
+    }
+
+
+def service_account_proof(
+    namespace: str, name: str, service_account: str, creator: Identity
+) -> dict[str, Any]:
+    """What the creator's stamp covers: this creator may act as this ServiceAccount in this run."""
+    return {
+        "namespace": namespace,
+        "name": name,
+        "serviceAccountName": service_account,
+        "creator": _who(creator),
+    }
+
+
+def _stamped(keyring: Keyring, purpose: Purpose, proof: Mapping[str, Any] | None, what: str) -> str:
+    if proof is None:
+        raise ValueError(f"{what} names nobody to stamp")
+    return stamp(keyring, purpose, proof)
+
+
+def stamp_decision(keyring: Keyring, run_id: str, request_id: str, decision: ApprovalDecision) -> str:
+    return _stamped(keyring, Purpose.DECISION, decision_proof(run_id, request_id, decision), "a decision")
+
+
+def stamp_cancellation(keyring: Keyring, run_id: str, request_id: str, request: CancelRequest) -> str:
+    proof = cancellation_proof(run_id, request_id, request)
+    return _stamped(keyring, Purpose.CONTROL, proof, "a cancellation")
+
+
+def stamp_retry(keyring: Keyring, run_id: str, token: str, request: ControlRequest) -> str:
+    return _stamped(keyring, Purpose.CONTROL, retry_proof(run_id, token, request), "a retry")
+
+
+def stamp_creator(
+    keyring: Keyring, namespace: str, name: str, service_account: str, creator: Identity
+) -> dict[str, Any]:
+    """``spec.createdBy`` for a run this creator may create as ``service_account``: the identity
+    and the operator's stamp over it."""
+    proof = service_account_proof(namespace, name, service_account, creator)
+    return {**_who(creator), "stamp": stamp(keyring, Purpose.SERVICE_ACCOUNT, proof)}
+
+
+@dataclass(frozen=True)
+class Unproven:
+    """Why a request's authority cannot be verified: ``reason`` is a condition reason."""
+
+    reason: str
+    message: str
+
+
+def unproven(
+    keyring: Keyring | None,
+    purpose: Purpose,
+    proof: Mapping[str, Any] | None,
+    value: str | None,
+    what: str,
+) -> Unproven | None:
+    """None if ``value`` is this keyring's stamp over ``proof``; else why not.
+
+    Without a keyring (pure tests and tools: the operator never runs without one) nothing is
+    stamped, so nothing is verified.
+    """
+    if keyring is None:
+        return None
+    if proof is None or not value:
+        return Unproven(
+            UNSTAMPED,
+            f"{what} carries no stamp of the operator's admission webhook (written while the webhook "
+            "was off, or by hand)",
+        )
+    try:
+        authentic = verify(keyring, purpose, proof, value)
+    except (TypeError, ValueError):  # not what was stamped (a stamp is made over plain JSON)
+        authentic = False
+    if authentic:
+        return None
+    key_id = stamp_key_id(value)
+    if key_id not in keyring.keys:
+        return Unproven(
+            STAMP_INVALID,
+            f"{what} is stamped with key {key_id!r}, which is not in this operator's keyring",
+        )
+    return Unproven(
+        STAMP_INVALID,
+        f"{what} has a stamp that does not verify: these fields were not admitted as they are by "
+        "the operator's admission webhook",
+    )
+
+
+def decision_unproven(
+    keyring: Keyring | None, run_id: str, request_id: str, decision: ApprovalDecision
+) -> Unproven | None:
+    proof = decision_proof(run_id, request_id, decision)
+    return unproven(keyring, Purpose.DECISION, proof, decision.stamp, f"the decision on {request_id!r}")
+
+
+def cancellation_unproven(
+    keyring: Keyring | None, run_id: str, request_id: str, request: CancelRequest
+) -> Unproven | None:
+    proof = cancellation_proof(run_id, request_id, request)
+    return unproven(keyring, Purpose.CONTROL, proof, request.stamp, f"cancellation {request_id!r}")
+
+
+def retry_unproven(
+    keyring: Keyring | None, run_id: str, token: str, request: ControlRequest | None
+) -> Unproven | None:
+    proof = retry_proof(run_id, token, request)
+    value = request.stamp if request is not None else None
+    return unproven(keyring, Purpose.CONTROL, proof, value, f"retryQuarantine {token!r}")
+
+
+def service_account_unproven(
+    keyring: Keyring | None, namespace: str, name: str, spec: AgentRunSpec
+) -> Unproven | None:
+    """Why the run may not act as its ServiceAccount, or None: its creator's stamp must verify."""
+    creator = spec.created_by
+    proof = (
+        service_account_proof(namespace, name, spec.service_account_name, creator)
+        if creator is not None
+        else None
+    )
+    what = f"the run's use of ServiceAccount {spec.service_account_name!r}"
+    found = unproven(keyring, Purpose.SERVICE_ACCOUNT, proof, creator.stamp if creator else None, what)
+    if found is None:
+        return None
+    who = f" by {creator.username!r}" if creator is not None else ""
+    return Unproven(found.reason, f"{found.message}; no proof that its creator{who} may use it")
