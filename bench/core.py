@@ -37,6 +37,7 @@ from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents_testkit.audit import read_audit
 from durable_agents_testkit.cluster import KubeEnv, install_crds
 from durable_agents_testkit.eventually import Within, eventually
+from durable_agents_testkit.keys import admitted
 from durable_agents_testkit.localcluster.controlplane import LocalControlPlane
 from durable_agents_testkit.operator_process import OperatorProcess
 from durable_agents_testkit.refsystem import ReferenceSystemThread
@@ -112,7 +113,10 @@ def create_runs(env: Env, namespace: str, specs: dict[str, dict[str, Any]], thre
     custom = env.custom
 
     def create(item: tuple[str, dict[str, Any]]) -> None:
-        custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "agentruns", run_body(*item))
+        body = run_body(*item)
+        body["metadata"]["namespace"] = namespace
+        body["spec"] = {**body["spec"], **admitted("CREATE", body, None)}  # as the webhook stamps it
+        custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "agentruns", body)
 
     with ThreadPoolExecutor(threads) as pool:
         list(pool.map(create, specs.items()))
@@ -282,7 +286,8 @@ def bench_approval(env: Env, runs: int) -> list[float]:
                     "approver": {"username": "bench"},
                     "decidedAt": datetime.now(UTC).isoformat(),
                 }
-                patch = {"spec": {"approvals": {request["requestId"]: decision}}}
+                decided_run = {**run, "spec": {**run["spec"], "approvals": {request["requestId"]: decision}}}
+                patch = {"spec": admitted("UPDATE", decided_run, run)}  # stamped as the webhook does
                 env.custom.patch_namespaced_custom_object(
                     GROUP, VERSION, namespace, "agentruns", run["metadata"]["name"], patch
                 )

@@ -50,7 +50,11 @@ def people(kube: KubeEnv, namespace: str) -> dict[str, client.ApiClient]:
             namespace,
             {
                 "metadata": {"name": f"agentrun-{role}"},
-                "rules": [{"apiGroups": [GROUP], "resources": ["agentruns"], "verbs": verbs}],
+                "rules": [
+                    {"apiGroups": [GROUP], "resources": ["agentruns"], "verbs": verbs},
+                    # Creating a run acts as its ServiceAccount: allowed to use it.
+                    {"apiGroups": [""], "resources": ["serviceaccounts"], "verbs": ["use"]},
+                ],
             },
         )
         rbac.create_namespaced_role_binding(

@@ -361,6 +361,7 @@ class DurableAgentsPeer(PeerSystem):
         try:
             timing.started = time.time()
             body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "AgentRun", "metadata": {"name": name}}
+            # The operator's webhook stamps the create (the run's ServiceAccount may be used).
             created = self.custom.create_namespaced_custom_object(
                 GROUP, VERSION, ns, "agentruns", {**body, "spec": spec}
             )

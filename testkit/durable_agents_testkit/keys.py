@@ -9,10 +9,15 @@ from __future__ import annotations
 
 import os
 import tempfile
+from datetime import UTC, datetime
 from functools import cache
 from pathlib import Path
+from typing import Any
 
-from durable_agents.core.sealing import generate_key
+from durable_agents.api.v1alpha1 import Identity
+from durable_agents.core.sealing import Keyring, generate_key
+from durable_agents.shell.admission import stamps
+from durable_agents.shell.keyring import load_keyring
 
 ACTIVE_KEY_ID = "test-key-1"
 
@@ -30,3 +35,21 @@ def keyring_env() -> dict[str, str]:
         "DURABLE_AGENTS_SEALING_KEYS_DIR": str(session_keys_dir()),
         "DURABLE_AGENTS_SEALING_ACTIVE_KEY": ACTIVE_KEY_ID,
     }
+
+
+def session_keyring() -> Keyring:
+    return load_keyring(session_keys_dir(), ACTIVE_KEY_ID)
+
+
+# The test kit writes runs and requests as an administrator would through the admission webhook:
+# suites that are not about admission run operators without a webhook (one per test would have to
+# stay up for every write), so the test kit stamps its own writes with the session's keys, exactly
+# as the webhook does (the same function). Tests of forged or unstamped input write raw instead.
+TEST_KIT_USER = Identity(username="durable-agents-test-kit")
+
+
+def admitted(
+    operation: str, new: dict[str, Any], old: dict[str, Any] | None, user: Identity = TEST_KIT_USER
+) -> dict[str, Any]:
+    """The spec fields the admission webhook would stamp into ``new`` (a merge into its spec)."""
+    return stamps(operation, new, old, user, datetime.now(UTC), session_keyring())

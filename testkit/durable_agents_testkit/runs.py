@@ -10,6 +10,16 @@ from kubernetes import client
 from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents_testkit.cluster import KubeEnv
 from durable_agents_testkit.eventually import Within, eventually
+from durable_agents_testkit.keys import admitted
+
+STAMPED_REQUESTS = frozenset({"approvals", "cancellations", "retryQuarantine"})
+
+
+def _merged(old: Any, patch: Any) -> Any:
+    """A JSON merge patch's result for one field (maps merge, anything else replaces)."""
+    if isinstance(old, dict) and isinstance(patch, dict):
+        return {**old, **patch}
+    return patch
 
 
 class Runs:
@@ -20,14 +30,17 @@ class Runs:
         self.namespace = namespace
         self.custom = kube.custom()
 
-    def create(self, spec: dict[str, Any], name: str | None = None) -> str:
+    def create(self, spec: dict[str, Any], name: str | None = None, *, stamped: bool = True) -> str:
+        """Create a run; ``stamped``: as through the admission webhook (see :mod:`.keys`)."""
         name = name or f"run-{uuid.uuid4().hex[:8]}"
-        body = {
+        body: dict[str, Any] = {
             "apiVersion": f"{GROUP}/{VERSION}",
             "kind": "AgentRun",
-            "metadata": {"name": name},
+            "metadata": {"name": name, "namespace": self.namespace},
             "spec": spec,
         }
+        if stamped and "createdBy" not in spec:
+            body["spec"] = {**spec, **admitted("CREATE", body, None)}
         self.custom.create_namespaced_custom_object(GROUP, VERSION, self.namespace, "agentruns", body)
         return name
 
@@ -46,7 +59,16 @@ class Runs:
     def state(self, name: str) -> str:
         return str((self.get(name).get("status") or {}).get("state", ""))
 
-    def patch_spec(self, name: str, spec: dict[str, Any]) -> None:
+    def patch_spec(self, name: str, spec: dict[str, Any], *, stamped: bool = True) -> None:
+        """Merge-patch the spec; ``stamped``: new requests (decisions, cancellations, a quarantine
+        retry) stamped as through the admission webhook (see :mod:`.keys`)."""
+        if stamped and STAMPED_REQUESTS & spec.keys():
+            old = self.get(name)
+            new = {
+                **old,
+                "spec": {**old["spec"], **{k: _merged(old["spec"].get(k), v) for k, v in spec.items()}},
+            }
+            spec = {**spec, **admitted("UPDATE", new, old)}
         self.custom.patch_namespaced_custom_object(
             GROUP, VERSION, self.namespace, "agentruns", name, {"spec": spec}
         )

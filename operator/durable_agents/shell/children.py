@@ -14,16 +14,18 @@ ServiceAccount may: no confused deputy.
 from __future__ import annotations
 
 import logging
+from datetime import UTC, datetime
 from typing import Any
 
 from kubernetes.client.rest import ApiException
 
-from durable_agents.api.v1alpha1 import API_VERSION, AgentRunStatus
+from durable_agents.api.v1alpha1 import API_VERSION, AgentRunStatus, Identity
 from durable_agents.api.v1alpha1.states import RunState
 from durable_agents.core.engine import ChildObservation, NeedChildren, RunSnapshot
 from durable_agents.core.engine.children import FOREIGN_CHILD, foreign_child, stamp_child
 from durable_agents.core.sealing import Keyring
 from durable_agents.shell import metrics
+from durable_agents.shell.admission import stamps
 from durable_agents.shell.events import EventRecorder
 from durable_agents.shell.faults import FaultPoints, process_faults
 from durable_agents.shell.kube import Kube, service_account_user
@@ -56,6 +58,12 @@ class ChildRuns:
         user = service_account_user(parent.namespace, parent.spec.service_account_name)
         if self.keyring is not None:
             body = stamp_child(body, self.keyring, parent.run_id)
+            # Stamped as the admission webhook stamps a run its creator may run as this
+            # ServiceAccount (a ServiceAccount may act as itself): with the webhook off, the
+            # child is still provably the operator's; with it on, the webhook stamps it again.
+            body = {**body, "metadata": {**body["metadata"], "namespace": parent.namespace}}
+            creator = stamps("CREATE", body, None, Identity(username=user), datetime.now(UTC), self.keyring)
+            body = {**body, "spec": {**body["spec"], **creator}}
         else:
             name = body["metadata"]["name"]
             log.error("no keyring: child run %s is created unstamped and will not be adopted", name)
@@ -88,7 +96,14 @@ class ChildRuns:
         if any(k.startswith("parent-") for k in (child.get("spec") or {}).get("cancellations") or {}):
             return  # asked already
         user = service_account_user(parent.namespace, parent.spec.service_account_name)
-        patch = {"spec": {"cancellations": {request_id: {"scope": "task", "reason": reason[:1024]}}}}
+        request = {"scope": "task", "reason": reason[:1024]}
+        patch: dict[str, Any] = {"spec": {"cancellations": {request_id: request}}}
+        if self.keyring is not None:  # stamped as the webhook would: the child acts on it either way
+            spec = child.get("spec") or {}
+            requests = {**(spec.get("cancellations") or {}), request_id: request}
+            asked = {**child, "spec": {**spec, "cancellations": requests}}
+            now = datetime.now(UTC)
+            patch["spec"].update(stamps("UPDATE", asked, child, Identity(username=user), now, self.keyring))
         name = child["metadata"]["name"]
 
         def send() -> None:
