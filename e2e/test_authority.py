@@ -383,9 +383,11 @@ def test_with_the_webhook_off_nothing_unstamped_is_acted_on_and_a_stamped_decisi
         "decidedAt": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
         "stamp": FORGED_STAMP,
     }
-    runs.patch_spec(paying, {"approvals": {"pay-1": forged}})
+    runs.patch_spec(paying, {"approvals": {"pay-1": forged}}, stamped=False)
     # Without the webhook, the API server's own rules still keep requests append-only.
-    assert_withdrawal_refused(refused(lambda: runs.patch_spec(paying, {"approvals": None})), "approvals")
+    assert_withdrawal_refused(
+        refused(lambda: runs.patch_spec(paying, {"approvals": None}, stamped=False)), "approvals"
+    )
     asked_again = eventually(
         lambda: (
             (runs.get(paying)["status"].get("approvalRequest") or {}).get("requestId") == "pay-2"
@@ -416,7 +418,7 @@ def test_with_the_webhook_off_nothing_unstamped_is_acted_on_and_a_stamped_decisi
             "requestedBy": HAND_WRITTEN,
             "stamp": FORGED_STAMP,
         }
-        runs.patch_spec(paying, {"cancellations": {request_id: cancellation}})
+        runs.patch_spec(paying, {"cancellations": {request_id: cancellation}}, stamped=False)
         eventually(
             lambda request_id=request_id: any(
                 f"cancellations[{request_id}]" in m for m in refusal_events(runs, paying)
@@ -511,7 +513,7 @@ def test_a_run_whose_service_account_is_not_proven_fails_and_does_nothing_as_it(
     start_operator("no-webhook", LEASE)
     forged = {**spec, "createdBy": {"username": "admin", "groups": ["system:masters"], "stamp": FORGED_STAMP}}
     runs.create(forged, name="forged")
-    runs.create(spec, name="unstamped")
+    runs.create(spec, name="unstamped", stamped=False)  # as an admin would, the webhook off
     for name, reason in (("forged", "StampInvalid"), ("unstamped", "Unstamped")):
         run = runs.wait_state(name, "failed", "completed")
         status = run["status"]
