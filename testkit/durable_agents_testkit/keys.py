@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import threading
 from datetime import UTC, datetime
 from functools import cache
 from pathlib import Path
@@ -22,8 +23,18 @@ from durable_agents.shell.keyring import load_keyring
 ACTIVE_KEY_ID = "test-key-1"
 
 
-@cache
+_made = threading.Lock()
+
+
 def session_keys_dir() -> Path:
+    # Under a lock: the chaos lab's first calls come from several threads at once, and two
+    # directories would mean runs stamped with one key and operators holding another.
+    with _made:
+        return _session_keys_dir()
+
+
+@cache
+def _session_keys_dir() -> Path:
     directory = Path(tempfile.mkdtemp(prefix=f"durable-agents-keys-{os.getpid()}-"))
     (directory / ACTIVE_KEY_ID).write_bytes(generate_key())
     return directory
