@@ -11,7 +11,9 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from durable_agents_testkit.cluster import KubeEnv
+from durable_agents_testkit.localcluster.controlplane import LocalControlPlane
 from durable_agents_testkit.operator_process import OperatorProcess
+from durable_agents_testkit.refsystem import ReferenceSystemThread
 from durable_agents_testkit.runs import Runs
 
 REPO = Path(__file__).resolve().parents[1]
@@ -97,3 +99,18 @@ def readable_configmap(kube: KubeEnv, namespace: str) -> str:
         },
     )
     return "settings"
+
+
+@pytest.fixture
+def refsystem() -> Iterator[ReferenceSystemThread]:
+    """The counting reference system effects are sent to (loopback)."""
+    with ReferenceSystemThread() as system:
+        yield system
+
+
+@pytest.fixture
+def plane(kube: KubeEnv) -> LocalControlPlane:
+    """The local control plane, for tests that read its etcd or mint users with its CA."""
+    if kube.plane is None:
+        pytest.skip("needs the local control plane (reads its etcd, or mints users with its client CA)")
+    return kube.plane

@@ -10,7 +10,7 @@ import os
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -25,12 +25,6 @@ from durable_agents_testkit.runs import Runs, assert_history_is_gapless
 from durable_agents_testkit.scrape import free_port
 
 LEASE = 2
-
-
-@pytest.fixture
-def refsystem() -> Iterator[ReferenceSystemThread]:
-    with ReferenceSystemThread() as system:
-        yield system
 
 
 @pytest.fixture

@@ -11,29 +11,15 @@ import ssl
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 from kubernetes import client
 
-from durable_agents_testkit.cluster import KubeEnv
 from durable_agents_testkit.localcluster.controlplane import ENCRYPTION_KEY_NAME, LocalControlPlane
 from durable_agents_testkit.operator_process import OperatorProcess
 from durable_agents_testkit.refsystem import ReferenceSystemThread
 from durable_agents_testkit.runs import Runs
-
-
-@pytest.fixture
-def plane(kube: KubeEnv) -> LocalControlPlane:
-    if kube.plane is None:
-        pytest.skip("reads the local control plane's etcd directly")
-    return kube.plane
-
-
-@pytest.fixture
-def refsystem() -> Iterator[ReferenceSystemThread]:
-    with ReferenceSystemThread() as system:
-        yield system
 
 
 def test_etcd_refuses_clients_without_a_certificate(plane: LocalControlPlane) -> None:

@@ -12,7 +12,7 @@ included. The operator's second line must hold then: nothing is acted on, and th
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -22,6 +22,7 @@ from kubernetes import client
 from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents_testkit.cluster import KubeEnv
 from durable_agents_testkit.eventually import Within, eventually
+from durable_agents_testkit.keys import unsealed
 from durable_agents_testkit.operator_process import OperatorProcess
 from durable_agents_testkit.refsystem import ReferenceSystemThread
 from durable_agents_testkit.runs import Runs, assert_history_is_gapless
@@ -30,12 +31,6 @@ from durable_agents_testkit.scrape import free_port
 LEASE = 2
 FORGED_STAMP = "test-key-1:" + "QUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUE="
 HAND_WRITTEN = {"username": "alice", "groups": ["approvers"]}
-
-
-@pytest.fixture
-def refsystem() -> Iterator[ReferenceSystemThread]:
-    with ReferenceSystemThread() as system:
-        yield system
 
 
 def grant(kube: KubeEnv, namespace: str, user: str, rules: list[dict[str, Any]]) -> None:
@@ -356,7 +351,10 @@ def test_with_the_webhook_requests_are_append_only_whatever_the_patch(
     done = runs.wait_state(paying, "completed")
     assert done["spec"]["approvals"]["pay-1"]["approver"]["username"] == "alice"
     assert list(refsystem.counts().values()) == [1]
-    assert runs.get(name)["spec"]["answers"] == {"confirm": "yes"}
+    stored = runs.get(name)
+    answer = stored["spec"]["answers"]["confirm"]
+    assert answer != "yes"  # sealed by the webhook, and still the one given
+    assert unsealed(stored, answer, "answers/confirm") == "yes"
 
 
 def test_with_the_webhook_off_nothing_unstamped_is_acted_on_and_a_stamped_decision_still_works(

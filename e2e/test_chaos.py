@@ -141,12 +141,6 @@ def chaos_report(request: pytest.FixtureRequest) -> Iterator[ChaosReport]:
 
 
 @pytest.fixture
-def refsystem() -> Iterator[ReferenceSystemThread]:
-    with ReferenceSystemThread() as system:
-        yield system
-
-
-@pytest.fixture
 def lab(
     request: pytest.FixtureRequest,
     kube: KubeEnv,

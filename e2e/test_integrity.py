@@ -41,12 +41,6 @@ FORGED_AMOUNT = 1000000
 
 
 @pytest.fixture
-def refsystem() -> Iterator[ReferenceSystemThread]:
-    with ReferenceSystemThread() as system:
-        yield system
-
-
-@pytest.fixture
 def mallory(kube: KubeEnv, namespace: str) -> client.ApiClient:
     """A user RBAC grants too much here: ActionRecords and the status of runs, as only the
     operator should have."""

@@ -20,7 +20,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import datetime
 from functools import partial
 from typing import Any
@@ -39,12 +39,6 @@ from durable_agents_testkit.runs import Runs, assert_history_is_gapless
 from durable_agents_testkit.scrape import free_port, metric, scrape
 
 LEASE = 2
-
-
-@pytest.fixture
-def refsystem() -> Iterator[ReferenceSystemThread]:
-    with ReferenceSystemThread() as system:
-        yield system
 
 
 def pay(url: str, name: str = "pay", amount: int = 10) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -10,8 +10,10 @@ from kubernetes import client
 
 from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents.core.ledger import action_record_name, idempotency_key
+from durable_agents.core.sealed_values import outcome_label
 from durable_agents_testkit.cluster import KubeEnv
 from durable_agents_testkit.eventually import Within, eventually
+from durable_agents_testkit.keys import unsealed
 from durable_agents_testkit.operator_process import OperatorProcess
 from durable_agents_testkit.refsystem import ReferenceSystemThread
 from durable_agents_testkit.runs import Runs, assert_history_is_gapless
@@ -19,12 +21,6 @@ from durable_agents_testkit.scrape import free_port, metric, scrape
 
 LEASE = 2
 EFFECT_EVENTS = ["accepted", "external_awaited", "external_received", "revalidated", "succeeded"]
-
-
-@pytest.fixture
-def refsystem() -> Iterator[ReferenceSystemThread]:
-    with ReferenceSystemThread() as system:
-        yield system
 
 
 def http_effect_run(url: str, amount: int = 10) -> dict[str, Any]:
@@ -90,7 +86,8 @@ def test_effect_is_applied_once_and_its_outcome_becomes_evidence(
     record = record_of(runs, key)
     assert record["status"]["state"] == "succeeded"
     assert record["status"]["attempts"] == 1
-    assert record["status"]["outcome"]["receipt"].startswith("rcpt-")
+    outcome = unsealed(done, record["status"]["outcome"], outcome_label(record["metadata"]["name"]))
+    assert outcome["receipt"].startswith("rcpt-")  # sealed in the record, the response as it came
     assert record["spec"]["idempotencyKey"] == key
     cp = done["status"]["checkpoint"]
     assert cp["pendingActions"] == [] if "pendingActions" in cp else True

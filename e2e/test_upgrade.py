@@ -13,7 +13,7 @@ effect was in flight when the new operator was replaced by the old one.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -69,12 +69,6 @@ def old_release(tmp_path_factory: pytest.TempPathFactory) -> Release:
     assert found["version"] is None, "the previous release has no durable_agents.__version__"
     assert found["schemaVersion"] == 1
     return release
-
-
-@pytest.fixture
-def refsystem() -> Iterator[ReferenceSystemThread]:
-    with ReferenceSystemThread() as system:
-        yield system
 
 
 def canonical(checkpoint: dict[str, Any]) -> bytes:

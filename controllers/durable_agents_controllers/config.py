@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from durable_agents import __version__
+from durable_agents.core.durations import InvalidDuration, parse_duration
 from durable_agents.core.sealing import Keyring, KeyringError
 from durable_agents.shell.faults import FaultPoints, Trigger
 from durable_agents.shell.keyring import load_keyring
@@ -66,6 +67,8 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("WEBHOOK_HOST", "127.0.0.1", "address the admission webhook listens on"),
     Variable("SEALING_KEYS_DIR", "(required)", "directory of sealing and stamping keys (a mounted Secret)"),
     Variable("SEALING_ACTIVE_KEY", "(required)", "key ID that seals and stamps new values"),
+    Variable("RESEAL_INTERVAL", "10m", "how often the key rotation pass runs (also once at start-up)"),
+    Variable("RESEAL_WRITES_PER_SECOND", "20", "most writes per second of the key rotation pass"),
     Variable("TRACEMALLOC", "0", "`1`: SIGUSR1 also logs where live memory was allocated"),
     Variable("TEST_KILL_AT", "(off)", "`before:N`/`after:N`: SIGKILL at the Nth write", FAULTS),
     Variable("TEST_STOP_AT", "(off)", "`before:N`/`after:N`: SIGSTOP at the Nth write", FAULTS),
@@ -103,6 +106,8 @@ class OperatorConfig:
     webhook_port: int | None = None
     webhook_host: str = "127.0.0.1"
     keyring: Keyring = field(repr=False, kw_only=True)
+    reseal_interval: float = 600.0
+    reseal_writes_per_second: float = 20.0
     tracemalloc: bool = False
     faults: FaultPoints = field(default_factory=lambda: FaultPoints([]), repr=False)
 
@@ -132,6 +137,8 @@ class OperatorConfig:
             webhook_port=read.port("WEBHOOK_PORT"),
             webhook_host=read.text("WEBHOOK_HOST") or "127.0.0.1",
             keyring=read.keyring(),
+            reseal_interval=read.duration("RESEAL_INTERVAL", 600.0),
+            reseal_writes_per_second=read.number("RESEAL_WRITES_PER_SECOND", float, 20.0, minimum=0.1),
             tracemalloc=read.choice("TRACEMALLOC", ("0", "1"), "0") == "1",
             faults=read.faults(),
         )
@@ -161,6 +168,18 @@ class _Reader:
         if not value >= minimum:  # type: ignore[operator]
             raise self._fail(suffix, f"{what} >= {minimum:g}")
         return value
+
+    def duration(self, suffix: str, default: float) -> float:
+        raw = self.text(suffix)
+        if raw is None:
+            return default
+        try:
+            seconds = parse_duration(raw).total_seconds()
+        except InvalidDuration:
+            raise self._fail(suffix, "a duration of at least 1s, e.g. 90s, 10m, 1h") from None
+        if seconds < 1:
+            raise self._fail(suffix, "a duration of at least 1s, e.g. 90s, 10m, 1h")
+        return seconds
 
     def port(self, suffix: str) -> int | None:
         raw = self.text(suffix)

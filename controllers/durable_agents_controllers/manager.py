@@ -13,6 +13,7 @@ from durable_agents.shell.dispatcher import Dispatcher, DispatcherConfig
 from durable_agents.shell.faults import install_faults
 from durable_agents.shell.kube import Kube, load_api_client
 from durable_agents.shell.reflector import RunReflector
+from durable_agents.shell.resealer import ResealConfig, Resealer
 from durable_agents.shell.worker import RunWorker, WorkerConfig
 from durable_agents_controllers.config import OperatorConfig
 
@@ -26,6 +27,7 @@ class Manager:
         self._worker: RunWorker | None = None
         self._dispatcher: Dispatcher | None = None
         self._reflector: RunReflector | None = None
+        self._resealer: Resealer | None = None
         # Run at start-up, in order, before the worker starts (the admission webhook's set-up).
         self.start_hooks: list[Callable[[kopf.OperatorSettings], Awaitable[None]]] = []
 
@@ -96,9 +98,24 @@ class Manager:
                 ),
             )
             self._dispatcher.start()
+        # Key rotation: runs still on an older key are re-sealed under the active one, gently.
+        self._resealer = Resealer(
+            self.kube,
+            config.keyring,
+            ResealConfig(
+                interval=config.reseal_interval,
+                writes_per_second=config.reseal_writes_per_second,
+                namespace=config.namespace,
+                page_size=config.list_chunk,
+            ),
+        )
+        self._resealer.start()
         log.info("durable-agents worker %s started (lease %ss)", config.identity, config.lease_duration)
 
     async def stop(self, **_: object) -> None:
+        if self._resealer is not None:
+            await self._resealer.stop()
+            self._resealer = None
         if self._reflector is not None:
             await self._reflector.stop()
             self._reflector = None

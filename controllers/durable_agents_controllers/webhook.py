@@ -22,7 +22,9 @@ from durable_agents.api.v1alpha1 import AgentRunSpec
 from durable_agents.shell import admission
 from durable_agents.shell.certs import generate_ca, issue_serving_cert
 from durable_agents.shell.kube import GROUP, VERSION
+from durable_agents.shell.sealing_admission import SealingRefused, sealing_changes
 from durable_agents_controllers.manager import Manager
+from durable_agents_controllers.reveal import reveal_hook
 
 log = logging.getLogger(__name__)
 READY_LINE = "admission webhook serving"
@@ -49,17 +51,27 @@ def register(registry: kopf.OperatorRegistry, manager: Manager) -> None:
         body: kopf.Body, userinfo: kopf.UserInfo, patch: kopf.Patch, **kwargs: Any
     ) -> None:
         operation, old = str(kwargs.get("operation")), kwargs.get("old")
-        user = admission.identity_of(dict(userinfo))
+        user, keyring = admission.identity_of(dict(userinfo)), manager.config.keyring
         stamped = admission.stamps(
             operation,
             dict(body),
             dict(old) if old is not None else None,
             user,
             datetime.now(UTC),
-            manager.config.keyring,
+            keyring,
         )
         for field, value in stamped.items():
             patch.spec[field] = value
+        try:  # then seal what people wrote (the data-key annotation: sealing_admission)
+            sealed = sealing_changes(operation, dict(body), dict(old) if old is not None else None, keyring)
+        except SealingRefused as err:
+            raise kopf.AdmissionError(str(err), code=422) from err
+        for field, value in sealed.spec.items():
+            patch.spec[field] = value
+        for key, annotation in sealed.annotations.items():
+            patch.metadata.setdefault("annotations", {})[key] = annotation
+        # An approver's dry-run reveal request is answered here (durable_agents.shell.reveal).
+        await reveal_hook(manager, body, old, userinfo, bool(kwargs.get("dryrun")), patch)
 
     async def check_approvals(body: kopf.Body, userinfo: kopf.UserInfo, **kwargs: Any) -> None:
         operation, old = str(kwargs.get("operation")), kwargs.get("old")

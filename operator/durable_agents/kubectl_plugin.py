@@ -4,7 +4,7 @@
     kubectl agentrun reject  NAME [-n NS] [--reason TEXT]
     kubectl agentrun cancel  NAME [-n NS] [--scope task|children|toolCall|turn] [--reason TEXT]
     kubectl agentrun retry   NAME [-n NS]     (a quarantined run, e.g. after an upgrade)
-    kubectl agentrun status  NAME [-n NS]
+    kubectl agentrun status  NAME [-n NS] [--reveal]
     kubectl agentrun history NAME [-n NS]
 
 approve/reject read the pending approval request from the run's status and send the decision
@@ -20,6 +20,12 @@ for each kind of request, on the run (agentruns/NAME), and a refusal names the m
 Creating a run needs verb "use" on the ServiceAccount it names (serviceaccounts/NAME, core group):
 the run acts as it. Requests are stamped by the webhook; the operator acts on nothing else, and
 a request once made cannot be changed or withdrawn.
+
+Questions, effect arguments, answers, events and effect outcomes are stored sealed; ``status``
+prints them as "(sealed)". ``status --reveal`` shows them to who may approve the run (the
+policy's verb, default "approve"): it sends a server-side dry-run patch carrying a public key made
+for this one request, and the operator's admission webhook answers, in the dry-run response, with
+the values encrypted to that key. Nothing is stored; only this command can read the answer.
 """
 
 from __future__ import annotations
@@ -34,6 +40,9 @@ from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
 from durable_agents.api.v1alpha1 import GROUP, VERSION
+from durable_agents.core.disclosure import DisclosureError, new_reader_key, open_as_reader
+from durable_agents.core.sealed_values import is_sealed
+from durable_agents.shell.reveal import REVEAL_ANNOTATION, REVEALED_ANNOTATION
 
 
 def _api(kubeconfig: str | None, context: str | None) -> tuple[client.CustomObjectsApi, str]:
@@ -102,19 +111,73 @@ def retry(api: client.CustomObjectsApi, ns: str, name: str) -> str:
     return f"agentrun.durable-agents.io/{name}: retry {token} requested"
 
 
-def describe(run: dict[str, Any]) -> str:
+def reveal(api: client.CustomObjectsApi, ns: str, name: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The run, and its sealed values in plaintext (a dry run: nothing is stored)."""
+    private, public = new_reader_key()
+    body = {"metadata": {"annotations": {REVEAL_ANNOTATION: public}}}
+    try:
+        run: dict[str, Any] = api.patch_namespaced_custom_object(
+            GROUP, VERSION, ns, "agentruns", name, body, dry_run="All"
+        )
+    except ApiException as err:
+        message = err.body
+        with contextlib.suppress(TypeError, ValueError):
+            message = json.loads(err.body).get("message", err.body)
+        raise SystemExit(f"error: the API server refused to reveal agentrun {ns}/{name}: {message}") from None
+    answer = ((run.get("metadata") or {}).get("annotations") or {}).get(REVEALED_ANNOTATION)
+    if not answer:
+        raise SystemExit(
+            f"error: no reveal answer for agentrun {ns}/{name}: is the operator's admission webhook enabled?"
+        )
+    try:
+        return run, open_as_reader(private, answer, f"{ns}/{name}")
+    except DisclosureError as err:
+        raise SystemExit(f"error: the reveal answer for agentrun {ns}/{name} does not open: {err}") from None
+
+
+def _shown(value: Any, revealed: Any = None, has_revealed: bool = False) -> str:
+    """A value as printed: the revealed plaintext, "(sealed)", or a value stored in clear."""
+    if has_revealed:
+        value = revealed
+    elif is_sealed(value):
+        return "(sealed)"
+    return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+
+
+def _revealed_lines(document: dict[str, Any]) -> list[str]:
+    lines = ["Revealed (only to you; nothing was stored):"]
+    for label, value in sorted((document.get("values") or {}).items()):
+        lines.append(f"  {label}: {_shown(value)}")
+    for action in document.get("actions") or []:
+        lines.append(f"  action {action['name']} ({action.get('effect')}, {action.get('state')}):")
+        lines.append(f"    arguments: {_shown(action.get('arguments'))}")
+        lines.append(f"    outcome:   {_shown(action.get('outcome'))}")
+    for label, why in sorted((document.get("unreadable") or {}).items()):
+        lines.append(f"  not revealed: {label} ({why})")
+    return lines
+
+
+def describe(run: dict[str, Any], revealed: dict[str, Any] | None = None) -> str:
     status = run.get("status") or {}
     lines = [
         f"Name:        {run['metadata']['name']}",
         f"State:       {status.get('state', 'pending')} (stateVersion {status.get('stateVersion', 0)})",
         f"Waiting for: {status.get('waitingFor') or '-'}",
     ]
+    pending = (status.get("checkpoint") or {}).get("pendingInput")
+    if pending:
+        shown = (revealed or {}).get("pendingInput") or {}
+        question = _shown(pending.get("question"), shown.get("question"), "question" in shown)
+        lines.append(f"Question:    {question} (answer as spec.answers[{pending.get('requestId')!r}])")
     request = status.get("approvalRequest")
     if request:
+        shown = (revealed or {}).get("approvalRequest") or {}
+        arguments = _shown(request.get("arguments"), shown.get("arguments"), "arguments" in shown)
         lines += [
             "Approval request:",
             f"  request ID:  {request['requestId']}",
             f"  action:      {request['effect']} ({request['tier']}) at step {request['step']}",
+            f"  arguments:   {arguments}",
             f"  digest:      {request['digest']}",
             f"  reason:      {request['policyReason']}",
             f"  approver:    {request['approverRole']}",
@@ -140,6 +203,8 @@ def describe(run: dict[str, Any]) -> str:
         lines.append(
             f"Outcome:     {status['outcome'].get('reason')}: {status['outcome'].get('message', '')}"
         )
+    if revealed is not None:
+        lines += _revealed_lines(revealed)
     return "\n".join(lines)
 
 
@@ -162,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--context")
     parser.add_argument("--reason", help="why (recorded with the decision or cancellation)")
     parser.add_argument("--scope", default="task", choices=["task", "children", "toolCall", "turn"])
+    parser.add_argument("--reveal", action="store_true", help="status: show sealed values (approvers)")
     args = parser.parse_args(argv)
     api, default_ns = _api(args.kubeconfig, args.context)
     ns = args.namespace or default_ns
@@ -172,6 +238,8 @@ def main(argv: list[str] | None = None) -> int:
             print(cancel(api, ns, args.name, args.scope, args.reason))
         elif args.command == "retry":
             print(retry(api, ns, args.name))
+        elif args.command == "status" and args.reveal:
+            print(describe(*reveal(api, ns, args.name)))
         elif args.command == "status":
             print(describe(_get(api, ns, args.name)))
         else:

@@ -16,9 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from durable_agents.api.v1alpha1 import Identity
+from durable_agents.core.sealed_values import DATA_KEY_ANNOTATION, open_data_key, unseal_value
 from durable_agents.core.sealing import Keyring, generate_key
 from durable_agents.shell.admission import stamps
 from durable_agents.shell.keyring import load_keyring
+from durable_agents.shell.sealing_admission import sealing_changes
 
 ACTIVE_KEY_ID = "test-key-1"
 
@@ -64,3 +66,24 @@ def admitted(
 ) -> dict[str, Any]:
     """The spec fields the admission webhook would stamp into ``new`` (a merge into its spec)."""
     return stamps(operation, new, old, user, datetime.now(UTC), session_keyring())
+
+
+def sealed(operation: str, body: dict[str, Any], old: dict[str, Any] | None) -> dict[str, Any]:
+    """``body`` with its sensitive values sealed and its data key, as the webhook seals them."""
+    changes = sealing_changes(operation, body, old, session_keyring())
+    meta = body.get("metadata") or {}
+    annotations = {**(meta.get("annotations") or {}), **changes.annotations}
+    return {
+        **body,
+        "metadata": {**meta, "annotations": {k: v for k, v in annotations.items() if v is not None}},
+        "spec": {**(body.get("spec") or {}), **changes.spec},
+    }
+
+
+def unsealed(run: dict[str, Any], value: Any, label: str) -> Any:
+    """A value the operator sealed for ``run`` (for a field label), opened with the session's keys:
+    what a test checks the operator stored."""
+    meta = run["metadata"]
+    wrapped = (meta.get("annotations") or {}).get(DATA_KEY_ANNOTATION)
+    data_key = open_data_key(session_keyring(), wrapped, meta["namespace"], meta["name"])
+    return unseal_value(data_key, value, label)

@@ -10,7 +10,7 @@ from kubernetes import client
 from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents_testkit.cluster import KubeEnv
 from durable_agents_testkit.eventually import Within, eventually
-from durable_agents_testkit.keys import admitted
+from durable_agents_testkit.keys import admitted, sealed
 
 STAMPED_REQUESTS = frozenset({"approvals", "cancellations", "retryQuarantine"})
 
@@ -41,6 +41,7 @@ class Runs:
         }
         if stamped and "createdBy" not in spec:
             body["spec"] = {**spec, **admitted("CREATE", body, None)}
+            body = sealed("CREATE", body, None)
         self.custom.create_namespaced_custom_object(GROUP, VERSION, self.namespace, "agentruns", body)
         return name
 
@@ -69,6 +70,13 @@ class Runs:
                 "spec": {**old["spec"], **{k: _merged(old["spec"].get(k), v) for k, v in spec.items()}},
             }
             spec = {**spec, **admitted("UPDATE", new, old)}
+        if stamped and {"answers", "events"} & spec.keys():
+            old = self.get(name)
+            new = {
+                **old,
+                "spec": {**old["spec"], **{k: _merged(old["spec"].get(k), v) for k, v in spec.items()}},
+            }
+            spec = {**spec, **{k: v for k, v in sealed("UPDATE", new, old)["spec"].items() if k in spec}}
         self.custom.patch_namespaced_custom_object(
             GROUP, VERSION, self.namespace, "agentruns", name, {"spec": spec}
         )

@@ -74,6 +74,7 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
+from durable_agents.api.v1alpha1.meta import SEALED_STRING_MAX
 from durable_agents.core.sealing import Keyring, SealedField, UndecryptableError, seal, sealing_aad, unseal
 from durable_agents.core.stamps import Purpose, stamp, stamp_key_id, verify
 
@@ -253,7 +254,8 @@ class PendingInput(_Contract):
     """The question a run in ``waiting_input`` waits to have answered."""
 
     request_id: Identifier
-    question: Annotated[str, StringConstraints(min_length=1, max_length=4096)]
+    question: Annotated[str, StringConstraints(min_length=1, max_length=SEALED_STRING_MAX)]
+    """The step's question as the spec holds it: sealed, when the admission webhook sealed it."""
     expires_at: UtcDatetime
 
 

@@ -433,11 +433,28 @@ def webhook_configurations(
         "metadata": {"name": name},
         "webhooks": [hook(MUTATE_PATH, "stamp")],
     }
+    # Keyring Secrets (labelled): a key still in use is never removed (durable_agents.shell.keyguard).
+    from durable_agents.shell.keyguard import KEYGUARD_PATH, KEYRING_LABEL
+
+    keyring = {
+        **hook(KEYGUARD_PATH, "keyring"),
+        "name": f"keyring.secrets.{GROUP}",
+        "rules": [
+            {
+                "apiGroups": [""],
+                "apiVersions": ["v1"],
+                "resources": ["secrets"],
+                "operations": ["UPDATE", "DELETE"],
+                "scope": "Namespaced",
+            }
+        ],
+        "objectSelector": {"matchLabels": {KEYRING_LABEL: "true"}},
+    }
     validating = {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingWebhookConfiguration",
         "metadata": {"name": name},
-        "webhooks": [hook(VALIDATE_PATH, "approve")],
+        "webhooks": [hook(VALIDATE_PATH, "approve"), keyring],
     }
     return mutating, validating
 

@@ -23,7 +23,8 @@ from durable_agents.api.v1alpha1 import API_VERSION, AgentRunStatus, Identity
 from durable_agents.api.v1alpha1.states import RunState
 from durable_agents.core.engine import ChildObservation, NeedChildren, RunSnapshot
 from durable_agents.core.engine.children import FOREIGN_CHILD, foreign_child, stamp_child
-from durable_agents.core.sealing import Keyring
+from durable_agents.core.sealed_values import DATA_KEY_ANNOTATION, open_data_key, wrap_data_key
+from durable_agents.core.sealing import Keyring, UndecryptableError
 from durable_agents.shell import metrics
 from durable_agents.shell.admission import stamps
 from durable_agents.shell.events import EventRecorder
@@ -32,6 +33,21 @@ from durable_agents.shell.kube import Kube, service_account_user
 from durable_agents.shell.store import Gone, RunStore
 
 log = logging.getLogger(__name__)
+
+
+def with_data_key(body: dict[str, Any], parent: RunSnapshot, keyring: Keyring) -> dict[str, Any]:
+    """The child shares its parent's data key (its steps' sealed values are the parent's, copied),
+    wrapped for the child's name; a parent whose key does not open gives none (its child's sealed
+    arguments then fail to unseal: nothing is sent)."""
+    try:
+        data_key = open_data_key(keyring, parent.data_key, parent.namespace, parent.name)
+    except UndecryptableError as err:
+        log.warning("child of %s/%s gets no data key: %s", parent.namespace, parent.name, err)
+        return body
+    meta = body["metadata"]
+    wrapped = wrap_data_key(keyring, data_key, parent.namespace, meta["name"])
+    annotations = {**(meta.get("annotations") or {}), DATA_KEY_ANNOTATION: wrapped}
+    return {**body, "metadata": {**meta, "annotations": annotations}}
 
 
 class ChildRuns:
@@ -58,6 +74,7 @@ class ChildRuns:
         user = service_account_user(parent.namespace, parent.spec.service_account_name)
         if self.keyring is not None:
             body = stamp_child(body, self.keyring, parent.run_id)
+            body = with_data_key(body, parent, self.keyring)
             # Stamped as the admission webhook stamps a run its creator may run as this
             # ServiceAccount (a ServiceAccount may act as itself): with the webhook off, the
             # child is still provably the operator's; with it on, the webhook stamps it again.

@@ -40,7 +40,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from durable_agents.api.v1alpha1 import ActionRecordSpec, ActionRecordStatus, ActionState
+from durable_agents.api.v1alpha1 import ActionRecordSpec, ActionRecordStatus, ActionState, ResolvedReference
 from durable_agents.core.engine import RunSnapshot, Settings
 from durable_agents.core.engine.actions import Refused, Unverified, intent_refusal
 from durable_agents.core.ledger import (
@@ -52,6 +52,7 @@ from durable_agents.core.ledger import (
     next_dispatch_step,
     query_backoff,
 )
+from durable_agents.core.sealed_values import DataKey
 from durable_agents.core.sealing import Keyring
 from durable_agents.shell import metrics
 from durable_agents.shell.actions import ActionStore
@@ -69,7 +70,13 @@ from durable_agents.shell.faults import process_faults
 from durable_agents.shell.kube import Kube, ObjectKey
 from durable_agents.shell.plugins import load_effects, load_planners
 from durable_agents.shell.policies import PolicyCache
+from durable_agents.shell.references import (
+    SECRET_REFERENCE_UNRESOLVED,
+    UnresolvedReference,
+    resolve_references,
+)
 from durable_agents.shell.store import Conflict, Gone, RunStore
+from durable_agents.shell.unsealing import UNDECRYPTABLE, CannotUnseal, action_of, data_key_of, sealed_outcome
 from durable_agents.shell.workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
@@ -181,7 +188,7 @@ class Dispatcher:
         self, body: dict[str, Any], status: ActionRecordStatus
     ) -> dict[str, Any] | None:
         spec = ActionRecordSpec.model_validate(body["spec"])
-        verdict = await self._verdict(body, spec)
+        verdict, run_body = await self._verdict(body, spec)
         if isinstance(verdict, Refused):
             return await self._refuse(body, status, spec, verdict.message)
         if isinstance(verdict, Unverified):
@@ -189,16 +196,28 @@ class Dispatcher:
             return None
         effect = self.effects.get(spec.effect)
         if effect is None:
-            return await self._fail_unknown_effect(body, status, spec)
+            message = f"no effect plugin named {spec.effect!r} is installed"
+            return await self._fail_before_dispatch(body, status, "UnknownEffect", message)
+        try:
+            action = action_of(spec, run_body, self.config.keyring)
+            data_key = data_key_of(run_body, self.config.keyring)
+        except CannotUnseal as err:
+            return await self._fail_before_dispatch(body, status, UNDECRYPTABLE, f"not dispatched: {err}")
+        name, namespace = body["metadata"]["name"], body["metadata"]["namespace"]
+        ctx = self._context(spec, namespace)
+        try:  # read as the run's ServiceAccount, right before the send; never stored
+            action, references = await resolve_references(ctx, action, data_key)
+        except UnresolvedReference as err:
+            reason, message = SECRET_REFERENCE_UNRESOLVED, f"not dispatched: {err}"
+            return await self._fail_before_dispatch(body, status, reason, message)
         first = status.state is A.INTENT
         claimed_at = time.monotonic()  # before the write: the claim cannot outlive this
-        claimed = await self._write(body, status, A.DISPATCHING, claim=True)
+        claimed = await self._write(body, status, A.DISPATCHING, claim=True, references=references)
         claimed_status = ActionRecordStatus.model_validate(claimed["status"])
-        namespace = body["metadata"]["namespace"]
-        action = Action(spec.idempotency_key, spec.target or {}, spec.arguments or {})
-        ctx = self._context(spec, namespace)
         if first:
-            asked = await self._ask_before_first_dispatch(claimed, claimed_status, spec, effect, ctx, action)
+            asked = await self._ask_before_first_dispatch(
+                claimed, claimed_status, spec, effect, ctx, action, data_key
+            )
             if asked is not None:
                 return asked
         if not self._claim_holds(claimed_at):
@@ -222,7 +241,8 @@ class Dispatcher:
             type(result).__name__,
         )
         if isinstance(result, Applied):
-            out = await self._write(claimed, claimed_status, A.SUCCEEDED, outcome=result.outcome)
+            outcome = sealed_outcome(result.outcome, data_key, name)
+            out = await self._write(claimed, claimed_status, A.SUCCEEDED, outcome=outcome)
             await self._event(out, "Succeeded", f"{spec.effect} applied key={spec.idempotency_key}")
             return out
         if isinstance(result, Failed):
@@ -242,23 +262,27 @@ class Dispatcher:
         )
         return out
 
-    async def _verdict(self, body: dict[str, Any], spec: ActionRecordSpec) -> Refused | Unverified | None:
-        """Whether this record is its run's committed intent (None), read fresh from the API server."""
+    async def _verdict(
+        self, body: dict[str, Any], spec: ActionRecordSpec
+    ) -> tuple[Refused | Unverified | None, dict[str, Any] | None]:
+        """Whether this record is its run's committed intent (None), read fresh from the API
+        server; and the run as read."""
         namespace = body["metadata"]["namespace"]
         try:
             run_body = await self.runs.get(namespace, spec.run_ref.name)
         except Gone:
-            return intent_refusal(None, body["metadata"]["name"], spec, None, self.base_settings)
+            return intent_refusal(None, body["metadata"]["name"], spec, None, self.base_settings), None
         try:
             run = RunSnapshot.from_object(run_body)
         except (ValidationError, KeyError) as err:
-            return Refused(f"its run {spec.run_ref.name!r} cannot be read: {err}"[:1024])
+            return Refused(f"its run {spec.run_ref.name!r} cannot be read: {err}"[:1024]), run_body
         settings = self.base_settings
         if run.spec.policy_ref is not None:  # its approval rules: a fresh read, as the worker waits for it
             await self.policies.fetch(namespace, run.spec.policy_ref.name)
             settings = self.policies.settings_for(run, settings)
         kind = run.spec.agent.planner.value if run.spec.agent else "scripted"
-        return intent_refusal(run, body["metadata"]["name"], spec, self.planners.get(kind), settings)
+        planner = self.planners.get(kind)
+        return intent_refusal(run, body["metadata"]["name"], spec, planner, settings), run_body
 
     async def _refuse(
         self, body: dict[str, Any], status: ActionRecordStatus, spec: ActionRecordSpec, why: str
@@ -323,6 +347,7 @@ class Dispatcher:
         effect: Effect,
         ctx: EffectContext,
         action: Action,
+        data_key: DataKey | None,
     ) -> dict[str, Any] | None:
         """The key asked of the authoritative system before the first send.
 
@@ -349,7 +374,7 @@ class Dispatcher:
             claimed,
             status,
             A.SUCCEEDED,
-            outcome=answer.outcome,
+            outcome=sealed_outcome(answer.outcome, data_key, claimed["metadata"]["name"]),
             queried=True,
             reason="AlreadyApplied",
             message="the authoritative system had applied this key before its first dispatch here",
@@ -362,18 +387,20 @@ class Dispatcher:
         )
         return out
 
-    async def _fail_unknown_effect(
-        self, body: dict[str, Any], status: ActionRecordStatus, spec: ActionRecordSpec
+    async def _fail_before_dispatch(
+        self, body: dict[str, Any], status: ActionRecordStatus, reason: str, message: str
     ) -> dict[str, Any]:
         # Nothing was dispatched: a definite failure, visible with its reason.
         claimed = await self._write(body, status, A.DISPATCHING, claim=True)
-        return await self._write(
+        out = await self._write(
             claimed,
             ActionRecordStatus.model_validate(claimed["status"]),
             A.FAILED,
-            reason="UnknownEffect",
-            message=f"no effect plugin named {spec.effect!r} is installed",
+            reason=reason,
+            message=message,
         )
+        await self._event(out, reason, message, warning=True)
+        return out
 
     async def _query(self, body: dict[str, Any], status: ActionRecordStatus) -> dict[str, Any] | None:
         spec = ActionRecordSpec.model_validate(body["spec"])
@@ -381,12 +408,26 @@ class Dispatcher:
         if effect is None:
             self.queue.wake_at(self._key(body), datetime.now(UTC) + query_backoff(status.queries))
             return None
-        action = Action(spec.idempotency_key, spec.target or {}, spec.arguments or {})
-        answer = await effect.query(self._context(spec, body["metadata"]["namespace"]), action)
+        try:
+            run_body = await self.runs.get(body["metadata"]["namespace"], spec.run_ref.name)
+        except Gone:
+            run_body = None
+        ctx = self._context(spec, body["metadata"]["namespace"])
+        try:
+            action = action_of(spec, run_body, self.config.keyring)
+            data_key = data_key_of(run_body, self.config.keyring)
+            action, _ = await resolve_references(ctx, action, data_key)
+        except (CannotUnseal, UnresolvedReference) as err:  # kept unknown and visible: it may come back
+            reason = UNDECRYPTABLE if isinstance(err, CannotUnseal) else SECRET_REFERENCE_UNRESOLVED
+            await self._event(body, reason, f"cannot ask about it: {err}", warning=True)
+            self.queue.wake_at(self._key(body), datetime.now(UTC) + query_backoff(status.queries))
+            return None
+        answer = await effect.query(ctx, action)
         metrics.ACTION_QUERIES.labels(spec.effect, type(answer).__name__).inc()
         if isinstance(answer, Applied):
             self._observe_unknown_duration(status)
-            out = await self._write(body, status, A.SUCCEEDED, outcome=answer.outcome, queried=True)
+            outcome = sealed_outcome(answer.outcome, data_key, body["metadata"]["name"])
+            out = await self._write(body, status, A.SUCCEEDED, outcome=outcome, queried=True)
             await self._event(
                 out, "Reconciled", f"the authoritative system applied key={spec.idempotency_key}"
             )
@@ -436,6 +477,7 @@ class Dispatcher:
         outcome: dict[str, Any] | None = None,
         reason: str | None = None,
         message: str | None = None,
+        references: list[ResolvedReference] | None = None,
     ) -> dict[str, Any]:
         if state is not status.state:
             check_action_transition(status.state, state)
@@ -451,6 +493,8 @@ class Dispatcher:
             }
         if queried:
             update["queries"] = status.queries + 1
+        if references is not None:
+            update["resolved_references"] = references
         if state is A.OUTCOME_UNKNOWN:
             update["outcome_unknown_since"] = status.outcome_unknown_since or now
             update["claim_expires_at"] = None

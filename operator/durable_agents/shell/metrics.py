@@ -57,3 +57,13 @@ SCHEDULED_WAKEUPS = Gauge(
     "Keys with a pending wake-up (parked runs, retries, claims)",
     ["queue"],
 )
+RESEALED = Counter(
+    "durable_agents_resealed_total",
+    "Writes of the key rotation pass: data keys rewrapped, checkpoints re-stamped under the active key",
+    ["what"],
+)
+RESEAL_SKIPPED = Counter(
+    "durable_agents_reseal_skipped_total",
+    "Runs the key rotation pass left as they were (conflict, unverified, undecryptable, refused, ...)",
+    ["reason"],
+)

@@ -55,6 +55,18 @@ class ActionRecordSpec(ApiModel):
     compensates: str | None = Field(default=None, max_length=253)
 
 
+class ResolvedReference(ApiModel):
+    """An argument given by reference to a Secret, as the dispatcher read it (as the run's
+    ServiceAccount) right before the send: which version, and a digest keyed by the run's data
+    key (comparable within the run, useless for guessing the value). The value is never stored."""
+
+    path: str = Field(max_length=253, description="Where in the arguments, e.g. headers.token")
+    secret: str = Field(max_length=253)
+    key: str = Field(max_length=253)
+    resource_version: str | None = Field(default=None, max_length=64)
+    digest: str | None = Field(default=None, max_length=128)
+
+
 class ActionRecordStatus(ApiModel):
     state: ActionState = ActionState.INTENT
     attempts: int = Field(default=0, ge=0)
@@ -70,6 +82,11 @@ class ActionRecordStatus(ApiModel):
     )
     reason: str | None = Field(default=None, max_length=128)
     message: str | None = Field(default=None, max_length=4096)
+    resolved_references: list[ResolvedReference] = Field(
+        default_factory=list,
+        max_length=32,
+        description="Arguments given by reference to a Secret, read right before the last send.",
+    )
     conditions: list[Condition] = Field(
         default_factory=list, max_length=16, json_schema_extra=CONDITIONS_SCHEMA_EXTRA
     )

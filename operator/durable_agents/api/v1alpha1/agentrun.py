@@ -14,6 +14,7 @@ from durable_agents.api.v1alpha1.meta import (
     DURATION_PATTERN,
     NAME_PATTERN,
     REQUEST_ID_PATTERN,
+    SEALED_STRING_MAX,
     ActionTier,
     Answer,
     ApiModel,
@@ -52,7 +53,7 @@ class ReadStep(ApiModel):
 class AskStep(ApiModel):
     """Enter waiting_input with a question; answered via ``spec.answers[requestId]``."""
 
-    question: str = Field(min_length=1, max_length=4096)
+    question: str = Field(min_length=1, max_length=SEALED_STRING_MAX, description="Sealed at admission.")
     expires_in: str | None = Field(default=None, max_length=32, pattern=DURATION_PATTERN)
 
 

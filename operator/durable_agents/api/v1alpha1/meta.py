@@ -18,7 +18,10 @@ DURATION_PATTERN = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"
 NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 REQUEST_ID_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
 
-Answer = Annotated[str, Field(max_length=4096)]
+# A field the admission webhook may seal holds at most 4096 characters in clear, and the sealed
+# form of that (durable_agents.core.sealed_values) in storage.
+SEALED_STRING_MAX = 5632
+Answer = Annotated[str, Field(max_length=SEALED_STRING_MAX)]
 
 
 def cel(rule: str, message: str, **extra: str) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from durable_agents.api.v1alpha1 import (
 )
 from durable_agents.api.v1alpha1.states import RunState
 from durable_agents.core.checkpoint import KubernetesEvidenceRef
+from durable_agents.core.sealed_values import DATA_KEY_ANNOTATION
 from durable_agents.core.sealing import Keyring
 
 
@@ -31,6 +32,8 @@ class RunSnapshot:
     spec: AgentRunSpec
     status: AgentRunStatus
     raw_checkpoint: Mapping[str, Any] | None
+    data_key: str | None = None
+    """The run's wrapped data key (its sealed values' key: core/sealed_values.py), if it has one."""
 
     @classmethod
     def from_object(cls, obj: Mapping[str, Any]) -> RunSnapshot:
@@ -46,6 +49,7 @@ class RunSnapshot:
             spec=AgentRunSpec.model_validate(obj["spec"]),
             status=AgentRunStatus.model_validate(raw_status),
             raw_checkpoint=raw_checkpoint,
+            data_key=(meta.get("annotations") or {}).get(DATA_KEY_ANNOTATION),
         )
 
     @property

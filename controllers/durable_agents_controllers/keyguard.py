@@ -1,0 +1,39 @@
+"""The validating webhook on keyring Secrets: a key still in use is never retired
+(the rule: :mod:`durable_agents.shell.keyguard`; its webhook entry: ``admission.webhook_configurations``).
+
+Registered only with the admission webhook (``DURABLE_AGENTS_WEBHOOK_PORT``): it is served by the
+same server, on its own path, for Secrets labelled ``durable-agents.io/keyring: "true"`` only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kopf
+
+from durable_agents.shell.keyguard import KEYGUARD_PATH, check_keyring_secret
+from durable_agents_controllers.manager import Manager
+
+
+def register(registry: kopf.OperatorRegistry, manager: Manager) -> None:
+    if manager.config.webhook_port is None:
+        return
+
+    async def guard_keyring(body: kopf.Body, **kwargs: Any) -> None:
+        # On DELETE the body is the old object (kopf); old and new say what changes.
+        config, old, new = manager.config, kwargs.get("old"), kwargs.get("new")
+        reason = await check_keyring_secret(
+            manager.kube,
+            dict(new) if new is not None else None,
+            dict(old) if old is not None else None,
+            str(kwargs.get("operation")),
+            config.keyring,
+            config.namespace,
+            config.list_chunk,
+        )
+        if reason is not None:
+            raise kopf.AdmissionError(reason, code=403)
+
+    kopf.on.validate("v1", "secrets", id=KEYGUARD_PATH, operations=["UPDATE", "DELETE"], registry=registry)(
+        guard_keyring
+    )

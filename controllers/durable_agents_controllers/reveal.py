@@ -1,0 +1,44 @@
+"""The mutating webhook's part in reveal (:mod:`durable_agents.shell.reveal`): one call from
+``stamp_identity``, on every AgentRun create or update."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import kopf
+
+from durable_agents.shell import admission
+from durable_agents.shell.reveal import RevealRefused, reveal_changes
+from durable_agents_controllers.manager import Manager
+
+
+async def reveal_hook(
+    manager: Manager,
+    body: Mapping[str, Any],
+    old: Mapping[str, Any] | None,
+    userinfo: Mapping[str, Any],
+    dryrun: bool,
+    patch: kopf.Patch,
+) -> None:
+    """Answer a reveal request (a dry run by an approver) in ``patch``, or refuse it."""
+    new = dict(body)
+    meta = new.get("metadata") or {}
+    policy_ref = ((old or {}).get("spec") or {}).get("policyRef") or {}
+    policy = None
+    if policy_ref.get("name"):
+        policy = manager.worker.policies.get((str(meta.get("namespace") or ""), str(policy_ref["name"])))
+    try:
+        changes = await reveal_changes(
+            manager.kube,
+            new,
+            dict(old) if old is not None else None,
+            admission.identity_of(dict(userinfo)),
+            policy,
+            manager.config.keyring,
+            dryrun,
+        )
+    except RevealRefused as err:
+        raise kopf.AdmissionError(str(err), code=err.code) from err
+    for key, value in changes.items():
+        patch.metadata.setdefault("annotations", {})[key] = value

@@ -1,0 +1,226 @@
+"""Reveal: an approver sees what they approve, nobody else does, and nothing is stored.
+
+``kubectl agentrun status --reveal`` sends a server-side DRY-RUN patch adding the annotation
+:data:`REVEAL_ANNOTATION` (the base64 of an X25519 public key it made for this one request). The
+operator's mutating admission webhook, on such an update, asks a SubjectAccessReview whether the
+requesting user holds the run's approver verb (the policy's, default ``approve``) and answers with
+a patch that removes the request and sets :data:`REVEALED_ANNOTATION`: the run's sealed values
+(spec, the approval request's arguments, the pending question, its ActionRecords' arguments and
+outcomes) in plaintext, encrypted to that public key (:mod:`durable_agents.core.disclosure`).
+Being a dry run, nothing is stored; the caller's response carries it, and an audit log of the
+response holds ciphertext only. A reveal request that is not a dry run is refused, and a
+``revealed`` annotation written by anyone is removed, so neither annotation is ever stored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from kubernetes.client.rest import ApiException
+
+from durable_agents.api.v1alpha1 import AgentPolicySpec, ApproverRule, Identity
+from durable_agents.core.disclosure import DisclosureError, seal_for_reader
+from durable_agents.core.sealed_values import (
+    DATA_KEY_ANNOTATION,
+    DataKey,
+    ValueSealingError,
+    is_sealed,
+    open_data_key,
+    outcome_label,
+    spec_slots,
+    step_label,
+    unseal_value,
+)
+from durable_agents.core.sealing import Keyring, UndecryptableError
+from durable_agents.shell import admission
+from durable_agents.shell.actions import PLURAL as ACTION_RECORDS
+from durable_agents.shell.kube import GROUP, VERSION, Kube
+from durable_agents.shell.leases import RUN_LABEL
+
+REVEAL_ANNOTATION: Final = "durable-agents.io/reveal"
+REVEALED_ANNOTATION: Final = "durable-agents.io/revealed"
+HOW: Final = "use `kubectl agentrun status NAME --reveal` (a server-side dry run)"
+
+
+class RevealRefused(Exception):
+    """A reveal request the webhook refuses; the message says why, ``code`` is the HTTP status."""
+
+    def __init__(self, message: str, code: int = 403) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _annotations(obj: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    found = ((obj or {}).get("metadata") or {}).get("annotations")
+    return found if isinstance(found, Mapping) else {}
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return dict(value) if isinstance(value, Mapping) else {}
+
+
+@dataclass
+class _Opener:
+    """Unseals values of one run tree; a value that does not open is noted, never fatal."""
+
+    data_key: DataKey | None
+    unreadable: dict[str, str] = field(default_factory=dict)
+
+    def open(self, value: Any, label: str) -> Any:
+        if not is_sealed(value):
+            return value
+        if self.data_key is None:
+            self.unreadable[label] = f"the run's data key ({DATA_KEY_ANNOTATION}) does not open"
+            return None
+        try:
+            return unseal_value(self.data_key, value, label)
+        except ValueSealingError as err:
+            self.unreadable[label] = str(err)
+            return None
+
+    def first(self, value: Any, labels: Iterable[str]) -> Any:
+        """``value`` opened under the first of ``labels`` it was sealed for (records name a step
+        by index, and a compensation's step is not the one it compensates)."""
+        if not is_sealed(value) or self.data_key is None:
+            return self.open(value, next(iter(labels), "arguments"))
+        for label in labels:
+            try:
+                return unseal_value(self.data_key, value, label)
+            except ValueSealingError:
+                continue
+        self.unreadable["arguments"] = "an action's arguments are not sealed for any step of this run"
+        return None
+
+
+def _argument_labels(steps: list[Any], index: Any) -> list[str]:
+    names = [str(s.get("name")) for s in steps if isinstance(s, Mapping) and s.get("name")]
+    first = [names[index]] if isinstance(index, int) and 0 <= index < len(names) else []
+    return [step_label(name, "arguments") for name in [*first, *names]]
+
+
+def revealed_document(
+    run: Mapping[str, Any], records: Sequence[Mapping[str, Any]], data_key: DataKey | None
+) -> dict[str, Any]:
+    """Everything sealed about ``run`` (and its ActionRecords ``records``), in plaintext."""
+    opener = _Opener(data_key)
+    spec = _dict(run.get("spec"))
+    values = {label: opener.open(holder[key], label) for holder, key, label in spec_slots(_dict(spec))}
+    status = _dict(run.get("status"))
+    document: dict[str, Any] = {"values": values}
+    request = _dict(status.get("approvalRequest"))
+    if request:
+        step = str(request.get("step") or "")
+        arguments = opener.open(request.get("arguments"), step_label(step, "arguments")) if step else None
+        document["approvalRequest"] = {
+            "requestId": request.get("requestId"),
+            "step": step,
+            "effect": request.get("effect"),
+            "arguments": arguments,
+        }
+    pending = _dict(_dict(status.get("checkpoint")).get("pendingInput"))
+    if pending:
+        request_id = str(pending.get("requestId") or "")  # a scripted ask's request ID is its step
+        document["pendingInput"] = {
+            "requestId": request_id,
+            "question": opener.open(pending.get("question"), step_label(request_id or "-", "question")),
+        }
+    steps: list[Any] = spec["steps"] if isinstance(spec.get("steps"), list) else []
+    document["actions"] = [_action(record, steps, opener) for record in records]
+    if opener.unreadable:
+        document["unreadable"] = opener.unreadable
+    return document
+
+
+def _action(record: Mapping[str, Any], steps: list[Any], opener: _Opener) -> dict[str, Any]:
+    name = str(_dict(record.get("metadata")).get("name") or "")
+    spec, status = _dict(record.get("spec")), _dict(record.get("status"))
+    labels = _argument_labels(steps, spec.get("stepIndex"))
+    return {
+        "name": name,
+        "effect": spec.get("effect"),
+        "state": status.get("state", "intent"),
+        "arguments": opener.first(spec.get("arguments"), labels),
+        "outcome": opener.open(status.get("outcome"), outcome_label(name)),
+    }
+
+
+async def run_records(kube: Kube, namespace: str, run_name: str) -> list[dict[str, Any]]:
+    """The run's ActionRecords (by the run's label, and naming the run in ``spec.runRef``)."""
+    listed = await kube.call(
+        kube.custom.list_namespaced_custom_object,
+        GROUP,
+        VERSION,
+        namespace,
+        ACTION_RECORDS,
+        label_selector=f"{RUN_LABEL}={run_name}",
+    )
+    items = [dict(i) for i in listed.get("items") or []]
+    mine = [i for i in items if _dict(_dict(i.get("spec")).get("runRef")).get("name") == run_name]
+    return sorted(mine, key=lambda i: str(_dict(i.get("metadata")).get("creationTimestamp") or ""))
+
+
+def _data_key(keyring: Keyring, run: Mapping[str, Any], namespace: str, name: str) -> DataKey | None:
+    annotation = _annotations(run).get(DATA_KEY_ANNOTATION)
+    if annotation is None:
+        return None  # a run from before sealing: its values are plaintext
+    try:
+        return open_data_key(keyring, str(annotation), namespace, name)
+    except UndecryptableError:
+        return None
+
+
+async def revealed_patch(
+    kube: Kube,
+    old_run: Mapping[str, Any],
+    user: Identity,
+    policy: AgentPolicySpec | None,
+    keyring: Keyring,
+    public_key_b64: str,
+    dry_run: bool,
+) -> dict[str, str | None]:
+    """The annotation changes that answer a reveal request on ``old_run`` (None: remove)."""
+    meta = _dict(old_run.get("metadata"))
+    namespace, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
+    if not dry_run:
+        raise RevealRefused(f"annotation {REVEAL_ANNOTATION} is a request, never stored: {HOW}", code=400)
+    rule = policy.approvers if policy is not None else ApproverRule()
+    try:
+        allowed = await admission.may(
+            kube, user, verb=rule.verb, resource=rule.resource, namespace=namespace, name=name
+        )
+    except ApiException as err:
+        raise RevealRefused(
+            f"could not check whether {user.username!r} may {rule.verb}: {err.reason}"
+        ) from err
+    if not allowed:
+        refusal = admission.denied(user, rule.verb, rule.resource, namespace, name)
+        raise RevealRefused(f"{refusal}: only who may approve a run sees its sealed values")
+    records = await run_records(kube, namespace, name)
+    document = revealed_document(old_run, records, _data_key(keyring, old_run, namespace, name))
+    document["run"] = f"{namespace}/{name}"
+    try:
+        sealed = seal_for_reader(public_key_b64, document, f"{namespace}/{name}")
+    except DisclosureError as err:
+        raise RevealRefused(f"annotation {REVEAL_ANNOTATION}: {err}", code=400) from err
+    return {REVEAL_ANNOTATION: None, REVEALED_ANNOTATION: sealed}
+
+
+async def reveal_changes(
+    kube: Kube,
+    new: Mapping[str, Any],
+    old: Mapping[str, Any] | None,
+    user: Identity,
+    policy: AgentPolicySpec | None,
+    keyring: Keyring,
+    dry_run: bool,
+) -> dict[str, str | None]:
+    """What the mutating webhook changes for reveal on any AgentRun write (usually nothing)."""
+    requested = _annotations(new).get(REVEAL_ANNOTATION)
+    if requested is None:
+        # Never stored: a revealed annotation written by hand is removed.
+        return {REVEALED_ANNOTATION: None} if REVEALED_ANNOTATION in _annotations(new) else {}
+    if old is None:
+        raise RevealRefused(f"annotation {REVEAL_ANNOTATION} reveals an existing run: {HOW}", code=400)
+    return await revealed_patch(kube, old, user, policy, keyring, str(requested), dry_run)
