@@ -91,11 +91,16 @@ bench-peers: $(BENCH_STAMP) binaries ## the peer workload on durable-agents, DBO
 		--out bench/results/peers.json $(BENCH_ARGS)
 	$(PY) -m bench.figure
 
+# Documents the admission fuzzing test generates in e2e-chaos (make test: 100, its default).
+FUZZ_EXAMPLES ?= 1000
+
 .PHONY: e2e-chaos
-e2e-chaos: $(STAMP) binaries ## the recovery table of design/proofs.md at full size (>= 500 kill points, ~18 min); bench/results/chaos.json
+e2e-chaos: $(STAMP) binaries ## the recovery table of design/proofs.md at full size (>= 500 kill points, ~18 min) and the admission fuzzing at FUZZ_EXAMPLES documents; bench/results/chaos.json, fuzz.json
 	@mkdir -p bench/results
 	DURABLE_AGENTS_BIN_DIR=$$(bash hack/build.sh | tail -n1) DURABLE_AGENTS_CHAOS_SIZE=full \
-		DURABLE_AGENTS_CHAOS_OUT=$(CURDIR)/bench/results/chaos.json $(VENV)/bin/pytest e2e/test_chaos.py $(PYTEST_ARGS)
+		DURABLE_AGENTS_CHAOS_OUT=$(CURDIR)/bench/results/chaos.json \
+		DURABLE_AGENTS_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) DURABLE_AGENTS_FUZZ_OUT=$(CURDIR)/bench/results/fuzz.json \
+		$(VENV)/bin/pytest e2e/test_chaos.py e2e/test_fuzz_admission.py $(PYTEST_ARGS)
 
 .PHONY: kind-up
 kind-up: ## laptops with Docker: a kind cluster for the same suites

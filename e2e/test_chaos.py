@@ -769,9 +769,14 @@ def test_deployment_upgrade(lab: Lab, old_release: Release) -> None:
     up = lab.namespace("upgrade")
     mixed = []
     for i in range(SIZE.upgrade_runs):
-        mixed.append(lab.create(up, boundary_spec(ref.url, f"{up}-b{i}", answered=True), f"boundary-{i}"))
-        mixed.append(lab.create(up, run_spec(pay(ref.url, f"{up}-p{i}"), DONE), f"pay-{i}"))
-        mixed.append(lab.create(up, many_reads_then_pay(ref.url, f"{up}-r{i}", reads=6), f"reads-{i}"))
+        # Made as the previous release admitted runs: it does not seal (nor unseal) values.
+        mixed.append(
+            lab.create(up, boundary_spec(ref.url, f"{up}-b{i}", answered=True), f"boundary-{i}", seal=False)
+        )
+        mixed.append(lab.create(up, run_spec(pay(ref.url, f"{up}-p{i}"), DONE), f"pay-{i}", seal=False))
+        mixed.append(
+            lab.create(up, many_reads_then_pay(ref.url, f"{up}-r{i}", reads=6), f"reads-{i}", seal=False)
+        )
     for k in range(SIZE.upgrade_kills):
         point = f"{rng.choice(['before', 'after'])}:{rng.randint(1, 4 * len(mixed))}"
         old = lab.operator(up, f"old{k}", **old_env, DURABLE_AGENTS_TEST_KILL_AT=point, **FAST_DISPATCH)
@@ -1043,7 +1048,7 @@ def malformed(url: str) -> list[tuple[str, dict[str, Any], str]]:
         ("bad step name", run_spec({**DONE, "name": "Done_Step"}), "spec.steps[0].name"),
         ("two kinds in one step", run_spec({**DONE, **ask()}), "exactly one of"),
         ("no kind in a step", run_spec({"name": "nothing"}), "exactly one of"),
-        ("oversized objective", {**good, "objective": "x" * 5000}, "spec.objective: Too long"),
+        ("oversized objective", {**good, "objective": "x" * 5000}, "spec.objective"),
         ("bad duration", run_spec(ask(expires="five minutes"), DONE), "spec.steps[0].ask.expiresIn"),
         (
             "bad effect name",

@@ -227,6 +227,22 @@ def refused(call: Callable[[], object]) -> str:
     return str(err.value.body)
 
 
+def parked(runs: Runs, name: str, state: str) -> dict[str, Any]:
+    """The run parked in ``state``, read once the operator's retention finalizer is on it: that
+    patch follows a run's first parking, and a status replaced from an earlier read would conflict."""
+    runs.wait_state(name, state, timeout=Within.COMMIT)
+
+    def finalized() -> dict[str, Any] | None:
+        run = runs.get(name)
+        return (
+            run
+            if "durable-agents.io/cancel-before-delete" in (run["metadata"].get("finalizers") or [])
+            else None
+        )
+
+    return eventually(finalized, Within.COMMIT, f"the retention finalizer on {name}")
+
+
 def quarantined(runs: Runs, name: str) -> dict[str, Any]:
     run = runs.wait_state(name, "quarantined", "completed", "failed", timeout=Within.COMMIT)
     status = run["status"]
@@ -391,7 +407,7 @@ def test_a_forged_approval_in_the_checkpoint_quarantines_the_run_untouched_until
     port = free_port()
     webhook_operator(DURABLE_AGENTS_METRICS_PORT=str(port))
     name = runs.create(payment(refsystem.url, approval=True))
-    waiting = runs.wait_state(name, "waiting_approval", timeout=Within.COMMIT)
+    waiting = parked(runs, name, "waiting_approval")
     backup = copy.deepcopy(waiting)  # what the admin's backup holds (e.g. kubectl get -o yaml)
 
     forged = write_status(mallory, runs, forge_approval(waiting))
@@ -461,7 +477,7 @@ def test_a_forged_intent_and_its_record_are_held_back_and_never_sent(
     port = free_port()
     start_operator("both", LEASE, DURABLE_AGENTS_METRICS_PORT=str(port))
     name = runs.create(payment(refsystem.url, approval=True))
-    waiting = runs.wait_state(name, "waiting_approval", timeout=Within.COMMIT)
+    waiting = parked(runs, name, "waiting_approval")
     key = idempotency_key(waiting["metadata"]["uid"], 0, "pay")
     forged = forge_approval(waiting)
     cp, status = forged["status"]["checkpoint"], forged["status"]

@@ -56,6 +56,7 @@ ACTIONS: tuple[Action, ...] = (
     Action("update", "agentruns", subresource="status"),
     Action("patch", "agentruns", subresource="status"),
     *(Action(verb, "actionrecords") for verb in ("get", "create", "update", "delete")),
+    *(Action(verb, "agentrunrecords") for verb in ("get", "create", "delete")),
     *(Action(verb, "agentpolicies") for verb in ("get", "create", "update", "delete")),
     Action("use", "serviceaccounts", group=""),
     Action("get", "secrets", group=""),
@@ -69,7 +70,12 @@ def on(path: str, *verbs: str) -> frozenset[Action]:
     return found
 
 
-READS = on("agentruns", "get", "list", "watch") | on("actionrecords", "get") | on("agentpolicies", "get")
+READS = (
+    on("agentruns", "get", "list", "watch")
+    | on("actionrecords", "get")
+    | on("agentrunrecords", "get")
+    | on("agentpolicies", "get")
+)
 EDITS = on("agentruns", "create", "update", "patch", "delete", "answer", "cancel") | on(
     "serviceaccounts", "use"
 )

@@ -74,6 +74,7 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("TEST_STOP_AT", "(off)", "`before:N`/`after:N`: SIGSTOP at the Nth write", FAULTS),
     Variable("TEST_STOP_BEFORE_SEND", "0", "`1`: SIGSTOP before the first effect request", FAULTS),
     Variable("TEST_COMMIT_DELAY", "0", "seconds each run commit waits first", FAULTS),
+    Variable("TEST_INTERNAL_ERROR", "(off)", "run-name prefix: its commits raise an error", FAULTS),
     Variable("BIN_DIR", "(built)", "where the control-plane binaries are", TEST_KIT),
     Variable("CACHE", "~/.cache/durable-agents", "cache of built binaries", TEST_KIT),
     Variable("TEST_KUBECONFIG", "(local plane)", "run the suites on this cluster", TEST_KIT),
@@ -81,6 +82,8 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("CHAOS_SEED", "(random)", "seed of the recovery suite's choices", TEST_KIT),
     Variable("CHAOS_OUT", "(none)", "where the recovery suite writes its JSON", TEST_KIT),
     Variable("CHAOS_TUNE", "(none)", "overrides of the recovery suite's sizes", TEST_KIT),
+    Variable("FUZZ_EXAMPLES", "100", "documents the admission fuzzing test generates", TEST_KIT),
+    Variable("FUZZ_OUT", "(none)", "where the admission fuzzing test writes its JSON", TEST_KIT),
 )
 KNOWN = frozenset(v.name for v in VARIABLES)
 

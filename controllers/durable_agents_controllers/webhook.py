@@ -10,16 +10,20 @@ with failurePolicy Fail: with the operator down, requests are refused, never sil
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import sys
 import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import aiohttp.web
 import kopf
 
 from durable_agents.api.v1alpha1 import AgentRunSpec
-from durable_agents.shell import admission
+from durable_agents.core.retention import FINALIZER
+from durable_agents.shell import admission, limits
 from durable_agents.shell.certs import generate_ca, issue_serving_cert
 from durable_agents.shell.kube import GROUP, VERSION
 from durable_agents.shell.sealing_admission import SealingRefused, sealing_changes
@@ -28,6 +32,12 @@ from durable_agents_controllers.reveal import reveal_hook
 
 log = logging.getLogger(__name__)
 READY_LINE = "admission webhook serving"
+# An UPDATE's review carries the object and the old object, each up to etcd's 1.5 MiB: aiohttp's
+# default (1 MiB) answered 413 to answering or cancelling a large run.
+MAX_REVIEW_BYTES = 32 * 1024 * 1024
+# The API server forwards documents nested up to 10 000 levels; json.loads needs the stack for them
+# (raised only while parsing), then limits.refusal walks them without recursion.
+_PARSE_RECURSION = 25_000
 
 
 def register(registry: kopf.OperatorRegistry, manager: Manager) -> None:
@@ -51,6 +61,9 @@ def register(registry: kopf.OperatorRegistry, manager: Manager) -> None:
         body: kopf.Body, userinfo: kopf.UserInfo, patch: kopf.Patch, **kwargs: Any
     ) -> None:
         operation, old = str(kwargs.get("operation")), kwargs.get("old")
+        refused = limits.refusal(dict(body), operation)  # before sealing walks the spec
+        if refused is not None:
+            raise kopf.AdmissionError(str(refused), code=422)
         user, keyring = admission.identity_of(dict(userinfo)), manager.config.keyring
         stamped = admission.stamps(
             operation,
@@ -70,11 +83,19 @@ def register(registry: kopf.OperatorRegistry, manager: Manager) -> None:
             patch.spec[field] = value
         for key, annotation in sealed.annotations.items():
             patch.metadata.setdefault("annotations", {})[key] = annotation
+        finalizers = list(body.metadata.get("finalizers") or [])
+        if operation == "CREATE" and FINALIZER not in finalizers:
+            # Deleting a live run cancels it first (shell/retention.py): on from the start, so
+            # no later write adds it.
+            patch.metadata["finalizers"] = [*finalizers, FINALIZER]
         # An approver's dry-run reveal request is answered here (durable_agents.shell.reveal).
         await reveal_hook(manager, body, old, userinfo, bool(kwargs.get("dryrun")), patch)
 
     async def check_approvals(body: kopf.Body, userinfo: kopf.UserInfo, **kwargs: Any) -> None:
         operation, old = str(kwargs.get("operation")), kwargs.get("old")
+        refused = limits.refusal(dict(body), operation)  # before pydantic or the rules run
+        if refused is not None:
+            raise kopf.AdmissionError(str(refused), code=422)
         new, user, keyring = dict(body), admission.identity_of(dict(userinfo)), manager.config.keyring
         if operation == "CREATE":
             reason = await admission.check_create(manager.kube, new, user, keyring)
@@ -119,7 +140,7 @@ def configure(
     (certs / "tls.crt").write_bytes(serving.cert_pem)
     (certs / "tls.key").write_bytes(serving.key_pem)
     (certs / "ca.crt").write_bytes(ca.cert_pem)
-    settings.admission.server = kopf.WebhookServer(
+    settings.admission.server = LimitedWebhookServer(
         addr=host,
         port=port,
         certfile=certs / "tls.crt",
@@ -131,6 +152,55 @@ def configure(
     return admission.webhook_configurations(
         name=name, url=f"https://{host}:{port}", ca_pem=ca.cert_pem, namespace=namespace
     )
+
+
+def _parse(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except RecursionError:
+        previous = sys.getrecursionlimit()
+        sys.setrecursionlimit(max(previous, _PARSE_RECURSION))
+        try:
+            return json.loads(text)
+        finally:
+            sys.setrecursionlimit(previous)
+
+
+def _denial(review: dict[str, Any], refused: limits.LimitExceeded) -> dict[str, Any]:
+    request = review.get("request") or {}
+    return {
+        "apiVersion": review.get("apiVersion", "admission.k8s.io/v1"),
+        "kind": review.get("kind", "AdmissionReview"),
+        "response": {
+            "uid": request.get("uid", ""),
+            "allowed": False,
+            "status": {"code": 422, "reason": "Invalid", "message": str(refused)},
+        },
+    }
+
+
+class LimitedWebhookServer(kopf.WebhookServer):
+    """kopf's server, with room for large reviews and the limits checked before kopf (which diffs
+    old and new recursively) or any handler sees the object."""
+
+    @staticmethod
+    async def _serve(fn: Any, request: aiohttp.web.Request) -> aiohttp.web.Response:
+        request = request.clone(client_max_size=MAX_REVIEW_BYTES)
+        try:
+            review = _parse(await request.text())
+        except (RecursionError, json.JSONDecodeError) as err:
+            raise aiohttp.web.HTTPBadRequest(reason=f"not an admission review: {type(err).__name__}") from err
+        payload = review.get("request") if isinstance(review, dict) else None
+        resource = payload.get("resource") if isinstance(payload, dict) else None
+        if (
+            isinstance(payload, dict)
+            and isinstance(resource, dict)
+            and resource.get("resource") == "agentruns"
+        ):
+            refused = limits.refusal(payload.get("object"), str(payload.get("operation")))
+            if refused is not None:
+                return aiohttp.web.json_response(_denial(review, refused))
+        return await kopf.WebhookServer._serve(fn, request)
 
 
 async def announce_when_serving(settings: kopf.OperatorSettings, within: float = 60.0) -> None:

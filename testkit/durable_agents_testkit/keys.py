@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from durable_agents.api.v1alpha1 import Identity
+from durable_agents.core.retention import FINALIZER
 from durable_agents.core.sealed_values import DATA_KEY_ANNOTATION, open_data_key, unseal_value
 from durable_agents.core.sealing import Keyring, generate_key
 from durable_agents.shell.admission import stamps
@@ -73,9 +74,16 @@ def sealed(operation: str, body: dict[str, Any], old: dict[str, Any] | None) -> 
     changes = sealing_changes(operation, body, old, session_keyring())
     meta = body.get("metadata") or {}
     annotations = {**(meta.get("annotations") or {}), **changes.annotations}
+    finalizers = list(meta.get("finalizers") or [])
+    if operation == "CREATE" and FINALIZER not in finalizers:
+        finalizers.append(FINALIZER)  # as the webhook puts it on
     return {
         **body,
-        "metadata": {**meta, "annotations": {k: v for k, v in annotations.items() if v is not None}},
+        "metadata": {
+            **meta,
+            "annotations": {k: v for k, v in annotations.items() if v is not None},
+            **({"finalizers": finalizers} if finalizers else {}),
+        },
         "spec": {**(body.get("spec") or {}), **changes.spec},
     }
 

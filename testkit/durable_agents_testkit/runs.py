@@ -30,8 +30,11 @@ class Runs:
         self.namespace = namespace
         self.custom = kube.custom()
 
-    def create(self, spec: dict[str, Any], name: str | None = None, *, stamped: bool = True) -> str:
-        """Create a run; ``stamped``: as through the admission webhook (see :mod:`.keys`)."""
+    def create(
+        self, spec: dict[str, Any], name: str | None = None, *, stamped: bool = True, seal: bool = True
+    ) -> str:
+        """Create a run; ``stamped``: as through the admission webhook (see :mod:`.keys`), which
+        also seals its values unless ``seal`` is False (an operator release from before sealing)."""
         name = name or f"run-{uuid.uuid4().hex[:8]}"
         body: dict[str, Any] = {
             "apiVersion": f"{GROUP}/{VERSION}",
@@ -41,7 +44,8 @@ class Runs:
         }
         if stamped and "createdBy" not in spec:
             body["spec"] = {**spec, **admitted("CREATE", body, None)}
-            body = sealed("CREATE", body, None)
+            if seal:
+                body = sealed("CREATE", body, None)
         self.custom.create_namespaced_custom_object(GROUP, VERSION, self.namespace, "agentruns", body)
         return name
 

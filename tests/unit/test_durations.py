@@ -4,7 +4,7 @@ from datetime import timedelta
 
 import pytest
 
-from durable_agents.core.durations import InvalidDuration, parse_duration
+from durable_agents.core.durations import MAX_DURATION, InvalidDuration, parse_duration
 
 
 @pytest.mark.parametrize(
@@ -25,3 +25,17 @@ def test_parse(text: str, expected: timedelta) -> None:
 def test_reject(text: str) -> None:
     with pytest.raises(InvalidDuration, match="not a duration"):
         parse_duration(text)
+
+
+@pytest.mark.parametrize(
+    "text", ["99999999999999999999h", "9" * 400 + "s", "8761h", "8760h1s", "1" * 60 + "h"]
+)
+def test_too_long_is_a_value_error_not_an_overflow(text: str) -> None:
+    with pytest.raises(InvalidDuration, match=r"maximum|longer than") as caught:
+        parse_duration(text)
+    assert isinstance(caught.value, ValueError)
+    assert len(str(caught.value)) < 200  # the message names the text, shortened
+
+
+def test_the_maximum_itself_parses() -> None:
+    assert parse_duration("8760h") == MAX_DURATION

@@ -189,6 +189,20 @@ KINDS: tuple[Kind, ...] = (
         ),
     ),
     Kind(
+        kind="AgentRunRecord",
+        plural="agentrunrecords",
+        short_names=("arrec",),
+        spec=api.AgentRunRecordSpec,
+        status=None,
+        columns=(
+            Column("Run", ".spec.run.name"),
+            Column("State", ".spec.state", description="The run's state when it was let go"),
+            Column("Outcome", ".spec.outcome.reason"),
+            Column("Why", ".spec.why", description="retention or deleted"),
+            Column("Recorded", ".spec.recordedAt", "date"),
+        ),
+    ),
+    Kind(
         kind="AgentPolicy",
         plural="agentpolicies",
         short_names=("apol",),

@@ -18,7 +18,7 @@ from durable_agents.core.engine import ActionObservation, NeedActions, RunSnapsh
 from durable_agents.core.ledger import action_record_name, check_action_transition
 from durable_agents.shell import metrics
 from durable_agents.shell.kube import GROUP, VERSION
-from durable_agents.shell.leases import RUN_LABEL
+from durable_agents.shell.leases import RUN_LABEL, run_label
 from durable_agents.shell.store import Conflict, Gone, StatusStore
 
 log = logging.getLogger(__name__)
@@ -35,7 +35,11 @@ class ActionStore(StatusStore):
         body = {
             "apiVersion": API_VERSION,
             "kind": "ActionRecord",
-            "metadata": {"name": name, "namespace": namespace, "labels": {RUN_LABEL: spec.run_ref.name}},
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "labels": {RUN_LABEL: run_label(spec.run_ref.name)},
+            },
             "spec": spec.wire(),
         }
         async with self.faults.serialized():

@@ -8,11 +8,14 @@ someone created first under the expected name, with the parent as owner or not) 
 child, reported as ``ForeignChild``, never adopted and never canceled. A creation refused with
 AlreadyExists is therefore no success by itself: the object found is judged like any other.
 Creating and canceling a child are impersonated, so a run can start or stop only what its
-ServiceAccount may: no confused deputy.
+ServiceAccount may: no confused deputy. A creation the API server refuses for good (403: the
+ServiceAccount may not create AgentRuns; 422: the child is invalid) is a definite failure of the
+step (``ChildNotPermitted`` / ``ChildInvalid``, with a Warning Event), never retried forever.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from datetime import UTC, datetime
 from typing import Any
@@ -22,7 +25,13 @@ from kubernetes.client.rest import ApiException
 from durable_agents.api.v1alpha1 import API_VERSION, AgentRunStatus, Identity
 from durable_agents.api.v1alpha1.states import RunState
 from durable_agents.core.engine import ChildObservation, NeedChildren, RunSnapshot
-from durable_agents.core.engine.children import FOREIGN_CHILD, foreign_child, stamp_child
+from durable_agents.core.engine.children import (
+    CHILD_INVALID,
+    CHILD_NOT_PERMITTED,
+    FOREIGN_CHILD,
+    foreign_child,
+    stamp_child,
+)
 from durable_agents.core.sealed_values import DATA_KEY_ANNOTATION, open_data_key, wrap_data_key
 from durable_agents.core.sealing import Keyring, UndecryptableError
 from durable_agents.shell import metrics
@@ -33,6 +42,16 @@ from durable_agents.shell.kube import Kube, service_account_user
 from durable_agents.shell.store import Gone, RunStore
 
 log = logging.getLogger(__name__)
+# API answers to a child's creation that no retry changes: the step fails with this reason.
+_DEFINITE = {403: CHILD_NOT_PERMITTED, 422: CHILD_INVALID}
+
+
+def _api_message(err: ApiException) -> str:
+    """The Status message of an API error (its body), else its reason."""
+    try:
+        return str(json.loads(err.body or "{}").get("message") or err.reason)[:512]
+    except (ValueError, AttributeError):
+        return str(err.reason)
 
 
 def with_data_key(body: dict[str, Any], parent: RunSnapshot, keyring: Keyring) -> dict[str, Any]:
@@ -65,12 +84,16 @@ class ChildRuns:
         self.keyring = keyring  # None: children are created unstamped, so none is ever adopted
         self.faults = faults or process_faults()
         self._reported: set[str] = set()  # uids of foreign children already reported by an Event
+        self._refusals: set[tuple[str, str, str]] = set()  # (parent uid, child, reason) reported
 
     def _resource(self) -> Any:
         return self.kube.dynamic().resources.get(api_version=API_VERSION, kind="AgentRun")
 
-    async def create(self, parent: RunSnapshot, body: dict[str, Any]) -> None:
-        """Create the child, stamped; one that exists already is judged when it is observed."""
+    async def create(self, parent: RunSnapshot, body: dict[str, Any]) -> str | None:
+        """Create the child, stamped; one that exists already is judged when it is observed.
+
+        Returns the reason the API server refused it for good (403, 422), reported by an Event;
+        None when it was created or exists."""
         user = service_account_user(parent.namespace, parent.spec.service_account_name)
         if self.keyring is not None:
             body = stamp_child(body, self.keyring, parent.run_id)
@@ -100,12 +123,29 @@ class ChildRuns:
                 await self.kube.call(create)
             except ApiException as err:
                 metrics.API_WRITES.labels("agentruns", "create").inc()
+                if err.status in _DEFINITE:
+                    return await self._refused(parent, body["metadata"]["name"], user, err)
                 if err.status != 409:
                     raise
                 log.info("child run %s/%s exists already", parent.namespace, body["metadata"]["name"])
-                return
+                return None
             metrics.API_WRITES.labels("agentruns", "create").inc()
             self.faults.after()
+        return None
+
+    async def _refused(self, parent: RunSnapshot, name: str, user: str, err: ApiException) -> str:
+        """A Warning Event on the parent: its child cannot be created, so its step fails."""
+        reason = _DEFINITE[int(err.status)]
+        message = (
+            f"creating child run {parent.namespace}/{name} as {user} was refused"
+            f" ({err.status} {err.reason}): {_api_message(err)}"
+        )[:1024]
+        log.warning("run %s/%s: %s", parent.namespace, parent.name, message)
+        if (parent.uid, name, reason) not in self._refusals:  # one Event per child and reason
+            self._refusals.add((parent.uid, name, reason))
+            ref = {"metadata": {"name": parent.name, "namespace": parent.namespace, "uid": parent.uid}}
+            await self.events.record(ref, reason, message, warning=True)
+        return reason
 
     async def cancel(self, parent: RunSnapshot, child: dict[str, Any], reason: str) -> None:
         """Ask a running child to cancel (task scope, so its own children follow), once."""
@@ -149,8 +189,13 @@ class ChildRuns:
                     # Gone (deleted by someone): that is a terminal fact, not something to wait on.
                     seen[name] = ChildObservation(RunState.CANCELED, "ChildDeleted")
                     continue
-                await self.create(parent, body)
-                seen[name] = ChildObservation(RunState.PENDING)
+                refused = await self.create(parent, body)
+                # Refused for good: the child never ran, a terminal fact for the parent's step.
+                seen[name] = (
+                    ChildObservation(RunState.FAILED, refused)
+                    if refused
+                    else ChildObservation(RunState.PENDING)
+                )
                 continue
             why = foreign_child(
                 child, body, keyring=self.keyring, parent_run_id=parent.run_id, parent_name=parent.name

@@ -60,7 +60,11 @@ class EventRecorder:
         body = {
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {"name": f"{meta['name']}.{uuid.uuid4().hex[:16]}", "namespace": meta["namespace"]},
+            # Cut so that a run name of up to 253 characters still gives a valid Event name.
+            "metadata": {
+                "name": f"{meta['name'][:236].rstrip('-.')}.{uuid.uuid4().hex[:16]}",
+                "namespace": meta["namespace"],
+            },
             "involvedObject": {
                 "apiVersion": run.get("apiVersion", f"{GROUP}/{VERSION}"),
                 "kind": run.get("kind", "AgentRun"),

@@ -86,3 +86,22 @@ def install_faults(points: FaultPoints) -> None:
 def process_faults() -> FaultPoints:
     """The one write counter of this process: run and action-record commits count together."""
     return _process_faults
+
+
+# --- an internal error on demand (for the test of the worker's bounded retries) ---------------
+
+INTERNAL_ERROR_VARIABLE = "DURABLE_AGENTS_TEST_INTERNAL_ERROR"
+"""``=<prefix>``: each commit of a run whose name starts with ``<prefix>`` raises
+:class:`InjectedInternalError` right before it is written, as a bug in the operator would."""
+
+
+class InjectedInternalError(RuntimeError):
+    """The exception :func:`inject_internal_error` raises."""
+
+
+def inject_internal_error(run_name: str, stage: str) -> None:
+    """Raise :class:`InjectedInternalError` if the test asked for one for this run. Inert unless
+    :data:`INTERNAL_ERROR_VARIABLE` is set (read here, where it is used: one dictionary lookup)."""
+    prefix = os.environ.get(INTERNAL_ERROR_VARIABLE)
+    if prefix and run_name.startswith(prefix):
+        raise InjectedInternalError(f"injected at {stage} ({INTERNAL_ERROR_VARIABLE}={prefix})")

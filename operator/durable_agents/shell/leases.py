@@ -31,6 +31,7 @@ from kubernetes.client.rest import ApiException
 
 from durable_agents.api.v1alpha1 import Condition, ConditionStatus
 from durable_agents.core.checkpoint import Fencing
+from durable_agents.core.engine.children import label_value
 from durable_agents.shell import metrics
 from durable_agents.shell.kube import GROUP, VERSION, Kube
 
@@ -39,11 +40,32 @@ LEASE_CONFLICT = "LeaseConflict"
 
 
 def lease_name(run_name: str) -> str:
+    """``agentrun-<run>``; a run name near the 253-character limit is shortened with a hash (the
+    cut end stripped of ``-``/``.``, so the result is still a DNS subdomain)."""
     name = f"agentrun-{run_name}"
     if len(name) <= 253:
         return name
     digest = hashlib.sha256(run_name.encode()).hexdigest()[:12]
-    return f"{name[:240]}-{digest}"
+    return f"{name[:240].rstrip('-.')}-{digest}"
+
+
+def run_label(run_name: str) -> str:
+    """The value of :data:`RUN_LABEL` for a run (Leases, ActionRecords): its name, or a hashed
+    form when the name does not fit a label value (more than 63 characters)."""
+    return label_value(run_name)
+
+
+def run_of_lease(meta: dict[str, Any]) -> str | None:
+    """The name of the run a Lease's metadata says it is for: the AgentRun that owns it when its
+    label matches that name (a long name is labelled hashed), else the label itself."""
+    label = (meta.get("labels") or {}).get(RUN_LABEL)
+    if not label:
+        return None
+    for ref in meta.get("ownerReferences") or ():
+        name = ref.get("name") if isinstance(ref, dict) else None
+        if ref.get("kind") == "AgentRun" and isinstance(name, str) and run_label(name) == label:
+            return name
+    return str(label)
 
 
 @dataclass(frozen=True)
@@ -107,7 +129,7 @@ class LeaseRecord:
             if not self.owner_uids:
                 return "it has no owner reference to the run"
             return f"its owner is another object (uid {', '.join(self.owner_uids)})"
-        if self.run_label != run_name:
+        if self.run_label != run_label(run_name):
             return f"its label {RUN_LABEL} does not name the run"
         return None
 
@@ -229,7 +251,7 @@ class RunLeases:
             "metadata": {
                 "name": lease_name(run_name),
                 "namespace": namespace,
-                "labels": {RUN_LABEL: run_name},
+                "labels": {RUN_LABEL: run_label(run_name)},
                 # Proof that the operator made it for this run, and garbage collected with it.
                 "ownerReferences": [
                     {

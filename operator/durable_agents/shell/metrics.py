@@ -67,3 +67,8 @@ RESEAL_SKIPPED = Counter(
     "Runs the key rotation pass left as they were (conflict, unverified, undecryptable, refused, ...)",
     ["reason"],
 )
+INTERNAL_ERRORS = Counter(
+    "durable_agents_internal_errors_total",
+    "Exceptions in a run's unit of work (retried with backoff, then the run quarantined InternalError)",
+    ["stage"],
+)

@@ -37,7 +37,7 @@ from durable_agents.core.sealing import Keyring, UndecryptableError
 from durable_agents.shell import admission
 from durable_agents.shell.actions import PLURAL as ACTION_RECORDS
 from durable_agents.shell.kube import GROUP, VERSION, Kube
-from durable_agents.shell.leases import RUN_LABEL
+from durable_agents.shell.leases import RUN_LABEL, run_label
 
 REVEAL_ANNOTATION: Final = "durable-agents.io/reveal"
 REVEALED_ANNOTATION: Final = "durable-agents.io/revealed"
@@ -154,7 +154,7 @@ async def run_records(kube: Kube, namespace: str, run_name: str) -> list[dict[st
         VERSION,
         namespace,
         ACTION_RECORDS,
-        label_selector=f"{RUN_LABEL}={run_name}",
+        label_selector=f"{RUN_LABEL}={run_label(run_name)}",
     )
     items = [dict(i) for i in listed.get("items") or []]
     mine = [i for i in items if _dict(_dict(i.get("spec")).get("runRef")).get("name") == run_name]

@@ -74,7 +74,7 @@ def _data_key(
     namespace, name = str(_meta(new).get("namespace") or ""), str(_meta(new).get("name") or "")
     if not name:
         raise SealingRefused(
-            "name the run: its data key is bound to its name (generateName is not supported)"
+            "metadata.name: name the run: its data key is bound to its name (generateName is not supported)"
         )
     given = _annotation(new, DATA_KEY_ANNOTATION)
     if operation == "CREATE":

@@ -97,3 +97,15 @@ class RunStore(StatusStore):
 
     kind = "AgentRun"
     plural = "agentruns"
+
+    async def note_waiting(self, current: dict[str, Any], waiting_for: str) -> None:
+        """Say what a run that cannot start yet waits for (``status.waitingFor``), without a
+        transition: a pending run waiting for its AgentPolicy is visible in ``kubectl get``.
+        Only while it has no checkpoint (the engine's commits own the status after that)."""
+        status = current.get("status") or {}
+        if status.get("checkpoint") is not None or status.get("waitingFor") == waiting_for:
+            return
+        try:  # a replace with the resourceVersion read: the operator's rights are update, not patch
+            await self.commit_status(current, {**status, "waitingFor": waiting_for})
+        except (Conflict, Gone):
+            return  # it moved on meanwhile (or went): the next unit of work sees it

@@ -14,6 +14,9 @@ For one run, one unit of work is:
 5. on 409, throw the computation away and reload;
 6. when the run waits or ends, delete the Lease.
 
+An exception anywhere in a unit of work is retried a bounded number of times with backoff, then
+the run is quarantined ``InternalError`` with a Warning Event (:mod:`durable_agents.shell.failures`).
+
 The queue gives each run to one task at a time (like client-go's workqueue); events that arrive
 meanwhile mark the run dirty and it is processed once more afterwards.
 """
@@ -39,6 +42,7 @@ from durable_agents.core.checkpoint import Fencing, KubernetesEvidenceRef, Loade
 from durable_agents.core.engine import (
     ActionObservation,
     ChildObservation,
+    Commit,
     Idle,
     NeedActions,
     NeedChildren,
@@ -50,22 +54,26 @@ from durable_agents.core.engine import (
     decide,
     fence,
 )
+from durable_agents.core.engine.quarantine import INTERNAL_ERROR, internal_error
 from durable_agents.core.planner import Planner
 from durable_agents.core.sealing import Keyring
+from durable_agents.shell import metrics
 from durable_agents.shell.actions import ActionStore
 from durable_agents.shell.children import ChildRuns
 from durable_agents.shell.events import EventRecorder
 from durable_agents.shell.evidence import EvidenceReader
+from durable_agents.shell.failures import Failures, describe
+from durable_agents.shell.faults import inject_internal_error
 from durable_agents.shell.kube import GROUP, VERSION, Kube, ObjectKey
 from durable_agents.shell.leases import (
     LEASE_CONFLICT,
-    RUN_LABEL,
     Hold,
     LeaseRecord,
     RunLeases,
     conflict_message,
     conflict_status,
     lease_name,
+    run_of_lease,
 )
 from durable_agents.shell.memory import release_memory
 from durable_agents.shell.plugins import load_effects, load_planners
@@ -142,6 +150,7 @@ class RunWorker:
         self.leases_seen: dict[ObjectKey, LeaseRecord] = {}
         # Runs kept from advancing by a foreign Lease under their Lease name (its uid, per run).
         self.lease_conflicts: dict[ObjectKey, str] = {}
+        self.failures = Failures()  # exceptions per run and state version: retried, then quarantined
         self._tasks: list[asyncio.Task[None]] = []
 
     # --- intake ---------------------------------------------------------------------------
@@ -154,6 +163,7 @@ class RunWorker:
             self.queue.forget(key)
             self.versions.pop(key, None)
             self.lease_conflicts.pop(key, None)
+            self.failures.forget(key)
             hold = self.holds.pop(key, None)
             if hold is not None:
                 hold.lost = True
@@ -171,7 +181,7 @@ class RunWorker:
     def observe_lease(self, event_type: str | None, body: dict[str, Any]) -> None:
         """A watch event for a run Lease: lets an idle run's orphaned Lease be reaped."""
         meta = body.get("metadata") or {}
-        run = (meta.get("labels") or {}).get(RUN_LABEL)
+        run = run_of_lease(meta)
         if not run or meta.get("name") != lease_name(run):
             return  # not under the run's Lease name: nothing the worker would take or reap
         key = (meta.get("namespace", ""), run)
@@ -236,6 +246,71 @@ class RunWorker:
         return self.planners[kind]
 
     async def process(self, key: ObjectKey, body: dict[str, Any] | None) -> None:
+        """One unit of work; an exception is retried with backoff, then quarantines the run."""
+        try:
+            await self._unit(key, body)
+        except Exception as err:
+            await self._failed(key, err)
+        else:
+            self.failures.succeeded(key)
+
+    async def _failed(self, key: ObjectKey, err: Exception) -> None:
+        verdict = self.failures.failed(key, err)
+        metrics.INTERNAL_ERRORS.labels(verdict.where.stage).inc()
+        retry_at = datetime.now(UTC) + timedelta(seconds=verdict.delay)
+        self.failures.log(key, verdict, err)
+        if verdict.quarantine:
+            try:
+                await self._quarantine(key, verdict.where.describe(), describe(err), verdict.attempts)
+                return
+            except Exception:  # the quarantine's write failed too: try again later, not in a loop
+                log.exception("run %s/%s: quarantining it failed; again in %.0fs", *key, verdict.delay)
+        self.queue.wake_at(key, retry_at)
+
+    async def _quarantine(self, key: ObjectKey, where: str, error: str, attempts: int) -> None:
+        """Quarantine the run ``InternalError`` (a commit like any other: compare-and-swap, under our
+        Lease's epoch if we hold one), with a Warning Event; then leave it until a user acts."""
+        try:
+            body = await self.store.get(*key)
+        except Gone:
+            self.failures.forget(key)
+            return
+        snap, now, hold = RunSnapshot.from_object(body), datetime.now(UTC), self.holds.get(key)
+        if hold is None or not hold.valid():
+            record = await self.leases.get(*key)
+            if record is not None and record.holder not in ("", self.identity) and not record.expired(now):
+                # Another live worker holds the run: its view is not ours to quarantine. Look later.
+                self.queue.wake_at(key, record.expires_at())
+                return
+            cp_epoch = _checkpoint_epoch(snap.raw_checkpoint)
+            epoch = Fencing(
+                holder=self.identity, lease_transitions=cp_epoch.lease_transitions if cp_epoch else 0
+            )
+        else:
+            epoch = hold.epoch
+        commit = internal_error(snap, now, epoch, where, f"{error} ({attempts} attempts)")
+        if commit is not None:
+            body = await self._commit(key, body, snap, commit)
+            assert commit.status.outcome is not None
+            await self.events.record(body, INTERNAL_ERROR, commit.status.outcome.message, warning=True)
+        elif snap.state is RunState.QUARANTINED:  # e.g. its retry failed: it stays, and says why
+            message = f"the operator failed on this quarantined run at {where}: {error} ({attempts} attempts)"
+            await self.events.record(body, INTERNAL_ERROR, message, warning=True)
+        self.failures.forget(key)
+        await self._release(key)
+
+    async def _commit(
+        self, key: ObjectKey, body: dict[str, Any], snap: RunSnapshot, commit: Commit
+    ) -> dict[str, Any]:
+        """Write one commit (409 raises :class:`Conflict`) and report it."""
+        self.failures.at(key, "commit", snap, commit.event.value)
+        body = await self.store.commit_status(body, commit.wire_status())
+        self.versions[key] = commit.status.state_version
+        self.reporter.report(body, snap.state, commit)
+        return body
+
+    async def _unit(self, key: ObjectKey, body: dict[str, Any] | None) -> None:
+        self.failures.at(key, "load")
         if body is not None and _state_version(body) < self.versions.get(key, 0):
             body = None  # stale: read the current record instead
         if body is None:
@@ -246,6 +321,7 @@ class RunWorker:
                 return
         self.versions[key] = max(self.versions.get(key, 0), _state_version(body))
         snap = RunSnapshot.from_object(body)
+        self.failures.at(key, "decide", snap)
         ref = snap.spec.policy_ref
         if (
             ref is not None
@@ -260,6 +336,7 @@ class RunWorker:
                     f"waiting for AgentPolicy {ref.name!r}: nothing runs without it",
                     warning=True,
                 )
+                await self.store.note_waiting(body, f"agentpolicy:{ref.name}")
             await self._release(key)
             return
         now = datetime.now(UTC)
@@ -297,6 +374,7 @@ class RunWorker:
             self.holds.pop(key, None)
             hold = None
         if hold is None:
+            self.failures.at(key, "lease")
             acquired = await self._acquire(key, snap, body)
             if acquired is None:
                 return
@@ -448,6 +526,7 @@ class RunWorker:
             ):
                 raise Lost(f"{key} now at epoch {epoch}")
             now = datetime.now(UTC)
+            self.failures.at(key, "decide", snap)
             decision = decide(
                 snap,
                 now=now,
@@ -477,16 +556,17 @@ class RunWorker:
                 return
             if not hold.valid(self._margin) and not await self.leases.renew(hold):
                 raise Lost(f"{key}: lease lost before commit")
+            self.failures.at(key, "commit", snap, decision.event.value)
+            inject_internal_error(snap.name, "commit")  # a test's stand-in for a bug (inert otherwise)
             try:
-                body = await self.store.commit_status(body, decision.wire_status())
+                body = await self._commit(key, body, snap, decision)
             except Conflict:
                 log.info("commit to %s/%s refused (409: the record moved); reloading", *key)
                 body = await self.store.get(*key)  # discard the computation, reload
                 read, actions, fresh, children = None, None, None, None
                 continue
             read, actions, fresh, children = None, None, None, None
-            self.versions[key] = decision.status.state_version
-            self.reporter.report(body, snap.state, decision)
+            self.failures.at(key, "after commit", snap, decision.event.value)
             for intent in decision.intents:
                 # Right after the intent commit: the record the dispatcher works from. If it
                 # exists already, the API server says so and the ledger counts a suppressed duplicate.

@@ -144,8 +144,11 @@ class Lab:
     def runs(self, namespace: str) -> Runs:
         return Runs(self.kube, namespace)
 
-    def create(self, namespace: str, spec: dict[str, Any], name: str | None = None) -> str:
-        created = self.runs(namespace).create(spec, name=name)
+    def create(
+        self, namespace: str, spec: dict[str, Any], name: str | None = None, *, seal: bool = True
+    ) -> str:
+        """``seal=False``: as an operator release from before sealing admitted runs."""
+        created = self.runs(namespace).create(spec, name=name, seal=seal)
         with self._lock:
             self.result.runs += 1
         return created

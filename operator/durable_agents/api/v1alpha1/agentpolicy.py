@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from durable_agents.api.v1alpha1.meta import API_VERSION, DURATION_PATTERN, ActionTier, ApiModel
+from durable_agents.api.v1alpha1.meta import API_VERSION, DURATION_PATTERN, ActionTier, ApiModel, cel
 
 # --- AgentPolicy ---------------------------------------------------------------------------
 
@@ -81,6 +81,34 @@ class RuntimeAvailability(ApiModel):
     on_unavailable: UnavailableResponse = UnavailableResponse.FAIL
 
 
+RETENTION_MAX = "8760h"  # one year: the longest a finished run may be kept before it is deleted
+
+
+class Retention(ApiModel):
+    """How long a finished run is kept, and whether a compact record outlives it.
+
+    Without ``ttlAfterFinished`` a finished run is kept forever. With it, the operator deletes a
+    run once ``ttlAfterFinished`` has passed since it reached its terminal state (its children and
+    ActionRecords go with it), after writing an AgentRunRecord unless ``keepRecord`` is false. A
+    run whose ledger still has an unsettled action, or with a child still running, is never deleted.
+    """
+
+    ttl_after_finished: str | None = Field(
+        default=None,
+        max_length=32,
+        pattern=DURATION_PATTERN,
+        description=f"Time after finishing before the run is deleted (at most {RETENTION_MAX}); unset: kept",
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(f"duration(self) <= duration('{RETENTION_MAX}')", f"must be at most {RETENTION_MAX}")
+            ]
+        },
+    )
+    keep_record: bool = Field(
+        default=True, description="Write an AgentRunRecord (outcome, history, digests, ledger) first."
+    )
+
+
 class AgentPolicySpec(ApiModel):
     """GitOps-owned: the operator reads it and records ``version`` in every run it governs."""
 
@@ -107,7 +135,7 @@ class AgentPolicySpec(ApiModel):
     wait_expiries: WaitExpiries = Field(default_factory=WaitExpiries)
     retry: RetryPolicy = Field(default_factory=RetryPolicy)
     deadline: str | None = Field(default=None, max_length=32, pattern=DURATION_PATTERN)
-    retention: str = Field(default="720h", max_length=32, pattern=DURATION_PATTERN)
+    retention: Retention = Field(default_factory=lambda: Retention())
     runtime: RuntimeAvailability = Field(default_factory=lambda: RuntimeAvailability())
     propose_compensations: bool = Field(
         default=False, description="On cancellation, list the steps that would compensate unreversed effects."

@@ -23,6 +23,7 @@ from durable_agents.api.v1alpha1.meta import (
     ObjectReference,
     RunReference,
     append_only,
+    bounded_duration,
     cel,
     immutable,
 )
@@ -54,14 +55,18 @@ class AskStep(ApiModel):
     """Enter waiting_input with a question; answered via ``spec.answers[requestId]``."""
 
     question: str = Field(min_length=1, max_length=SEALED_STRING_MAX, description="Sealed at admission.")
-    expires_in: str | None = Field(default=None, max_length=32, pattern=DURATION_PATTERN)
+    expires_in: str | None = Field(
+        default=None, max_length=32, pattern=DURATION_PATTERN, json_schema_extra=bounded_duration("expiresIn")
+    )
 
 
 class AwaitStep(ApiModel):
     """Enter waiting_external until ``spec.events[event]`` is set."""
 
     event: str = Field(max_length=63, pattern=REQUEST_ID_PATTERN)
-    expires_in: str | None = Field(default=None, max_length=32, pattern=DURATION_PATTERN)
+    expires_in: str | None = Field(
+        default=None, max_length=32, pattern=DURATION_PATTERN, json_schema_extra=bounded_duration("expiresIn")
+    )
 
 
 class CompleteStep(ApiModel):
@@ -129,7 +134,9 @@ class ChildStep(ApiModel):
     task_type: str = Field(max_length=63, pattern=NAME_PATTERN)
     objective: str = Field(max_length=4096)
     steps: list[LeafStep] = Field(default_factory=list, max_length=16)
-    expires_in: str | None = Field(default=None, max_length=32, pattern=DURATION_PATTERN)
+    expires_in: str | None = Field(
+        default=None, max_length=32, pattern=DURATION_PATTERN, json_schema_extra=bounded_duration("expiresIn")
+    )
 
 
 class Step(LeafStep):

@@ -13,8 +13,11 @@ GROUP = "durable-agents.io"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
 
-# Go-style durations ("90s", "15m", "1h30m"), as in metav1.Duration.
-DURATION_PATTERN = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"
+# Go-style durations ("90s", "15m", "1h30m"), as in metav1.Duration. At most 6 digits per number
+# (and 32 characters in all), so that no duration overflows a timedelta or Go's int64 nanoseconds.
+DURATION_PATTERN = r"^([0-9]{1,6}(\.[0-9]{1,6})?(ms|s|m|h))+$"
+MAX_DURATION = "8760h"
+"""The longest wait a run may ask for (one year): checked by the API server (CEL) and the webhook."""
 NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 REQUEST_ID_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
 
@@ -27,6 +30,18 @@ Answer = Annotated[str, Field(max_length=SEALED_STRING_MAX)]
 def cel(rule: str, message: str, **extra: str) -> dict[str, Any]:
     """One ``x-kubernetes-validations`` entry."""
     return {"rule": rule, "message": message, **extra}
+
+
+def bounded_duration(field: str) -> dict[str, Any]:
+    """Schema extra for a duration field: at most :data:`MAX_DURATION` (CEL parses Go durations)."""
+    return {
+        "x-kubernetes-validations": [
+            cel(
+                f"duration(self) <= duration('{MAX_DURATION}')",
+                f"{field} must be at most {MAX_DURATION} (one year)",
+            )
+        ]
+    }
 
 
 def append_only(message: str) -> dict[str, Any]:

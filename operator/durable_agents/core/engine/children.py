@@ -38,6 +38,10 @@ PARENT_STEP_ANNOTATION = "durable-agents.io/parent-step"
 CHILD_STAMP_ANNOTATION = "durable-agents.io/child-stamp"
 FOREIGN_CHILD = "ForeignChild"
 """The reason a step fails when an object under its child's name is not the operator's child."""
+CHILD_NOT_PERMITTED = "ChildNotPermitted"
+"""The run's ServiceAccount may not create AgentRuns (403 on the child's creation)."""
+CHILD_INVALID = "ChildInvalid"
+"""The API server refused the child as invalid (422 on its creation)."""
 
 # What makes a child do what its parent asked: an adopted child must match the step on each.
 _DEFINING_FIELDS = (
@@ -53,12 +57,23 @@ _DEFINING_FIELDS = (
 )
 
 
-def child_run_name(parent: str, step: str) -> str:
-    """``<parent>-<step>``, shortened with a hash when it would not fit a label value (63)."""
-    name = f"{parent}-{step}"
-    if len(name) <= 63:
+LABEL_VALUE_MAX = 63
+
+
+def label_value(name: str) -> str:
+    """``name`` as a label value: itself when it fits (63), else shortened with a hash of it.
+
+    A run's name may be 253 characters; a label value may not. The hashed form is stable, so a
+    selector on it still finds what was labelled (and a reader checks the full name elsewhere).
+    """
+    if len(name) <= LABEL_VALUE_MAX:
         return name
     return f"{name[:52].rstrip('-.')}-{hashlib.sha256(name.encode()).hexdigest()[:10]}"
+
+
+def child_run_name(parent: str, step: str) -> str:
+    """``<parent>-<step>``, shortened with a hash when it would not fit a label value (63)."""
+    return label_value(f"{parent}-{step}")
 
 
 def child_body(run: RunSnapshot, step: StartChild) -> dict[str, Any]:
@@ -83,7 +98,7 @@ def child_body(run: RunSnapshot, step: StartChild) -> dict[str, Any]:
         "metadata": {
             "name": child_run_name(run.name, step.name),
             "namespace": run.namespace,
-            "labels": {PARENT_LABEL: run.name},
+            "labels": {PARENT_LABEL: label_value(run.name)},
             "annotations": {PARENT_STEP_ANNOTATION: step.name},
             "ownerReferences": [
                 {"apiVersion": API_VERSION, "kind": "AgentRun", "name": run.name, "uid": run.uid}
@@ -155,6 +170,16 @@ def child_failure(namespace: str, child: ChildRecord) -> Outcome:
             reason=FOREIGN_CHILD,
             message=f"AgentRun {namespace}/{child.name} exists under this step's child name but was not"
             " created by the operator for this run: it was not adopted, and the step's child never ran",
+        )
+    if child.reason in (CHILD_NOT_PERMITTED, CHILD_INVALID):
+        why = (
+            "the run's ServiceAccount may not create AgentRuns"
+            if child.reason == CHILD_NOT_PERMITTED
+            else "the API server refused it as invalid"
+        )
+        return Outcome(
+            reason=child.reason,
+            message=f"child run {namespace}/{child.name} was never created: {why} (see the run's Events)",
         )
     return Outcome(
         reason="ChildRunFailed",

@@ -16,6 +16,7 @@ from durable_agents.api.v1alpha1 import Outcome
 from durable_agents.api.v1alpha1.states import RunState
 from durable_agents.core.authority import Unproven, service_account_unproven
 from durable_agents.core.checkpoint import Checkpoint, Fencing, KubernetesEvidenceRef, Loaded, Quarantine
+from durable_agents.core.durations import InvalidDuration
 from durable_agents.core.engine.actions import reconcile_actions
 from durable_agents.core.engine.approvals import await_decision
 from durable_agents.core.engine.cancellation import (
@@ -108,7 +109,23 @@ def decide(
         )
     if unauthorized is not None:  # pending with a checkpoint (a takeover fenced it first)
         return _reject(builder, unauthorized)
-    return _by_state(builder, planner, settings, read, actions, fresh_evidence, children)
+    try:
+        return _by_state(builder, planner, settings, read, actions, fresh_evidence, children)
+    except InvalidDuration as err:
+        return _invalid_duration(builder, err)
+
+
+def _invalid_duration(builder: CommitBuilder, err: InvalidDuration) -> Commit:
+    """A duration of the run or its policy that does not parse (too long, overflowing: admission
+    refuses these, but one stored before may remain) fails the attempt for good, with a reason:
+    deciding again would only fail again. Retrying is no way out (its backoff may be the culprit)."""
+    outcome = Outcome(reason="InvalidDuration", message=f"a duration of this run or its policy: {err}")
+    event = (
+        RunEvent.ATTEMPT_FAILED
+        if builder.run.state in (RunState.READY, RunState.RESUME_VALIDATION)
+        else RunEvent.QUARANTINE
+    )
+    return builder.commit(event, outcome=outcome, detail=outcome.message)
 
 
 def _accept(

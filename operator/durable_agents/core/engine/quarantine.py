@@ -1,5 +1,9 @@
 """Quarantine: a checkpoint this operator cannot read parks the run, untouched, until a user acts.
 
+A run whose unit of work keeps raising in the operator (a bug, an input nothing else refused) is
+quarantined the same way, with reason ``InternalError`` (:func:`internal_error`): the worker
+retries it a bounded number of times first. Its checkpoint is readable, so a retry resumes it.
+
 Only two controls move a quarantined run: a task cancellation, or a retry token
 (``spec.retryQuarantine``), typically after an upgrade or once the sealing key is back. Each
 counts only if the operator's admission webhook stamped it; one that is not is refused once and
@@ -11,8 +15,9 @@ from __future__ import annotations
 from datetime import datetime
 
 from durable_agents.api.v1alpha1 import CancellationStatus, CancelScope, Outcome
-from durable_agents.core.authority import cancellation_unproven, retry_unproven
-from durable_agents.core.checkpoint import Fencing, Quarantine
+from durable_agents.api.v1alpha1.states import RunState
+from durable_agents.core.authority import cancellation_unproven, retry_unproven, service_account_unproven
+from durable_agents.core.checkpoint import Checkpoint, Fencing, Loaded, Quarantine
 from durable_agents.core.engine.commits import (
     CommitBuilder,
     already_refused,
@@ -21,7 +26,7 @@ from durable_agents.core.engine.commits import (
     refuse,
 )
 from durable_agents.core.engine.decisions import Commit, Decision, Idle
-from durable_agents.core.engine.loading import load_stored
+from durable_agents.core.engine.loading import initial_checkpoint, load_stored
 from durable_agents.core.engine.snapshot import RunSnapshot, Settings
 from durable_agents.core.statemachine import RunEvent
 
@@ -31,6 +36,25 @@ def enter_quarantine(run: RunSnapshot, now: datetime, epoch: Fencing, problem: Q
     outcome = Outcome(reason=problem.reason, message=problem.message[:4000])
     return commit_untouched(
         run, now, epoch, RunEvent.QUARANTINE, outcome, problem.reason, problem.message[:512]
+    )
+
+
+INTERNAL_ERROR = "InternalError"
+
+
+def internal_error(run: RunSnapshot, now: datetime, epoch: Fencing, where: str, error: str) -> Commit | None:
+    """Quarantine a run the operator failed on again and again (``where``: the stage and the
+    transition it was at; ``error``: the exception's type and message), leaving its checkpoint as
+    stored. None when there is nothing to quarantine (ended, or quarantined already)."""
+    if run.state.terminal or run.state is RunState.QUARANTINED:
+        return None
+    message = (
+        f"the operator failed on this run at {where} (state {run.state.value}, stateVersion"
+        f" {run.status.state_version}): {error}; retry with spec.retryQuarantine (kubectl agentrun retry)"
+    )
+    outcome = Outcome(reason=INTERNAL_ERROR, message=message[:4000])
+    return commit_untouched(
+        run, now, epoch, RunEvent.QUARANTINE, outcome, f"{INTERNAL_ERROR}: {message}"[:512]
     )
 
 
@@ -69,9 +93,15 @@ def quarantine_controls(run: RunSnapshot, now: datetime, epoch: Fencing, setting
         if already_refused(status, "retryQuarantine", token):
             return Idle(reason=f"quarantined: retry {token} refused ({problem.reason})")
         return refuse(run, refusal_of("retryQuarantine", token, problem, now))
-    loaded = load_stored(run, settings)
+    loaded = (
+        load_stored(run, settings)
+        if run.raw_checkpoint is not None
+        else _accept_anew(run, now, epoch, settings)
+    )
     if isinstance(loaded, Quarantine):
         return Idle(reason=f"quarantined: still unreadable: {loaded.message}")
+    if isinstance(loaded, str):
+        return Idle(reason=f"quarantined: {loaded}")
     builder = CommitBuilder(run, loaded, now, epoch, settings)
     commit = builder.commit(
         RunEvent.RELEASE_QUARANTINE,
@@ -80,6 +110,16 @@ def quarantine_controls(run: RunSnapshot, now: datetime, epoch: Fencing, setting
     )
     commit.status.quarantine_retried = token
     return commit
+
+
+def _accept_anew(run: RunSnapshot, now: datetime, epoch: Fencing, settings: Settings) -> Loaded | str:
+    """A run quarantined before it was ever accepted (no checkpoint: e.g. an internal error while
+    accepting it) starts from a new checkpoint on retry, once acceptance's own check passes
+    (else: why it stays quarantined)."""
+    unproven = service_account_unproven(settings.keyring, run.namespace, run.name, run.spec)
+    if unproven is not None:
+        return f"not accepted on retry: ServiceAccountNotAuthorized: {unproven.message}"
+    return Loaded(Checkpoint.model_validate(initial_checkpoint(run, now, epoch, settings)))
 
 
 def cancel_unreadable(run: RunSnapshot, now: datetime, epoch: Fencing, problem: Quarantine) -> Commit:

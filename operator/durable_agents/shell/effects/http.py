@@ -2,13 +2,15 @@
 
 target: ``{"url": "...", "queryUrl": "..."}``; the query is ``GET queryUrl?key=<key>`` (200:
 applied, 404: not applied). 2xx is applied; 4xx other than 408/409/425/429 is a definite failure;
-5xx, timeouts and dropped connections are unknown.
+5xx, timeouts and dropped connections are unknown. A target that is no http(s) URL (missing,
+unparseable, no host) is a definite ``InvalidTarget`` failure: nothing was sent, so nothing is unknown.
 """
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 
@@ -37,6 +39,22 @@ def _outcome(status: int, body: Any) -> dict[str, Any]:
     return out
 
 
+def target_problem(url: object, field: str = "target.url") -> str | None:
+    """Why ``url`` cannot be posted to (a definite client-side error), or None when it can."""
+    if not isinstance(url, str) or not url:
+        return f"http.post needs {field} (a string)"
+    try:
+        parsed = urlsplit(url)
+        parsed.port  # noqa: B018 (raises ValueError when out of range or not a number)
+    except ValueError as err:
+        return f"{field} {url[:200]!r} is not a URL: {err}"
+    if parsed.scheme not in ("http", "https"):
+        return f"{field} {url[:200]!r} is not an http(s) URL"
+    if not parsed.hostname:
+        return f"{field} {url[:200]!r} names no host"
+    return None
+
+
 async def _json(resp: aiohttp.ClientResponse) -> Any:
     try:
         return await resp.json(content_type=None)
@@ -52,8 +70,9 @@ class HttpPost:
 
     async def dispatch(self, ctx: EffectContext, action: Action) -> DispatchResult:
         url = action.target.get("url")
-        if not isinstance(url, str):
-            return Failed("InvalidTarget", "http.post needs target.url")
+        problem = target_problem(url)
+        if problem is not None or not isinstance(url, str):
+            return Failed("InvalidTarget", problem or "http.post needs target.url")
         timeout = aiohttp.ClientTimeout(total=ctx.timeout)
         try:
             async with (
@@ -70,13 +89,17 @@ class HttpPost:
                 )
         except TimeoutError:
             return Unknown("Timeout", f"POST {url} did not answer within {ctx.timeout}s")
+        except aiohttp.InvalidURL as err:  # refused before anything was sent
+            return Failed("InvalidTarget", f"POST {url}: {err}")
         except (aiohttp.ClientError, asyncio.IncompleteReadError, ConnectionError) as err:
             return Unknown("ConnectionError", f"POST {url}: {type(err).__name__}: {err}")
 
     async def query(self, ctx: EffectContext, action: Action) -> QueryResult:
         url = action.target.get("queryUrl") or action.target.get("url")
-        if not isinstance(url, str):
-            return Unknown("InvalidTarget", "http.post needs target.queryUrl to reconcile")
+        if target_problem(action.target.get("url")) is not None:
+            return NotApplied()  # a POST to no valid URL was never sent: it did not apply
+        if not isinstance(url, str) or target_problem(url, "target.queryUrl") is not None:
+            return Unknown("InvalidTarget", "http.post needs a valid target.queryUrl to reconcile")
         timeout = aiohttp.ClientTimeout(total=ctx.timeout)
         try:
             async with (

@@ -101,7 +101,8 @@ class KubernetesApply:
         except ApiException as err:
             if err.status == 403:
                 return self._denied(ctx, "apply", body)
-            if err.status in (400, 404, 409, 422):
+            if err.status and 400 <= err.status < 500 and err.status not in (408, 429):
+                # Refused (invalid, conflict, too large, ...): nothing was applied. Definite.
                 return Failed(f"HTTP{err.status}", f"server-side apply refused: {err.reason}")
             return Unknown(f"HTTP{err.status}", f"server-side apply answered {err.status}")
         except (ConnectionError, OSError) as err:
