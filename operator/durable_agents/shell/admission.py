@@ -249,9 +249,10 @@ def denied(user: Identity, verb: str, resource: str, namespace: str, name: str, 
     )
 
 
-async def _refused_verb(
+async def refused_verb(
     kube: Kube, user: Identity, verb: str, resource: str, namespace: str, name: str, group: str = GROUP
 ) -> str | None:
+    """Why ``user`` may not ``verb`` the object (a SubjectAccessReview), or None when they may."""
     try:
         allowed = await may(
             kube, user, verb=verb, resource=resource, namespace=namespace, name=name, group=group
@@ -275,7 +276,7 @@ async def check_create(kube: Kube, new: Mapping[str, Any], user: Identity, keyri
     namespace, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
     sa = str(spec.get("serviceAccountName") or "default")
     if user.username != service_account_user(namespace, sa):  # a ServiceAccount may act as itself
-        refused = await _refused_verb(kube, user, USE_VERB, "serviceaccounts", namespace, sa, group="")
+        refused = await refused_verb(kube, user, USE_VERB, "serviceaccounts", namespace, sa, group="")
         if refused is not None:
             return f"{refused}: an AgentRun acts as its ServiceAccount"
     problem = service_account_unproven(keyring, namespace, name, AgentRunSpec.model_validate(spec))
@@ -303,7 +304,7 @@ async def check_update(
     meta = new.get("metadata") or {}
     namespace, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
     for verb, fields in verbs_needed(new, old).items():
-        refused = await _refused_verb(kube, user, verb, "agentruns", namespace, name)
+        refused = await refused_verb(kube, user, verb, "agentruns", namespace, name)
         if refused is not None:
             return f"{refused} ({', '.join(fields)})"
     problem = _unstamped_controls(new, old, user, keyring)
@@ -388,7 +389,7 @@ async def _check_decisions(
         )
         if reason is not None:
             return reason
-        refused = await _refused_verb(
+        refused = await refused_verb(
             kube, user, rule.verb, rule.resource, meta.get("namespace", ""), meta.get("name", "")
         )
         if refused is not None:

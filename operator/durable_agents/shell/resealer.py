@@ -41,7 +41,6 @@ from durable_agents.shell.store import Conflict, Gone, RunStore
 
 log = logging.getLogger(__name__)
 
-MERGE_PATCH = "application/merge-patch+json"
 RETRY_AFTER_ERRORS = 2.0  # seconds before a pass that hit errors (webhook not up yet) runs again
 
 
@@ -182,25 +181,7 @@ class Resealer:
             }
         }
         await self._pace()
-        try:
-            out: dict[str, Any] = await self.kube.call(
-                self.kube.custom.patch_namespaced_custom_object,
-                GROUP,
-                VERSION,
-                meta["namespace"],
-                "agentruns",
-                meta["name"],
-                body,
-                _content_type=MERGE_PATCH,
-            )
-        except ApiException as err:
-            metrics.API_WRITES.labels("agentruns", "patch").inc()
-            if err.status == 409:
-                raise Conflict(_key(run)) from err
-            if err.status == 404:
-                raise Gone(_key(run)) from err
-            raise
-        metrics.API_WRITES.labels("agentruns", "patch").inc()
+        out = await self.store.patch(run, body)
         if (out["metadata"].get("annotations") or {}).get(DATA_KEY_ANNOTATION) != rewrapped:
             raise _Skip("put-back")  # the admission webhook kept the old one (another keyring?)
         report.wrote("data_key")

@@ -57,13 +57,14 @@ from durable_agents.core.retention import (
 )
 from durable_agents.core.sealing import Keyring
 from durable_agents.shell import metrics
+from durable_agents.shell.faults import FaultPoints
 from durable_agents.shell.kube import GROUP, VERSION, Kube
 from durable_agents.shell.leases import RUN_LABEL
 from durable_agents.shell.reflector import RunReflector
+from durable_agents.shell.store import Conflict, Gone, RunStore
 
 log = logging.getLogger(__name__)
 
-MERGE_PATCH = "application/merge-patch+json"
 Key = tuple[str, str]
 RECHECK = 3600.0  # a run due later is looked at again at least hourly (its policy may change)
 
@@ -81,6 +82,7 @@ class RetentionConfig:
 
 class RetentionController:
     def __init__(self, kube: Kube, keyring: Keyring, identity: str, config: RetentionConfig) -> None:
+        self.store = RunStore(kube, FaultPoints([]))
         self.kube = kube
         self.keyring = keyring
         self.identity = identity
@@ -356,27 +358,14 @@ class RetentionController:
     async def _patch(self, run: dict[str, Any], body: dict[str, Any]) -> bool:
         """Merge-patch the run with its resourceVersion as precondition; False on a conflict (the
         run changed: its next event brings it back) or when it is gone."""
-        meta = run["metadata"]
         await self._pace()
         try:
-            await self.kube.call(
-                self.kube.custom.patch_namespaced_custom_object,
-                GROUP,
-                VERSION,
-                meta["namespace"],
-                "agentruns",
-                meta["name"],
-                body,
-                _content_type=MERGE_PATCH,
-            )
-        except ApiException as err:
-            if err.status in (404, 409):
-                if err.status == 409:
-                    self.enqueue((meta["namespace"], meta["name"]))
-                return False
-            raise
-        finally:
-            metrics.API_WRITES.labels("agentruns", "patch").inc()
+            await self.store.patch(run, body)
+        except Gone:
+            return False
+        except Conflict:
+            self.enqueue((run["metadata"]["namespace"], run["metadata"]["name"]))
+            return False
         return True
 
     async def _delete(self, plural: str, namespace: str, name: str, uid: str | None) -> None:

@@ -18,8 +18,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from kubernetes.client.rest import ApiException
-
 from durable_agents.api.v1alpha1 import AgentPolicySpec, ApproverRule, Identity
 from durable_agents.core.disclosure import DisclosureError, seal_for_reader
 from durable_agents.core.sealed_values import (
@@ -186,16 +184,8 @@ async def revealed_patch(
     if not dry_run:
         raise RevealRefused(f"annotation {REVEAL_ANNOTATION} is a request, never stored: {HOW}", code=400)
     rule = policy.approvers if policy is not None else ApproverRule()
-    try:
-        allowed = await admission.may(
-            kube, user, verb=rule.verb, resource=rule.resource, namespace=namespace, name=name
-        )
-    except ApiException as err:
-        raise RevealRefused(
-            f"could not check whether {user.username!r} may {rule.verb}: {err.reason}"
-        ) from err
-    if not allowed:
-        refusal = admission.denied(user, rule.verb, rule.resource, namespace, name)
+    refusal = await admission.refused_verb(kube, user, rule.verb, rule.resource, namespace, name)
+    if refusal is not None:
         raise RevealRefused(f"{refusal}: only who may approve a run sees its sealed values")
     records = await run_records(kube, namespace, name)
     document = revealed_document(old_run, records, _data_key(keyring, old_run, namespace, name))

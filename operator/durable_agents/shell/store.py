@@ -109,3 +109,32 @@ class RunStore(StatusStore):
             await self.commit_status(current, {**status, "waitingFor": waiting_for})
         except (Conflict, Gone):
             return  # it moved on meanwhile (or went): the next unit of work sees it
+
+    async def patch(self, current: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
+        """Merge-patch the run (not its status) iff it is still at ``current``'s resourceVersion:
+        the operator's metadata writes (a rewrapped data key, its finalizer)."""
+        meta = current["metadata"]
+        body = {
+            **body,
+            "metadata": {**(body.get("metadata") or {}), "resourceVersion": meta["resourceVersion"]},
+        }
+        try:
+            out: dict[str, Any] = await self.kube.call(
+                self.kube.custom.patch_namespaced_custom_object,
+                GROUP,
+                VERSION,
+                meta["namespace"],
+                self.plural,
+                meta["name"],
+                body,
+                _content_type="application/merge-patch+json",
+            )
+        except ApiException as err:
+            if err.status == 409:
+                raise Conflict(f"{meta['namespace']}/{meta['name']}@{meta['resourceVersion']}") from err
+            if err.status == 404:
+                raise Gone(f"{meta['namespace']}/{meta['name']}") from err
+            raise
+        finally:
+            metrics.API_WRITES.labels(self.plural, "patch").inc()
+        return out
