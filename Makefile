@@ -91,6 +91,11 @@ bench-peers: $(BENCH_STAMP) binaries ## the peer workload on durable-agents, DBO
 		--out bench/results/peers.json $(BENCH_ARGS)
 	$(PY) -m bench.figure
 
+.PHONY: bench-status-shapes
+bench-status-shapes: $(BENCH_STAMP) binaries ## status writes/s by status and CRD shape (issue 14) -> bench/results/status_shapes.json (~10 min)
+	DURABLE_AGENTS_BIN_DIR=$$(bash hack/build.sh | tail -n1) $(PY) -m bench.status_shapes --repeat $(BENCH_REPEAT) \
+		--out bench/results/status_shapes.json
+
 # Documents the admission fuzzing test generates in e2e-chaos (make test: 100, its default).
 FUZZ_EXAMPLES ?= 1000
 

@@ -53,7 +53,7 @@ def a_valid_run_completes(runs: Runs, op: OperatorProcess) -> None:
 def test_a_run_with_a_253_character_name_completes(
     start_operator: Callable[..., OperatorProcess], runs: Runs, refsystem: ReferenceSystemThread
 ) -> None:
-    op = start_operator("long", LEASE)
+    op = start_operator("long", LEASE, DURABLE_AGENTS_EVENTS="all")
     name = "long-" + "n" * 120 + "." + "m" * 127  # 253: the longest name an object may have
     assert len(name) == 253
     runs.create({"taskType": "t", "objective": "o", "steps": [pay(f"{refsystem.url}/effects"), DONE]}, name)

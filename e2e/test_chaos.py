@@ -108,8 +108,10 @@ BOUNDARY_EVENTS = [
     "revalidated",
     "succeeded",
 ]
-# Its writes: one status write per transition, plus the action record's creation, claim, outcome.
-BOUNDARY_WRITES = len(BOUNDARY_EVENTS) + 3
+# Its writes, at the fewest (answered up front): the status at its semantic boundaries (everything
+# up to the intent; the outcome, the awaited event and the end), plus the action record's creation,
+# claim and outcome. A run answered by the responder writes more (a write per wait).
+BOUNDARY_WRITES = 2 + 3
 PAY_EVENTS = ["accepted", "external_awaited", "external_received", "revalidated", "succeeded"]
 
 

@@ -158,7 +158,7 @@ def test_a_child_run_created_first_by_another_user_is_not_adopted(
 
 @pytest.mark.parametrize(
     ("kill_at", "created"),
-    [("after:2", False), ("after:3", True)],
+    [("after:1", False), ("after:2", True)],
     ids=["killed-before-creating-the-child", "killed-right-after-creating-the-child"],
 )
 def test_the_operators_own_child_is_adopted_across_a_crash(
@@ -169,8 +169,9 @@ def test_the_operators_own_child_is_adopted_across_a_crash(
     kill_at: str,
     created: bool,
 ) -> None:
-    """Writes: 1 accepted, 2 the child's intent (external_awaited), 3 the child's creation. Killed
-    after 3, the parent never recorded anything about the created child: its stamp proves it ours."""
+    """Writes: 1 accepted + the child's intent (external_awaited), one write at that semantic
+    boundary; 2 the child's creation. Killed after 2, the parent never recorded anything about the
+    created child: its stamp proves it ours."""
     grant_children(kube, namespace)
     victim = start_operator("victim", LEASE, DURABLE_AGENTS_TEST_KILL_AT=kill_at)
     parent = runs.create(spec(CHILD, DONE), name="parent")

@@ -160,23 +160,32 @@ def test_row_approval_wait_releases_the_worker_and_resumes_on_the_durable_decisi
 
 
 def test_row_worker_crash_leaves_the_state_and_another_worker_reloads_it(
-    start_operator: Callable[..., OperatorProcess], runs: Runs
+    start_operator: Callable[..., OperatorProcess], runs: Runs, refsystem: ReferenceSystemThread
 ) -> None:
-    """Worker crash: nothing is persisted by the crash; the Lease expires; a fresh worker reloads."""
-    victim = start_operator("crash", LEASE, DURABLE_AGENTS_TEST_KILL_AT="after:2")
-    name = runs.create(run_spec({"name": "note", "await": {"event": "go"}}, DONE, events={"go": "now"}))
+    """Worker crash: nothing is persisted by the crash; the Lease expires; a fresh worker reloads.
+
+    The worker dies right after its first commit (accepted, the wait left, the intent to pay: one
+    write at that semantic boundary), before it created the action record."""
+    victim = start_operator("crash", LEASE, DURABLE_AGENTS_TEST_KILL_AT="after:1")
+    name = runs.create(
+        run_spec({"name": "note", "await": {"event": "go"}}, pay(refsystem.url), DONE, events={"go": "now"})
+    )
     assert victim.wait_killed(60) == -signal.SIGKILL
     crashed = runs.get(name)
-    state, version = crashed["status"]["state"], crashed["status"]["stateVersion"]
-    assert (version, state) == (2, "waiting_external"), "the crash itself persisted nothing"
+    version = crashed["status"]["stateVersion"]
+    assert version >= 2
+    assert crashed["status"]["checkpoint"]["pendingActions"], "the intent was committed"
+    assert {h["holder"] for h in crashed["status"]["history"]} == {victim.identity}
+    listed = runs.custom.list_namespaced_custom_object(GROUP, VERSION, runs.namespace, "actionrecords")
+    assert listed["items"] == [], "the crash came before the action record"
     held = [lease for lease in runs.leases() if lease.spec.holder_identity == victim.identity]
     assert held, "the dead worker's Lease is still there until it expires"
     rescuer = start_operator("rescuer", LEASE)
     done = runs.wait_state(name, "completed")
     history = assert_history_is_gapless(done)
-    assert [h["holder"] for h in history[2:]] == [rescuer.identity] * (len(history) - 2)
-    assert history[1]["holder"] == victim.identity
-    assert history[1]["stateVersion"] == 2
+    assert [h["holder"] for h in history[:version]] == [victim.identity] * version
+    assert [h["holder"] for h in history[version:]] == [rescuer.identity] * (len(history) - version)
+    assert refsystem.counts() == {key(done, 1, "pay"): 1}
 
 
 def test_row_tool_timeout_is_an_unknown_outcome_reconciled_by_asking_the_authoritative_system(
@@ -231,9 +240,14 @@ def test_row_deployment_change_passes_resume_validation(
     start_operator: Callable[..., OperatorProcess], runs: Runs
 ) -> None:
     """Deployment change: a run committed by operator 0.1.9 and resumed by this version goes through
-    resume_validation before any new work."""
+    resume_validation before any new work. (The old one writes a status per transition, as wave 1
+    did, so that it leaves the run in ``ready``.)"""
     old = start_operator(
-        "old", LEASE, DURABLE_AGENTS_OPERATOR_VERSION="0.1.9", DURABLE_AGENTS_TEST_KILL_AT="after:1"
+        "old",
+        LEASE,
+        DURABLE_AGENTS_OPERATOR_VERSION="0.1.9",
+        DURABLE_AGENTS_TEST_KILL_AT="after:1",
+        DURABLE_AGENTS_TRANSITIONS_PER_WRITE="1",
     )
     name = runs.create(run_spec({"name": "go", "await": {"event": "go"}}, DONE, events={"go": "now"}))
     assert old.wait_killed(60) == -signal.SIGKILL
@@ -375,7 +389,11 @@ def test_task_scope_cancels_a_tree_of_child_runs(
     assert sub["spec"]["parentRef"] == {"name": name, "uid": parent["metadata"]["uid"]}
     owners = sub["metadata"]["ownerReferences"]
     assert [(o["kind"], o["uid"]) for o in owners] == [("AgentRun", parent["metadata"]["uid"])]
-    assert any(f"parent={parent['metadata']['uid']}" in e.message for e in runs.events(child_name))
+    eventually(
+        lambda: any(f"parent={parent['metadata']['uid']}" in e.message for e in runs.events(child_name)),
+        Within.COMMIT,
+        "the child's Event (its question) to name its parent",
+    )
 
     cancel(runs, name, "abort", "task", "stop everything")
     done = runs.wait_state(name, "canceled", timeout=60)

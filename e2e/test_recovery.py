@@ -23,6 +23,13 @@ from durable_agents_testkit.runs import (
 )
 
 LEASE = 2  # seconds; short so that takeovers are quick
+# The scenario's status writes, at its semantic boundaries: the transitions committed after each
+# (accepted + the read + the question; the answer + revalidated + the wait; the event + revalidated
+# + succeeded).
+BOUNDARIES = [3, 6, 9]
+# The zombie scenarios freeze a worker between two steps: one transition per write, so that there
+# is a write between every two steps (the fencing proof is per write, whatever a write carries).
+PER_TRANSITION = {"DURABLE_AGENTS_TRANSITIONS_PER_WRITE": "1"}
 
 
 def drive_to_completion(
@@ -64,7 +71,8 @@ def holders(history: list[dict[str, Any]]) -> list[tuple[str, int]]:
 def test_sigkill_at_every_commit_boundary(
     start_operator: Callable[..., OperatorProcess], runs: Runs, readable_configmap: str, phase: str
 ) -> None:
-    for nth in range(1, len(EXPECTED_EVENTS) + 1):
+    assert BOUNDARIES[-1] == len(EXPECTED_EVENTS)
+    for nth in range(1, len(BOUNDARIES) + 1):
         victim = start_operator(f"victim-{phase}{nth}", LEASE, DURABLE_AGENTS_TEST_KILL_AT=f"{phase}:{nth}")
         name = runs.create(read_ask_await_complete(readable_configmap), name=f"{phase}-{nth}")
         # Answer while the victim lives, so that every boundary is reached by it.
@@ -80,7 +88,8 @@ def test_sigkill_at_every_commit_boundary(
             f"a step repeated or went missing at {phase}:{nth}"
         )
         by_victim = [h for h in history if h["holder"] == victim.identity]
-        committed_by_victim = nth if phase == "after" else nth - 1
+        writes_by_victim = nth if phase == "after" else nth - 1
+        committed_by_victim = BOUNDARIES[writes_by_victim - 1] if writes_by_victim else 0
         assert len(by_victim) == committed_by_victim, (phase, nth, holders(history))
         assert all(h["holder"] == rescuer.identity for h in history[committed_by_victim:])
         cp = done["status"]["checkpoint"]
@@ -104,12 +113,12 @@ def test_zombie_cannot_commit_after_takeover(
     """
     spec = read_ask_await_complete(readable_configmap, answered=True)
     # Freeze right before the 2nd commit (the read step): the zombie holds a computed step.
-    zombie = start_operator("zombie", LEASE, DURABLE_AGENTS_TEST_STOP_AT="before:2")
+    zombie = start_operator("zombie", LEASE, DURABLE_AGENTS_TEST_STOP_AT="before:2", **PER_TRANSITION)
     name = runs.create(spec)
     eventually(zombie.stopped, Within.COMMIT, "the zombie to freeze before its 2nd commit")
     stale = runs.get(name)
     # The new holder freezes right after its 1st write, which is the fencing write.
-    rescuer = start_operator("rescuer", LEASE, DURABLE_AGENTS_TEST_STOP_AT="after:1")
+    rescuer = start_operator("rescuer", LEASE, DURABLE_AGENTS_TEST_STOP_AT="after:1", **PER_TRANSITION)
     eventually(rescuer.stopped, Within.COMMIT, "the rescuer to fence the run and freeze")
     fenced = runs.get(name)
     assert fenced["status"]["checkpoint"]["fencing"]["holder"] == rescuer.identity
@@ -135,14 +144,14 @@ def test_zombie_cannot_commit_after_takeover(
 def test_zombie_after_new_holder_committed_steps(
     start_operator: Callable[..., OperatorProcess], runs: Runs, readable_configmap: str
 ) -> None:
-    zombie = start_operator("zombie", LEASE, DURABLE_AGENTS_TEST_STOP_AT="before:2")
+    zombie = start_operator("zombie", LEASE, DURABLE_AGENTS_TEST_STOP_AT="before:2", **PER_TRANSITION)
     name = runs.create(read_ask_await_complete(readable_configmap))
     eventually(zombie.stopped, Within.COMMIT, "the zombie to freeze")
-    rescuer = start_operator("rescuer", LEASE)
+    rescuer = start_operator("rescuer", LEASE, **PER_TRANSITION)
     parked = runs.wait_state(name, "waiting_input", timeout=30)
     zombie.signal(signal.SIGCONT)
     eventually(
-        lambda: zombie.logged("moved on") or zombie.logged("Conflict"),
+        lambda: zombie.logged("moved on") or zombie.logged("refused (409"),
         Within.COMMIT,
         "the zombie to notice",
     )
@@ -158,7 +167,8 @@ def test_zombie_after_new_holder_committed_steps(
 def test_two_operators_one_holder_at_a_time_and_takeover(
     start_operator: Callable[..., OperatorProcess], runs: Runs, readable_configmap: str
 ) -> None:
-    slow = {"DURABLE_AGENTS_TEST_COMMIT_DELAY": "0.2"}  # each step takes a while: like a model call
+    # Each step takes a while (like a model call) and is its own write: A is caught mid-run.
+    slow = {"DURABLE_AGENTS_TEST_COMMIT_DELAY": "0.2", **PER_TRANSITION}
     a = start_operator("a", LEASE, **slow)
     b = start_operator("b", LEASE, **slow)
     names = [

@@ -12,12 +12,14 @@ from durable_agents_testkit.runs import (
     assert_history_is_gapless,
     read_ask_await_complete,
 )
+from durable_agents_testkit.scrape import free_port, metric, scrape
 
 
 def test_run_pauses_without_a_lease_and_resumes_on_patch(
     start_operator: Callable[..., OperatorProcess], runs: Runs, readable_configmap: str
 ) -> None:
-    start_operator()
+    port = free_port()
+    start_operator(DURABLE_AGENTS_METRICS_PORT=str(port))
     name = runs.create(read_ask_await_complete(readable_configmap))
 
     parked = runs.wait_state(name, "waiting_input")
@@ -49,9 +51,15 @@ def test_run_pauses_without_a_lease_and_resumes_on_patch(
     # run may carry is the operator's own, retention's: deleting a run cancels and records it first).
     assert set(done["metadata"].get("finalizers") or []) <= {"durable-agents.io/cancel-before-delete"}
     assert not any(k.startswith("kopf.") for k in (done["metadata"].get("annotations") or {}))
-    # An Event per notable transition (reason = the transition); routine ones are in the history only.
+    # Commits at semantic boundaries only: 9 transitions in 3 status writes (accepted + read + the
+    # question; answer + revalidated + the external wait; event + revalidated + succeeded).
+    text = scrape(port)
+    assert metric(text, 'durable_agents_api_writes_total{resource="agentruns/status",verb="update"}') == 3
+    assert metric(text, "durable_agents_transitions_per_write_count") == 3
+    assert metric(text, "durable_agents_transitions_per_write_sum") == len(EXPECTED_EVENTS)
+    # An Event only for what a person acts on (here the question); the rest is in the history.
     reasons = sorted(e.reason for e in runs.events(name))
-    assert reasons == ["Accepted", "InputRequested", "Succeeded"]
+    assert reasons == ["InputRequested"]
     eventually(lambda: runs.leases() == [], Within.COMMIT, "the run's Lease to be released")
 
 

@@ -20,6 +20,7 @@ from typing import TypeVar
 
 from durable_agents import __version__
 from durable_agents.core.durations import InvalidDuration, parse_duration
+from durable_agents.core.regions import DEFAULT_REGION, REGION_EXPECTED, region_problem
 from durable_agents.core.sealing import Keyring, KeyringError
 from durable_agents.shell.faults import FaultPoints, Trigger
 from durable_agents.shell.keyring import load_keyring
@@ -54,8 +55,14 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("NAMESPACE", "(all)", "watch and serve one namespace only"),
     Variable("IDENTITY", "host-pid-random", "this process's name in Leases and claims"),
     Variable("LEASE_DURATION", "15", "seconds a run Lease is valid; takeover after it"),
+    Variable("REGION", DEFAULT_REGION, "the region this deployment serves (a DNS label); new runs' default"),
     Variable("WORKERS", "8", "runs worked on at once by this process (`0`: webhook or dispatcher only)"),
     Variable("OPERATOR_VERSION", __version__, "version stamped into checkpoints"),
+    Variable(
+        "TRANSITIONS_PER_WRITE",
+        "16",
+        "most transitions one status write carries (commits are at semantic boundaries; `1`: one each)",
+    ),
     Variable("EVENTS", "notable", "`notable` or `all`: which transitions get a Kubernetes Event"),
     Variable("DISPATCHER", "on", "`on` or `off`: whether this process dispatches intents"),
     Variable("DISPATCH_TIMEOUT", "5", "seconds before a dispatch's answer is an unknown outcome"),
@@ -100,6 +107,7 @@ class OperatorConfig:
     workers: int = 8
     operator_version: str = __version__
     all_events: bool = False
+    transitions_per_write: int = 16
     dispatcher: bool = True
     dispatch_timeout: float = 5.0
     metrics_port: int | None = None
@@ -112,6 +120,7 @@ class OperatorConfig:
     reseal_interval: float = 600.0
     reseal_writes_per_second: float = 20.0
     tracemalloc: bool = False
+    region: str = DEFAULT_REGION
     faults: FaultPoints = field(default_factory=lambda: FaultPoints([]), repr=False)
 
     @classmethod
@@ -131,6 +140,7 @@ class OperatorConfig:
             workers=read.number("WORKERS", int, 8, minimum=0),
             operator_version=read.text("OPERATOR_VERSION") or __version__,
             all_events=read.choice("EVENTS", ("notable", "all"), "notable") == "all",
+            transitions_per_write=read.number("TRANSITIONS_PER_WRITE", int, 16, minimum=1),
             dispatcher=read.choice("DISPATCHER", ("on", "off"), "on") == "on",
             dispatch_timeout=read.number("DISPATCH_TIMEOUT", float, 5.0, minimum=0.1),
             metrics_port=read.port("METRICS_PORT"),
@@ -144,6 +154,7 @@ class OperatorConfig:
             reseal_writes_per_second=read.number("RESEAL_WRITES_PER_SECOND", float, 20.0, minimum=0.1),
             tracemalloc=read.choice("TRACEMALLOC", ("0", "1"), "0") == "1",
             faults=read.faults(),
+            region=read.region("REGION"),
         )
 
 
@@ -196,6 +207,14 @@ class _Reader:
         raw = self.text(suffix) or default
         if raw not in allowed:
             raise self._fail(suffix, " or ".join(repr(a) for a in allowed))
+        return raw
+
+    def region(self, suffix: str) -> str:
+        raw = self.text(suffix)
+        if raw is None:
+            return DEFAULT_REGION
+        if region_problem(raw) is not None:
+            raise self._fail(suffix, REGION_EXPECTED)
         return raw
 
     def keyring(self) -> Keyring:

@@ -77,6 +77,7 @@ class Manager:
                 concurrency=config.workers,
                 operator_version=config.operator_version,
                 all_events=config.all_events,
+                max_transitions_per_unit=config.transitions_per_write,
                 keyring=config.keyring,
             ),
         )
@@ -94,7 +95,10 @@ class Manager:
             self._dispatcher = Dispatcher(
                 self.kube,
                 DispatcherConfig(
-                    identity=config.identity, timeout=config.dispatch_timeout, keyring=config.keyring
+                    identity=config.identity,
+                    timeout=config.dispatch_timeout,
+                    keyring=config.keyring,
+                    all_events=config.all_events,
                 ),
             )
             self._dispatcher.start()

@@ -169,6 +169,7 @@ KINDS: tuple[Kind, ...] = (
             Column("In State", ".status.stateSince", "date", "Time in the current state"),
             Column("Outcome", ".status.outcome.reason", description="Terminal outcome"),
             Column("Task", ".spec.taskType", priority=1),
+            Column("Region", ".spec.region", description="Home region (the deployment serving it)"),
             Column("Age", ".metadata.creationTimestamp", "date"),
         ),
     ),

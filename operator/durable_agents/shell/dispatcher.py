@@ -96,6 +96,7 @@ class DispatcherConfig:
     concurrency: int = 8
     # Verifies run checkpoints' integrity stamps; the operator always has one (None: tests only).
     keyring: Keyring | None = field(default=None, repr=False)
+    all_events: bool = False  # also the routine Dispatched / Succeeded Events (each an API write)
 
     @property
     def claim_ttl(self) -> timedelta:
@@ -222,11 +223,12 @@ class Dispatcher:
                 return asked
         if not self._claim_holds(claimed_at):
             return await self._claim_lapsed(claimed, spec)
-        await self._event(
-            claimed,
-            "Dispatched",
-            f"{spec.effect} attempt {claimed_status.attempts} key={spec.idempotency_key}",
-        )
+        if self.config.all_events:
+            await self._event(
+                claimed,
+                "Dispatched",
+                f"{spec.effect} attempt {claimed_status.attempts} key={spec.idempotency_key}",
+            )
         process_faults().before_send()
         if not self._claim_holds(claimed_at):
             return await self._claim_lapsed(claimed, spec)
@@ -243,7 +245,8 @@ class Dispatcher:
         if isinstance(result, Applied):
             outcome = sealed_outcome(result.outcome, data_key, name)
             out = await self._write(claimed, claimed_status, A.SUCCEEDED, outcome=outcome)
-            await self._event(out, "Succeeded", f"{spec.effect} applied key={spec.idempotency_key}")
+            if self.config.all_events:
+                await self._event(out, "Succeeded", f"{spec.effect} applied key={spec.idempotency_key}")
             return out
         if isinstance(result, Failed):
             out = await self._write(

@@ -1,8 +1,10 @@
 """Kubernetes Events on runs (reason = the transition) and on action records.
 
 Every transition is in ``status.history``, the operator's log and its metrics. A Kubernetes Event
-is an API write (and etcd load), so by default only the transitions a person may need to act on or
-investigate get one: :data:`NOTABLE` (``DURABLE_AGENTS_EVENTS=all`` records every transition).
+is an API write (and etcd load), so by default only what a person acts on gets one: a wait for a
+person, a failure, a cancellation, a quarantine (:data:`NOTABLE`; ``DURABLE_AGENTS_EVENTS=all``
+records every transition, and the dispatcher's routine Dispatched / Succeeded Events too). A run
+that starts or succeeds says so in its status (``kubectl get``, ``kubectl wait``), not in an Event.
 Events carry task ID, state version, attempt, policy version and parent task; never prompt content.
 """
 
@@ -22,12 +24,10 @@ COMPONENT = "durable-agents"
 
 NOTABLE = frozenset(
     {
-        "accepted",
         "rejected",
         "input_requested",
         "approval_requested",
         "reapproval_required",
-        "retry_scheduled",
         "revalidation_required",
         "attempt_failed",
         "wait_expired",
@@ -38,11 +38,11 @@ NOTABLE = frozenset(
         "cancel_finished",
         "quarantine",
         "release_quarantine",
-        "succeeded",
     }
 )
-"""Transitions that get a Kubernetes Event by default: a run starting, asking, failing, ending, or
-needing someone; not the routine ``step_completed`` / ``*_received`` / ``revalidated`` traffic."""
+"""Transitions that get a Kubernetes Event by default: a run asking someone, failing, being
+canceled or quarantined; not the routine ``accepted`` / ``step_completed`` / ``*_received`` /
+``revalidated`` / ``retry_scheduled`` / ``succeeded`` traffic (the status and history keep those)."""
 
 
 def reason_of(event: str) -> str:

@@ -8,6 +8,11 @@ API_WRITES = Counter(
     "durable_agents_api_writes_total", "API writes made by the operator", ["resource", "verb"]
 )
 TRANSITIONS = Counter("durable_agents_transitions_total", "Committed run transitions", ["event"])
+TRANSITIONS_PER_WRITE = Histogram(
+    "durable_agents_transitions_per_write",
+    "Transitions carried by one status write (commits happen at semantic boundaries only)",
+    buckets=(1, 2, 3, 4, 6, 8, 12, 16),
+)
 COMMIT_CONFLICTS = Counter(
     "durable_agents_commit_conflicts_total", "Status commits refused with 409 (stale read)", ["resource"]
 )

@@ -42,7 +42,6 @@ from durable_agents.core.checkpoint import Fencing, KubernetesEvidenceRef, Loade
 from durable_agents.core.engine import (
     ActionObservation,
     ChildObservation,
-    Commit,
     Idle,
     NeedActions,
     NeedChildren,
@@ -59,11 +58,11 @@ from durable_agents.core.planner import Planner
 from durable_agents.core.sealing import Keyring
 from durable_agents.shell import metrics
 from durable_agents.shell.actions import ActionStore
+from durable_agents.shell.batches import Batch, BatchWriter
 from durable_agents.shell.children import ChildRuns
 from durable_agents.shell.events import EventRecorder
 from durable_agents.shell.evidence import EvidenceReader
 from durable_agents.shell.failures import Failures, describe
-from durable_agents.shell.faults import inject_internal_error
 from durable_agents.shell.kube import GROUP, VERSION, Kube, ObjectKey
 from durable_agents.shell.leases import (
     LEASE_CONFLICT,
@@ -151,6 +150,7 @@ class RunWorker:
         # Runs kept from advancing by a foreign Lease under their Lease name (its uid, per run).
         self.lease_conflicts: dict[ObjectKey, str] = {}
         self.failures = Failures()  # exceptions per run and state version: retried, then quarantined
+        self.batches = BatchWriter(self.store, self.reporter, self.failures, self.versions)
         self._tasks: list[asyncio.Task[None]] = []
 
     # --- intake ---------------------------------------------------------------------------
@@ -290,7 +290,12 @@ class RunWorker:
             epoch = hold.epoch
         commit = internal_error(snap, now, epoch, where, f"{error} ({attempts} attempts)")
         if commit is not None:
-            body = await self._commit(key, body, snap, commit)
+            written = await self.batches.write(
+                key, body, commit.wire_status(), [(snap.state, commit)], quarantine=True
+            )
+            if written is None:
+                raise Conflict(f"{key}: the run moved while it was being quarantined")  # retried
+            body = written
             assert commit.status.outcome is not None
             await self.events.record(body, INTERNAL_ERROR, commit.status.outcome.message, warning=True)
         elif snap.state is RunState.QUARANTINED:  # e.g. its retry failed: it stays, and says why
@@ -298,16 +303,6 @@ class RunWorker:
             await self.events.record(body, INTERNAL_ERROR, message, warning=True)
         self.failures.forget(key)
         await self._release(key)
-
-    async def _commit(
-        self, key: ObjectKey, body: dict[str, Any], snap: RunSnapshot, commit: Commit
-    ) -> dict[str, Any]:
-        """Write one commit (409 raises :class:`Conflict`) and report it."""
-        self.failures.at(key, "commit", snap, commit.event.value)
-        body = await self.store.commit_status(body, commit.wire_status())
-        self.versions[key] = commit.status.state_version
-        self.reporter.report(body, snap.state, commit)
-        return body
 
     async def _unit(self, key: ObjectKey, body: dict[str, Any] | None) -> None:
         self.failures.at(key, "load")
@@ -514,9 +509,18 @@ class RunWorker:
         actions: dict[str, ActionObservation] | None,
         children: dict[str, ChildObservation] | None,
     ) -> None:
+        """Decide transition after transition; write them at semantic boundaries only: intents or
+        child runs to create (they exist only once their commit does), a wait or the end, or the
+        unit's bound (:mod:`durable_agents.shell.batches`). A crash before the write repeats the
+        batch's reads and decisions, never an effect."""
         read: ReadResult | None = None
         fresh: dict[str, KubernetesEvidenceRef | None] | None = None
-        for _ in range(self.config.max_transitions_per_unit):
+        written = body  # the record as stored: its resourceVersion is the write's precondition
+        batch: Batch = []
+        # Each transition may first need a read or an observation: a few steps each, bounded.
+        for _ in range(self.config.max_transitions_per_unit * 3):
+            if len(batch) >= self.config.max_transitions_per_unit:
+                break
             snap = RunSnapshot.from_object(body)
             epoch = _checkpoint_epoch(snap.raw_checkpoint)
             if (
@@ -551,21 +555,22 @@ class RunWorker:
                 fresh = {ref.id: await self.reader.reread(snap, ref, now) for ref in decision.refs}
                 continue
             if isinstance(decision, Idle):
+                if batch and await self._write_batch(key, hold, written, body, batch) is None:
+                    self.enqueue(key)  # 409: the computation is thrown away; decide again
+                    return
                 self.queue.wake_at(key, decision.wake_at)
                 await self._release(key)
                 return
-            if not hold.valid(self._margin) and not await self.leases.renew(hold):
-                raise Lost(f"{key}: lease lost before commit")
-            self.failures.at(key, "commit", snap, decision.event.value)
-            inject_internal_error(snap.name, "commit")  # a test's stand-in for a bug (inert otherwise)
-            try:
-                body = await self._commit(key, body, snap, decision)
-            except Conflict:
-                log.info("commit to %s/%s refused (409: the record moved); reloading", *key)
-                body = await self.store.get(*key)  # discard the computation, reload
-                read, actions, fresh, children = None, None, None, None
-                continue
             read, actions, fresh, children = None, None, None, None
+            batch.append((snap.state, decision))
+            body = {**body, "status": decision.wire_status()}  # the next decision starts here
+            if not (decision.intents or decision.children):
+                continue
+            out = await self._write_batch(key, hold, written, body, batch)
+            if out is None:
+                self.enqueue(key)
+                return
+            written, body, batch = out, out, []
             self.failures.at(key, "after commit", snap, decision.event.value)
             for intent in decision.intents:
                 # Right after the intent commit: the record the dispatcher works from. If it
@@ -573,7 +578,16 @@ class RunWorker:
                 await self.actions.ensure(snap.namespace, intent)
             for child in decision.children:
                 await self.children.create(snap, child)
+        if batch:
+            await self._write_batch(key, hold, written, body, batch)  # on 409, decided again anew
         self.enqueue(key)  # bounded work done; keep the hold and come back
+
+    async def _write_batch(
+        self, key: ObjectKey, hold: Hold, written: dict[str, Any], body: dict[str, Any], batch: Batch
+    ) -> dict[str, Any] | None:
+        if not hold.valid(self._margin) and not await self.leases.renew(hold):
+            raise Lost(f"{key}: lease lost before commit")
+        return await self.batches.write(key, written, body["status"], batch)
 
     async def _release(self, key: ObjectKey) -> None:
         hold = self.holds.pop(key, None)

@@ -7,7 +7,14 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from durable_agents.api.v1alpha1.meta import API_VERSION, DURATION_PATTERN, ActionTier, ApiModel, cel
+from durable_agents.api.v1alpha1.meta import (
+    API_VERSION,
+    DURATION_PATTERN,
+    NAME_PATTERN,
+    ActionTier,
+    ApiModel,
+    cel,
+)
 
 # --- AgentPolicy ---------------------------------------------------------------------------
 
@@ -139,6 +146,15 @@ class AgentPolicySpec(ApiModel):
     runtime: RuntimeAvailability = Field(default_factory=lambda: RuntimeAvailability())
     propose_compensations: bool = Field(
         default=False, description="On cancellation, list the steps that would compensate unreversed effects."
+    )
+    default_region: str | None = Field(
+        default=None,
+        max_length=63,
+        pattern=NAME_PATTERN,
+        description=(
+            "Home region given by the admission webhook to a new run governed by this policy that "
+            "names none; unset: the operator's configured region."
+        ),
     )
 
 

@@ -255,6 +255,13 @@ class AgentRunSpec(ApiModel):
                     "retryQuarantine cannot be withdrawn (set a new token to retry again)",
                     fieldPath=".retryQuarantine",
                 ),
+                # Set once when absent (a run created before regions existed), never removed: the
+                # field's own rule refuses a change, which only an authorised failover may make.
+                cel(
+                    "!has(oldSelf.region) || has(self.region)",
+                    "region cannot be removed once set",
+                    fieldPath=".region",
+                ),
             ]
         }
     )
@@ -263,6 +270,24 @@ class AgentRunSpec(ApiModel):
     objective: str = Field(max_length=4096, json_schema_extra=immutable("objective"))
     owner: str | None = Field(default=None, max_length=253, json_schema_extra=immutable("owner"))
     tenant: str | None = Field(default=None, max_length=63, json_schema_extra=immutable("tenant"))
+    region: str | None = Field(
+        default=None,
+        max_length=63,
+        pattern=NAME_PATTERN,
+        description=(
+            "The run's home region: only the operator deployment serving that region advances it. "
+            "Immutable once set; defaulted by the admission webhook from the AgentPolicy's "
+            "defaultRegion, else the operator's configured region."
+        ),
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "self == oldSelf",
+                    "region is immutable: a run changes region only by an authorised failover",
+                )
+            ]
+        },
+    )
     service_account_name: str = Field(
         default="default",
         max_length=253,

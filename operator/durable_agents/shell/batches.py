@@ -1,0 +1,62 @@
+"""One status write for a batch of transitions: the commit at a semantic boundary.
+
+The worker decides transition after transition, applying each to the record in memory; the batch
+is written as ONE status (each transition still in ``status.history`` with its own state version)
+by compare-and-swap over the record as it was read, and only then reported (metrics, a log line
+each, an Event for what a person acts on). A 409 throws the whole batch away.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from durable_agents.api.v1alpha1.states import RunState
+from durable_agents.core.engine import Commit, RunSnapshot
+from durable_agents.shell import metrics
+from durable_agents.shell.failures import Failures
+from durable_agents.shell.faults import inject_internal_error
+from durable_agents.shell.kube import ObjectKey
+from durable_agents.shell.reporting import CommitReporter
+from durable_agents.shell.store import Conflict, RunStore
+
+log = logging.getLogger("durable_agents.shell.worker")
+
+Batch = list[tuple[RunState, Commit]]
+"""Transitions decided since the last write: the state each started from, and its commit."""
+
+
+class BatchWriter:
+    def __init__(
+        self, store: RunStore, reporter: CommitReporter, failures: Failures, versions: dict[ObjectKey, int]
+    ) -> None:
+        self.store, self.reporter, self.failures = store, reporter, failures
+        self.versions = versions  # the worker's newest state version per run, kept current here
+
+    async def write(
+        self,
+        key: ObjectKey,
+        written: dict[str, Any],
+        status: dict[str, Any],
+        batch: Batch,
+        *,
+        quarantine: bool = False,
+    ) -> dict[str, Any] | None:
+        """Write ``status`` (the batch's last commit) over ``written`` iff it is still at that
+        resourceVersion, then report each transition. None on 409: the batch is thrown away.
+        The caller has checked that it still holds the right to advance the run."""
+        first, last = batch[0][1], batch[-1][1]
+        # A failure here names the batch's first transition, from the state as stored.
+        self.failures.at(key, "commit", RunSnapshot.from_object(written), first.event.value)
+        if not quarantine:  # the InternalError quarantine itself is not the injected bug's victim
+            inject_internal_error(key[1], "commit")  # a test's stand-in for a bug (inert otherwise)
+        try:
+            out = await self.store.commit_status(written, status)
+        except Conflict:
+            log.info("commit to %s/%s refused (409: the record moved); reloading", *key)
+            return None
+        self.versions[key] = last.status.state_version
+        for before, commit in batch:
+            self.reporter.report(out, before, commit)
+        metrics.TRANSITIONS_PER_WRITE.observe(len(batch))
+        return out

@@ -1,0 +1,45 @@
+"""The schema variants bench/status_shapes.py installs: derived from crds/ in memory, as intended."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from bench.status_shapes import MARKER, OPAQUE, Variant, load_base_crd, shapes_of, variant_crd
+
+
+def status_schema(crd: dict[str, Any]) -> dict[str, Any]:
+    props: dict[str, Any] = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]
+    return props["status"]["properties"]  # type: ignore[no-any-return]
+
+
+def test_opaque_variant_changes_only_what_it_names() -> None:
+    base = load_base_crd()
+    before = json.dumps(base, sort_keys=True)
+    crd = variant_crd(base, Variant("v", opaque_history=True, opaque_approval=True))
+    assert json.dumps(base, sort_keys=True) == before  # the loaded CRD is not modified
+    status = status_schema(crd)
+    assert status["history"]["items"] == OPAQUE
+    assert status["history"]["maxItems"] == status_schema(base)["history"]["maxItems"]
+    assert status["approvalRequest"] == OPAQUE
+    assert status["conditions"] == status_schema(base)["conditions"]
+    assert status[MARKER]["enum"] == ["v"]
+
+
+def test_no_cel_variant_removes_every_rule() -> None:
+    base = load_base_crd()
+    assert "x-kubernetes-validations" in json.dumps(base)
+    crd = variant_crd(base, Variant("n", no_cel=True))
+    assert "x-kubernetes-validations" not in json.dumps(crd)
+    assert status_schema(crd)["history"] == status_schema(base)["history"]
+
+
+def test_shapes_keep_the_current_status_apart() -> None:
+    history = [{"stateVersion": i} for i in range(26)]
+    current: dict[str, Any] = {"state": "completed", "stateVersion": 26, "history": history}
+    shapes = shapes_of(current, {"requestId": "r"})
+    assert shapes["minimal"] == {"state": "completed", "stateVersion": 1}
+    assert "history" not in shapes["no_history"]
+    assert [h["stateVersion"] for h in shapes["history_8"]["history"]] == list(range(18, 26))
+    assert shapes["with_approval"]["approvalRequest"] == {"requestId": "r"}
+    assert len(history) == 26  # the input is not modified
