@@ -4,9 +4,9 @@
   step's exact spec, a made-up stamp) is not adopted: the parent's step fails ``ForeignChild``
   and the parent never completes as if its child had run. The operator's own child is adopted,
   also when the operator dies right before or right after creating it.
-- A Lease created by another user under a run's Lease name (expired, no owner reference to the
-  run, or another owner) is neither deleted nor taken over: the run does not advance and says why
-  (condition ``LeaseConflict``, Event); once the Lease is gone the run completes.
+- Runs are covered by shard Leases: a Lease another user created under a run's (earlier
+  releases') Lease name is neither deleted nor taken over, and is no claim on the run; a live
+  per-run Lease that an earlier release made for the run is respected until it expires.
 
 The operator runs as its own user with the chart's RBAC; the other user may create AgentRuns and
 Leases in the namespace, nothing more.
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -44,6 +45,10 @@ EXPIRED = {
     "leaseDurationSeconds": 1,
     "renewTime": "2020-01-01T00:00:00.123456Z",
 }
+
+
+def now_micro() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def spec(*steps: dict[str, Any]) -> dict[str, Any]:
@@ -215,60 +220,16 @@ def lease_unchanged(runs: Runs, lease: client.V1Lease) -> None:
     assert now.metadata.resource_version == lease.metadata.resource_version, (
         "the foreign Lease was taken over"
     )
-    assert now.spec.holder_identity == OTHER_USER
 
 
-def test_a_foreign_lease_under_a_runs_lease_name_is_left_alone_until_it_is_gone(
+def test_foreign_leases_under_a_runs_old_lease_name_neither_block_it_nor_are_touched(
     kube: KubeEnv, namespace: str, runs: Runs, start_operator: Callable[..., OperatorProcess]
 ) -> None:
-    """No owner reference, no label: expired, the operator would have taken it over before."""
-    leases = client.CoordinationV1Api(other_user(kube, namespace))
-    name = "squatted"
-    foreign = as_soon_as_allowed(
-        lambda: leases.create_namespaced_lease(
-            namespace, {"metadata": {"name": lease_name(name)}, "spec": EXPIRED}
-        ),
-        "the other user to create the Lease",
-    )
-    op = start_operator("op", LEASE)
-    runs.create(spec(DONE), name=name)
-
-    def says_why() -> dict[str, Any] | None:
-        run = runs.get(name)
-        return run if "LeaseConflict" in conditions(run) else None
-
-    blocked = eventually(says_why, Within.COMMIT, "the run to say why it does not advance")
-    condition = conditions(blocked)["LeaseConflict"]
-    assert (condition["status"], condition["reason"]) == ("True", "ForeignLease")
-    assert f"{namespace}/{lease_name(name)}" in condition["message"]
-    assert "no owner reference" in condition["message"]
-    assert blocked["status"].get("stateVersion", 0) == 0, "the run did not advance"
-    warned = eventually(lambda: events(runs, name, "LeaseConflict"), Within.COMMIT, "a LeaseConflict Event")
-    assert lease_name(name) in warned[0].message
-    # It looks again (it polls: an unlabelled Lease's deletion is not watched), and still leaves it.
-    eventually(
-        lambda: op.log_tail(400).count("still waits: the foreign Lease") >= 2,
-        Within.TAKEOVER,
-        "the operator to look at the run again",
-    )
-    lease_unchanged(runs, foreign)
-    assert runs.get(name)["status"].get("stateVersion", 0) == 0
-
-    leases.delete_namespaced_lease(lease_name(name), namespace)
-    done = runs.wait_state(name, "completed", timeout=Within.RUN)
-    assert "LeaseConflict" not in conditions(done), "the next commit drops the stale condition"
-    assert_history_is_gapless(done)
-    eventually(lambda: runs.leases() == [], Within.COMMIT, "the run's own Lease to be released")
-
-
-def test_a_lease_owned_by_another_object_is_not_reaped_nor_taken_over(
-    kube: KubeEnv, namespace: str, runs: Runs, start_operator: Callable[..., OperatorProcess]
-) -> None:
-    """Labelled for the run and expired, but owned by another AgentRun: while the run is parked the
-    reaper leaves it; when the run has work again it waits, says why, and goes on once it is gone."""
+    """Runs are covered by shard Leases: a Lease under a run's (earlier releases') Lease name that
+    the operator did not make for that run (no owner reference, or another owner, labelled or
+    not, live or expired) is nobody's claim on the run. It runs, and the Leases stay as they were."""
     other = other_user(kube, namespace)
     leases = client.CoordinationV1Api(other)
-    op = start_operator("op", LEASE)
     decoy = as_soon_as_allowed(
         lambda: client.CustomObjectsApi(other).create_namespaced_custom_object(
             GROUP,
@@ -284,49 +245,72 @@ def test_a_lease_owned_by_another_object_is_not_reaped_nor_taken_over(
         ),
         "the other user to create a run",
     )
-    name = runs.create(spec({"name": "confirm", "ask": {"question": "go on?"}}, DONE), name="parked")
-    runs.wait_state(name, "waiting_input", timeout=Within.COMMIT)
-    eventually(lambda: runs.leases() == [], Within.COMMIT, "the parked run to hold no Lease")
-    owned_by_decoy = {
-        "metadata": {
-            "name": lease_name(name),
-            "labels": {RUN_LABEL: name},
-            "ownerReferences": [
-                {
-                    "apiVersion": f"{GROUP}/{VERSION}",
-                    "kind": "AgentRun",
-                    "name": "decoy",
-                    "uid": decoy["metadata"]["uid"],
-                }
-            ],
+    live = {"holderIdentity": OTHER_USER, "leaseDurationSeconds": 3600, "renewTime": now_micro()}
+    squatted = leases.create_namespaced_lease(
+        namespace, {"metadata": {"name": lease_name("squatted")}, "spec": live}
+    )
+    owned_by_decoy = leases.create_namespaced_lease(
+        namespace,
+        {
+            "metadata": {
+                "name": lease_name("decoyed"),
+                "labels": {RUN_LABEL: "decoyed"},
+                "ownerReferences": [
+                    {
+                        "apiVersion": f"{GROUP}/{VERSION}",
+                        "kind": "AgentRun",
+                        "name": "decoy",
+                        "uid": decoy["metadata"]["uid"],
+                    }
+                ],
+            },
+            "spec": live,
         },
-        "spec": EXPIRED,
-    }
-    foreign = leases.create_namespaced_lease(namespace, owned_by_decoy)
-    # Someone touches the parked run: the worker looks at it, finds it idle, and reaps nothing.
-    runs.custom.patch_namespaced_custom_object(
-        GROUP, VERSION, namespace, "agentruns", name, {"metadata": {"annotations": {"touched": "1"}}}
     )
-    eventually(
-        lambda: f"leaving the foreign Lease {lease_name(name)}" in op.log_tail(400),
-        Within.COMMIT,
-        "the worker to look at the idle run",
+    start_operator("op", LEASE)
+    for name in ("squatted", "decoyed"):
+        runs.create(spec({"name": "confirm", "ask": {"question": "go on?"}}, DONE), name=name)
+        runs.wait_state(name, "waiting_input", timeout=Within.COMMIT)
+        runs.patch_spec(name, {"answers": {"confirm": "yes"}})
+        done = runs.wait_state(name, "completed", timeout=Within.RUN)
+        assert "LeaseConflict" not in conditions(done)
+        assert_history_is_gapless(done)
+    lease_unchanged(runs, squatted)
+    lease_unchanged(runs, owned_by_decoy)
+
+
+def test_a_live_lease_of_an_earlier_release_is_respected_until_it_expires(
+    runs: Runs, start_operator: Callable[..., OperatorProcess]
+) -> None:
+    """A rolling upgrade: a Pod of an earlier release (a Lease per run) still holds a run. This
+    release does not advance the run until that Lease expires (or goes), then takes it on."""
+    name = runs.create(spec(DONE), name="held-by-old")
+    run = runs.get(name)
+    duration = 6
+    held = client.CoordinationV1Api(runs.kube.api).create_namespaced_lease(
+        runs.namespace,
+        {
+            "metadata": {
+                "name": lease_name(name),
+                "labels": {RUN_LABEL: name},
+                "ownerReferences": [
+                    {
+                        "apiVersion": f"{GROUP}/{VERSION}",
+                        "kind": "AgentRun",
+                        "name": name,
+                        "uid": run["metadata"]["uid"],
+                    }
+                ],
+            },
+            "spec": {
+                "holderIdentity": "old-release-pod",
+                "leaseDurationSeconds": duration,
+                "renewTime": now_micro(),
+            },
+        },
     )
-    lease_unchanged(runs, foreign)
-
-    runs.patch_spec(name, {"answers": {"confirm": "yes"}})
-
-    def says_why() -> dict[str, Any] | None:
-        run = runs.get(name)
-        return run if "LeaseConflict" in conditions(run) else None
-
-    blocked = eventually(says_why, Within.COMMIT, "the run to say why it does not advance")
-    assert "its owner is another object" in conditions(blocked)["LeaseConflict"]["message"]
-    assert blocked["status"]["state"] == "waiting_input", "the run did not advance"
-    eventually(lambda: events(runs, name, "LeaseConflict"), Within.COMMIT, "a LeaseConflict Event")
-    lease_unchanged(runs, foreign)
-
-    leases.delete_namespaced_lease(lease_name(name), namespace)
+    expires = held.spec.renew_time + timedelta(seconds=duration)
+    start_operator("op", LEASE)
     done = runs.wait_state(name, "completed", timeout=Within.RUN)
-    assert "LeaseConflict" not in conditions(done)
-    assert_history_is_gapless(done)
+    first = datetime.fromisoformat(done["status"]["history"][0]["at"])
+    assert first >= expires, f"advanced at {first}, before the old release's Lease expired at {expires}"

@@ -178,8 +178,8 @@ def test_row_worker_crash_leaves_the_state_and_another_worker_reloads_it(
     assert {h["holder"] for h in crashed["status"]["history"]} == {victim.identity}
     listed = runs.custom.list_namespaced_custom_object(GROUP, VERSION, runs.namespace, "actionrecords")
     assert listed["items"] == [], "the crash came before the action record"
-    held = [lease for lease in runs.leases() if lease.spec.holder_identity == victim.identity]
-    assert held, "the dead worker's Lease is still there until it expires"
+    held = [lease for lease in runs.shard_leases() if lease.spec.holder_identity == victim.identity]
+    assert held, "the dead worker's shard Leases are still there until they expire"
     rescuer = start_operator("rescuer", LEASE)
     done = runs.wait_state(name, "completed")
     history = assert_history_is_gapless(done)

@@ -54,8 +54,16 @@ FAULTS, TEST_KIT = Reader.FAULTS, Reader.TEST_KIT
 VARIABLES: tuple[Variable, ...] = (
     Variable("NAMESPACE", "(all)", "watch and serve one namespace only"),
     Variable("IDENTITY", "host-pid-random", "this process's name in Leases and claims"),
-    Variable("LEASE_DURATION", "15", "seconds a run Lease is valid; takeover after it"),
+    Variable("LEASE_DURATION", "15", "seconds a shard or member Lease is valid; takeover after it"),
     Variable("REGION", DEFAULT_REGION, "the region this deployment serves (a DNS label); new runs' default"),
+    Variable(
+        "SHARDS", "16", "shard Leases of the region: its runs are spread over the live replicas by them"
+    ),
+    Variable(
+        "LEASE_NAMESPACE",
+        "(the Pod's, else NAMESPACE, else default)",
+        "namespace of the region's shard and member Leases",
+    ),
     Variable("WORKERS", "8", "runs worked on at once by this process (`0`: webhook or dispatcher only)"),
     Variable("OPERATOR_VERSION", __version__, "version stamped into checkpoints"),
     Variable(
@@ -99,6 +107,17 @@ class ConfigError(Exception):
     """A variable the operator cannot start with; the message names it."""
 
 
+POD_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+
+def pod_namespace() -> str | None:
+    """The namespace of the operator's Pod, when it runs in one."""
+    try:
+        return POD_NAMESPACE_FILE.read_text().strip() or None
+    except OSError:
+        return None
+
+
 @dataclass(frozen=True)
 class OperatorConfig:
     namespace: str | None = None
@@ -121,6 +140,8 @@ class OperatorConfig:
     reseal_writes_per_second: float = 20.0
     tracemalloc: bool = False
     region: str = DEFAULT_REGION
+    shards: int = 16
+    lease_namespace: str = "default"
     faults: FaultPoints = field(default_factory=lambda: FaultPoints([]), repr=False)
 
     @classmethod
@@ -155,6 +176,11 @@ class OperatorConfig:
             tracemalloc=read.choice("TRACEMALLOC", ("0", "1"), "0") == "1",
             faults=read.faults(),
             region=read.region("REGION"),
+            shards=read.number("SHARDS", int, 16, minimum=1),
+            lease_namespace=read.text("LEASE_NAMESPACE")
+            or pod_namespace()
+            or read.text("NAMESPACE")
+            or "default",
         )
 
 

@@ -78,6 +78,9 @@ class Manager:
                 operator_version=config.operator_version,
                 all_events=config.all_events,
                 max_transitions_per_unit=config.transitions_per_write,
+                region=config.region,
+                lease_namespace=config.lease_namespace,
+                shards=config.shards,
                 keyring=config.keyring,
             ),
         )

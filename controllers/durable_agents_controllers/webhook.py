@@ -40,6 +40,22 @@ MAX_REVIEW_BYTES = 32 * 1024 * 1024
 _PARSE_RECURSION = 25_000
 
 
+async def home_region(manager: Manager, body: dict[str, Any]) -> str:
+    """A new run's home region when it names none: its AgentPolicy's ``defaultRegion``, else the
+    region this operator serves."""
+    ref = (body.get("spec") or {}).get("policyRef") or {}
+    namespace = (body.get("metadata") or {}).get("namespace") or ""
+    if isinstance(ref, dict) and isinstance(ref.get("name"), str):
+        policies, key = manager.worker.policies, (namespace, ref["name"])
+        if policies.get(key) is None:
+            for waited in await policies.fetch(*key) or ():
+                manager.worker.enqueue(waited)  # runs that waited for this policy go on
+        policy = policies.get(key)
+        if policy is not None and policy.default_region:
+            return policy.default_region
+    return manager.config.region
+
+
 def register(registry: kopf.OperatorRegistry, manager: Manager) -> None:
     """Serve the admission webhook if the configuration enables it (kopf refuses admission
     handlers without a server, so nothing is registered otherwise)."""
@@ -75,6 +91,8 @@ def register(registry: kopf.OperatorRegistry, manager: Manager) -> None:
         )
         for field, value in stamped.items():
             patch.spec[field] = value
+        if operation == "CREATE" and not (body.get("spec") or {}).get("region"):
+            patch.spec["region"] = await home_region(manager, dict(body))
         try:  # then seal what people wrote (the data-key annotation: sealing_admission)
             sealed = sealing_changes(operation, dict(body), dict(old) if old is not None else None, keyring)
         except SealingRefused as err:

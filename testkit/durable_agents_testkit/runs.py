@@ -107,7 +107,21 @@ class Runs:
             ) from None
 
     def leases(self) -> list[Any]:
-        return list(client.CoordinationV1Api(self.kube.api).list_namespaced_lease(self.namespace).items)
+        """Per-run Leases (``agentrun-<run>``, labelled with the run): an earlier release made
+        them on every unit of work; this one never does (its runs are covered by shard Leases)."""
+        return list(
+            client.CoordinationV1Api(self.kube.api)
+            .list_namespaced_lease(self.namespace, label_selector="durable-agents.io/run")
+            .items
+        )
+
+    def shard_leases(self) -> list[Any]:
+        """The region's shard Leases in this namespace (where the tests' operators keep them)."""
+        return list(
+            client.CoordinationV1Api(self.kube.api)
+            .list_namespaced_lease(self.namespace, label_selector="durable-agents.io/lease-kind=shard")
+            .items
+        )
 
     def events(self, name: str) -> list[Any]:
         return list(

@@ -24,7 +24,6 @@ meanwhile mark the run dirty and it is processed once more afterwards.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import random
@@ -55,6 +54,7 @@ from durable_agents.core.engine import (
 )
 from durable_agents.core.engine.quarantine import INTERNAL_ERROR, internal_error
 from durable_agents.core.planner import Planner
+from durable_agents.core.regions import DEFAULT_REGION
 from durable_agents.core.sealing import Keyring
 from durable_agents.shell import metrics
 from durable_agents.shell.actions import ActionStore
@@ -64,20 +64,13 @@ from durable_agents.shell.events import EventRecorder
 from durable_agents.shell.evidence import EvidenceReader
 from durable_agents.shell.failures import Failures, describe
 from durable_agents.shell.kube import GROUP, VERSION, Kube, ObjectKey
-from durable_agents.shell.leases import (
-    LEASE_CONFLICT,
-    Hold,
-    LeaseRecord,
-    RunLeases,
-    conflict_message,
-    conflict_status,
-    lease_name,
-    run_of_lease,
-)
+from durable_agents.shell.leases import RunLeases
 from durable_agents.shell.memory import release_memory
+from durable_agents.shell.ownership import Right, RunOwnership
 from durable_agents.shell.plugins import load_effects, load_planners
 from durable_agents.shell.policies import PolicyCache
 from durable_agents.shell.reporting import CommitReporter
+from durable_agents.shell.shards import ShardChange, ShardLeases
 from durable_agents.shell.store import Conflict, Gone, RunStore
 from durable_agents.shell.workqueue import WorkQueue, cancel_all
 
@@ -94,8 +87,9 @@ class WorkerConfig:
     lease_duration: int = 15
     concurrency: int = 8
     max_transitions_per_unit: int = 16
-    # Renew when less than this fraction of the lease remains: twice per lease, fewer writes.
-    renew_fraction: float = 1 / 2
+    region: str = DEFAULT_REGION  # only runs of this home region are advanced here
+    lease_namespace: str = "default"  # where the region's shard and member Leases live
+    shards: int = 16  # shard Leases of the region: runs are spread over the live replicas by them
     # Recorded in every checkpoint; a run committed by another version passes resume validation.
     operator_version: str = __version__
     all_events: bool = False  # a Kubernetes Event for every transition, not only the notable ones
@@ -120,6 +114,17 @@ def _checkpoint_epoch(raw: Any) -> Fencing | None:
     return loaded.checkpoint.fencing if isinstance(loaded, Loaded) else None
 
 
+def _recorded(snap: RunSnapshot) -> tuple[str, int] | None:
+    """The (holder, epoch) a run last recorded: its checkpoint's, or (unreadable) its history's."""
+    epoch = _checkpoint_epoch(snap.raw_checkpoint)
+    if epoch is not None:
+        return epoch.holder, epoch.lease_transitions
+    last = max(
+        (h for h in snap.status.history if h.epoch is not None), key=lambda h: h.epoch or 0, default=None
+    )
+    return (last.holder or "", last.epoch) if last is not None and last.epoch is not None else None
+
+
 class RunWorker:
     def __init__(self, kube: Kube, config: WorkerConfig | None = None) -> None:
         self.kube = kube
@@ -129,7 +134,18 @@ class RunWorker:
         self.actions = ActionStore(kube)
         self.events = EventRecorder(kube, self.identity)
         self.children = ChildRuns(kube, self.store, self.events, self.config.keyring)
-        self.leases = RunLeases(kube, self.identity, self.config.lease_duration)
+        self.shard_leases = ShardLeases(
+            kube,
+            self.identity,
+            self.config.region,
+            self.config.lease_namespace,
+            shards=self.config.shards,
+            duration_seconds=self.config.lease_duration,
+            drain=self._drain,
+            on_change=self._shard_changed,
+        )
+        self.ownership = RunOwnership(self.shard_leases, self.identity)
+        self.legacy_leases = RunLeases(kube, self.identity)  # read only: earlier releases' per-run Leases
         self.reader = EvidenceReader(kube)
         self.reporter = CommitReporter(self.events, all_events=self.config.all_events)
         self.queue = WorkQueue("run-worker", self.process, concurrency=self.config.concurrency)
@@ -142,13 +158,10 @@ class RunWorker:
             operator_version=self.config.operator_version,
             keyring=self.config.keyring,
         )
-        self.holds: dict[ObjectKey, Hold] = {}
+        self.known: set[ObjectKey] = set()  # every run seen: those of a shard we take are enqueued
         # The newest state version this process committed or saw, per run: a watch event can
         # arrive after our own later commit, and deciding from it would only earn a 409.
         self.versions: dict[ObjectKey, int] = {}
-        self.leases_seen: dict[ObjectKey, LeaseRecord] = {}
-        # Runs kept from advancing by a foreign Lease under their Lease name (its uid, per run).
-        self.lease_conflicts: dict[ObjectKey, str] = {}
         self.failures = Failures()  # exceptions per run and state version: retried, then quarantined
         self.batches = BatchWriter(self.store, self.reporter, self.failures, self.versions)
         self._tasks: list[asyncio.Task[None]] = []
@@ -162,12 +175,11 @@ class RunWorker:
         if event_type == "DELETED":
             self.queue.forget(key)
             self.versions.pop(key, None)
-            self.lease_conflicts.pop(key, None)
+            self.known.discard(key)
             self.failures.forget(key)
-            hold = self.holds.pop(key, None)
-            if hold is not None:
-                hold.lost = True
+            self.ownership.forget(key)
             return
+        self.known.add(key)
         self.queue.add(key, body)
         parent = (body.get("spec") or {}).get("parentRef")
         if parent and (body.get("status") or {}).get("state") in TERMINAL:
@@ -179,21 +191,10 @@ class RunWorker:
             self.enqueue(run)
 
     def observe_lease(self, event_type: str | None, body: dict[str, Any]) -> None:
-        """A watch event for a run Lease: lets an idle run's orphaned Lease be reaped."""
-        meta = body.get("metadata") or {}
-        run = run_of_lease(meta)
-        if not run or meta.get("name") != lease_name(run):
-            return  # not under the run's Lease name: nothing the worker would take or reap
-        key = (meta.get("namespace", ""), run)
-        if event_type == "DELETED":
-            self.leases_seen.pop(key, None)
-            if key in self.lease_conflicts:
-                self.enqueue(key)  # the foreign Lease is gone: the run may advance again
-            return
-        record = LeaseRecord.from_dict(body)
-        self.leases_seen[key] = record
-        if event_type is None and record.holder != self.identity:
-            self.enqueue(key)  # found at start-up: its holder may be gone, look at the run again
+        """A watch event for a per-run Lease (an earlier release's): a run it kept waiting may go on."""
+        released = self.ownership.observe_legacy(event_type, body)
+        if released is not None:
+            self.enqueue(released)
 
     def enqueue(self, key: ObjectKey) -> None:
         self.queue.add(key)
@@ -202,7 +203,8 @@ class RunWorker:
 
     def start(self) -> None:
         self.queue.start()
-        self._tasks.append(asyncio.create_task(self._renew_loop(), name="lease-renewer"))
+        if self.config.concurrency > 0:  # a webhook- or dispatcher-only process holds no shard
+            self._tasks.append(asyncio.create_task(self._join(), name="shard-leases-join"))
         self._tasks.append(asyncio.create_task(self._trim_loop(), name="memory-trimmer"))
 
     async def _trim_loop(self) -> None:
@@ -217,19 +219,36 @@ class RunWorker:
     async def stop(self) -> None:
         await self.queue.stop()
         await cancel_all(self._tasks)
+        if self.shard_leases.task is not None:
+            await self.shard_leases.stop()  # its shards go to the other replicas at once
 
-    async def _renew_loop(self) -> None:
+    async def _join(self) -> None:
+        """Join the region's replicas (member Lease, our share of the shards), retrying on errors."""
+        delay = 0.5
         while True:
-            await asyncio.sleep(max(0.2, self.config.lease_duration / 15))
-            for key, hold in list(self.holds.items()):
-                if hold.lost:
-                    self.holds.pop(key, None)
-                    continue
-                if not hold.valid(self.config.lease_duration * self.config.renew_fraction):
-                    try:
-                        await self.leases.renew(hold)
-                    except ApiException:
-                        log.warning("renewing the lease of %s/%s failed", *key)
+            try:
+                await self.shard_leases.start()
+                return
+            except ApiException as err:
+                log.warning(
+                    "joining region %s failed (%s %s); again in %.1fs",
+                    self.config.region,
+                    err.status,
+                    err.reason,
+                    delay,
+                )
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self.config.lease_duration / 2)
+
+    def _shard_changed(self, change: ShardChange) -> None:
+        self.ownership.changed(change)
+        if change.reason in ("acquired", "expired_takeover"):
+            for key in [k for k in self.known if self.ownership.shard(k) == change.shard]:
+                self.enqueue(key)
+
+    async def _drain(self, shard: int) -> None:
+        """A shard being handed over: wait for its units in flight (none start: it is draining)."""
+        await self.queue.wait_until(lambda: all(self.ownership.shard(k) != shard for k in self.queue.active))
 
     # --- one unit of work -----------------------------------------------------------------
 
@@ -275,19 +294,12 @@ class RunWorker:
         except Gone:
             self.failures.forget(key)
             return
-        snap, now, hold = RunSnapshot.from_object(body), datetime.now(UTC), self.holds.get(key)
-        if hold is None or not hold.valid():
-            record = await self.leases.get(*key)
-            if record is not None and record.holder not in ("", self.identity) and not record.expired(now):
-                # Another live worker holds the run: its view is not ours to quarantine. Look later.
-                self.queue.wake_at(key, record.expires_at())
-                return
-            cp_epoch = _checkpoint_epoch(snap.raw_checkpoint)
-            epoch = Fencing(
-                holder=self.identity, lease_transitions=cp_epoch.lease_transitions if cp_epoch else 0
-            )
-        else:
-            epoch = hold.epoch
+        snap, now = RunSnapshot.from_object(body), datetime.now(UTC)
+        right = self.ownership.right(key, _recorded(snap))
+        if right is None:  # the run is not (or no longer) ours: its shard's holder looks at it
+            self.failures.forget(key)
+            return
+        epoch = right.epoch
         commit = internal_error(snap, now, epoch, where, f"{error} ({attempts} attempts)")
         if commit is not None:
             written = await self.batches.write(
@@ -302,7 +314,6 @@ class RunWorker:
             message = f"the operator failed on this quarantined run at {where}: {error} ({attempts} attempts)"
             await self.events.record(body, INTERNAL_ERROR, message, warning=True)
         self.failures.forget(key)
-        await self._release(key)
 
     async def _unit(self, key: ObjectKey, body: dict[str, Any] | None) -> None:
         self.failures.at(key, "load")
@@ -316,6 +327,11 @@ class RunWorker:
                 return
         self.versions[key] = max(self.versions.get(key, 0), _state_version(body))
         snap = RunSnapshot.from_object(body)
+        if (snap.spec.region or DEFAULT_REGION) != self.config.region:
+            return  # another region's run: only the deployment serving its region advances it
+        right = self.ownership.right(key, _recorded(snap))
+        if right is None:
+            return  # another replica's shard (or not yet ours): we are told when we take it
         self.failures.at(key, "decide", snap)
         ref = snap.spec.policy_ref
         if (
@@ -332,11 +348,9 @@ class RunWorker:
                     warning=True,
                 )
                 await self.store.note_waiting(body, f"agentpolicy:{ref.name}")
-            await self._release(key)
             return
         now = datetime.now(UTC)
-        hold = self.holds.get(key)
-        provisional = hold.epoch if hold else Fencing(holder=self.identity, lease_transitions=0)
+        provisional = right.epoch
         planner, settings = self.planner_for(snap), self.settings_for(snap)
         actions: dict[str, ActionObservation] | None = None
         children: dict[str, ChildObservation] | None = None
@@ -359,29 +373,34 @@ class RunWorker:
                 children=children,
             )
         if isinstance(decision, Idle):
-            if hold is not None:
-                self.queue.wake_at(key, decision.wake_at)
-                await self._release(key)
-            else:
-                await self._idle(key, snap, decision.wake_at, now)
+            self.queue.wake_at(key, decision.wake_at)
             return
-        if hold is not None and not hold.valid(self._margin) and not await self.leases.renew(hold):
-            self.holds.pop(key, None)
-            hold = None
-        if hold is None:
-            self.failures.at(key, "lease")
-            acquired = await self._acquire(key, snap, body)
-            if acquired is None:
-                return
-            hold, body = acquired
+        if self.ownership.must_look(key, right):
+            self.ownership.note_legacy(key, await self.legacy_leases.get(*key))
+        legacy = self.ownership.legacy_until(key, snap.uid, now)
+        if legacy is not None:  # an earlier release's worker holds the run: after its Lease
+            self._recheck(key, legacy)
+            return
+        self.failures.at(key, "lease")
+        if not await self.ownership.keep(right, self._margin):
+            return  # the shard was taken from us (we were paused): its new holder goes on
+        if self.ownership.needs_fence(key, right):
+            # The shard's former holder may be a zombie with a commit in flight: fence the run.
+            status = fence(snap, right.epoch, now=now, settings=settings)
+            if status is not None:
+                try:
+                    body = await self.store.commit_status(body, status)
+                except Conflict:
+                    self.enqueue(key)  # reload and decide again
+                    return
+            self.ownership.wrote(key, right)
         try:
-            await self._advance(key, hold, body, actions, children)
+            await self._advance(key, right, body, actions, children)
         except Lost:
-            log.info("lease epoch of %s/%s moved on; dropping our hold", *key)
-            hold.lost = True
-            self.holds.pop(key, None)
+            log.info("epoch of %s/%s moved on; this process stops touching it", *key)
+            self.ownership.forget(key)
         except Gone:
-            await self._release(key)
+            self.ownership.forget(key)
 
     async def _policy_known(self, namespace: str, name: str) -> bool:
         if self.policies.get((namespace, name)) is not None:
@@ -391,112 +410,6 @@ class RunWorker:
             self.enqueue(run)
         return waited is not None
 
-    async def _acquire(
-        self, key: ObjectKey, snap: RunSnapshot, body: dict[str, Any]
-    ) -> tuple[Hold, dict[str, Any]] | None:
-        now = datetime.now(UTC)
-        cp_epoch = _checkpoint_epoch(snap.raw_checkpoint)
-        # An unreadable checkpoint still has its history: never restart the epoch below it.
-        history_epochs = [h.epoch for h in snap.status.history if h.epoch is not None]
-        cp_transitions = cp_epoch.lease_transitions if cp_epoch else max(history_epochs, default=-1)
-        # A run between units of work has no Lease (it is deleted on release): when the Lease watch
-        # has not seen one, create it straight away. The create is itself a compare-and-swap (409
-        # if one exists after all), so a lagging watch costs one more look, never safety.
-        record = await self.leases.get(snap.namespace, snap.name) if key in self.leases_seen else None
-        if record is None:
-            hold = await self.leases.create(snap.namespace, snap.name, snap.uid, cp_transitions + 1)
-            if hold is not None:
-                self.holds[key] = hold
-                self.lease_conflicts.pop(key, None)
-                return hold, body
-            record = await self.leases.get(snap.namespace, snap.name)
-            if record is None:  # created and deleted again meanwhile: look again soon
-                self._recheck(key, now + timedelta(seconds=1))
-                return None
-        why = record.foreign_because(snap.name, snap.uid)
-        if why is not None:
-            await self._lease_conflict(key, body, record, why, now)
-            return None
-        self.lease_conflicts.pop(key, None)
-        return await self._take_existing(key, snap, body, record, cp_transitions, now)
-
-    async def _lease_conflict(
-        self, key: ObjectKey, body: dict[str, Any], record: LeaseRecord, why: str, now: datetime
-    ) -> None:
-        """A foreign Lease under the run's Lease name: never taken over or deleted. The run does
-        not advance, says why (a condition, and an Event once per Lease), and looks again."""
-        message = conflict_message(record, why)
-        if self.lease_conflicts.get(key) != record.uid:
-            self.lease_conflicts[key] = record.uid
-            log.warning("run %s/%s does not advance: %s", *key, message)
-            await self.events.record(body, LEASE_CONFLICT, message, warning=True)
-        else:
-            log.info("run %s/%s still waits: the foreign Lease %s is still there", *key, record.name)
-        status = conflict_status(body, message, now)
-        if status is not None:
-            # The record moved (or went): the next look writes it again if it is still needed.
-            with contextlib.suppress(Conflict, Gone):
-                await self.store.commit_status(body, status)
-        # A foreign Lease may carry no run label, so its deletion may never be watched: poll.
-        self._recheck(key, now + timedelta(seconds=self.config.lease_duration))
-
-    async def _take_existing(
-        self,
-        key: ObjectKey,
-        snap: RunSnapshot,
-        body: dict[str, Any],
-        record: LeaseRecord,
-        cp_transitions: int,
-        now: datetime,
-    ) -> tuple[Hold, dict[str, Any]] | None:
-        """Take a Lease that exists: ours whose hold lapsed, or an expired or released one."""
-        if record.holder == self.identity:
-            # Our own Lease whose in-memory hold lapsed: the work queue runs one unit per run at a
-            # time, so no step of ours is in flight; keep the epoch unless someone fenced past it.
-            transitions = record.transitions if cp_transitions <= record.transitions else cp_transitions + 1
-            hold = await self.leases.take_over(record, transitions)
-            if hold is None:
-                self._recheck(key, now + timedelta(seconds=1))
-                return None
-        elif not record.expired(now):
-            self._recheck(key, record.expires_at())
-            return None
-        else:
-            transitions = max(record.transitions, cp_transitions) + 1
-            if not record.released:
-                # The holder may be a zombie with a commit in flight: fence the run first.
-                epoch = Fencing(holder=self.identity, lease_transitions=transitions)
-                status = fence(snap, epoch, now=now, settings=self.settings_for(snap))
-                if status is not None:
-                    try:
-                        body = await self.store.commit_status(body, status)
-                    except Conflict:
-                        self.enqueue(key)  # reload and decide again
-                        return None
-            hold = await self.leases.take_over(record, transitions)
-            if hold is None:
-                self._recheck(key, now + timedelta(seconds=1))
-                return None
-        self.holds[key] = hold
-        return hold, body
-
-    async def _idle(self, key: ObjectKey, snap: RunSnapshot, wake_at: datetime | None, now: datetime) -> None:
-        """Park an idle run: a wake-up at its expiry, and no Lease left behind by a dead holder."""
-        orphan = self.leases_seen.get(key)
-        why = orphan.foreign_because(snap.name, snap.uid) if orphan is not None else None
-        if orphan is not None and why is not None:
-            log.info("leaving the foreign Lease %s of idle run %s/%s alone: %s", orphan.name, *key, why)
-            orphan = None  # not made by the operator for this run: never reaped
-        # A Lease is an orphan if a dead holder left it, or if it names us but we hold nothing.
-        if orphan is not None and (orphan.holder != self.identity or key not in self.holds):
-            if orphan.expired(now) or orphan.holder == self.identity:
-                log.info("reaping the expired Lease of idle run %s/%s (holder %s)", *key, orphan.holder)
-                await self.leases.delete(orphan)
-            else:
-                expiry = orphan.expires_at()
-                wake_at = expiry if wake_at is None else min(wake_at, expiry)
-        self.queue.wake_at(key, wake_at)
-
     def _recheck(self, key: ObjectKey, at: datetime) -> None:
         jitter = timedelta(milliseconds=random.randint(50, 250))
         self.queue.wake_at(key, at + jitter)
@@ -504,7 +417,7 @@ class RunWorker:
     async def _advance(
         self,
         key: ObjectKey,
-        hold: Hold,
+        right: Right,
         body: dict[str, Any],
         actions: dict[str, ActionObservation] | None,
         children: dict[str, ChildObservation] | None,
@@ -523,18 +436,14 @@ class RunWorker:
                 break
             snap = RunSnapshot.from_object(body)
             epoch = _checkpoint_epoch(snap.raw_checkpoint)
-            if (
-                epoch is not None
-                and epoch != hold.epoch
-                and epoch.lease_transitions >= hold.epoch.lease_transitions
-            ):
+            if self.ownership.lost(key, right, epoch):
                 raise Lost(f"{key} now at epoch {epoch}")
             now = datetime.now(UTC)
             self.failures.at(key, "decide", snap)
             decision = decide(
                 snap,
                 now=now,
-                epoch=hold.epoch,
+                epoch=right.epoch,
                 planner=self.planner_for(snap),
                 settings=self.settings_for(snap),
                 read=read,
@@ -555,18 +464,17 @@ class RunWorker:
                 fresh = {ref.id: await self.reader.reread(snap, ref, now) for ref in decision.refs}
                 continue
             if isinstance(decision, Idle):
-                if batch and await self._write_batch(key, hold, written, body, batch) is None:
+                if batch and await self._write_batch(key, right, written, body, batch) is None:
                     self.enqueue(key)  # 409: the computation is thrown away; decide again
                     return
                 self.queue.wake_at(key, decision.wake_at)
-                await self._release(key)
                 return
             read, actions, fresh, children = None, None, None, None
             batch.append((snap.state, decision))
             body = {**body, "status": decision.wire_status()}  # the next decision starts here
             if not (decision.intents or decision.children):
                 continue
-            out = await self._write_batch(key, hold, written, body, batch)
+            out = await self._write_batch(key, right, written, body, batch)
             if out is None:
                 self.enqueue(key)
                 return
@@ -579,21 +487,18 @@ class RunWorker:
             for child in decision.children:
                 await self.children.create(snap, child)
         if batch:
-            await self._write_batch(key, hold, written, body, batch)  # on 409, decided again anew
+            await self._write_batch(key, right, written, body, batch)  # on 409, decided again anew
         self.enqueue(key)  # bounded work done; keep the hold and come back
 
     async def _write_batch(
-        self, key: ObjectKey, hold: Hold, written: dict[str, Any], body: dict[str, Any], batch: Batch
+        self, key: ObjectKey, right: Right, written: dict[str, Any], body: dict[str, Any], batch: Batch
     ) -> dict[str, Any] | None:
-        if not hold.valid(self._margin) and not await self.leases.renew(hold):
-            raise Lost(f"{key}: lease lost before commit")
-        return await self.batches.write(key, written, body["status"], batch)
-
-    async def _release(self, key: ObjectKey) -> None:
-        hold = self.holds.pop(key, None)
-        if hold is not None and not hold.lost:
-            await self.leases.release(hold)
-            self.leases_seen.pop(key, None)  # gone: not an orphan to reap when its watch event lags
+        if not await self.ownership.keep(right, self._margin):
+            raise Lost(f"{key}: shard {right.hold.shard} lost before commit")
+        out = await self.batches.write(key, written, body["status"], batch)
+        if out is not None:
+            self.ownership.wrote(key, right)
+        return out
 
 
 __all__ = ["GROUP", "VERSION", "RunWorker", "WorkerConfig"]

@@ -54,9 +54,20 @@ class WorkQueue:
         self._queue: asyncio.Queue[ObjectKey] = asyncio.Queue()
         self._queued: set[ObjectKey] = set()
         self._active: set[ObjectKey] = set()
+        self._finished = asyncio.Condition()  # notified whenever a unit of work ends
         self._dirty: set[ObjectKey] = set()
         self._tasks: list[asyncio.Task[None]] = []
         self.processed = 0  # units of work done, ever
+
+    @property
+    def active(self) -> frozenset[ObjectKey]:
+        """The keys being processed right now."""
+        return frozenset(self._active)
+
+    async def wait_until(self, done: Callable[[], bool]) -> None:
+        """Return once ``done()`` holds, looking again each time a unit of work ends."""
+        async with self._finished:
+            await self._finished.wait_for(done)
 
     @property
     def idle(self) -> bool:
@@ -101,6 +112,8 @@ class WorkQueue:
             finally:
                 self.processed += 1
                 self._active.discard(key)
+                async with self._finished:
+                    self._finished.notify_all()
                 if key in self._dirty:
                     self._dirty.discard(key)
                     self.add(key)
