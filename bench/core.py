@@ -472,11 +472,23 @@ def main(argv: list[str] | None = None) -> int:
         log("raw status writes per second (baseline)")
         total = transitions[0]["transitions"]
         raw = repeat(args.repeat, lambda: bench_raw_writes(env, args.runs, total, status))
+        log("raw minimal status writes per second (the limit of this design on this machine)")
+        minimal = repeat(
+            args.repeat,
+            lambda: bench_raw_writes(env, args.runs, total, {"state": "ready", "stateVersion": 1}),
+        )
         rate = summary([t["transitions_per_second"] for t in transitions])
+        log(
+            f"transitions/s {rate['median']:.1f}; raw writes of the operator's status shape "
+            f"{raw['median']:.1f}/s (ratio {rate['median'] / raw['median']:.2f}); raw writes of a minimal "
+            f"status {minimal['median']:.1f}/s (shape/minimal {raw['median'] / minimal['median']:.2f})"
+        )
         results["transitions"] = {
             "transitions_per_second": rate,
             "raw_status_writes_per_second": raw,
             "ratio_median": rate["median"] / raw["median"],
+            "raw_minimal_status_writes_per_second": minimal,
+            "shape_to_minimal_ratio_median": raw["median"] / minimal["median"],
             "api_writes_per_transition": summary([t["api_writes_per_transition"] for t in transitions]),
             "status_writes_per_transition": summary([t["status_writes_per_transition"] for t in transitions]),
             "writes_by_kind_first_run": transitions[0]["writes_by_kind"],

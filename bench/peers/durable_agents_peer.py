@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import importlib.metadata
 import os
+import ssl
 import tempfile
 import threading
 import time
@@ -107,6 +108,7 @@ def run_spec(refsystem_url: str, mapping: str) -> tuple[dict[str, Any], int]:
     return spec, steps.index(post)
 
 
+ETCD_METRICS = ("etcd_disk_wal_fsync_duration_seconds_count", "etcd_mvcc_put_total")
 LEASE_NAMESPACE = "default"  # where the bench operator keeps its region's shard and member Leases
 
 
@@ -233,8 +235,8 @@ def _version(obj: dict[str, Any]) -> int:
     return int((obj.get("status") or {}).get("stateVersion") or 0)
 
 
-def _metrics(url: str, prefixes: tuple[str, ...]) -> dict[str, float]:
-    with urllib.request.urlopen(url, timeout=10) as response:
+def _metrics(url: str, prefixes: tuple[str, ...], context: ssl.SSLContext | None = None) -> dict[str, float]:
+    with urllib.request.urlopen(url, timeout=10, context=context) as response:
         text = response.read().decode()
     out: dict[str, float] = {}
     for line in text.splitlines():
@@ -424,9 +426,7 @@ class DurableAgentsPeer(PeerSystem):
         op_before = _metrics(
             operator_url, ("durable_agents_api_writes_total", "durable_agents_transitions_total")
         )
-        etcd_before = _metrics(
-            etcd_url, ("etcd_disk_wal_fsync_duration_seconds_count", "etcd_mvcc_put_total")
-        )
+        etcd_before = _metrics(etcd_url, ETCD_METRICS, self.plane.etcd_ssl_context())
         window_start = datetime.now(UTC)
         audit_offset = self.plane.audit_log_path.stat().st_size
         names = [f"run-{i}" for i in range(runs)]
@@ -441,7 +441,7 @@ class DurableAgentsPeer(PeerSystem):
         op_after = _metrics(
             operator_url, ("durable_agents_api_writes_total", "durable_agents_transitions_total")
         )
-        etcd_after = _metrics(etcd_url, ("etcd_disk_wal_fsync_duration_seconds_count", "etcd_mvcc_put_total"))
+        etcd_after = _metrics(etcd_url, ETCD_METRICS, self.plane.etcd_ssl_context())
         ok = [e for e in writes if 200 <= e.code < 300]
         # The region's shard and member Leases (in the operator's Lease namespace) are renewed
         # whatever the runs do: their writes in this window are counted too, shared by its runs.
