@@ -258,7 +258,7 @@ def test_crash_at_every_checkpoint_boundary(lab: Lab) -> None:
             for phase in ("before", "after"):
                 if stop.is_set():
                     return
-                tag = f"{phase[0]}{n}"
+                tag = f"{phase[0]}{n}-{k}"  # N repeats once the sweep passes a batch's writes
                 names = [
                     lab.create(ns, boundary_spec(url, f"{ns}-{tag}-{i}", answered=i % 2 == 0), f"{tag}-{i}")
                     for i in range(batch)

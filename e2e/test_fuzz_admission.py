@@ -551,6 +551,11 @@ def known_cases(refsystem: str) -> list[Doc]:
         {"kind": "AgentRun", "metadata": {"name": "k"}, "spec": "not an object"},
         {**run(), "metadata": {}},
         {**run(), "spec": {**run()["spec"], "policyRef": {"name": "missing-policy"}}},
+        # Found at 1000 documents on 2026-12-01: a deadline the schema let through as a list (a
+        # 500 from the approval webhook's model), and a map key with a NUL in it (sealing's label).
+        {**run(), "spec": {**run()["spec"], "deadline": [[["leaf"]]]}},
+        {**run(), "spec": {**run()["spec"], "answers": {"a\u0000b": "x"}}},
+        {**run(), "spec": {**run()["spec"], "events": {"": "x"}}},
     ]
 
 

@@ -20,9 +20,11 @@ from typing import Any
 
 import aiohttp.web
 import kopf
+from pydantic import ValidationError
 
-from durable_agents.api.v1alpha1 import AgentRunSpec
+from durable_agents.api.v1alpha1 import AgentRunSpec, Identity
 from durable_agents.core.retention import FINALIZER
+from durable_agents.core.sealing import Keyring
 from durable_agents.shell import admission, limits
 from durable_agents.shell.certs import generate_ca, issue_serving_cert
 from durable_agents.shell.kube import GROUP, VERSION
@@ -38,6 +40,13 @@ MAX_REVIEW_BYTES = 32 * 1024 * 1024
 # The API server forwards documents nested up to 10 000 levels; json.loads needs the stack for them
 # (raised only while parsing), then limits.refusal walks them without recursion.
 _PARSE_RECURSION = 25_000
+
+
+def invalid_spec(err: ValidationError) -> str:
+    """A refusal naming the field pydantic could not take (the first of them)."""
+    first = err.errors()[0]
+    where = ".".join(str(part) for part in ("spec", *first.get("loc", ())))
+    return f"{where}: {first.get('msg', 'invalid')}"
 
 
 async def home_region(manager: Manager, body: dict[str, Any]) -> str:
@@ -97,6 +106,8 @@ def register(registry: kopf.OperatorRegistry, manager: Manager) -> None:
             sealed = sealing_changes(operation, dict(body), dict(old) if old is not None else None, keyring)
         except SealingRefused as err:
             raise kopf.AdmissionError(str(err), code=422) from err
+        except ValueError as err:  # a value sealing cannot bind (say, a key with a NUL in it)
+            raise kopf.AdmissionError(f"spec: {err}", code=422) from err
         for field, value in sealed.spec.items():
             patch.spec[field] = value
         for key, annotation in sealed.annotations.items():
@@ -115,19 +126,27 @@ def register(registry: kopf.OperatorRegistry, manager: Manager) -> None:
         if refused is not None:
             raise kopf.AdmissionError(str(refused), code=422)
         new, user, keyring = dict(body), admission.identity_of(dict(userinfo)), manager.config.keyring
-        if operation == "CREATE":
-            reason = await admission.check_create(manager.kube, new, user, keyring)
-        elif operation == "UPDATE":
-            spec = AgentRunSpec.model_validate(new.get("spec") or {})
-            policy = None
-            if spec.policy_ref is not None:
-                policy = manager.worker.policies.get((body.metadata.namespace or "", spec.policy_ref.name))
-            previous = dict(old) if old is not None else None
-            reason = await admission.check_update(manager.kube, new, previous, user, policy, keyring)
-        else:
-            return
+        try:
+            reason = await _checked(operation, new, old, user, keyring)
+        except ValidationError as err:  # what the schema let through and the model does not
+            raise kopf.AdmissionError(invalid_spec(err), code=422) from err
         if reason is not None:
             raise kopf.AdmissionError(reason, code=403)
+
+    async def _checked(
+        operation: str, new: dict[str, Any], old: Any, user: Identity, keyring: Keyring
+    ) -> str | None:
+        if operation == "CREATE":
+            return await admission.check_create(manager.kube, new, user, keyring)
+        if operation != "UPDATE":
+            return None
+        spec = AgentRunSpec.model_validate(new.get("spec") or {})
+        policy = None
+        if spec.policy_ref is not None:
+            namespace = (new.get("metadata") or {}).get("namespace") or ""
+            policy = manager.worker.policies.get((namespace, spec.policy_ref.name))
+        previous = dict(old) if old is not None else None
+        return await admission.check_update(manager.kube, new, previous, user, policy, keyring)
 
     manager.start_hooks.append(serve)
     kopf.on.mutate(

@@ -250,7 +250,9 @@ def check_requests(spec: Mapping[str, Any]) -> None:
     for field in ("answers", "events"):
         entries = spec.get(field)
         for key, value in entries.items() if isinstance(entries, Mapping) else []:
-            where = f"spec.{field}[{key[:63]!r}]" if isinstance(key, str) else f"spec.{field}"
+            if not isinstance(key, str) or not key or "\0" in key:
+                raise LimitExceeded(f"spec.{field}", "a key must be non-empty and free of NUL characters")
+            where = f"spec.{field}[{key[:63]!r}]"
             if is_sealed(value):
                 total += max(0, (len(str(value)) - 40) * 3 // 4)
                 continue

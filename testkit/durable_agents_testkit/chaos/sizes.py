@@ -75,7 +75,8 @@ SIZES = {
     ),
     "full": Size(
         name="full",
-        # 8 chains x 10 points x 2 phases: N = 1..75 (every write of a 5-run batch), before and after.
+        # 8 chains x 10 points x 2 phases: N = 1..25 (at least every write of a 5-run batch, whose
+        # runs write at their semantic boundaries only; the larger N repeat 25), before and after.
         crash_chains=8,
         crash_batch=5,
         crash_sweep=10,
