@@ -276,7 +276,8 @@ def test_crash_at_every_checkpoint_boundary(lab: Lab) -> None:
                 for extra in range(SIZE.crash_extra):
                     if done():
                         break
-                    point = f"{local.choice(['before', 'after'])}:{local.randint(1, 3 * batch)}"
+                    # Within the writes a batch still makes after a kill (about 5 a run): most are hit.
+                    point = f"{local.choice(['before', 'after'])}:{local.randint(1, 2 * batch)}"
                     v = lab.operator(
                         ns, f"x{extra}-{tag}", DURABLE_AGENTS_TEST_KILL_AT=point, **FAST_DISPATCH
                     )

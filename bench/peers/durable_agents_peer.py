@@ -23,7 +23,8 @@ checks the SubjectAccessReview), and waits for ``completed``. ``delivered``: the
 (admitted and stored in etcd). ``resumed``: the watch delivered the next committed state.
 
 Durable commits: every successful write request in the run's namespace in the API server's audit
-log (each one an etcd transaction, fsync'd), including the driver's create and approval patch; the
+log (each one an etcd transaction, fsync'd), including the driver's create and approval patch, plus
+the region's shard and member Lease writes in the Lease namespace during the repetition; the
 operator's own ``durable_agents_api_writes_total`` and etcd's WAL fsyncs are reported alongside.
 """
 

@@ -637,14 +637,14 @@ def workload_description() -> dict[str, Any]:
         },
         "mapping": {
             "durable-agents": "no pure-computation step kind exists, so steps 1-4, 6, 7, 9 are read steps "
-            "(a ConfigMap read as the run's ServiceAccount), one committed transition each: what our model "
-            "commits today for a step that does work. Steps 5 and 8 are one http.post effect step made "
+            "(a ConfigMap read as the run's ServiceAccount), decided between semantic boundaries and "
+            "committed with them (a crash repeats them). Steps 5 and 8 are one http.post effect step made "
             "consequential by the AgentPolicy: the run parks in waiting_approval and the approval is bound "
             "to the POST's digest, so the wait happens at the POST (steps 6-7 run after it). Step 10 is "
             "complete.",
             "durable-agents-boundaries": "the replayable computations need no commit and are left out: the "
-            "run is the approval-gated http.post step and complete. A model of committing only at semantic "
-            "boundaries, not a feature of the operator.",
+            "run is the approval-gated http.post step and complete: what a user of this operator writes for "
+            "the workload (with the model planner, the computations are model calls between boundaries).",
             "dbos-postgres": "@DBOS.workflow with 10 @DBOS.step steps (step 8 the POST); DBOS.recv before "
             "step 5, DBOS.send from the driver",
             "langgraph": "a linear StateGraph of 10 nodes, durability='sync'; interrupt() in node 5, resumed "

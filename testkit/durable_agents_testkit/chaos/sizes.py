@@ -75,11 +75,11 @@ SIZES = {
     ),
     "full": Size(
         name="full",
-        # 8 chains x 10 points x 2 phases: N = 1..25 (at least every write of a 5-run batch, whose
+        # 8 chains x 14 points x 2 phases: N = 1..25 (at least every write of a 5-run batch, whose
         # runs write at their semantic boundaries only; the larger N repeat 25), before and after.
         crash_chains=8,
         crash_batch=5,
-        crash_sweep=10,
+        crash_sweep=14,
         crash_extra=3,
         dispatch_rounds=8,
         dispatch_runs=8,
