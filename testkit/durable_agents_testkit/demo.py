@@ -240,7 +240,7 @@ def main() -> int:
             name = "rollout"
             parked = runs.wait_state(name, "waiting_input", timeout=60)
             question = parked["status"]["checkpoint"]["pendingInput"]["question"]
-            say(f"    the run is parked in waiting_input (no worker holds it, no Lease per run): {question!r}")
+            say(f"    the run is parked in waiting_input (no worker holds it): {question!r}")
             say(kubectl(kc, "-n", ns, "get", "agentruns", show=True).rstrip())
 
             step("answering the question by patching the run's spec")
@@ -254,7 +254,10 @@ def main() -> int:
                 approve(env, runs, ns, name)
             done = runs.wait_state(name, "completed", timeout=60)
 
-            step("the run's transition timeline (status.history; stateVersion +1 per transition, written at semantic boundaries)")
+            step(
+                "the run's transition timeline (status.history; stateVersion +1 per transition, "
+                "written at semantic boundaries)"
+            )
             say(timeline(done))
             cp = done["status"]["checkpoint"]
             ev = next(e for e in cp["evidence"] if e.get("source") == "kubernetes")

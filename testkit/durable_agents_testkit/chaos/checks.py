@@ -3,12 +3,14 @@ and the verdict (:func:`measure` the global assertions, then :func:`conclude`)."
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 from kubernetes.client.rest import ApiException
 
 from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents.core.ledger import action_record_name, idempotency_key
+from durable_agents.shell.leases import LeaseRecord
 from durable_agents_testkit.chaos.lab import Lab
 from durable_agents_testkit.chaos.report import DuplicateEffects
 from durable_agents_testkit.chaos.settle import TERMINAL, business_duplicates, events_of, settle
@@ -80,9 +82,16 @@ def wait_ended(
 
 
 def wait_no_leases(lab: Lab, namespace: str, within: Within | float = Within.COMMIT) -> None:
-    """Wait until the run Leases of ``namespace`` are gone (parked or ended runs hold none)."""
+    """Wait until no live per-run Lease is left in ``namespace``: this release makes none, and an
+    earlier release's must be released or stop being renewed (that release may leave an expired
+    one behind when its reaping races its own renewal; it goes with its run, and nothing heeds it)."""
+
+    def none_live() -> bool:
+        now = datetime.now(UTC)
+        return all(LeaseRecord.parse(x).expired(now) for x in lab.runs(namespace).leases())
+
     try:
-        eventually(lambda: lab.runs(namespace).leases() == [], within, "the run Leases to be released")
+        eventually(none_live, within, "the run Leases to be released or to expire")
     except TimeoutError as err:
         leases = [
             (x.metadata.name, x.spec.holder_identity, str(x.spec.renew_time), x.spec.lease_transitions)
