@@ -91,8 +91,13 @@ def test_sigkill_at_every_commit_boundary(
         )
         by_victim = [h for h in history if h["holder"] == victim.identity]
         writes_by_victim = nth if phase == "after" else nth - 1
-        committed_by_victim = BOUNDARIES[writes_by_victim - 1] if writes_by_victim else 0
-        assert len(by_victim) == committed_by_victim, (phase, nth, holders(history))
+        committed_by_victim = len(by_victim)
+        # Each write carries at least one transition and at most the semantic boundary's; a write
+        # can carry fewer when the run is read again between two steps (a 409 when a person patched
+        # the run meanwhile), which moves the later boundaries. test_runtime pins the 3 writes.
+        most = BOUNDARIES[writes_by_victim - 1] if writes_by_victim else 0
+        assert writes_by_victim <= committed_by_victim <= most, (phase, nth, holders(history))
+        assert history[:committed_by_victim] == by_victim, "the victim's transitions come first"
         assert all(h["holder"] == rescuer.identity for h in history[committed_by_victim:])
         cp = done["status"]["checkpoint"]
         assert len(cp["evidence"]) == 1, "the evidence must be recorded exactly once"
