@@ -75,13 +75,13 @@ def test_parked_runs_cost_no_lease_and_no_requests_and_expire_on_time(
     window_end = datetime.now(UTC)
     idle = read_audit(audit, user=OPERATOR_USER, since=window_start, until=window_end)
     print(f"idle minute with {PARKED} parked runs: {len(idle)} requests {dict(count_by(idle))}")
-    # The region's upkeep is the only activity, whatever the number of runs: its shard and member
-    # Leases are renewed together every half lease (one patch each), and listed once a poll.
+    # The region's upkeep is the only activity, whatever the number of runs: its shard, member and
+    # region Leases are renewed every half lease (one patch each), and listed once a poll.
     upkeep = [e for e in idle if e.resource == "leases"]
     on_runs = [e for e in idle if e.resource != "leases"]
     assert [e for e in on_runs if e.is_write] == [], "no periodic writes on parked runs"
     assert len(on_runs) <= 5, "no polling of parked runs"
-    leases = WorkerConfig().shards + 1  # the shard Leases and this replica's member Lease
+    leases = WorkerConfig().shards + 2  # the shard Leases, this replica's member and the region Lease
     renewals = leases * (60 // (LEASE / 2) + 1)
     assert len([e for e in upkeep if e.is_write]) <= renewals, "Lease upkeep only: renewals"
     assert {(e.verb, e.namespace) for e in upkeep if e.is_write} <= {("patch", runs.namespace)}

@@ -129,7 +129,9 @@ def test_fault_matrix_never_applies_twice(
         refsystem.inject(fault, times=1, delay=2.0, match=key_of(runs.get(name)))
     # A dispatch answer later than 1 s is an unknown outcome (the slow fault answers after 2 s).
     port = free_port()
-    start_operator("faults", LEASE, DURABLE_AGENTS_DISPATCH_TIMEOUT="1", DURABLE_AGENTS_METRICS_PORT=str(port))
+    start_operator(
+        "faults", LEASE, DURABLE_AGENTS_DISPATCH_TIMEOUT="1", DURABLE_AGENTS_METRICS_PORT=str(port)
+    )
     done = [runs.wait_state(n, "completed", timeout=90) for n in names]
     counts = refsystem.counts()
     keys = [key_of(run) for run in done]

@@ -8,13 +8,22 @@ its home region (``spec.region``). With both ``east`` replicas dead, its runs do
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
-from durable_agents_testkit.eventually import Within
+from durable_agents.api.v1alpha1 import GROUP, VERSION
+from durable_agents.shell.shards import shard_of
+from durable_agents_testkit.cluster import KubeEnv
+from durable_agents_testkit.eventually import Within, eventually
 from durable_agents_testkit.operator_process import OperatorProcess
+from durable_agents_testkit.refsystem import ReferenceSystemThread
 from durable_agents_testkit.runs import Runs, assert_history_is_gapless
+from durable_agents_testkit.scrape import free_port, metric, scrape
 
 LEASE = 2
 DONE = {"name": "done", "complete": {"result": "ok"}}
@@ -61,3 +70,150 @@ def test_each_region_advances_only_its_own_runs_and_a_dead_region_waits(
     replacement = start_operator("east-again", LEASE, DURABLE_AGENTS_REGION="east")
     asked = runs.wait_state(stranded, "waiting_input", timeout=Within.RUN)
     assert {h["holder"] for h in asked["status"]["history"]} == {replacement.identity}
+
+
+def conflicts(port: int) -> float:
+    """The operator's refused run commits (409: the run moved since it was read); 0 before any, or
+    while its metrics do not answer (a process just resumed from SIGSTOP, on a loaded machine)."""
+    name = 'durable_agents_commit_conflicts_total{resource="agentruns"}'
+    try:
+        text = scrape(port)
+    except OSError:
+        return 0.0
+    return metric(text, name) if name in text else 0.0
+
+
+def payment(region: str, url: str) -> dict[str, Any]:
+    """Asks first (so it waits mid-run), then pays once at the counting server, then completes."""
+    return {
+        "taskType": "regions",
+        "objective": "pay once, whichever region finishes it",
+        "region": region,
+        "steps": [
+            ASK,
+            {
+                "name": "pay",
+                "effect": {
+                    "effect": "http.post",
+                    "target": {"url": f"{url}/effects", "queryUrl": f"{url}/effects"},
+                    "arguments": {"amount": 1},
+                },
+            },
+            DONE,
+        ],
+    }
+
+
+def test_failover_verifies_adopts_and_the_paused_former_owner_commits_nothing(
+    start_operator: Callable[..., OperatorProcess],
+    runs: Runs,
+    kube: KubeEnv,
+    refsystem: ReferenceSystemThread,
+) -> None:
+    """East loses both replicas, one of them frozen (SIGSTOP) with a commit prepared. Its runs wait
+    until `kubectl agentrun region failover east --to west`; west verifies and adopts them and
+    completes them, each effect applied once; the frozen east replica, resumed, commits nothing."""
+    many = 6
+    # The east replica that freezes: its first `many` commits take each run to its question; the
+    # next (an answered run's answer + intent) is prepared and then frozen, never sent.
+    frozen_port = free_port()
+    frozen = start_operator(
+        "east-frozen",
+        LEASE,
+        DURABLE_AGENTS_REGION="east",
+        DURABLE_AGENTS_TEST_STOP_AT=f"before:{many + 1}",
+        DURABLE_AGENTS_METRICS_PORT=str(frozen_port),
+    )
+    names = [runs.create(payment("east", refsystem.url), f"east-pay-{i}") for i in range(many)]
+    for name in names:
+        runs.wait_state(name, "waiting_input", timeout=Within.RUN)
+    other = start_operator("east-other", LEASE, DURABLE_AGENTS_REGION="east")
+    west = [
+        start_operator(
+            "west0", LEASE, DURABLE_AGENTS_REGION="west", DURABLE_AGENTS_WEBHOOK_PORT=str(free_port())
+        ),
+        start_operator("west1", LEASE, DURABLE_AGENTS_REGION="west"),
+    ]
+
+    def holder_of(name: str) -> str | None:
+        held = {lease.metadata.name: lease.spec.holder_identity for lease in runs.shard_leases()}
+        return held.get(f"durable-agents-shard-east-{shard_of(runs.namespace, name, 16)}")
+
+    def split() -> tuple[str] | None:
+        holders = {holder_of(n) for n in names}
+        mine = [n for n in names if holder_of(n) == frozen.identity]
+        return (mine[0],) if mine and other.identity in holders | {None} else None
+
+    (victim,) = eventually(split, Within.TAKEOVER, "east's shards to be spread over both replicas")
+    runs.patch_spec(victim, {"answers": {"confirm": "yes"}})
+    eventually(frozen.stopped, Within.COMMIT, "the east replica to freeze with its commit prepared")
+    other.kill()
+    for name in names:
+        if name != victim:
+            runs.patch_spec(name, {"answers": {"confirm": "yes"}})
+    # The window itself: twice a shard takeover, in which west (alive) could take east's runs if
+    # anything let it. Nothing may move: there is no automatic cross-region failover.
+    before = {n: runs.get(n)["status"]["stateVersion"] for n in names}
+    time.sleep(2 * LEASE + 2)
+    assert {n: runs.get(n)["status"]["stateVersion"] for n in names} == before, "east's runs moved"
+    assert refsystem.counts() == {}
+
+    env = {**os.environ, "KUBECONFIG": str(kube.kubeconfig)}
+    plugin = [sys.executable, "-m", "durable_agents.kubectl_plugin"]
+    out = subprocess.run(
+        [
+            *plugin,
+            "region",
+            "failover",
+            "east",
+            "--to",
+            "west",
+            "--reason",
+            "east is gone",
+            "--wait",
+            "--timeout",
+            "120",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert out.returncode == 0, f"{out.stdout}\n{out.stderr}"
+    failovers = runs.custom.list_cluster_custom_object(GROUP, VERSION, "regionfailovers")["items"]
+    (failover,) = [f for f in failovers if f["spec"]["from"] == "east"]
+    status = failover["status"]
+    assert status["phase"] == "Completed", status
+    assert sorted(r["name"] for r in status["adopted"] if r["namespace"] == runs.namespace) == sorted(names)
+    assert not status.get("notAdopted"), status
+
+    west_ids = {op.identity for op in west}
+    for name in names:
+        done = runs.wait_state(name, "completed", timeout=Within.RUN)
+        history = assert_history_is_gapless(done)
+        ownership = done["status"]["ownership"]
+        assert (ownership["region"], ownership["adoptedFrom"]) == ("west", "east")
+        assert ownership["failover"] == failover["metadata"]["name"]
+        # East took each run to its question; west did all the rest, from the answer on.
+        holders = [h["holder"] for h in history]
+        first_west = next(i for i, h in enumerate(holders) if h in west_ids)
+        assert set(holders[:first_west]) <= {frozen.identity, other.identity}, (name, holders)
+        assert set(holders[first_west:]) <= west_ids, (name, holders)
+        assert history[first_west - 1]["to"] == "waiting_input", (name, history)
+    counts = refsystem.counts()
+    assert len(counts) == many, counts
+    assert set(counts.values()) == {1}, counts
+
+    # The frozen east replica resumes: its prepared commit is refused (the run moved on), and it
+    # does not take the runs back: they are west's now.
+    settled = {n: runs.get(n)["metadata"]["resourceVersion"] for n in names}
+    frozen.signal(signal.SIGCONT)
+    eventually(
+        lambda: conflicts(frozen_port) >= 1,
+        Within.COMMIT,
+        "the resumed east replica's prepared commit to be refused",
+    )
+    time.sleep(2 * LEASE + 2)  # the window in which it could commit, if anything let it
+    assert frozen.alive
+    assert {n: runs.get(n)["metadata"]["resourceVersion"] for n in names} == settled
+    assert refsystem.counts() == counts

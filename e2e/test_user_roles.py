@@ -324,6 +324,59 @@ def test_a_namespace_admin_grants_viewer_and_editor_but_not_the_separate_duties(
     }
 
 
+# The chart's cluster-wide duty (files/user-roles.yaml clusterRoles): granted with a
+# ClusterRoleBinding, it asks for region failovers (RegionFailovers are cluster-scoped; the webhook
+# asks for "failover" on regions/FROM) and nothing else.
+FAILOVER_ROLE = "region-failover"
+FAILOVER_ACTIONS: tuple[tuple[Action, str], ...] = (
+    *((Action(verb, "regionfailovers"), "") for verb in ("get", "list", "watch", "create")),
+    *((Action(verb, "regionfailovers"), "") for verb in ("update", "patch", "delete")),
+    (Action("update", "regionfailovers", subresource="status"), ""),
+    (Action("failover", "regions"), "eu-west"),
+    (Action("failover", "agentruns"), ""),
+    (Action("get", "agentruns"), ""),
+)
+FAILOVER_ALLOWS = {"`get` regionfailovers", "`list` regionfailovers", "`watch` regionfailovers"} | {
+    "`create` regionfailovers",
+    "`failover` regions",
+}
+
+
+def allows_cluster_wide(kube: KubeEnv, who: str, action: Action, name: str) -> bool:
+    attributes = {"verb": action.verb, "group": action.group, "resource": action.resource}
+    review = {
+        "apiVersion": "authorization.k8s.io/v1",
+        "kind": "SubjectAccessReview",
+        "spec": {
+            "user": who,
+            "groups": ["system:authenticated"],
+            "resourceAttributes": {**attributes, "subresource": action.subresource, "name": name},
+        },
+    }
+    return bool(client.AuthorizationV1Api(kube.api).create_subject_access_review(review).status.allowed)
+
+
+def test_the_region_failover_role_allows_asking_for_failovers_only(kube: KubeEnv, namespace: str) -> None:
+    role = yaml.safe_load(USER_ROLES.read_text())["clusterRoles"][FAILOVER_ROLE]
+    assert role["aggregateTo"] == []  # a separate duty: in no built-in role
+    name, who = f"{namespace}-{CHART}-{FAILOVER_ROLE}", f"user-{FAILOVER_ROLE}"
+    rbac = client.RbacAuthorizationV1Api(kube.api)
+    rbac.create_cluster_role({"metadata": {"name": name}, "rules": role["rules"]})
+    body = {**binding(name, name, who), "metadata": {"name": name}}
+    rbac.create_cluster_role_binding(body)
+    try:
+        eventually(
+            lambda: allows_cluster_wide(kube, who, Action("create", "regionfailovers"), ""),
+            Within.COMMIT,
+            "the ClusterRoleBinding to be in effect",
+        )
+        answers = {a.label for a, n in FAILOVER_ACTIONS if allows_cluster_wide(kube, who, a, n)}
+        assert answers == FAILOVER_ALLOWS
+    finally:
+        rbac.delete_cluster_role_binding(name)
+        rbac.delete_cluster_role(name)
+
+
 def test_the_readme_table_is_the_matrix() -> None:
     assert readme_table() in README.read_text(), "paste the output of `python e2e/test_user_roles.py`"
 

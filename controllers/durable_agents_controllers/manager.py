@@ -10,6 +10,7 @@ import kopf
 from prometheus_client import start_http_server
 
 from durable_agents.shell.dispatcher import Dispatcher, DispatcherConfig
+from durable_agents.shell.failover import Failovers
 from durable_agents.shell.faults import install_faults
 from durable_agents.shell.kube import Kube, load_api_client
 from durable_agents.shell.reflector import RunReflector
@@ -28,6 +29,7 @@ class Manager:
         self._dispatcher: Dispatcher | None = None
         self._reflector: RunReflector | None = None
         self._resealer: Resealer | None = None
+        self._failovers: Failovers | None = None
         # Run at start-up, in order, before the worker starts (the admission webhook's set-up).
         self.start_hooks: list[Callable[[kopf.OperatorSettings], Awaitable[None]]] = []
 
@@ -102,9 +104,23 @@ class Manager:
                     timeout=config.dispatch_timeout,
                     keyring=config.keyring,
                     all_events=config.all_events,
+                    region=config.region,
                 ),
             )
             self._dispatcher.start()
+        # Explicit region failovers to this region: carried out by the region's leader only.
+        if config.workers > 0:
+            worker = self._worker
+            self._failovers = Failovers(
+                self.kube,
+                worker.region,
+                config.keyring,
+                settings_for=worker.settings_for,
+                region_of=worker.region_of,
+                dispatcher=lambda: self._dispatcher,
+                adopted=worker.enqueue,
+            )
+            self._failovers.start()
         # Key rotation: runs still on an older key are re-sealed under the active one, gently.
         self._resealer = Resealer(
             self.kube,
@@ -120,6 +136,9 @@ class Manager:
         log.info("durable-agents worker %s started (lease %ss)", config.identity, config.lease_duration)
 
     async def stop(self, **_: object) -> None:
+        if self._failovers is not None:
+            await self._failovers.stop()
+            self._failovers = None
         if self._resealer is not None:
             await self._resealer.stop()
             self._resealer = None

@@ -1,5 +1,6 @@
 """The admission webhook served by the operator: identity and stamps, append-only requests, and
-the authority of every request (the rules: :mod:`durable_agents.shell.admission`).
+the authority of every request (the rules: :mod:`durable_agents.shell.admission`; for
+RegionFailovers, :mod:`durable_agents.shell.failover_admission`).
 
 Registered only when the configuration gives it a port. It runs in the operator's process and
 stamps with the operator's keyring, which is what the engine verifies. The operator makes its own
@@ -22,10 +23,10 @@ import aiohttp.web
 import kopf
 from pydantic import ValidationError
 
-from durable_agents.api.v1alpha1 import AgentRunSpec, Identity
+from durable_agents.api.v1alpha1 import FAILOVER_PLURAL, AgentRunSpec, Identity
 from durable_agents.core.retention import FINALIZER
 from durable_agents.core.sealing import Keyring
-from durable_agents.shell import admission, limits
+from durable_agents.shell import admission, failover_admission, limits
 from durable_agents.shell.certs import generate_ca, issue_serving_cert
 from durable_agents.shell.kube import GROUP, VERSION
 from durable_agents.shell.sealing_admission import SealingRefused, sealing_changes
@@ -148,6 +149,28 @@ def register(registry: kopf.OperatorRegistry, manager: Manager) -> None:
         previous = dict(old) if old is not None else None
         return await admission.check_update(manager.kube, new, previous, user, policy, keyring)
 
+    async def stamp_failover(
+        body: kopf.Body, userinfo: kopf.UserInfo, patch: kopf.Patch, **kwargs: Any
+    ) -> None:
+        user = admission.identity_of(dict(userinfo))
+        stamped = failover_admission.failover_stamps(
+            str(kwargs.get("operation")), dict(body), user, datetime.now(UTC), manager.config.keyring
+        )
+        for field, value in stamped.items():
+            patch.spec[field] = value
+
+    async def check_failover(body: kopf.Body, userinfo: kopf.UserInfo, **kwargs: Any) -> None:
+        operation, old = str(kwargs.get("operation")), kwargs.get("old")
+        user, keyring = admission.identity_of(dict(userinfo)), manager.config.keyring
+        try:
+            reason = await failover_admission.check_failover(
+                manager.kube, operation, dict(body), dict(old) if old is not None else None, user, keyring
+            )
+        except ValidationError as err:
+            raise kopf.AdmissionError(invalid_spec(err), code=422) from err
+        if reason is not None:
+            raise kopf.AdmissionError(reason, code=403)
+
     manager.start_hooks.append(serve)
     kopf.on.mutate(
         GROUP,
@@ -165,6 +188,13 @@ def register(registry: kopf.OperatorRegistry, manager: Manager) -> None:
         operations=["CREATE", "UPDATE"],
         registry=registry,
     )(check_approvals)
+    for path, handler, decorator in (
+        (failover_admission.MUTATE_FAILOVER_PATH, stamp_failover, kopf.on.mutate),
+        (failover_admission.VALIDATE_FAILOVER_PATH, check_failover, kopf.on.validate),
+    ):
+        decorator(
+            GROUP, VERSION, FAILOVER_PLURAL, id=path, operations=["CREATE", "UPDATE"], registry=registry
+        )(handler)
 
 
 def configure(
@@ -229,14 +259,16 @@ class LimitedWebhookServer(kopf.WebhookServer):
             raise aiohttp.web.HTTPBadRequest(reason=f"not an admission review: {type(err).__name__}") from err
         payload = review.get("request") if isinstance(review, dict) else None
         resource = payload.get("resource") if isinstance(payload, dict) else None
-        if (
-            isinstance(payload, dict)
-            and isinstance(resource, dict)
-            and resource.get("resource") == "agentruns"
-        ):
+        plural = resource.get("resource") if isinstance(resource, dict) else None
+        if isinstance(payload, dict) and plural == "agentruns":
             refused = limits.refusal(payload.get("object"), str(payload.get("operation")))
             if refused is not None:
                 return aiohttp.web.json_response(_denial(review, refused))
+        if isinstance(payload, dict) and plural == FAILOVER_PLURAL:
+            try:  # the schema bounds a failover, but it is checked after the mutating webhook
+                limits.walk(payload.get("object"))
+            except limits.LimitExceeded as err:
+                return aiohttp.web.json_response(_denial(review, err))
         return await kopf.WebhookServer._serve(fn, request)
 
 

@@ -6,6 +6,7 @@
     kubectl agentrun retry   NAME [-n NS]     (a quarantined run, e.g. after an upgrade)
     kubectl agentrun status  NAME [-n NS] [--reveal]
     kubectl agentrun history NAME [-n NS]
+    kubectl agentrun region failover FROM --to TO [--reason TEXT] [--wait] [--timeout SECONDS]
 
 approve/reject read the pending approval request from the run's status and send the decision
 (request ID + digest) as a patch on spec.approvals. Who you are is decided by the API server, and
@@ -20,6 +21,9 @@ for each kind of request, on the run (agentruns/NAME), and a refusal names the m
 Creating a run needs verb "use" on the ServiceAccount it names (serviceaccounts/NAME, core group):
 the run acts as it. Requests are stamped by the webhook; the operator acts on nothing else, and
 a request once made cannot be changed or withdrawn.
+
+``region failover`` asks for the runs of region FROM to move to region TO (a RegionFailover; the
+webhook asks for verb "failover" on regions/FROM): :mod:`durable_agents.kubectl_region`.
 
 Questions, effect arguments, answers, events and effect outcomes are stored sealed; ``status``
 prints them as "(sealed)". ``status --reveal`` shows them to who may approve the run (the
@@ -39,6 +43,7 @@ from typing import Any
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
+from durable_agents import kubectl_region
 from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents.core.disclosure import DisclosureError, new_reader_key, open_as_reader
 from durable_agents.core.sealed_values import is_sealed
@@ -219,6 +224,9 @@ def history(run: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args_given = sys.argv[1:] if argv is None else argv
+    if args_given[:1] == ["region"]:  # cluster-wide, no run named: its own parser
+        return kubectl_region.main(args_given[1:])
     parser = argparse.ArgumentParser(prog="kubectl agentrun", description=__doc__.split("\n\n")[0])
     parser.add_argument("command", choices=["approve", "reject", "cancel", "retry", "status", "history"])
     parser.add_argument("name")
@@ -228,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reason", help="why (recorded with the decision or cancellation)")
     parser.add_argument("--scope", default="task", choices=["task", "children", "toolCall", "turn"])
     parser.add_argument("--reveal", action="store_true", help="status: show sealed values (approvers)")
-    args = parser.parse_args(argv)
+    args = parser.parse_args(args_given)
     api, default_ns = _api(args.kubeconfig, args.context)
     ns = args.namespace or default_ns
     try:

@@ -3,18 +3,25 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import pytest
+from tests.unit.builders import KEYRING, T0, apply, commit_of, new_run, step
 
 from durable_agents.api.v1alpha1 import AgentRunSpec
 from durable_agents.core.regions import (
     MAX_REGION_LENGTH,
     InvalidRegion,
     RegionOwnership,
+    owning_region,
+    region_fenced,
     region_lease_name,
     region_problem,
+    stamp_adoption,
     validate_region,
+    with_region_epoch,
 )
+from durable_agents.core.sealing import Keyring
 
 
 @pytest.mark.parametrize("name", ["default", "eu-west-1", "a", "0", "x" * MAX_REGION_LENGTH])
@@ -76,3 +83,71 @@ def test_an_ownership_is_well_formed() -> None:
         RegionOwnership("eu", -1)
     with pytest.raises(InvalidRegion):
         RegionOwnership("Not A Label", 1)
+
+
+# --- which region owns a run --------------------------------------------------------------------
+
+
+OTHER = Keyring(keys={"k9": bytes(range(1, 33))}, active_key_id="k9")
+
+
+def adopted(
+    region: str = "west", source: str = "east", failover: str = "fo-1", run_id: str = "r1"
+) -> dict[str, Any]:
+    return {
+        "region": region,
+        "regionEpoch": 4,
+        "adoptedFrom": source,
+        "failover": failover,
+        "stamp": stamp_adoption(KEYRING, run_id, region, source, failover),
+    }
+
+
+def test_a_run_is_owned_by_its_home_region_until_a_stamped_adoption() -> None:
+    assert owning_region("east", None, "r1", KEYRING) == "east"
+    assert owning_region(None, None, "r1", KEYRING) == "default"
+    # A commit's plain record (region and epoch) moves nothing: only an adoption does.
+    assert owning_region("east", {"region": "west", "regionEpoch": 9}, "r1", KEYRING) == "east"
+    assert owning_region("east", adopted(), "r1", KEYRING) == "west"
+
+
+@pytest.mark.parametrize(
+    ("ownership", "run_id", "keyring"),
+    [
+        ({**adopted(), "region": "north"}, "r1", KEYRING),  # the region rewritten after the stamp
+        ({**adopted(), "failover": "fo-2"}, "r1", KEYRING),  # another failover's name
+        ({**adopted(), "adoptedFrom": "south"}, "r1", KEYRING),
+        (adopted(), "r2", KEYRING),  # the stamp of another run, copied
+        (adopted(), "r1", OTHER),  # a stamp this operator's keys did not make
+        (adopted(), "r1", None),
+        ({**adopted(), "stamp": None}, "r1", KEYRING),
+    ],
+)
+def test_an_adoption_whose_stamp_does_not_verify_leaves_the_run_home(
+    ownership: dict[str, Any], run_id: str, keyring: Keyring | None
+) -> None:
+    assert owning_region("east", ownership, run_id, keyring) == "east"
+
+
+def test_a_later_region_epoch_fences_an_earlier_owner_of_the_same_region_only() -> None:
+    recorded = {"region": "west", "regionEpoch": 5}
+    assert region_fenced(recorded, "west", 4) is not None
+    assert region_fenced(recorded, "west", 5) is None
+    assert region_fenced(recorded, "west", 6) is None
+    assert region_fenced(recorded, "east", 1) is None  # another region's epoch is not ours to compare
+    assert region_fenced(None, "west", 0) is None
+
+
+def test_a_commit_records_its_region_epoch_and_keeps_the_adoption() -> None:
+    kept = with_region_epoch(adopted(), "west", 7)
+    assert kept == {**adopted(), "regionEpoch": 7}
+    assert owning_region("east", kept, "r1", KEYRING) == "west"
+    # Committed by another region (a failover back): the old adoption is not carried over.
+    assert with_region_epoch(adopted(), "east", 2) == {"region": "east", "regionEpoch": 2}
+
+
+def test_the_engine_keeps_the_ownership_through_a_transition() -> None:
+    run = new_run(steps=[{"name": "done", "complete": {"result": "ok"}}])
+    run["status"] = {"ownership": adopted()}
+    after = apply(run, commit_of(step(run, T0)))
+    assert after["status"]["ownership"] == adopted()

@@ -13,7 +13,9 @@ request whose stamp verifies:
 - a cancellation or a quarantine retry (``Purpose.CONTROL``): run ID, request ID (the retry's
   token), scope and reason, who asked, when;
 - the run's ServiceAccount (``Purpose.SERVICE_ACCOUNT``, in ``spec.createdBy.stamp``): namespace,
-  run name, ServiceAccount, creator: the creator was allowed to ``use`` it.
+  run name, ServiceAccount, creator: the creator was allowed to ``use`` it;
+- a region failover (``Purpose.CONTROL``, in a RegionFailover's ``spec.stamp``): the object's name,
+  from, to, reason, who asked, when: they were allowed to ``failover`` the region ``from``.
 
 The run ID is ``status.runId`` (the uid until the first commit), so a stamp copied into another
 run does not verify, and a run restored from a backup keeps its stamps. Times are stamped in one
@@ -34,6 +36,7 @@ from durable_agents.api.v1alpha1 import (
     CancelRequest,
     ControlRequest,
     Identity,
+    RegionFailoverSpec,
 )
 from durable_agents.core.sealing import Keyring
 from durable_agents.core.stamps import Purpose, stamp, stamp_key_id, verify
@@ -104,6 +107,21 @@ def service_account_proof(
     }
 
 
+def failover_proof(name: str, spec: RegionFailoverSpec) -> dict[str, Any] | None:
+    """What a RegionFailover's stamp covers; None while it names nobody who asked, or no time."""
+    if spec.requested_by is None or spec.requested_at is None:
+        return None
+    return {
+        "kind": "RegionFailover",  # the purpose is shared with runs' controls: never one of theirs
+        "name": name,
+        "from": spec.from_region,
+        "to": spec.to,
+        "reason": spec.reason or "",
+        "requestedBy": _who(spec.requested_by),
+        "requestedAt": instant(spec.requested_at),
+    }
+
+
 def _stamped(keyring: Keyring, purpose: Purpose, proof: Mapping[str, Any] | None, what: str) -> str:
     if proof is None:
         raise ValueError(f"{what} names nobody to stamp")
@@ -121,6 +139,11 @@ def stamp_cancellation(keyring: Keyring, run_id: str, request_id: str, request: 
 
 def stamp_retry(keyring: Keyring, run_id: str, token: str, request: ControlRequest) -> str:
     return _stamped(keyring, Purpose.CONTROL, retry_proof(run_id, token, request), "a retry")
+
+
+def stamp_failover(keyring: Keyring, name: str, spec: RegionFailoverSpec) -> str:
+    """The stamp for RegionFailover ``name`` with this spec (its requestedBy and requestedAt set)."""
+    return _stamped(keyring, Purpose.CONTROL, failover_proof(name, spec), "a region failover")
 
 
 def stamp_creator(
@@ -217,3 +240,23 @@ def service_account_unproven(
         return None
     who = f" by {creator.username!r}" if creator is not None else ""
     return Unproven(found.reason, f"{found.message}; no proof that its creator{who} may use it")
+
+
+NO_KEYRING = "NoKeyring"
+
+
+def failover_unproven(keyring: Keyring | None, name: str, spec: RegionFailoverSpec) -> Unproven | None:
+    """Why RegionFailover ``name`` is not proven to be what the admission webhook admitted, or None.
+
+    Unlike a run's requests, a failover is never taken on trust without a keyring: moving a
+    region's runs on an unverifiable request could apply their effects twice.
+    """
+    if keyring is None:
+        return Unproven(NO_KEYRING, "this operator has no keyring: it cannot verify a failover's stamp")
+    what = f"region failover {name!r}"
+    return unproven(keyring, Purpose.CONTROL, failover_proof(name, spec), spec.stamp, what)
+
+
+def failover_verifies(keyring: Keyring | None, name: str, spec: RegionFailoverSpec) -> bool:
+    """True only if ``spec.stamp`` is this keyring's stamp over ``name`` and this spec."""
+    return failover_unproven(keyring, name, spec) is None

@@ -9,9 +9,13 @@ current one and is fenced out of commits.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from durable_agents.api.v1alpha1 import NAME_PATTERN
+from durable_agents.core.sealing import Keyring
+from durable_agents.core.stamps import Purpose, stamp, verify
 
 MAX_REGION_LENGTH = 63  # a DNS label: it is also a label value and part of the Lease's name
 DEFAULT_REGION = "default"
@@ -69,3 +73,57 @@ class RegionOwnership:
         """True when ``other`` is a former owner of the same region (a lower epoch): its commits
         must be refused. Another region's ownership is never fenced by this one."""
         return other.region == self.region and other.epoch < self.epoch
+
+
+# --- which region owns a run -----------------------------------------------------------------
+
+
+def adoption_payload(run_id: str, region: str, adopted_from: str, failover: str) -> dict[str, Any]:
+    """What an adoption's stamp covers: the run (its stable run ID), the region that adopted it,
+    the region it came from and the failover that moved it (never the epoch, which each commit
+    of the owning region moves on)."""
+    return {
+        "kind": "RegionOwnership",
+        "runId": run_id,
+        "region": region,
+        "adoptedFrom": adopted_from,
+        "failover": failover,
+    }
+
+
+def stamp_adoption(keyring: Keyring, run_id: str, region: str, adopted_from: str, failover: str) -> str:
+    return stamp(keyring, Purpose.CONTROL, adoption_payload(run_id, region, adopted_from, failover))
+
+
+def owning_region(
+    home: str | None, ownership: Mapping[str, Any] | None, run_id: str, keyring: Keyring | None
+) -> str:
+    """The region that owns a run now: the one that adopted it by a failover, when the adoption's
+    stamp verifies; else its home region. Every deployment computes the same answer from the same
+    record, so a run is never owned by two regions (nor by none)."""
+    home_region = home or DEFAULT_REGION
+    if not ownership or not ownership.get("adoptedFrom"):
+        return home_region
+    region, failover = ownership.get("region"), ownership.get("failover")
+    if not isinstance(region, str) or not isinstance(failover, str):
+        return home_region
+    payload = adoption_payload(run_id, region, str(ownership["adoptedFrom"]), failover)
+    return region if verify(keyring, Purpose.CONTROL, payload, ownership.get("stamp")) else home_region
+
+
+def region_fenced(ownership: Mapping[str, Any] | None, region: str, epoch: int) -> str | None:
+    """Why a process of ``region`` at region epoch ``epoch`` must not commit this run (None: it
+    may): a later owner of the region (a higher region epoch) has committed it since."""
+    if not ownership or ownership.get("region") != region:
+        return None
+    recorded = ownership.get("regionEpoch")
+    if isinstance(recorded, int) and recorded > epoch:
+        return f"region {region} epoch {recorded} committed it, this process knows epoch {epoch}"
+    return None
+
+
+def with_region_epoch(ownership: Mapping[str, Any] | None, region: str, epoch: int) -> dict[str, Any]:
+    """The ownership a commit of ``region`` at ``epoch`` records: an adoption's stamped fields
+    are kept as they are (the run stays adopted); the epoch is this commit's."""
+    kept = dict(ownership) if ownership and ownership.get("region") == region else {}
+    return {**kept, "region": region, "regionEpoch": epoch}

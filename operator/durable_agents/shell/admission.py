@@ -20,7 +20,8 @@ Each rule is a small unit (as cert-manager's admission plugins are); the webhook
   decisions) and honouring four-eyes.
 
 The webhook configurations are ours (not kopf-managed): failurePolicy Fail, scoped by namespace
-when the operator watches one, pointing at the operator's own TLS endpoint on loopback.
+when the operator watches one, pointing at the operator's own TLS endpoint on loopback. They also
+cover RegionFailovers (cluster-scoped; rules: :mod:`durable_agents.shell.failover_admission`).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from kubernetes.client.rest import ApiException
 from pydantic import BaseModel, ValidationError
 
 from durable_agents.api.v1alpha1 import (
+    FAILOVER_PLURAL,
     GROUP,
     VERSION,
     AgentPolicySpec,
@@ -62,6 +64,9 @@ from durable_agents.shell.kube import Kube, service_account_user
 
 MUTATE_PATH = "stamp-identity"
 VALIDATE_PATH = "check-approvals"
+# RegionFailovers: the same webhook, its own rules (durable_agents.shell.failover_admission).
+MUTATE_FAILOVER_PATH = "stamp-failover"
+VALIDATE_FAILOVER_PATH = "check-failover"
 
 # Requests to a live run, keyed by request ID: append-only.
 REQUEST_MAPS = ("answers", "events", "approvals", "cancellations")
@@ -428,11 +433,33 @@ def webhook_configurations(
             "matchPolicy": "Equivalent",
         }
 
+    def failover(path: str, suffix: str) -> dict[str, Any]:
+        # A cluster-scoped object is never skipped by a namespaceSelector: the webhook of an
+        # operator that watches one namespace would, once that operator is gone, refuse every
+        # failover in the cluster. So only a cluster-wide operator fails closed; for the others a
+        # failover admitted while no webhook answers carries no stamp, and is refused by the
+        # operator that would act on it.
+        return {
+            **hook(path, suffix),
+            "name": f"{suffix}.{FAILOVER_PLURAL}.{GROUP}",
+            "rules": [
+                {
+                    "apiGroups": [GROUP],
+                    "apiVersions": [VERSION],
+                    "resources": [FAILOVER_PLURAL],
+                    "operations": ["CREATE", "UPDATE"],
+                    "scope": "Cluster",
+                }
+            ],
+            "namespaceSelector": {},
+            "failurePolicy": "Ignore" if namespace else "Fail",
+        }
+
     mutating = {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "MutatingWebhookConfiguration",
         "metadata": {"name": name},
-        "webhooks": [hook(MUTATE_PATH, "stamp")],
+        "webhooks": [hook(MUTATE_PATH, "stamp"), failover(MUTATE_FAILOVER_PATH, "stamp")],
     }
     # Keyring Secrets (labelled): a key still in use is never removed (durable_agents.shell.keyguard).
     from durable_agents.shell.keyguard import KEYGUARD_PATH, KEYRING_LABEL
@@ -455,7 +482,7 @@ def webhook_configurations(
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingWebhookConfiguration",
         "metadata": {"name": name},
-        "webhooks": [hook(VALIDATE_PATH, "approve"), keyring],
+        "webhooks": [hook(VALIDATE_PATH, "approve"), keyring, failover(VALIDATE_FAILOVER_PATH, "failover")],
     }
     return mutating, validating
 

@@ -52,6 +52,7 @@ from durable_agents.core.ledger import (
     next_dispatch_step,
     query_backoff,
 )
+from durable_agents.core.regions import DEFAULT_REGION, owning_region
 from durable_agents.core.sealed_values import DataKey
 from durable_agents.core.sealing import Keyring
 from durable_agents.shell import metrics
@@ -85,6 +86,7 @@ A = ActionState
 SEND_MARGIN = 0.5
 """Seconds of claim, beyond a whole dispatch timeout, that must remain when a request is sent."""
 UNVERIFIED_RECHECK = timedelta(seconds=30)
+FOREIGN_RECHECK = timedelta(seconds=30)  # another region's intent: looked at again after this
 """How soon an intent held back (its run's checkpoint could not be verified) is looked at again."""
 NOT_IN_CHECKPOINT = "NotInCheckpoint"
 
@@ -97,6 +99,7 @@ class DispatcherConfig:
     # Verifies run checkpoints' integrity stamps; the operator always has one (None: tests only).
     keyring: Keyring | None = field(default=None, repr=False)
     all_events: bool = False  # also the routine Dispatched / Succeeded Events (each an API write)
+    region: str = DEFAULT_REGION  # only the intents of runs this region owns are sent from here
 
     @property
     def claim_ttl(self) -> timedelta:
@@ -175,6 +178,28 @@ class Dispatcher:
                 log.info("%s/%s moved on meanwhile (409); reading it again", *key)
                 body = await self.store.get(*key)  # someone else moved it: decide again
 
+    async def reconcile(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Settle a record by asking its authoritative system now, whichever region owns its run: a
+        claim that expired is given up (its sender is gone) and an unknown outcome is queried. For
+        a failover's checks; the record as it stands after (sent again only if its run is ours)."""
+        key = self._key(body)
+        for _ in range(3):
+            status = ActionRecordStatus.model_validate(body.get("status") or {})
+            step = next_dispatch_step(status, datetime.now(UTC))
+            try:
+                if isinstance(step, GiveUpClaim):
+                    message = f"{status.claimed_by} did not record an answer in time"
+                    body = await self._write(
+                        body, status, A.OUTCOME_UNKNOWN, reason="ClaimExpired", message=message
+                    )
+                    continue
+                if isinstance(step, Query):
+                    await self._query(body, status)
+                return await self.store.get(*key)
+            except Conflict:
+                body = await self.store.get(*key)
+        return body
+
     def _track_unknown(self, key: ObjectKey, status: ActionRecordStatus) -> None:
         if status.state is A.OUTCOME_UNKNOWN:
             self._unknown.add(key)
@@ -190,6 +215,14 @@ class Dispatcher:
     ) -> dict[str, Any] | None:
         spec = ActionRecordSpec.model_validate(body["spec"])
         verdict, run_body = await self._verdict(body, spec)
+        if run_body is not None and self._other_region(run_body) is not None:
+            # Another region owns the run (its home, or a failover's): its dispatchers send this.
+            log.debug(
+                "%s/%s: run owned by region %s; not ours", *self._key(body), self._other_region(run_body)
+            )
+            # Looked at again now and then: a failover to our region may hand it to us.
+            self.queue.wake_at(self._key(body), datetime.now(UTC) + FOREIGN_RECHECK)
+            return None
         if isinstance(verdict, Refused):
             return await self._refuse(body, status, spec, verdict.message)
         if isinstance(verdict, Unverified):
@@ -264,6 +297,13 @@ class Dispatcher:
             warning=True,
         )
         return out
+
+    def _other_region(self, run_body: dict[str, Any]) -> str | None:
+        """The region that owns the run, when it is not ours (None when it is)."""
+        spec, status = run_body.get("spec") or {}, run_body.get("status") or {}
+        run_id = status.get("runId") or (run_body.get("metadata") or {}).get("uid") or ""
+        owner = owning_region(spec.get("region"), status.get("ownership"), run_id, self.config.keyring)
+        return None if owner == self.config.region else owner
 
     async def _verdict(
         self, body: dict[str, Any], spec: ActionRecordSpec

@@ -77,3 +77,8 @@ INTERNAL_ERRORS = Counter(
     "Exceptions in a run's unit of work (retried with backoff, then the run quarantined InternalError)",
     ["stage"],
 )
+REGION_ADOPTIONS = Counter(
+    "durable_agents_region_adoptions_total",
+    "Runs adopted by an explicit region failover, by source and target region",
+    ["source", "target"],
+)

@@ -38,6 +38,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 from prometheus_client import Counter
 
+from durable_agents.core.regions import region_lease_name
 from durable_agents.shell import metrics
 from durable_agents.shell.kube import Kube
 from durable_agents.shell.leases import MERGE_PATCH, LeaseRecord
@@ -136,6 +137,16 @@ class _Seen:
     labels: dict[str, str]
 
 
+@dataclass(frozen=True)
+class RegionView:
+    """The region's leader-election Lease as this replica last saw it: its holder, the region
+    epoch (``leaseTransitions``) and whether a holder was live then (not expired, not released)."""
+
+    holder: str
+    epoch: int
+    live: bool
+
+
 Drain = Callable[[int], Awaitable[None]]
 
 
@@ -164,6 +175,7 @@ class ShardLeases:
         # How often the Leases are listed: a released shard is taken within one poll.
         self.interval = max(0.1, min(1.0, duration_seconds / 8))
         self.members: tuple[str, ...] = ()  # live members at the last poll, self included
+        self.region_view: RegionView | None = None  # the region Lease at the last poll
         self.foreign: dict[int, str] = {}  # shard -> uid of the foreign Lease under its name
         self.writes: collections.Counter[str] = collections.Counter()  # this replica's, by verb
         self.task: asyncio.Task[None] | None = None
@@ -257,6 +269,7 @@ class ShardLeases:
         started = time.monotonic()
         await self._keep_member(seen.get(member_lease_name(self.region, self.identity)), renew)
         self.members = self._live_members(seen, now)
+        self.region_view = self._region_view(seen.get(region_lease_name(self.region)), now)
         owners = assignment(self.shards, self.members)
         work: list[Awaitable[Any]] = []
         for i in range(self.shards):
@@ -284,6 +297,13 @@ class ShardLeases:
             lease.metadata.name: _Seen(LeaseRecord.parse(lease), dict(lease.metadata.labels or {}))
             for lease in leases.items
         }
+
+    def _region_view(self, seen: _Seen | None, now: datetime) -> RegionView | None:
+        if seen is None or seen.labels.get(KIND_LABEL) != "region":
+            return None  # none yet, or someone else's object under its name: no leader
+        record = seen.record
+        live = bool(record.holder) and not record.released and not record.expired(now)
+        return RegionView(record.holder, record.transitions, live)
 
     def _live_members(self, seen: dict[str, _Seen], now: datetime) -> tuple[str, ...]:
         live = {

@@ -54,7 +54,7 @@ from durable_agents.core.engine import (
 )
 from durable_agents.core.engine.quarantine import INTERNAL_ERROR, internal_error
 from durable_agents.core.planner import Planner
-from durable_agents.core.regions import DEFAULT_REGION
+from durable_agents.core.regions import DEFAULT_REGION, owning_region, region_fenced, with_region_epoch
 from durable_agents.core.sealing import Keyring
 from durable_agents.shell import metrics
 from durable_agents.shell.actions import ActionStore
@@ -69,6 +69,7 @@ from durable_agents.shell.memory import release_memory
 from durable_agents.shell.ownership import Right, RunOwnership
 from durable_agents.shell.plugins import load_effects, load_planners
 from durable_agents.shell.policies import PolicyCache
+from durable_agents.shell.regions import RegionElector
 from durable_agents.shell.reporting import CommitReporter
 from durable_agents.shell.shards import ShardChange, ShardLeases
 from durable_agents.shell.store import Conflict, Gone, RunStore
@@ -145,6 +146,16 @@ class RunWorker:
             on_change=self._shard_changed,
         )
         self.ownership = RunOwnership(self.shard_leases, self.identity)
+        # The region's leader election: its holder runs the region's failovers, and its epoch is
+        # the region epoch every commit of the region carries.
+        self.region = RegionElector(
+            kube,
+            self.identity,
+            self.config.region,
+            self.config.lease_namespace,
+            self.config.lease_duration,
+            on_change=lambda _hold: self.shard_leases.poke(),
+        )
         self.legacy_leases = RunLeases(kube, self.identity)  # read only: earlier releases' per-run Leases
         self.reader = EvidenceReader(kube)
         self.reporter = CommitReporter(self.events, all_events=self.config.all_events)
@@ -204,6 +215,7 @@ class RunWorker:
     def start(self) -> None:
         self.queue.start()
         if self.config.concurrency > 0:  # a webhook- or dispatcher-only process holds no shard
+            self._tasks.append(asyncio.create_task(self.region.start(), name="region-elector-start"))
             self._tasks.append(asyncio.create_task(self._join(), name="shard-leases-join"))
         self._tasks.append(asyncio.create_task(self._trim_loop(), name="memory-trimmer"))
 
@@ -221,6 +233,7 @@ class RunWorker:
         await cancel_all(self._tasks)
         if self.shard_leases.task is not None:
             await self.shard_leases.stop()  # its shards go to the other replicas at once
+        await self.region.stop()  # released: another replica leads the region at once
 
     async def _join(self) -> None:
         """Join the region's replicas (member Lease, our share of the shards), retrying on errors."""
@@ -302,9 +315,13 @@ class RunWorker:
         epoch = right.epoch
         commit = internal_error(snap, now, epoch, where, f"{error} ({attempts} attempts)")
         if commit is not None:
-            written = await self.batches.write(
-                key, body, commit.wire_status(), [(snap.state, commit)], quarantine=True
-            )
+            status = commit.wire_status()
+            view = self.shard_leases.region_view
+            if view is not None and view.live:  # a quarantine is recorded even without a leader
+                status["ownership"] = with_region_epoch(
+                    status.get("ownership"), self.config.region, view.epoch
+                )
+            written = await self.batches.write(key, body, status, [(snap.state, commit)], quarantine=True)
             if written is None:
                 raise Conflict(f"{key}: the run moved while it was being quarantined")  # retried
             body = written
@@ -327,8 +344,8 @@ class RunWorker:
                 return
         self.versions[key] = max(self.versions.get(key, 0), _state_version(body))
         snap = RunSnapshot.from_object(body)
-        if (snap.spec.region or DEFAULT_REGION) != self.config.region:
-            return  # another region's run: only the deployment serving its region advances it
+        if self.region_of(snap) != self.config.region:
+            return  # another region's run: only the deployment owning its region advances it
         right = self.ownership.right(key, _recorded(snap))
         if right is None:
             return  # another replica's shard (or not yet ours): we are told when we take it
@@ -382,14 +399,19 @@ class RunWorker:
             self._recheck(key, legacy)
             return
         self.failures.at(key, "lease")
+        if self._region_epoch(key, snap) is None:
+            return
         if not await self.ownership.keep(right, self._margin):
             return  # the shard was taken from us (we were paused): its new holder goes on
         if self.ownership.needs_fence(key, right):
             # The shard's former holder may be a zombie with a commit in flight: fence the run.
             status = fence(snap, right.epoch, now=now, settings=settings)
-            if status is not None:
+            stamped = self._region_stamped(key, status) if status is not None else None
+            if status is not None and stamped is None:
+                return  # looked at again once the region has a leader
+            if stamped is not None:
                 try:
-                    body = await self.store.commit_status(body, status)
+                    body = await self.store.commit_status(body, stamped)
                 except Conflict:
                     self.enqueue(key)  # reload and decide again
                     return
@@ -401,6 +423,40 @@ class RunWorker:
             self.ownership.forget(key)
         except Gone:
             self.ownership.forget(key)
+
+    # --- region ownership -----------------------------------------------------------------
+
+    def region_of(self, snap: RunSnapshot) -> str:
+        """The region that owns the run: its home region, or the one a stamped failover moved it to."""
+        raw = snap.status.ownership.wire() if snap.status.ownership is not None else None
+        return owning_region(snap.spec.region, raw, snap.status.run_id or snap.uid, self.config.keyring)
+
+    def _region_epoch(self, key: ObjectKey, snap: RunSnapshot) -> int | None:
+        """The region epoch this process commits the run under, or None (and a look again later)
+        when the region has no live leader as last seen, or a later leader already committed it."""
+        view = self.shard_leases.region_view
+        if view is None or not view.live:
+            self._recheck(key, datetime.now(UTC) + timedelta(seconds=self.shard_leases.interval))
+            return None
+        raw = snap.status.ownership.wire() if snap.status.ownership is not None else None
+        fenced = region_fenced(raw, self.config.region, view.epoch)
+        if fenced is not None:
+            log.warning("run %s/%s not advanced: %s", *key, fenced)
+            self.shard_leases.poke()
+            self._recheck(key, datetime.now(UTC) + timedelta(seconds=self.shard_leases.interval))
+            return None
+        return view.epoch
+
+    def _region_stamped(self, key: ObjectKey, status: dict[str, Any]) -> dict[str, Any] | None:
+        """``status`` carrying this commit's region epoch (the fencing token one level up), or
+        None when the region has no live leader as last seen (not committed: looked at again)."""
+        view = self.shard_leases.region_view
+        if view is None or not view.live:
+            log.info("run %s/%s not committed: region %s has no live leader", *key, self.config.region)
+            self._recheck(key, datetime.now(UTC) + timedelta(seconds=self.shard_leases.interval))
+            return None
+        ownership = with_region_epoch(status.get("ownership"), self.config.region, view.epoch)
+        return {**status, "ownership": ownership}
 
     async def _policy_known(self, namespace: str, name: str) -> bool:
         if self.policies.get((namespace, name)) is not None:
@@ -495,7 +551,10 @@ class RunWorker:
     ) -> dict[str, Any] | None:
         if not await self.ownership.keep(right, self._margin):
             raise Lost(f"{key}: shard {right.hold.shard} lost before commit")
-        out = await self.batches.write(key, written, body["status"], batch)
+        stamped = self._region_stamped(key, body["status"])
+        if stamped is None:
+            return None  # not committed; the caller's next look waits for the region's leader
+        out = await self.batches.write(key, written, stamped, batch)
         if out is not None:
             self.ownership.wrote(key, right)
         return out

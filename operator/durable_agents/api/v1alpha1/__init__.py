@@ -1,9 +1,10 @@
 """The API types of group ``durable-agents.io``, version ``v1alpha1``: the one source of truth.
 
-AgentRun, ActionRecord, AgentPolicy and AgentRunRecord are defined here once, as pydantic models. The CRD YAML
-under ``crds/`` is generated from these models (see :mod:`durable_agents.api.crdgen`), so API
-server validation (OpenAPI + CEL) and operator-side parsing can never disagree. Constraints the
-API server can enforce alone (enums, bounds, immutability) are declared here as schema extras.
+AgentRun, ActionRecord, AgentPolicy, AgentRunRecord and RegionFailover are defined here once, as
+pydantic models. The CRD YAML under ``crds/`` is generated from these models (see
+:mod:`durable_agents.api.crdgen`), so API server validation (OpenAPI + CEL) and operator-side
+parsing can never disagree. Constraints the API server can enforce alone (enums, bounds,
+immutability) are declared here as schema extras.
 
 The checkpoint is deliberately an open object at this layer: the API server must store a
 checkpoint written by a *newer* operator untouched, so that an older operator can quarantine it
@@ -15,5 +16,6 @@ from durable_agents.api.v1alpha1.actionrecord import *
 from durable_agents.api.v1alpha1.agentpolicy import *
 from durable_agents.api.v1alpha1.agentrun import *
 from durable_agents.api.v1alpha1.meta import *
+from durable_agents.api.v1alpha1.regionfailover import *
 from durable_agents.api.v1alpha1.runrecord import *
 from durable_agents.api.v1alpha1.states import *

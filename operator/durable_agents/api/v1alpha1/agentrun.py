@@ -446,6 +446,26 @@ class RefusedRequest(ApiModel):
 REFUSED_LIMIT = 64
 
 
+class OwningRegion(ApiModel):
+    """Which region owns the run now, and the region epoch its last commit carried (fencing).
+
+    A run is owned by its home region (``spec.region``) until an explicit failover adopts it into
+    another: then ``region``, ``adoptedFrom``, ``failover`` and ``adoptedAt`` are stamped by the
+    adopting operator (``stamp``); ownership without a stamp that verifies is ignored.
+    """
+
+    region: str = Field(max_length=63, pattern=NAME_PATTERN)
+    region_epoch: int = Field(
+        default=0, ge=0, description="The region Lease's leaseTransitions at the commit"
+    )
+    adopted_from: str | None = Field(default=None, max_length=63)
+    failover: str | None = Field(
+        default=None, max_length=253, description="The RegionFailover that adopted it"
+    )
+    adopted_at: datetime | None = None
+    stamp: str | None = Field(default=None, max_length=512)
+
+
 class AgentRunStatus(ApiModel):
     """The operator's authoritative record. Written only by the operator, one write per transition."""
 
@@ -478,6 +498,9 @@ class AgentRunStatus(ApiModel):
         default_factory=list,
         max_length=REFUSED_LIMIT,
         description="Requests the operator refused to act on (the newest, each once), and why.",
+    )
+    ownership: OwningRegion | None = Field(
+        default=None, description="The owning region and its epoch at the last commit (region fencing)."
     )
     checkpoint: dict[str, Any] | None = Field(
         default=None,

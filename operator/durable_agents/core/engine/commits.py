@@ -170,6 +170,7 @@ def status_after(
         cancellation=old.cancellation,
         quarantine_retried=old.quarantine_retried,
         refused_requests=old.refused_requests,
+        ownership=old.ownership,  # the owning region (an adoption's stamp) outlives every commit
     )
 
 
