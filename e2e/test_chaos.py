@@ -341,7 +341,9 @@ def test_crash_between_dispatch_and_outcome(lab: Lab) -> None:
         )
         lab.kill(victim)
         lab.count_fault(len(keys))
-        in_flight = [k for k in keys if record_state(lab.kube, ns, k) == "dispatching"]
+        # Applied, answer held: in flight, whether claimed (dispatching) or under the dispatching
+        # process's first claim (still intent: no claim write before the send).
+        in_flight = [k for k in keys if record_state(lab.kube, ns, k) in ("dispatching", "intent")]
         caught += len(in_flight)
         rescuer = lab.operator(ns, f"rescuer{r}", **FAST_DISPATCH)
         done = wait_ended(lab, ns, names)
@@ -810,7 +812,9 @@ def test_deployment_upgrade(lab: Lab, old_release: Release) -> None:
     for key in keys:
         ref.inject("slow", delay=30, match=key)
     # Its dispatch timeout (6 s) is the window in which it must die with the answers still held.
-    new = lab.operator(down, "new", DURABLE_AGENTS_DISPATCH_TIMEOUT="6")
+    # Claimed, not first-claimed: the old release knows claims only (a first claim in flight would
+    # wait for the upgrade back: the old release can neither claim it nor give it up).
+    new = lab.operator(down, "new", DURABLE_AGENTS_DISPATCH_TIMEOUT="6", DURABLE_AGENTS_FIRST_CLAIM="off")
     wait_ended(lab, down, asking, states=frozenset({"waiting_input"}))
     eventually(
         lambda: all(ref.applied(k) == 1 for k in keys),

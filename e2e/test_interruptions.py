@@ -355,7 +355,10 @@ def test_tool_call_scope_on_a_dispatched_call_reconciles_it_and_never_assumes_it
     name = runs.create(run_spec(pay(refsystem.url), DONE))
     running = runs.wait_state(name, "waiting_external")
     record_name = action_record_name(key(running, 0, "pay"))
-    eventually(lambda: record_state(runs, record_name) == "dispatching", Within.COMMIT, "dispatch")
+    # Applied, its answer held back: in flight (under the dispatcher's first claim, the record
+    # still says intent: a first-claimed intent is never canceled, it is reconciled).
+    eventually(lambda: refsystem.applied(key(running, 0, "pay")) == 1, Within.COMMIT, "dispatch")
+    assert record_state(runs, record_name) in ("dispatching", "intent")
     cancel(runs, name, "too-late", "toolCall")
     done = runs.wait_state(name, "completed")
     assert record(runs, record_name)["status"]["state"] == "succeeded"

@@ -376,7 +376,9 @@ def test_a_run_quarantined_with_its_effect_in_flight_is_released_and_applies_it_
 ) -> None:
     """Downgrade while the new operator waits on a dispatched effect, then upgrade again and retry."""
     refsystem.inject("slow", delay=60)
-    new = start_operator("new", LEASE, DURABLE_AGENTS_DISPATCH_TIMEOUT="3")
+    # Claimed, not first-claimed: the old release knows claims only (with a first claim in flight
+    # it could neither claim nor give it up: the record would wait for the upgrade back).
+    new = start_operator("new", LEASE, DURABLE_AGENTS_DISPATCH_TIMEOUT="3", DURABLE_AGENTS_FIRST_CLAIM="off")
     paying = runs.create(http_effect_run(refsystem.url), name="paying")
     key = idempotency_key(runs.get(paying)["metadata"]["uid"], 0, "pay")
 

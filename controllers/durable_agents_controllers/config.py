@@ -73,6 +73,11 @@ VARIABLES: tuple[Variable, ...] = (
     ),
     Variable("EVENTS", "notable", "`notable` or `all`: which transitions get a Kubernetes Event"),
     Variable("DISPATCHER", "on", "`on` or `off`: whether this process dispatches intents"),
+    Variable(
+        "FIRST_CLAIM",
+        "on",
+        "`on` or `off`: intents this process creates are sent by its own dispatcher without a claim write",
+    ),
     Variable("DISPATCH_TIMEOUT", "5", "seconds before a dispatch's answer is an unknown outcome"),
     Variable("METRICS_PORT", "(off)", "port of the Prometheus metrics endpoint"),
     Variable("LOG_LEVEL", "INFO", "`DEBUG`, `INFO`, `WARNING` or `ERROR`"),
@@ -128,6 +133,7 @@ class OperatorConfig:
     all_events: bool = False
     transitions_per_write: int = 16
     dispatcher: bool = True
+    first_claim: bool = True
     dispatch_timeout: float = 5.0
     metrics_port: int | None = None
     log_level: str = "INFO"
@@ -163,6 +169,7 @@ class OperatorConfig:
             all_events=read.choice("EVENTS", ("notable", "all"), "notable") == "all",
             transitions_per_write=read.number("TRANSITIONS_PER_WRITE", int, 16, minimum=1),
             dispatcher=read.choice("DISPATCHER", ("on", "off"), "on") == "on",
+            first_claim=read.choice("FIRST_CLAIM", ("on", "off"), "on") == "on",
             dispatch_timeout=read.number("DISPATCH_TIMEOUT", float, 5.0, minimum=0.1),
             metrics_port=read.port("METRICS_PORT"),
             log_level=read.choice("LOG_LEVEL", ("DEBUG", "INFO", "WARNING", "ERROR"), "INFO"),

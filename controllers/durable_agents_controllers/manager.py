@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 
 import kopf
 from prometheus_client import start_http_server
 
+from durable_agents.shell.actions import FirstClaims
 from durable_agents.shell.dispatcher import Dispatcher, DispatcherConfig
 from durable_agents.shell.failover import Failovers
 from durable_agents.shell.faults import install_faults
@@ -71,6 +73,17 @@ class Manager:
         install_faults(config.faults)
         for hook in self.start_hooks:
             await hook(settings)
+        dispatching = DispatcherConfig(
+            identity=config.identity,
+            timeout=config.dispatch_timeout,
+            keyring=config.keyring,
+            all_events=config.all_events,
+            region=config.region,
+        )
+        if config.dispatcher and config.first_claim:  # intents created under our dispatcher's first claim
+            dispatching = replace(
+                dispatching, first_claims=FirstClaims(config.identity, dispatching.claim_ttl)
+            )
         self._worker = RunWorker(
             self.kube,
             WorkerConfig(
@@ -84,6 +97,7 @@ class Manager:
                 lease_namespace=config.lease_namespace,
                 shards=config.shards,
                 keyring=config.keyring,
+                first_claims=dispatching.first_claims,
             ),
         )
         self._worker.start()
@@ -97,16 +111,7 @@ class Manager:
         self._reflector.start()
         # Dispatchers may run as a separate deployment: "off" leaves intents to another process.
         if config.dispatcher:
-            self._dispatcher = Dispatcher(
-                self.kube,
-                DispatcherConfig(
-                    identity=config.identity,
-                    timeout=config.dispatch_timeout,
-                    keyring=config.keyring,
-                    all_events=config.all_events,
-                    region=config.region,
-                ),
-            )
+            self._dispatcher = Dispatcher(self.kube, dispatching)
             self._dispatcher.start()
         # Explicit region failovers to this region: carried out by the region's leader only.
         if config.workers > 0:

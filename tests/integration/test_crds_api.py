@@ -179,3 +179,37 @@ def test_empty_question_is_rejected(kube: KubeEnv, namespace: str) -> None:
     body = sample("agentrun-read-ask-complete.yaml")
     body["spec"]["steps"][1]["ask"]["question"] = ""
     assert "spec.steps[1].ask.question" in rejection(kube, namespace, body)
+
+
+def _status_write(kube: KubeEnv, ns: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
+    custom = kube.custom()
+    current = custom.get_namespaced_custom_object(GROUP, VERSION, ns, "actionrecords", name)
+    out: dict[str, Any] = custom.replace_namespaced_custom_object_status(
+        GROUP, VERSION, ns, "actionrecords", name, {**current, "status": status}
+    )
+    return out
+
+
+def test_an_intent_under_a_first_claim_cannot_be_claimed(kube: KubeEnv, namespace: str) -> None:
+    """The API server keeps a dispatcher that knows no first claims (an earlier release) from
+    claiming an intent its first claimant may be sending: intent -> dispatching is refused."""
+    claimed = sample("actionrecord-example.yaml")
+    claimed["metadata"]["name"] = "first-claimed"
+    claimed["spec"]["firstClaim"] = {"holder": "op-a", "expiresAt": "2030-01-01T00:00:00Z"}
+    create(kube, namespace, claimed)
+    plain = sample("actionrecord-example.yaml")
+    plain["metadata"]["name"] = "plain"
+    create(kube, namespace, plain)
+
+    claim = {"state": "dispatching", "attempts": 1, "claimedBy": "old-release"}
+    with pytest.raises(ApiException) as err:
+        _status_write(kube, namespace, "first-claimed", claim)
+    assert err.value.status == 422
+    assert "never claimed from intent" in str(err.value.body)
+    # Without a first claim, a claim is what it always was.
+    assert _status_write(kube, namespace, "plain", claim)["status"]["state"] == "dispatching"
+    # Its holder's answer, or the give-up once it expired, may follow the intent; and after an
+    # unknown outcome found not applied, a claim and a new send are allowed again.
+    given_up = {"state": "outcome_unknown", "attempts": 1, "reason": "ClaimExpired"}
+    assert _status_write(kube, namespace, "first-claimed", given_up)["status"]["state"] == "outcome_unknown"
+    assert _status_write(kube, namespace, "first-claimed", claim)["status"]["state"] == "dispatching"

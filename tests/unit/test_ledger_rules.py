@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from durable_agents.api.v1alpha1 import ActionRecordStatus, ActionState
+from durable_agents.api.v1alpha1 import ActionRecordStatus, ActionState, FirstClaim
 from durable_agents.core import ledger
 
 A = ActionState
@@ -27,7 +27,7 @@ def test_keys_are_stable_and_names_are_dns_labels() -> None:
 @pytest.mark.parametrize(
     ("state", "target"),
     [
-        (A.INTENT, A.SUCCEEDED),
+        (A.OUTCOME_UNKNOWN, A.FAILED),
         (A.FAILED, A.DISPATCHING),
         (A.SUCCEEDED, A.DISPATCHING),
         (A.DISPATCHING, A.INTENT),
@@ -54,6 +54,26 @@ def test_next_dispatch_step() -> None:
         ledger.next_dispatch_step(ActionRecordStatus(state=A.OUTCOME_UNKNOWN), NOW), ledger.Query
     )
     assert ledger.next_dispatch_step(ActionRecordStatus(state=A.SUCCEEDED), NOW) == ledger.WaitUntil(None)
+
+
+def test_an_intent_under_a_first_claim_is_its_holders_to_send_until_it_expires() -> None:
+    first = FirstClaim(holder="op-a", expires_at=NOW + timedelta(seconds=3))
+    intent = ActionRecordStatus()
+    assert isinstance(ledger.next_dispatch_step(intent, NOW, first, "op-a"), ledger.SendFirst)
+    # Anyone else waits for its expiry: only the holder may send without a claim write.
+    assert ledger.next_dispatch_step(intent, NOW, first, "op-b") == ledger.WaitUntil(first.expires_at)
+    assert ledger.next_dispatch_step(intent, NOW, first) == ledger.WaitUntil(first.expires_at)
+    # Expired unanswered: it may have been sent, so it is given up to outcome_unknown (and queried),
+    # never claimed and sent again blindly, not even by its holder.
+    later = first.expires_at
+    for me in ("op-a", "op-b", None):
+        assert isinstance(ledger.next_dispatch_step(intent, later, first, me), ledger.GiveUpClaim)
+    # Answered: the first claim no longer matters.
+    done = ActionRecordStatus(state=A.SUCCEEDED)
+    assert ledger.next_dispatch_step(done, NOW, first, "op-a") == ledger.WaitUntil(None)
+    # The table lets the holder's answer (or the give-up) follow the intent directly.
+    for target in (A.SUCCEEDED, A.FAILED, A.OUTCOME_UNKNOWN):
+        ledger.check_action_transition(A.INTENT, target)
 
 
 def test_query_backoff_grows_and_is_capped() -> None:

@@ -14,7 +14,6 @@ from durable_agents.core.regions import (
     InvalidRegion,
     RegionOwnership,
     owning_region,
-    region_fenced,
     region_lease_name,
     region_problem,
     stamp_adoption,
@@ -129,13 +128,13 @@ def test_an_adoption_whose_stamp_does_not_verify_leaves_the_run_home(
     assert owning_region("east", ownership, run_id, keyring) == "east"
 
 
-def test_a_later_region_epoch_fences_an_earlier_owner_of_the_same_region_only() -> None:
-    recorded = {"region": "west", "regionEpoch": 5}
-    assert region_fenced(recorded, "west", 4) is not None
-    assert region_fenced(recorded, "west", 5) is None
-    assert region_fenced(recorded, "west", 6) is None
-    assert region_fenced(recorded, "east", 1) is None  # another region's epoch is not ours to compare
-    assert region_fenced(None, "west", 0) is None
+def test_a_runs_region_epoch_only_grows() -> None:
+    # A region Lease that starts again at 0 (a restore into a fresh cluster) strands no run.
+    assert with_region_epoch({"region": "west", "regionEpoch": 5}, "west", 0)["regionEpoch"] == 5
+    assert with_region_epoch({"region": "west", "regionEpoch": 5}, "west", 9)["regionEpoch"] == 9
+    # Another region's epoch is not ours to keep.
+    assert with_region_epoch({"region": "east", "regionEpoch": 5}, "west", 1)["regionEpoch"] == 1
+    assert with_region_epoch(None, "west", 3) == {"region": "west", "regionEpoch": 3}
 
 
 def test_a_commit_records_its_region_epoch_and_keeps_the_adoption() -> None:

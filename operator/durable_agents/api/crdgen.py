@@ -105,7 +105,7 @@ class Kind:
     columns: tuple[Column, ...] = ()
     scope: str = "Namespaced"
     categories: tuple[str, ...] = ("durable-agents",)
-    extra_rules: list[dict[str, str]] = field(default_factory=list)
+    extra_rules: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def singular(self) -> str:
@@ -133,6 +133,8 @@ class Kind:
         if self.status is not None:
             properties["status"] = openapi_schema(self.status)
             version["subresources"] = {"status": {}}
+        if self.extra_rules:  # rules that need both spec and status: on the object itself
+            version["schema"]["openAPIV3Schema"]["x-kubernetes-validations"] = list(self.extra_rules)
         if self.columns:
             version["additionalPrinterColumns"] = [c.render() for c in self.columns]
         return {
@@ -194,6 +196,7 @@ KINDS: tuple[Kind, ...] = (
             Column("Key", ".spec.idempotencyKey", priority=1),
             Column("Age", ".metadata.creationTimestamp", "date"),
         ),
+        extra_rules=[api.FIRST_CLAIM_RULE],
     ),
     Kind(
         kind="AgentRunRecord",

@@ -12,10 +12,20 @@ import hashlib
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from durable_agents.api.v1alpha1 import ActionRecordStatus, ActionState
+from durable_agents.api.v1alpha1 import ActionRecordStatus, ActionState, FirstClaim
 
 ACTION_TRANSITIONS: dict[ActionState, frozenset[ActionState]] = {
-    ActionState.INTENT: frozenset({ActionState.DISPATCHING, ActionState.CANCELED}),
+    # From intent straight to an answer only under a first claim (its holder sends without a
+    # claim write), or to outcome_unknown once that first claim expired unanswered.
+    ActionState.INTENT: frozenset(
+        {
+            ActionState.DISPATCHING,
+            ActionState.CANCELED,
+            ActionState.SUCCEEDED,
+            ActionState.FAILED,
+            ActionState.OUTCOME_UNKNOWN,
+        }
+    ),
     # A dispatch ends in a definite answer, or in not knowing: a timeout is never a failure.
     ActionState.DISPATCHING: frozenset(
         {ActionState.SUCCEEDED, ActionState.FAILED, ActionState.OUTCOME_UNKNOWN}
@@ -58,6 +68,11 @@ class Claim:
 
 
 @dataclass(frozen=True)
+class SendFirst:
+    """This process holds the record's first claim, still valid: send without a claim write."""
+
+
+@dataclass(frozen=True)
 class GiveUpClaim:
     """A claim expired mid-dispatch: whether the effect happened is unknown now."""
 
@@ -72,13 +87,24 @@ class WaitUntil:
     at: datetime | None
 
 
-DispatchStep = Claim | GiveUpClaim | Query | WaitUntil
+DispatchStep = Claim | SendFirst | GiveUpClaim | Query | WaitUntil
 
 
-def next_dispatch_step(status: ActionRecordStatus, now: datetime) -> DispatchStep:
+def next_dispatch_step(
+    status: ActionRecordStatus, now: datetime, first_claim: FirstClaim | None = None, me: str | None = None
+) -> DispatchStep:
+    """What the dispatcher ``me`` may do with a record now. An intent under a first claim is its
+    holder's to send until the claim expires; after that a send may have happened, so it is
+    given up to ``outcome_unknown`` and the authoritative system is asked before any send."""
     state = status.state
     if state is ActionState.INTENT:
-        return Claim()
+        if first_claim is None:
+            return Claim()
+        if now >= first_claim.expires_at:
+            return GiveUpClaim()
+        return (
+            SendFirst() if me is not None and first_claim.holder == me else WaitUntil(first_claim.expires_at)
+        )
     if state is ActionState.DISPATCHING:
         expires = status.claim_expires_at
         if expires is None or now >= expires:

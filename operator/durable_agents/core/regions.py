@@ -111,19 +111,20 @@ def owning_region(
     return region if verify(keyring, Purpose.CONTROL, payload, ownership.get("stamp")) else home_region
 
 
-def region_fenced(ownership: Mapping[str, Any] | None, region: str, epoch: int) -> str | None:
-    """Why a process of ``region`` at region epoch ``epoch`` must not commit this run (None: it
-    may): a later owner of the region (a higher region epoch) has committed it since."""
-    if not ownership or ownership.get("region") != region:
-        return None
-    recorded = ownership.get("regionEpoch")
-    if isinstance(recorded, int) and recorded > epoch:
-        return f"region {region} epoch {recorded} committed it, this process knows epoch {epoch}"
-    return None
-
-
 def with_region_epoch(ownership: Mapping[str, Any] | None, region: str, epoch: int) -> dict[str, Any]:
-    """The ownership a commit of ``region`` at ``epoch`` records: an adoption's stamped fields
-    are kept as they are (the run stays adopted); the epoch is this commit's."""
+    """The ownership a commit of ``region`` at region epoch ``epoch`` records: an adoption's
+    stamped fields are kept as they are (the run stays adopted). Per run, the recorded epoch only
+    grows (``max`` with the one recorded): a region Lease that starts again at 0 (a restore into a
+    fresh cluster) strands no run. What keeps a paused former holder in the region from committing
+    is its shard Lease and the compare-and-swap; what keeps another region out is the owner."""
     kept = dict(ownership) if ownership and ownership.get("region") == region else {}
-    return {**kept, "region": region, "regionEpoch": epoch}
+    recorded = kept.get("regionEpoch")
+    floor = recorded if isinstance(recorded, int) else 0
+    return {**kept, "region": region, "regionEpoch": max(epoch, floor)}
+
+
+def owning_region_of(run: Mapping[str, Any], keyring: Keyring | None) -> str:
+    """:func:`owning_region` of a run as stored (its spec, status and metadata)."""
+    spec, status = run.get("spec") or {}, run.get("status") or {}
+    run_id = status.get("runId") or (run.get("metadata") or {}).get("uid") or ""
+    return owning_region(spec.get("region"), status.get("ownership"), run_id, keyring)

@@ -8,16 +8,23 @@ carry the run's label for listing but no ownerReference: the ledger outlives the
 from __future__ import annotations
 
 import logging
-from datetime import UTC, datetime
+import time
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from kubernetes.client.rest import ApiException
 
-from durable_agents.api.v1alpha1 import API_VERSION, ActionRecordSpec, ActionRecordStatus, ActionState
+from durable_agents.api.v1alpha1 import (
+    API_VERSION,
+    ActionRecordSpec,
+    ActionRecordStatus,
+    ActionState,
+    FirstClaim,
+)
 from durable_agents.core.engine import ActionObservation, NeedActions, RunSnapshot
 from durable_agents.core.ledger import action_record_name, check_action_transition
 from durable_agents.shell import metrics
-from durable_agents.shell.kube import GROUP, VERSION
+from durable_agents.shell.kube import GROUP, VERSION, ObjectKey
 from durable_agents.shell.leases import RUN_LABEL, run_label
 from durable_agents.shell.store import Conflict, Gone, StatusStore
 
@@ -25,13 +32,48 @@ log = logging.getLogger(__name__)
 PLURAL = "actionrecords"
 
 
+class FirstClaims:
+    """The intents this process created under a first claim of its own (shared by its worker,
+    which creates them, and its dispatcher, which sends them without a claim write): when each
+    claim began on the local monotonic clock, counted from before the create request was sent."""
+
+    def __init__(self, holder: str, ttl: timedelta) -> None:
+        self.holder = holder
+        self.ttl = ttl
+        self._started: dict[ObjectKey, float] = {}
+
+    def claimed(self, spec: ActionRecordSpec) -> tuple[ActionRecordSpec, float]:
+        started = time.monotonic()
+        claim = FirstClaim(holder=self.holder, expires_at=datetime.now(UTC) + self.ttl)
+        return spec.model_copy(update={"first_claim": claim}), started
+
+    def note(self, key: ObjectKey, started: float) -> None:
+        self._started[key] = started
+
+    def forget(self, key: ObjectKey) -> None:
+        self._started.pop(key, None)
+
+    def take(self, key: ObjectKey) -> float | None:
+        """When our first claim on ``key`` began, once: a claim is sent under at most once."""
+        return self._started.pop(key, None)
+
+
 class ActionStore(StatusStore):
     kind = "ActionRecord"
     plural = PLURAL
 
-    async def ensure(self, namespace: str, spec: ActionRecordSpec) -> dict[str, Any]:
-        """Create the intent record, or return the one that exists (a suppressed duplicate)."""
+    async def ensure(
+        self, namespace: str, spec: ActionRecordSpec, first_claims: FirstClaims | None = None
+    ) -> dict[str, Any]:
+        """Create the intent record, or return the one that exists (a suppressed duplicate). With
+        ``first_claims``, the record is created under this process's first claim (no claim write
+        before its send)."""
         name = action_record_name(spec.idempotency_key)
+        if first_claims is not None:
+            spec, started = first_claims.claimed(spec)
+            # Noted before the create: the record's watch event may reach the dispatcher before
+            # the create's answer reaches us. Forgotten again unless the create is ours.
+            first_claims.note((namespace, name), started)
         body = {
             "apiVersion": API_VERSION,
             "kind": "ActionRecord",
@@ -50,6 +92,8 @@ class ActionStore(StatusStore):
                 )
             except ApiException as err:
                 metrics.API_WRITES.labels("actionrecords", "create").inc()
+                if first_claims is not None:
+                    first_claims.forget((namespace, name))
                 if err.status != 409:
                     raise
                 metrics.DUPLICATE_SUPPRESSIONS.inc()
@@ -74,7 +118,9 @@ class ActionStore(StatusStore):
                     continue
                 record = await self.ensure(run.namespace, spec)
             status = ActionRecordStatus.model_validate(record.get("status") or {})
-            if need.cancel and status.state is ActionState.INTENT:
+            # An intent under a first claim may be on its way: it is reconciled, never canceled.
+            first_claimed = (record.get("spec") or {}).get("firstClaim") is not None
+            if need.cancel and status.state is ActionState.INTENT and not first_claimed:
                 record, status = await self._cancel_intent(record, status)
             seen[name] = ActionObservation(status.state, status.outcome, status.reason, status.message)
         return seen

@@ -2,12 +2,11 @@
 
 For each ActionRecord it does what :func:`durable_agents.core.ledger.next_dispatch_step` allows:
 
-- ``intent``: claim it by compare-and-swap on its status (one dispatcher wins), ask the
-  authoritative system by key first (a record restored from an old backup says ``intent`` for an
-  effect that happened after the backup), dispatch it with its idempotency key, record the answer:
-  ``succeeded``, ``failed`` (definite), or ``outcome_unknown`` (timeout, dropped connection, 5xx:
-  never a failure);
-- ``dispatching`` whose claim expired (its dispatcher died mid-call): ``outcome_unknown``;
+- ``intent``: claim it by compare-and-swap (one dispatcher wins; under this process's first claim,
+  no claim write), ask the authoritative system by key first (a record restored from an old backup
+  says ``intent`` for an effect that happened after it), dispatch it with its idempotency key,
+  record the answer: ``succeeded``, ``failed``, or ``outcome_unknown`` (timeout, 5xx: never a failure);
+- a claim or first claim that expired (its dispatcher died mid-call): ``outcome_unknown``;
 - ``outcome_unknown``: ask the authoritative system by key. Applied: ``succeeded``. Not applied:
   claim and dispatch again with the SAME key. Still unknown: stay visible and ask again later.
 
@@ -23,11 +22,10 @@ checkpoint cannot be verified here (quarantined, or from a newer operator) holds
 neither sent nor failed, and they are looked at again later.
 
 Effects act as the run's ServiceAccount. A claim is a lease on the record: the request is sent
-only while the claim still has a whole dispatch timeout (plus a margin) left on this process's
-monotonic clock, so a dispatcher paused after its claim (GC pause, SIGSTOP, a starved node) finds
-its claim lapsed when it wakes and sends nothing; by then another dispatcher may have taken over.
-What no check on this side can close is a pause between that check and the request's bytes
-leaving the socket; an authoritative system that deduplicates by key absorbs even that.
+only while the claim has a whole dispatch timeout (plus a margin) left on this process's monotonic
+clock, so a dispatcher paused after its claim (GC pause, SIGSTOP) sends nothing when it wakes. A
+pause between that check and the request's bytes leaving the socket stays open; an authoritative
+system that deduplicates by key absorbs even that.
 """
 
 from __future__ import annotations
@@ -47,16 +45,17 @@ from durable_agents.core.ledger import (
     Claim,
     GiveUpClaim,
     Query,
+    SendFirst,
     WaitUntil,
     check_action_transition,
     next_dispatch_step,
     query_backoff,
 )
-from durable_agents.core.regions import DEFAULT_REGION, owning_region
+from durable_agents.core.regions import DEFAULT_REGION, owning_region_of
 from durable_agents.core.sealed_values import DataKey
 from durable_agents.core.sealing import Keyring
 from durable_agents.shell import metrics
-from durable_agents.shell.actions import ActionStore
+from durable_agents.shell.actions import ActionStore, FirstClaims
 from durable_agents.shell.effects import (
     Action,
     Applied,
@@ -100,6 +99,8 @@ class DispatcherConfig:
     keyring: Keyring | None = field(default=None, repr=False)
     all_events: bool = False  # also the routine Dispatched / Succeeded Events (each an API write)
     region: str = DEFAULT_REGION  # only the intents of runs this region owns are sent from here
+    # Shared with this process's worker: the intents it created under a first claim for us.
+    first_claims: FirstClaims | None = field(default=None, repr=False)
 
     @property
     def claim_ttl(self) -> timedelta:
@@ -123,6 +124,7 @@ class Dispatcher:
             tiers={name: effect.tier for name, effect in self.effects.items()}, keyring=config.keyring
         )
         self.queue = WorkQueue("dispatcher", self.process, concurrency=config.concurrency)
+        self.first_claims = config.first_claims  # intents this process's worker created for us
         self._unknown: set[ObjectKey] = set()
 
     def observe(self, event_type: str | None, body: dict[str, Any]) -> None:
@@ -148,27 +150,22 @@ class Dispatcher:
                 body = await self.store.get(*key)
             except Gone:
                 return
+        spec = ActionRecordSpec.model_validate(body["spec"])
         for _ in range(8):  # bounded: a record moves through at most a few states per pass
             status = ActionRecordStatus.model_validate(body.get("status") or {})
             self._track_unknown(key, status)
-            step = next_dispatch_step(status, datetime.now(UTC))
+            step = next_dispatch_step(status, datetime.now(UTC), spec.first_claim, self.config.identity)
             if isinstance(step, WaitUntil):
                 self.queue.wake_at(key, step.at)
                 return
             try:
-                if isinstance(step, Claim):
-                    claimed = await self._claim_and_dispatch(body, status)
+                if isinstance(step, Claim | SendFirst):
+                    claimed = await self._claim_and_dispatch(body, status, first=isinstance(step, SendFirst))
                     if claimed is None:  # held back until its run can be verified
                         return
                     body = claimed
                 elif isinstance(step, GiveUpClaim):
-                    body = await self._write(
-                        body,
-                        status,
-                        A.OUTCOME_UNKNOWN,
-                        reason="ClaimExpired",
-                        message=f"{status.claimed_by} did not record an answer in time",
-                    )
+                    body = await self._give_up(body, status, spec)
                 elif isinstance(step, Query):
                     next_body = await self._query(body, status)
                     if next_body is None:
@@ -178,20 +175,34 @@ class Dispatcher:
                 log.info("%s/%s moved on meanwhile (409); reading it again", *key)
                 body = await self.store.get(*key)  # someone else moved it: decide again
 
+    async def _give_up(
+        self, body: dict[str, Any], status: ActionRecordStatus, spec: ActionRecordSpec
+    ) -> dict[str, Any]:
+        """A claim (or first claim) expired without an answer: whether it was sent is unknown."""
+        if status.state is A.INTENT and spec.first_claim is not None:
+            holder, attempts = spec.first_claim.holder, max(status.attempts, 1)  # it may have sent
+        else:
+            holder, attempts = status.claimed_by or "its claimant", status.attempts
+        return await self._write(
+            body,
+            status.model_copy(update={"attempts": attempts}),
+            A.OUTCOME_UNKNOWN,
+            reason="ClaimExpired",
+            message=f"{holder} did not record an answer in time",
+        )
+
     async def reconcile(self, body: dict[str, Any]) -> dict[str, Any]:
         """Settle a record by asking its authoritative system now, whichever region owns its run: a
         claim that expired is given up (its sender is gone) and an unknown outcome is queried. For
         a failover's checks; the record as it stands after (sent again only if its run is ours)."""
         key = self._key(body)
+        spec = ActionRecordSpec.model_validate(body["spec"])
         for _ in range(3):
             status = ActionRecordStatus.model_validate(body.get("status") or {})
-            step = next_dispatch_step(status, datetime.now(UTC))
+            step = next_dispatch_step(status, datetime.now(UTC), spec.first_claim)
             try:
                 if isinstance(step, GiveUpClaim):
-                    message = f"{status.claimed_by} did not record an answer in time"
-                    body = await self._write(
-                        body, status, A.OUTCOME_UNKNOWN, reason="ClaimExpired", message=message
-                    )
+                    body = await self._give_up(body, status, spec)
                     continue
                 if isinstance(step, Query):
                     await self._query(body, status)
@@ -211,9 +222,19 @@ class Dispatcher:
         return EffectContext(self.kube, namespace, spec.service_account_name, self.config.timeout)
 
     async def _claim_and_dispatch(
-        self, body: dict[str, Any], status: ActionRecordStatus
+        self, body: dict[str, Any], status: ActionRecordStatus, *, first: bool = False
     ) -> dict[str, Any] | None:
+        """Claim the record and send it; ``first``: under this process's first claim, with no
+        claim write (when it began is known only here: a first claim whose start this process
+        does not know, or lost to a lapse, is never sent under; it expires and is reconciled)."""
         spec = ActionRecordSpec.model_validate(body["spec"])
+        first_started: float | None = None
+        if first:
+            first_started = self.first_claims.take(self._key(body)) if self.first_claims else None
+            if first_started is None:
+                assert spec.first_claim is not None
+                self.queue.wake_at(self._key(body), spec.first_claim.expires_at)
+                return None
         verdict, run_body = await self._verdict(body, spec)
         if run_body is not None and self._other_region(run_body) is not None:
             # Another region owns the run (its home, or a failover's): its dispatchers send this.
@@ -224,31 +245,41 @@ class Dispatcher:
             self.queue.wake_at(self._key(body), datetime.now(UTC) + FOREIGN_RECHECK)
             return None
         if isinstance(verdict, Refused):
-            return await self._refuse(body, status, spec, verdict.message)
+            return await self._refuse(body, status, spec, verdict.message, first_started is not None)
         if isinstance(verdict, Unverified):
             self._hold(body, spec, verdict)
             return None
         effect = self.effects.get(spec.effect)
         if effect is None:
             message = f"no effect plugin named {spec.effect!r} is installed"
-            return await self._fail_before_dispatch(body, status, "UnknownEffect", message)
+            return await self._fail_before_dispatch(
+                body, status, "UnknownEffect", message, first_started is not None
+            )
         try:
             action = action_of(spec, run_body, self.config.keyring)
             data_key = data_key_of(run_body, self.config.keyring)
         except CannotUnseal as err:
-            return await self._fail_before_dispatch(body, status, UNDECRYPTABLE, f"not dispatched: {err}")
+            return await self._fail_before_dispatch(
+                body, status, UNDECRYPTABLE, f"not dispatched: {err}", first_started is not None
+            )
         name, namespace = body["metadata"]["name"], body["metadata"]["namespace"]
         ctx = self._context(spec, namespace)
         try:  # read as the run's ServiceAccount, right before the send; never stored
             action, references = await resolve_references(ctx, action, data_key)
         except UnresolvedReference as err:
             reason, message = SECRET_REFERENCE_UNRESOLVED, f"not dispatched: {err}"
-            return await self._fail_before_dispatch(body, status, reason, message)
-        first = status.state is A.INTENT
-        claimed_at = time.monotonic()  # before the write: the claim cannot outlive this
-        claimed = await self._write(body, status, A.DISPATCHING, claim=True, references=references)
-        claimed_status = ActionRecordStatus.model_validate(claimed["status"])
-        if first:
+            return await self._fail_before_dispatch(body, status, reason, message, first_started is not None)
+        never_sent = status.state is A.INTENT
+        if first_started is not None:  # the first claim is the claim: no write before the send
+            claimed_at, claimed, claimed_status = first_started, body, status
+        else:
+            claimed_at = time.monotonic()  # before the write: the claim cannot outlive this
+            claimed = await self._write(body, status, A.DISPATCHING, claim=True, references=references)
+            claimed_status = ActionRecordStatus.model_validate(claimed["status"])
+        # Sent under the first claim: the attempt (and what was read for it) is recorded with the answer.
+        by_first = first_started is not None
+        refs = references if by_first else None
+        if never_sent:
             asked = await self._ask_before_first_dispatch(
                 claimed, claimed_status, spec, effect, ctx, action, data_key
             )
@@ -277,18 +308,32 @@ class Dispatcher:
         )
         if isinstance(result, Applied):
             outcome = sealed_outcome(result.outcome, data_key, name)
-            out = await self._write(claimed, claimed_status, A.SUCCEEDED, outcome=outcome)
+            out = await self._write(
+                claimed, claimed_status, A.SUCCEEDED, outcome=outcome, first=by_first, references=refs
+            )
             if self.config.all_events:
                 await self._event(out, "Succeeded", f"{spec.effect} applied key={spec.idempotency_key}")
             return out
         if isinstance(result, Failed):
             out = await self._write(
-                claimed, claimed_status, A.FAILED, reason=result.reason, message=result.message
+                claimed,
+                claimed_status,
+                A.FAILED,
+                reason=result.reason,
+                message=result.message,
+                first=by_first,
+                references=refs,
             )
             await self._event(out, "Failed", f"{result.reason}: {result.message}", warning=True)
             return out
         out = await self._write(
-            claimed, claimed_status, A.OUTCOME_UNKNOWN, reason=result.reason, message=result.message
+            claimed,
+            claimed_status,
+            A.OUTCOME_UNKNOWN,
+            reason=result.reason,
+            message=result.message,
+            first=by_first,
+            references=refs,
         )
         await self._event(
             out,
@@ -300,9 +345,7 @@ class Dispatcher:
 
     def _other_region(self, run_body: dict[str, Any]) -> str | None:
         """The region that owns the run, when it is not ours (None when it is)."""
-        spec, status = run_body.get("spec") or {}, run_body.get("status") or {}
-        run_id = status.get("runId") or (run_body.get("metadata") or {}).get("uid") or ""
-        owner = owning_region(spec.get("region"), status.get("ownership"), run_id, self.config.keyring)
+        owner = owning_region_of(run_body, self.config.keyring)
         return None if owner == self.config.region else owner
 
     async def _verdict(
@@ -328,17 +371,12 @@ class Dispatcher:
         return intent_refusal(run, body["metadata"]["name"], spec, planner, settings), run_body
 
     async def _refuse(
-        self, body: dict[str, Any], status: ActionRecordStatus, spec: ActionRecordSpec, why: str
+        self, body: dict[str, Any], status: ActionRecordStatus, spec: ActionRecordSpec, why: str, direct: bool
     ) -> dict[str, Any]:
         """Not the run's intent: nothing is sent, ever; the record fails with the reason."""
         namespace, name = self._key(body)
-        claimed = await self._write(body, status, A.DISPATCHING, claim=True)
-        out = await self._write(
-            claimed,
-            ActionRecordStatus.model_validate(claimed["status"]),
-            A.FAILED,
-            reason=NOT_IN_CHECKPOINT,
-            message=f"not dispatched: {why}"[:4096],
+        out = await self._fail_unsent(
+            body, status, direct, NOT_IN_CHECKPOINT, f"not dispatched: {why}"[:4096]
         )
         label = spec.effect if spec.effect in self.effects else "unknown"  # no label from a forger
         metrics.ACTION_DISPATCHES.labels(label, NOT_IN_CHECKPOINT).inc()
@@ -431,19 +469,22 @@ class Dispatcher:
         return out
 
     async def _fail_before_dispatch(
-        self, body: dict[str, Any], status: ActionRecordStatus, reason: str, message: str
+        self, body: dict[str, Any], status: ActionRecordStatus, reason: str, message: str, direct: bool
     ) -> dict[str, Any]:
         # Nothing was dispatched: a definite failure, visible with its reason.
-        claimed = await self._write(body, status, A.DISPATCHING, claim=True)
-        out = await self._write(
-            claimed,
-            ActionRecordStatus.model_validate(claimed["status"]),
-            A.FAILED,
-            reason=reason,
-            message=message,
-        )
+        out = await self._fail_unsent(body, status, direct, reason, message)
         await self._event(out, reason, message, warning=True)
         return out
+
+    async def _fail_unsent(
+        self, body: dict[str, Any], status: ActionRecordStatus, direct: bool, reason: str, message: str
+    ) -> dict[str, Any]:
+        """Failed before anything was sent: claimed first, so that no other dispatcher sends it
+        meanwhile; ``direct`` under our own first claim, which already keeps everyone else out."""
+        if not direct:
+            body = await self._write(body, status, A.DISPATCHING, claim=True)
+            status = ActionRecordStatus.model_validate(body["status"])
+        return await self._write(body, status, A.FAILED, reason=reason, message=message)
 
     async def _query(self, body: dict[str, Any], status: ActionRecordStatus) -> dict[str, Any] | None:
         spec = ActionRecordSpec.model_validate(body["spec"])
@@ -516,6 +557,7 @@ class Dispatcher:
         state: ActionState,
         *,
         claim: bool = False,
+        first: bool = False,
         queried: bool = False,
         outcome: dict[str, Any] | None = None,
         reason: str | None = None,
@@ -531,6 +573,13 @@ class Dispatcher:
                 "attempts": status.attempts + 1,
                 "claimed_by": self.config.identity,
                 "claim_expires_at": now + self.config.claim_ttl,
+                "last_attempt_at": now,
+                "first_dispatched_at": status.first_dispatched_at or now,
+            }
+        if first:  # sent under the first claim: the attempt is recorded with its answer
+            update |= {
+                "attempts": status.attempts + 1,
+                "claimed_by": self.config.identity,
                 "last_attempt_at": now,
                 "first_dispatched_at": status.first_dispatched_at or now,
             }

@@ -30,7 +30,7 @@ from typing import Any
 from kubernetes.client.rest import ApiException
 from pydantic import ValidationError
 
-from durable_agents.api.v1alpha1 import GROUP, VERSION, ActionRecordStatus, ActionState
+from durable_agents.api.v1alpha1 import GROUP, VERSION, ActionRecordSpec, ActionRecordStatus, ActionState
 from durable_agents.api.v1alpha1.regionfailover import (
     FAILOVER_PLURAL,
     AdoptedRun,
@@ -43,6 +43,7 @@ from durable_agents.api.v1alpha1.regionfailover import (
 from durable_agents.core.authority import failover_verifies
 from durable_agents.core.engine import RunSnapshot, Settings
 from durable_agents.core.engine.loading import load_stored
+from durable_agents.core.ledger import Claim, WaitUntil, next_dispatch_step
 from durable_agents.core.regions import stamp_adoption, with_region_epoch
 from durable_agents.core.sealing import Keyring
 from durable_agents.shell import metrics
@@ -312,16 +313,15 @@ class Failovers:
         for record in await self._records(snap.namespace, snap.name):
             name = record["metadata"]["name"]
             status = ActionRecordStatus.model_validate(record.get("status") or {})
-            if status.state not in UNSETTLED or status.state is ActionState.INTENT:
-                continue  # settled, or never sent: the new owner's dispatcher sends it
-            if (
-                status.state is ActionState.DISPATCHING
-                and status.claim_expires_at
-                and status.claim_expires_at > now
-            ):
+            first = ActionRecordSpec.model_validate(record["spec"]).first_claim
+            step = next_dispatch_step(status, now, first)
+            if isinstance(step, Claim) or step == WaitUntil(None):
+                continue  # never sent (the new owner's dispatcher sends it), or settled
+            if isinstance(step, WaitUntil) and step.at is not None:  # a claim not yet expired
+                holder = status.claimed_by or (first.holder if first else "?")
                 raise NotAdoptable(
-                    f"action {name} is in flight: claimed by {status.claimed_by} until "
-                    f"{status.claim_expires_at:%H:%M:%SZ}; ask again after that"
+                    f"action {name} is in flight: claimed by {holder} until {step.at:%H:%M:%SZ};"
+                    " ask again after that"
                 )
             dispatcher = self.dispatcher()
             if dispatcher is None:

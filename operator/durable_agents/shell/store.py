@@ -40,7 +40,7 @@ class StatusStore:
     async def get(self, namespace: str, name: str) -> dict[str, Any]:
         try:
             obj: dict[str, Any] = await self.kube.call(
-                self.kube.custom.get_namespaced_custom_object, GROUP, VERSION, namespace, self.plural, name
+                self.kube.get_namespaced_object, GROUP, VERSION, namespace, self.plural, name
             )
         except ApiException as err:
             if err.status == 404:
@@ -70,7 +70,7 @@ class StatusStore:
             started = time.perf_counter()
             try:
                 out: dict[str, Any] = await self.kube.call(
-                    self.kube.custom.replace_namespaced_custom_object_status,
+                    self.kube.replace_namespaced_status,
                     GROUP,
                     VERSION,
                     meta["namespace"],
@@ -120,14 +120,13 @@ class RunStore(StatusStore):
         }
         try:
             out: dict[str, Any] = await self.kube.call(
-                self.kube.custom.patch_namespaced_custom_object,
+                self.kube.merge_patch_namespaced_object,
                 GROUP,
                 VERSION,
                 meta["namespace"],
                 self.plural,
                 meta["name"],
                 body,
-                _content_type="application/merge-patch+json",
             )
         except ApiException as err:
             if err.status == 409:

@@ -54,10 +54,10 @@ from durable_agents.core.engine import (
 )
 from durable_agents.core.engine.quarantine import INTERNAL_ERROR, internal_error
 from durable_agents.core.planner import Planner
-from durable_agents.core.regions import DEFAULT_REGION, owning_region, region_fenced, with_region_epoch
+from durable_agents.core.regions import DEFAULT_REGION, owning_region, with_region_epoch
 from durable_agents.core.sealing import Keyring
 from durable_agents.shell import metrics
-from durable_agents.shell.actions import ActionStore
+from durable_agents.shell.actions import ActionStore, FirstClaims
 from durable_agents.shell.batches import Batch, BatchWriter
 from durable_agents.shell.children import ChildRuns
 from durable_agents.shell.events import EventRecorder
@@ -91,6 +91,9 @@ class WorkerConfig:
     region: str = DEFAULT_REGION  # only runs of this home region are advanced here
     lease_namespace: str = "default"  # where the region's shard and member Leases live
     shards: int = 16  # shard Leases of the region: runs are spread over the live replicas by them
+    # With a dispatcher in this process: intents are created under its first claim (the shard we
+    # hold fences the run, so the send needs no separate claim write). None: another process sends.
+    first_claims: FirstClaims | None = field(default=None, repr=False)
     # Recorded in every checkpoint; a run committed by another version passes resume validation.
     operator_version: str = __version__
     all_events: bool = False  # a Kubernetes Event for every transition, not only the notable ones
@@ -433,16 +436,9 @@ class RunWorker:
 
     def _region_epoch(self, key: ObjectKey, snap: RunSnapshot) -> int | None:
         """The region epoch this process commits the run under, or None (and a look again later)
-        when the region has no live leader as last seen, or a later leader already committed it."""
+        when the region has no live leader as last seen: a region without a leader stalls."""
         view = self.shard_leases.region_view
         if view is None or not view.live:
-            self._recheck(key, datetime.now(UTC) + timedelta(seconds=self.shard_leases.interval))
-            return None
-        raw = snap.status.ownership.wire() if snap.status.ownership is not None else None
-        fenced = region_fenced(raw, self.config.region, view.epoch)
-        if fenced is not None:
-            log.warning("run %s/%s not advanced: %s", *key, fenced)
-            self.shard_leases.poke()
             self._recheck(key, datetime.now(UTC) + timedelta(seconds=self.shard_leases.interval))
             return None
         return view.epoch
@@ -539,7 +535,7 @@ class RunWorker:
             for intent in decision.intents:
                 # Right after the intent commit: the record the dispatcher works from. If it
                 # exists already, the API server says so and the ledger counts a suppressed duplicate.
-                await self.actions.ensure(snap.namespace, intent)
+                await self.actions.ensure(snap.namespace, intent, self.config.first_claims)
             for child in decision.children:
                 await self.children.create(snap, child)
         if batch:

@@ -30,6 +30,29 @@ class ActionState(StrEnum):
     CANCELED = "canceled"
 
 
+class FirstClaim(ApiModel):
+    """The operator process that created the intent sends it first, without a claim write: it
+    holds the shard of the intent's run, the fencing that makes a separate claim unnecessary.
+    Until ``expiresAt`` nobody else sends; after it, whether a send happened is unknown, so the
+    authoritative system is asked before anything else (as for an expired claim)."""
+
+    holder: str = Field(max_length=253)
+    expires_at: datetime
+
+
+# An intent under a first claim is never claimed: its holder sends it without a claim write, and
+# once the first claim expired it is given up to outcome_unknown and queried. Enforced by the API
+# server too, so that a dispatcher of an earlier release (which knows no first claims) cannot
+# claim it and send it a second time while its holder's request is on its way.
+FIRST_CLAIM_RULE = cel(
+    "!has(self.spec.firstClaim) || !has(self.status) || !has(self.status.state)"
+    " || self.status.state != 'dispatching'"
+    " || (has(oldSelf.status) && has(oldSelf.status.state) && oldSelf.status.state != 'intent')",
+    "an intent under a first claim (spec.firstClaim) is sent by its holder only: it is never claimed"
+    " from intent; once the first claim expired it goes to outcome_unknown and is queried",
+)
+
+
 class ActionRecordSpec(ApiModel):
     """The intent: immutable once committed; the name of the record derives from the key."""
 
@@ -53,6 +76,9 @@ class ActionRecordSpec(ApiModel):
     )
     approval_request_id: str | None = Field(default=None, max_length=128)
     compensates: str | None = Field(default=None, max_length=253)
+    first_claim: FirstClaim | None = Field(
+        default=None, description="Who sends it first without a claim write, and until when (see FirstClaim)"
+    )
 
 
 class ResolvedReference(ApiModel):
