@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 from collections.abc import Mapping
 from enum import StrEnum
 from typing import Any
@@ -40,8 +41,14 @@ class Purpose(StrEnum):
 
 
 def _key(keyring: Keyring, key_id: str, purpose: Purpose) -> bytes:
+    return _derived(keyring.keys[key_id], purpose)
+
+
+@functools.lru_cache(maxsize=256)
+def _derived(secret: bytes, purpose: Purpose) -> bytes:
+    # Pure and deterministic: derived once per (key, purpose), not for every stamp and check.
     derive = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=_INFO_PREFIX + purpose.encode())
-    return derive.derive(keyring.keys[key_id])
+    return derive.derive(secret)
 
 
 def _mac(key: bytes, payload: Mapping[str, Any]) -> bytes:
