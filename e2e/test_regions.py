@@ -210,12 +210,14 @@ def test_failover_verifies_adopts_and_the_paused_former_owner_commits_nothing(
     # does not take the runs back: they are west's now.
     settled = {n: runs.get(n)["metadata"]["resourceVersion"] for n in names}
     frozen.signal(signal.SIGCONT)
+    refused = f"commit to {runs.namespace}/{victim} refused (409"
     eventually(
-        lambda: conflicts(frozen_port) >= 1,
+        lambda: frozen.logged(refused) and conflicts(frozen_port) >= 1,
         Within.COMMIT,
-        "the resumed east replica's prepared commit to be refused",
+        "the resumed east replica's prepared commit to be refused (its log and its metric)",
     )
     time.sleep(2 * LEASE + 2)  # the window in which it could commit, if anything let it
-    assert frozen.alive
+    assert frozen.alive, "the resumed replica runs on"
+    assert not frozen.stopped(), "the resumed replica is not frozen again"
     assert {n: runs.get(n)["metadata"]["resourceVersion"] for n in names} == settled
     assert refsystem.counts() == counts

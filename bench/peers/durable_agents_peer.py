@@ -53,7 +53,7 @@ from bench.peers.worker import PeerSystem, serve
 from bench.peers.workload import RepResult, RunTiming
 from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents.core.ledger import idempotency_key
-from durable_agents_testkit.audit import AuditEntry, parse_audit_line
+from durable_agents_testkit.audit import AuditEntry, read_audit
 from durable_agents_testkit.cluster import KubeEnv, install_crds
 from durable_agents_testkit.demo import operator_kubeconfig
 from durable_agents_testkit.eventually import Within, eventually
@@ -216,16 +216,7 @@ class RunWatch:
 
 def read_audit_from(path: Path, offset: int, since: datetime) -> list[AuditEntry]:
     """Write requests in the audit log from byte ``offset`` on (the log only grows)."""
-    out: list[AuditEntry] = []
-    with path.open("rb") as f:
-        f.seek(offset)
-        for raw in f:
-            if b'"ResponseComplete"' not in raw:
-                continue  # cheap skip of request-stage lines before parsing
-            entry = parse_audit_line(raw)
-            if entry is not None and entry.is_write and entry.at >= since:
-                out.append(entry)
-    return out
+    return [e for e in read_audit(path, offset=offset, since=since) if e.is_write]
 
 
 def _state(obj: dict[str, Any]) -> str:

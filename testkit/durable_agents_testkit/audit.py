@@ -53,12 +53,28 @@ def parse_audit_line(line: str | bytes) -> AuditEntry | None:
     )
 
 
+def audit_offset(path: Path) -> int:
+    """Where the log ends now: pass it to ``read_audit`` to read only what comes after."""
+    return path.stat().st_size if path.exists() else 0
+
+
 def read_audit(
-    path: Path, *, user: str | None = None, since: datetime | None = None, until: datetime | None = None
+    path: Path,
+    *,
+    user: str | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    offset: int = 0,
 ) -> list[AuditEntry]:
+    """The responses in the log (from byte ``offset`` on: it only grows) that match."""
+    # Cheap byte checks before parsing: by the end of a suite the log holds hundreds of MB.
+    needle = user.encode() if user is not None else b""
     entries: list[AuditEntry] = []
-    with path.open() as f:
+    with path.open("rb") as f:
+        f.seek(offset)
         for line in f:
+            if b'"ResponseComplete"' not in line or needle not in line:
+                continue
             entry = parse_audit_line(line)
             if entry is None or (user is not None and entry.user != user):
                 continue

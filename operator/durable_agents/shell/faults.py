@@ -71,6 +71,9 @@ class FaultPoints:
     def _fire(self, phase: str, nth: int) -> None:
         for t in self.triggers:
             if t.phase == phase and t.nth == nth:
+                # Once: a write refused after SIGCONT does not count, so the next write would
+                # be "the Nth" again and freeze the resumed process a second time.
+                self.triggers = [other for other in self.triggers if other is not t]
                 os.kill(os.getpid(), t.sig)
 
 
