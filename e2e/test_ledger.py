@@ -75,14 +75,6 @@ def test_effect_is_applied_once_and_its_outcome_becomes_evidence(
             if e.is_write and e.namespace == runs.namespace
         ]
         print(f"\nwrites for one run with one effect (5 transitions): {len(writes)} {dict(count_by(writes))}")
-        reads = count_by(
-            [
-                e
-                for e in read_audit(kube.plane.audit_log_path, user="durable-agents-operator", since=started)
-                if e.verb == "get" and e.namespace == runs.namespace
-            ]
-        )
-        print(f"reads: {dict(reads)}")
         by_kind = count_by(writes)
         # Writes at semantic boundaries: accepted + the intent; the outcome + revalidated + succeeded.
         assert by_kind["update agentruns/status"] == 2, "two status writes for the 5 transitions"

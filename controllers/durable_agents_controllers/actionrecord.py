@@ -20,7 +20,6 @@ def register(registry: kopf.OperatorRegistry, manager: Manager) -> None:
         ledger = manager.dispatcher
         if ledger is not None:
             ledger.observe(event.get("type"), body)
-        manager.worker.actions.seen(event.get("type"), body)
         status: dict[str, Any] = body.get("status") or {}
         if status.get("state") in TERMINAL:
             spec: dict[str, Any] = body.get("spec") or {}

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import OrderedDict
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -23,17 +22,14 @@ from durable_agents.api.v1alpha1 import (
     FirstClaim,
 )
 from durable_agents.core.engine import ActionObservation, NeedActions, RunSnapshot
-from durable_agents.core.ledger import TERMINAL_ACTION_STATES, action_record_name, check_action_transition
+from durable_agents.core.ledger import action_record_name, check_action_transition
 from durable_agents.shell import metrics
-from durable_agents.shell.faults import FaultPoints
-from durable_agents.shell.kube import GROUP, VERSION, Kube, ObjectKey
+from durable_agents.shell.kube import GROUP, VERSION, ObjectKey
 from durable_agents.shell.leases import RUN_LABEL, run_label
 from durable_agents.shell.store import Conflict, Gone, StatusStore
 
 log = logging.getLogger(__name__)
 PLURAL = "actionrecords"
-SETTLED_KEPT = 4096  # settled records kept from the watch (a few MB at most)
-_TERMINAL = frozenset(s.value for s in TERMINAL_ACTION_STATES)
 
 
 class FirstClaims:
@@ -65,29 +61,6 @@ class FirstClaims:
 class ActionStore(StatusStore):
     kind = "ActionRecord"
     plural = PLURAL
-
-    def __init__(self, kube: Kube, faults: FaultPoints | None = None) -> None:
-        super().__init__(kube, faults)
-        # Records seen settled on the watch. A settled record never changes again (the ledger's
-        # table has no way out of a terminal state), so the run that waited on it reads it from
-        # here, not with a GET: one request less per effect.
-        self._settled: OrderedDict[ObjectKey, dict[str, Any]] = OrderedDict()
-
-    def seen(self, event_type: str | None, body: dict[str, Any]) -> None:
-        """A watch event on an ActionRecord: keep it if it is settled, drop it once deleted."""
-        meta = body.get("metadata") or {}
-        key = (meta.get("namespace", ""), meta.get("name", ""))
-        if event_type == "DELETED":
-            self._settled.pop(key, None)
-        elif (body.get("status") or {}).get("state") in _TERMINAL:
-            self._settled[key] = body
-            self._settled.move_to_end(key)
-            while len(self._settled) > SETTLED_KEPT:
-                self._settled.popitem(last=False)
-
-    async def _current(self, namespace: str, name: str) -> dict[str, Any]:
-        settled = self._settled.get((namespace, name))
-        return settled if settled is not None else await self.get(namespace, name)
 
     async def ensure(
         self, namespace: str, spec: ActionRecordSpec, first_claims: FirstClaims | None = None
@@ -136,7 +109,7 @@ class ActionStore(StatusStore):
         seen: dict[str, ActionObservation] = {}
         for name, spec in need.records.items():
             try:
-                record = await self._current(run.namespace, name)
+                record = await self.get(run.namespace, name)
             except Gone:
                 if spec is None:
                     log.warning(

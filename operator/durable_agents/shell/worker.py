@@ -41,7 +41,6 @@ from durable_agents.core.checkpoint import Fencing, KubernetesEvidenceRef, Loade
 from durable_agents.core.engine import (
     ActionObservation,
     ChildObservation,
-    Decision,
     Idle,
     NeedActions,
     NeedChildren,
@@ -177,10 +176,6 @@ class RunWorker:
         # The newest state version this process committed or saw, per run: a watch event can
         # arrive after our own later commit, and deciding from it would only earn a 409.
         self.versions: dict[ObjectKey, int] = {}
-        # The resourceVersion of this process's own last write per run, until its watch event
-        # (the echo) arrives: the unit that wrote it went on deciding from the written record, and
-        # whatever it left to do is already in the queue (a wake-up, a retry, a look again).
-        self.own_writes: dict[ObjectKey, str] = {}
         self.failures = Failures()  # exceptions per run and state version: retried, then quarantined
         self.batches = BatchWriter(self.store, self.reporter, self.failures, self.versions)
         self._tasks: list[asyncio.Task[None]] = []
@@ -194,21 +189,15 @@ class RunWorker:
         if event_type == "DELETED":
             self.queue.forget(key)
             self.versions.pop(key, None)
-            self.own_writes.pop(key, None)
             self.known.discard(key)
             self.failures.forget(key)
             self.ownership.forget(key)
             return
         self.known.add(key)
+        self.queue.add(key, body)
         parent = (body.get("spec") or {}).get("parentRef")
         if parent and (body.get("status") or {}).get("state") in TERMINAL:
             self.enqueue((key[0], parent.get("name", "")))  # a child's outcome wakes its parent
-        rv = meta.get("resourceVersion")
-        if rv is not None and self.own_writes.get(key) == rv:
-            del self.own_writes[key]
-            return  # the echo of our own write: deciding from it again would find nothing new
-        self.own_writes.pop(key, None)
-        self.queue.add(key, body)
 
     def observe_policy(self, event_type: str | None, body: dict[str, Any]) -> None:
         """A watch event for an AgentPolicy: runs that waited for it are looked at again."""
@@ -417,7 +406,6 @@ class RunWorker:
             return
         if not await self.ownership.keep(right, self._margin):
             return  # the shard was taken from us (we were paused): its new holder goes on
-        first: tuple[RunSnapshot, Decision] | None = (snap, decision)
         if self.ownership.needs_fence(key, right):
             # The shard's former holder may be a zombie with a commit in flight: fence the run.
             status = fence(snap, right.epoch, now=now, settings=settings)
@@ -430,11 +418,9 @@ class RunWorker:
                 except Conflict:
                     self.enqueue(key)  # reload and decide again
                     return
-                self.own_writes[key] = body["metadata"]["resourceVersion"]
-                first = None  # the fence moved the record: decide from what was written
             self.ownership.wrote(key, right)
         try:
-            await self._advance(key, right, body, actions, children, first)
+            await self._advance(key, right, body, actions, children)
         except Lost:
             log.info("epoch of %s/%s moved on; this process stops touching it", *key)
             self.ownership.forget(key)
@@ -487,7 +473,6 @@ class RunWorker:
         body: dict[str, Any],
         actions: dict[str, ActionObservation] | None,
         children: dict[str, ChildObservation] | None,
-        first: tuple[RunSnapshot, Decision] | None = None,
     ) -> None:
         """Decide transition after transition; write them at semantic boundaries only: intents or
         child runs to create (they exist only once their commit does), a wait or the end, or the
@@ -501,30 +486,23 @@ class RunWorker:
         for _ in range(self.config.max_transitions_per_unit * 3):
             if len(batch) >= self.config.max_transitions_per_unit:
                 break
-            if first is not None:
-                # The unit's look decided from this very record, with these observations: the
-                # same inputs, so the same decision (parsing and deciding again cost CPU only).
-                (snap, decision), first = first, None
-            else:
-                snap = RunSnapshot.from_object(body)
-                decision = None
+            snap = RunSnapshot.from_object(body)
             epoch = _checkpoint_epoch(snap.raw_checkpoint)
             if self.ownership.lost(key, right, epoch):
                 raise Lost(f"{key} now at epoch {epoch}")
             now = datetime.now(UTC)
             self.failures.at(key, "decide", snap)
-            if decision is None:
-                decision = decide(
-                    snap,
-                    now=now,
-                    epoch=right.epoch,
-                    planner=self.planner_for(snap),
-                    settings=self.settings_for(snap),
-                    read=read,
-                    actions=actions,
-                    fresh_evidence=fresh,
-                    children=children,
-                )
+            decision = decide(
+                snap,
+                now=now,
+                epoch=right.epoch,
+                planner=self.planner_for(snap),
+                settings=self.settings_for(snap),
+                read=read,
+                actions=actions,
+                fresh_evidence=fresh,
+                children=children,
+            )
             if isinstance(decision, NeedRead):
                 read = await self.reader.read(snap, decision, now)
                 continue
@@ -574,7 +552,6 @@ class RunWorker:
             return None  # not committed; the caller's next look waits for the region's leader
         out = await self.batches.write(key, written, stamped, batch)
         if out is not None:
-            self.own_writes[key] = out["metadata"]["resourceVersion"]
             self.ownership.wrote(key, right)
         return out
 
