@@ -629,9 +629,11 @@ def test_delayed_approval(lab: Lab, kube: KubeEnv) -> None:
     apply_policy(kube, ns, "policy", "v2", **policies["policy"])
     client.CoreV1Api(kube.api).patch_namespaced_config_map("settings", ns, {"data": {"maxSurge": "90%"}})
     wait_ended(lab, ns, groups["expire"], states=frozenset({"expired"}))
+    # Asked again at least once: each asks anew every 3 s, so on a loaded machine (runs created
+    # seconds apart) they are never all at the same request at once.
     eventually(
         lambda: all(
-            r["status"].get("approvalRequest", {}).get("requestId") == "pay-2"
+            r["status"].get("approvalRequest", {}).get("requestId") not in (None, "pay-1")
             for r in runs_in(lab, ns, groups["reask"])
         ),
         Within.TAKEOVER,
