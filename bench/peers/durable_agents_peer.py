@@ -53,7 +53,7 @@ from bench.peers.worker import PeerSystem, serve
 from bench.peers.workload import RepResult, RunTiming
 from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents.core.ledger import idempotency_key
-from durable_agents_testkit.audit import AuditEntry, read_audit
+from durable_agents_testkit.audit import AuditEntry, audit_offset, read_audit
 from durable_agents_testkit.cluster import KubeEnv, install_crds
 from durable_agents_testkit.demo import operator_kubeconfig
 from durable_agents_testkit.eventually import Within, eventually
@@ -420,7 +420,7 @@ class DurableAgentsPeer(PeerSystem):
         )
         etcd_before = _metrics(etcd_url, ETCD_METRICS, self.plane.etcd_ssl_context())
         window_start = datetime.now(UTC)
-        audit_offset = self.plane.audit_log_path.stat().st_size
+        offset = audit_offset(self.plane.audit_log_path)
         names = [f"run-{i}" for i in range(runs)]
         with ThreadPoolExecutor(max_workers=in_flight) as pool:
             timings = list(pool.map(lambda n: self._one(ns, n, spec, post_index), names))
@@ -429,7 +429,7 @@ class DurableAgentsPeer(PeerSystem):
         with contextlib.suppress(TimeoutError):
             eventually(lambda: self._leases(ns) == 0, Within.MOMENT, "the runs' Leases to be released")
         leftover = self._leases(ns)
-        writes = self._settled_writes(ns, window_start, audit_offset)
+        writes = self._settled_writes(ns, window_start, offset)
         op_after = _metrics(
             operator_url, ("durable_agents_api_writes_total", "durable_agents_transitions_total")
         )
@@ -439,7 +439,7 @@ class DurableAgentsPeer(PeerSystem):
         # whatever the runs do: their writes in this window are counted too, shared by its runs.
         region = [
             e
-            for e in read_audit_from(self.plane.audit_log_path, audit_offset, window_start)
+            for e in read_audit_from(self.plane.audit_log_path, offset, window_start)
             if e.namespace == LEASE_NAMESPACE and e.what == "leases" and 200 <= e.code < 300
         ]
         by_kind = Counter(f"{e.user} {e.verb} {e.what}" for e in ok)
