@@ -429,7 +429,12 @@ def test_a_forged_approval_in_the_checkpoint_quarantines_the_run_untouched_until
     )
     assert event.type == "Warning"
     assert "integrity stamp does not verify" in event.message, event.message
-    assert metric(scrape(port), 'durable_agents_quarantines_total{reason="IntegrityFailed"}') == 1
+    integrity_failures = 'durable_agents_quarantines_total{reason="IntegrityFailed"}'
+    eventually(
+        lambda: metric(scrape(port), integrity_failures, default=0) == 1,
+        Within.MOMENT,
+        "the quarantine to be counted once",
+    )
 
     # The admin restores the checkpoint from the backup (the run stays quarantined), then retries.
     current = runs.get(name)
@@ -501,7 +506,9 @@ def test_a_forged_intent_and_its_record_are_held_back_and_never_sent(
     quarantined(runs, name)
     held = 'durable_agents_action_dispatches_total{answer="Unverified",effect="http.post"}'
     eventually(
-        lambda: metric(scrape(port), held) >= 1, Within.COMMIT, "the dispatcher to hold the record back"
+        lambda: metric(scrape(port), held, default=0) >= 1,
+        Within.COMMIT,
+        "the dispatcher to hold the record back",
     )
     assert record(runs, body["metadata"]["name"]).get("status", {}).get("state", "intent") == "intent"
     assert refsystem.counts() == {}, "the run's own effect was not sent on a forged checkpoint"

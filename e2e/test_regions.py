@@ -80,7 +80,7 @@ def conflicts(port: int) -> float:
         text = scrape(port)
     except OSError:
         return 0.0
-    return metric(text, name) if name in text else 0.0
+    return metric(text, name, default=0.0)
 
 
 def payment(region: str, url: str) -> dict[str, Any]:

@@ -18,9 +18,12 @@ def scrape(port: int) -> str:
     return text
 
 
-def metric(text: str, name: str) -> float:
-    """The value of one sample, by name with its labels (as exported, labels sorted)."""
+def metric(text: str, name: str, default: float | None = None) -> float:
+    """The value of one sample, by name with its labels (as exported, labels sorted). A labelled
+    sample is only exported once counted: ``default`` then, or an AssertionError without one."""
     for line in text.splitlines():
         if line.startswith(name + " ") or line.startswith(name + "{"):
             return float(line.rsplit(" ", 1)[1])
+    if default is not None:
+        return default
     raise AssertionError(f"metric {name} not exported")
