@@ -75,6 +75,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from durable_agents.api.v1alpha1.meta import SEALED_STRING_MAX
+from durable_agents.core.agent_facts import AgentFacts
 from durable_agents.core.sealing import Keyring, SealedField, UndecryptableError, seal, sealing_aad, unseal
 from durable_agents.core.stamps import Purpose, stamp, stamp_key_id, verify
 
@@ -329,6 +330,9 @@ class Checkpoint(_Contract):
     """Sensitive values, sealed, by field name; see :func:`seal_field`."""
     children: list[ChildRecord] = Field(default_factory=list)
     cancellations: list[CancellationRecord] = Field(default_factory=list)
+    agent: AgentFacts | None = None
+    """The model planner's turns (sealed, bounded); None for other planners. Added within version 3:
+    absent in older checkpoints, and omitted when None, so their stamps are unchanged."""
     integrity: Stamp | None = None
     """The operator's stamp over :func:`integrity_payload`; None only where no keyring stamps."""
 

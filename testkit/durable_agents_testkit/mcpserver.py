@@ -1,0 +1,555 @@
+"""The reference MCP server: a small ticket system behind the official MCP SDK, over streamable
+HTTP on loopback, for tests and the demo.
+
+Like :mod:`durable_agents_testkit.refsystem` it is an *instrument*: it owns the ground truth about
+which consequential tool calls were applied, counting every application under the idempotency key
+the call carried, and it deliberately does **not** deduplicate. A second ``close_ticket`` with a key
+it has already applied is applied (counted) again, so a test can prove the operator never sends a
+key twice (``duplicates()`` stays empty).
+
+Tools (listed sorted by name; ``page_size`` splits the listing into cursor pages):
+
+``lookup_ticket`` ``{"id": str}``
+    Read-only (``readOnlyHint=true``). Answers the ticket as JSON *text* (one text part, no
+    structured content): ``{"id", "title", "status", "resolution"}``. An unknown id is a tool
+    error (``isError=true``).
+``close_ticket`` ``{"id": str, "resolution": str}``
+    Consequential (``readOnlyHint=false``, ``destructiveHint=true``). The idempotency key is read
+    from the request's ``_meta`` under :data:`IDEMPOTENCY_META_KEY`; a call without one is refused
+    with a tool error and nothing is applied. Otherwise it consumes one unit of the first queued
+    fault, applies (sets the ticket closed, counts one application under the key) and answers
+    ``{"id", "status": "closed", "idempotencyKey", "applications": <count for key>}`` as text and
+    structured content.
+``ticket_closure_status`` ``{"idempotencyKey": str}``
+    Read-only: the reconciliation query. Answers ``{"idempotencyKey", "applied": bool,
+    "applications": n, "id", "resolution"}`` (the last two ``null`` if never applied) as text and
+    structured content.
+
+Faults for ``close_ticket`` queue up (``inject(mode, times)``); each call that carries a key and
+valid arguments consumes one unit:
+
+``error_before_apply``
+    A tool error (``isError=true``), nothing applied. The client gets a definite answer.
+``drop_after_apply``
+    Applies, then the server closes the HTTP connection of this request before a byte of the
+    response is written (the handler's answer is discarded). On the 2026-07-28 protocol (what the
+    SDK's ``Client`` negotiates with this server by default) the client's HTTP layer sees the peer
+    close without a response (httpx ``RemoteProtocolError``), which the SDK surfaces as that
+    exception inside an ``ExceptionGroup`` from its task groups: no result, no JSON-RPC error. On
+    the 2025 session protocol (``mode="legacy"``) the response stream is already SSE when the
+    tool runs, so the SDK instead raises ``MCPError`` ``CONNECTION_CLOSED`` ("SSE stream ended
+    without a response"). The MCP SDK has no server API for this, so :class:`_ConnectionDropper`,
+    an ASGI wrapper, hands the handler a way to close its own connection (uvicorn's transport).
+``error_after_apply``
+    Applies, then answers a JSON-RPC error (``INTERNAL_ERROR``) instead of a result: a protocol
+    error that tells the client nothing about whether the effect happened.
+``slow``
+    Applies, then waits ``delay`` seconds (default 5) before answering: lets a client time out on
+    a call the server applied. A client that disconnects cancels the wait.
+``none``
+    Consumes a unit and behaves normally (lets a call through ahead of a queued fault).
+
+:class:`McpServerThread` runs the server (uvicorn on a free port) on its own event loop in a daemon
+thread; its control methods (``counts``, ``applied``, ``inject``, ``reset``, ...) run on that loop
+and need no MCP round trip. ``url`` is the streamable HTTP endpoint (``http://127.0.0.1:<port>/mcp``).
+Only loopback addresses are served unless ``allow_non_loopback`` is set explicitly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import ipaddress
+import json
+import math
+import socket
+import threading
+from collections.abc import Callable, Iterable, MutableMapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+import uvicorn
+from mcp.server import Server
+from mcp.server.context import ServerRequestContext
+from mcp.shared.exceptions import MCPError
+from mcp_types import (
+    INTERNAL_ERROR,
+    INVALID_PARAMS,
+    CallToolRequestParams,
+    CallToolResult,
+    ListToolsResult,
+    PaginatedRequestParams,
+    TextContent,
+    Tool,
+    ToolAnnotations,
+)
+
+__all__ = [
+    "DEFAULT_SLOW_DELAY",
+    "IDEMPOTENCY_META_KEY",
+    "MCP_PATH",
+    "TOOL_NAMES",
+    "Closure",
+    "Fault",
+    "FaultMode",
+    "McpServerThread",
+    "TicketSystem",
+    "make_server",
+]
+
+IDEMPOTENCY_META_KEY = "durable-agents.io/idempotency-key"
+DEFAULT_SLOW_DELAY = 5.0
+MCP_PATH = "/mcp"
+# The ASGI scope entry through which a tool handler closes its own HTTP connection.
+_DROP_SCOPE_KEY = "durable_agents.drop_connection"
+
+_T = TypeVar("_T")
+
+
+class FaultMode(enum.StrEnum):
+    SLOW = "slow"
+    DROP_AFTER_APPLY = "drop_after_apply"
+    ERROR_AFTER_APPLY = "error_after_apply"
+    ERROR_BEFORE_APPLY = "error_before_apply"
+    NONE = "none"
+
+
+@dataclass
+class Fault:
+    """A queued fault; ``times`` counts the upcoming ``close_ticket`` calls it still applies to."""
+
+    mode: FaultMode
+    times: int = 1
+    delay: float = DEFAULT_SLOW_DELAY
+
+    def __post_init__(self) -> None:
+        self.mode = FaultMode(self.mode)
+        if isinstance(self.times, bool) or not isinstance(self.times, int) or self.times < 1:
+            raise ValueError(f"times must be a positive integer, got {self.times!r}")
+        if (
+            isinstance(self.delay, bool)
+            or not isinstance(self.delay, int | float)
+            or not math.isfinite(self.delay)
+            or self.delay < 0
+        ):
+            raise ValueError(f"delay must be a non-negative number of seconds, got {self.delay!r}")
+        self.delay = float(self.delay)
+
+
+@dataclass(frozen=True)
+class Closure:
+    """One application of ``close_ticket``. ``seq`` numbers applications from 1, across all keys."""
+
+    key: str
+    ticket: str
+    resolution: str
+    applied_at: datetime
+    seq: int
+
+
+def _initial_tickets() -> dict[str, dict[str, Any]]:
+    return {
+        "T-100": {"id": "T-100", "title": "Printer on fire", "status": "open", "resolution": None},
+        "T-101": {"id": "T-101", "title": "VPN drops hourly", "status": "open", "resolution": None},
+        "T-102": {"id": "T-102", "title": "Refund order 7731", "status": "open", "resolution": None},
+    }
+
+
+@dataclass
+class TicketSystem:
+    """The server's state. Not thread-safe: use it from the server's event loop only
+    (:class:`McpServerThread` marshals calls onto the loop)."""
+
+    tickets: dict[str, dict[str, Any]] = field(default_factory=_initial_tickets)
+    applications: dict[str, int] = field(default_factory=dict)
+    closures: list[Closure] = field(default_factory=list)
+    faults: list[Fault] = field(default_factory=list)
+
+    def close(self, key: str, ticket: str, resolution: str) -> Closure:
+        """Apply a closure, always: there is deliberately no deduplication here."""
+        closure = Closure(key, ticket, resolution, datetime.now(UTC), len(self.closures) + 1)
+        self.closures.append(closure)
+        self.applications[key] = self.applications.get(key, 0) + 1
+        self.tickets[ticket].update(status="closed", resolution=resolution)
+        return closure
+
+    def applied(self, key: str) -> int:
+        return self.applications.get(key, 0)
+
+    def counts(self) -> dict[str, int]:
+        return dict(self.applications)
+
+    def duplicates(self) -> list[str]:
+        return sorted(key for key, n in self.applications.items() if n > 1)
+
+    def last(self, key: str) -> Closure | None:
+        return next((c for c in reversed(self.closures) if c.key == key), None)
+
+    def inject(self, mode: FaultMode | str, times: int = 1, delay: float = DEFAULT_SLOW_DELAY) -> Fault:
+        fault = Fault(FaultMode(mode), times, delay)
+        self.faults.append(fault)
+        return fault
+
+    def take_fault(self) -> Fault:
+        """Consume one unit of the first queued fault (a ``none`` fault if the queue is empty)."""
+        if not self.faults:
+            return Fault(FaultMode.NONE)
+        fault = self.faults[0]
+        fault.times -= 1
+        if fault.times == 0:
+            del self.faults[0]
+        return Fault(fault.mode, 1, fault.delay)
+
+    def pending_faults(self) -> list[Fault]:
+        return [Fault(f.mode, f.times, f.delay) for f in self.faults]
+
+    def reset(self) -> None:
+        self.tickets = _initial_tickets()
+        self.applications.clear()
+        self.closures.clear()
+        self.faults.clear()
+
+
+# -- MCP -------------------------------------------------------------------------------------------
+
+
+def _schema(**properties: str) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": {name: {"type": "string", "description": doc} for name, doc in properties.items()},
+        "required": sorted(properties),
+        "additionalProperties": False,
+    }
+
+
+_TOOLS = (
+    Tool(
+        name="close_ticket",
+        description="Close a ticket with a resolution. Consequential: needs an idempotency key.",
+        input_schema=_schema(id="The ticket id, e.g. T-100.", resolution="How the ticket was resolved."),
+        annotations=ToolAnnotations(read_only_hint=False, destructive_hint=True, idempotent_hint=False),
+    ),
+    Tool(
+        name="lookup_ticket",
+        description="Look a ticket up by id.",
+        input_schema=_schema(id="The ticket id, e.g. T-100."),
+        annotations=ToolAnnotations(read_only_hint=True),
+    ),
+    Tool(
+        name="ticket_closure_status",
+        description="Whether a close_ticket call with this idempotency key was applied, and how often.",
+        input_schema=_schema(idempotencyKey="The idempotency key the close_ticket call carried."),
+        annotations=ToolAnnotations(read_only_hint=True),
+    ),
+)
+TOOL_NAMES = tuple(tool.name for tool in _TOOLS)
+
+
+class _ToolFailure(Exception):
+    """A tool error: answered as ``isError=true`` with the message as text."""
+
+
+def _text(payload: Any, *, structured: bool) -> CallToolResult:
+    return CallToolResult(
+        content=[TextContent(text=json.dumps(payload, sort_keys=True))],
+        structured_content=payload if structured else None,
+    )
+
+
+def _string_args(arguments: dict[str, Any] | None, *names: str) -> list[str]:
+    """The named string arguments; a missing, extra or non-string one is a tool error (the
+    low-level server does not check arguments against the input schema)."""
+    arguments = arguments or {}
+    extra = sorted(set(arguments) - set(names))
+    if extra:
+        raise _ToolFailure(f"unexpected arguments: {extra}")
+    values = [arguments.get(name) for name in names]
+    for name, value in zip(names, values, strict=True):
+        if not isinstance(value, str) or not value:
+            raise _ToolFailure(f"argument {name!r} must be a non-empty string")
+    return [str(value) for value in values]
+
+
+def _drop_connection(ctx: ServerRequestContext[Any]) -> None:
+    scope = getattr(ctx.request, "scope", None)
+    closer = scope.get(_DROP_SCOPE_KEY) if isinstance(scope, MutableMapping) else None
+    if not callable(closer):
+        raise RuntimeError("drop_after_apply needs the server run by McpServerThread (uvicorn + dropper)")
+    closer()
+
+
+def make_server(
+    system: TicketSystem, *, hide: Iterable[str] = (), page_size: int | None = None
+) -> Server[Any]:
+    """The low-level MCP server over ``system``; ``hide`` leaves tools out of the listing (and
+    answers calls to them as unknown tools), ``page_size`` splits the listing into pages.
+
+    The low-level ``Server``, not ``MCPServer``: constructing ``MCPServer`` configures the root
+    logger (``logging.basicConfig``), and the low-level API states tools, hints and pages as
+    they go on the wire."""
+    hidden = set(hide)
+    unknown = hidden - set(TOOL_NAMES)
+    if unknown:
+        raise ValueError(f"unknown tools to hide: {sorted(unknown)}")
+    if page_size is not None and page_size < 1:
+        raise ValueError(f"page_size must be positive, got {page_size!r}")
+    tools = [tool for tool in _TOOLS if tool.name not in hidden]
+
+    async def list_tools(
+        ctx: ServerRequestContext[Any], params: PaginatedRequestParams | None
+    ) -> ListToolsResult:
+        if page_size is None:
+            return ListToolsResult(tools=tools)
+        cursor = params.cursor if params is not None else None
+        try:
+            start = int(cursor) if cursor is not None else 0
+        except ValueError:
+            raise MCPError(INVALID_PARAMS, f"invalid cursor {cursor!r}") from None
+        end = start + page_size
+        return ListToolsResult(tools=tools[start:end], next_cursor=str(end) if end < len(tools) else None)
+
+    def lookup(arguments: dict[str, Any] | None) -> CallToolResult:
+        (ticket,) = _string_args(arguments, "id")
+        if ticket not in system.tickets:
+            raise _ToolFailure(f"no ticket {ticket!r}")
+        return _text(system.tickets[ticket], structured=False)
+
+    def status(arguments: dict[str, Any] | None) -> CallToolResult:
+        (key,) = _string_args(arguments, "idempotencyKey")
+        last = system.last(key)
+        return _text(
+            {
+                "idempotencyKey": key,
+                "applied": last is not None,
+                "applications": system.applied(key),
+                "id": last.ticket if last is not None else None,
+                "resolution": last.resolution if last is not None else None,
+            },
+            structured=True,
+        )
+
+    async def close(ctx: ServerRequestContext[Any], params: CallToolRequestParams) -> CallToolResult:
+        key = (params.meta or {}).get(IDEMPOTENCY_META_KEY)
+        if not isinstance(key, str) or not key:
+            raise _ToolFailure(f"refused: close_ticket needs _meta[{IDEMPOTENCY_META_KEY!r}]")
+        ticket, resolution = _string_args(params.arguments, "id", "resolution")
+        if ticket not in system.tickets:
+            raise _ToolFailure(f"no ticket {ticket!r}")
+        # From here to close() there is no await: taking the fault and applying is atomic.
+        fault = system.take_fault()
+        mode = fault.mode
+        if mode is FaultMode.ERROR_BEFORE_APPLY:
+            raise _ToolFailure("injected fault: error before apply (not applied)")
+        system.close(key, ticket, resolution)
+        if mode is FaultMode.ERROR_AFTER_APPLY:
+            raise MCPError(INTERNAL_ERROR, "injected fault: error after apply")
+        if mode is FaultMode.DROP_AFTER_APPLY:
+            _drop_connection(ctx)
+        if mode is FaultMode.SLOW:
+            # A client that gives up disconnects, which cancels this sleep (already applied).
+            await asyncio.sleep(fault.delay)
+        answer = {
+            "id": ticket,
+            "status": "closed",
+            "idempotencyKey": key,
+            "applications": system.applied(key),
+        }
+        return _text(answer, structured=True)
+
+    async def call_tool(ctx: ServerRequestContext[Any], params: CallToolRequestParams) -> CallToolResult:
+        try:
+            if params.name in hidden:
+                raise _ToolFailure(f"unknown tool {params.name!r}")
+            if params.name == "lookup_ticket":
+                return lookup(params.arguments)
+            if params.name == "ticket_closure_status":
+                return status(params.arguments)
+            if params.name == "close_ticket":
+                return await close(ctx, params)
+            raise _ToolFailure(f"unknown tool {params.name!r}")
+        except _ToolFailure as exc:
+            return CallToolResult(content=[TextContent(text=str(exc))], is_error=True)
+
+    return Server("durable-agents-tickets", version="1", on_list_tools=list_tools, on_call_tool=call_tool)
+
+
+# -- HTTP ------------------------------------------------------------------------------------------
+
+_ASGIApp = Callable[[MutableMapping[str, Any], Any, Any], Any]
+
+
+class _ConnectionDropper:
+    """ASGI wrapper that lets a handler close its own HTTP connection (``drop_after_apply``).
+
+    uvicorn's ``receive`` is a bound method of the request's cycle, which holds the connection's
+    asyncio transport; closing it ends the connection without writing any response (uvicorn then
+    ignores the app's writes: the cycle is disconnected).
+    """
+
+    def __init__(self, app: _ASGIApp) -> None:
+        self._app = app
+
+    async def __call__(self, scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
+        if scope.get("type") == "http":
+            transport = getattr(getattr(receive, "__self__", None), "transport", None)
+            if transport is not None:
+                scope[_DROP_SCOPE_KEY] = transport.close
+        await self._app(scope, receive, send)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class McpServerThread:
+    """The MCP server on its own event loop in a daemon thread, for tests and the demo.
+
+    The control methods run on the server's loop and wait for the result, so they are safe to call
+    from any thread (and from an event loop running elsewhere: they block only briefly).
+    """
+
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        hide: Iterable[str] = (),
+        page_size: int | None = None,
+        allow_non_loopback: bool = False,
+    ) -> None:
+        if not allow_non_loopback and not _is_loopback(host):
+            raise ValueError(f"refusing to listen on non-loopback address {host!r}")
+        self.system = TicketSystem()
+        self._server = make_server(self.system, hide=hide, page_size=page_size)
+        self._host = host
+        self._requested_port = port
+        self._port: int | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping: asyncio.Event | None = None
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+
+    @property
+    def port(self) -> int:
+        if self._port is None:
+            raise RuntimeError("the MCP server is not running")
+        return self._port
+
+    @property
+    def url(self) -> str:
+        """The streamable HTTP endpoint."""
+        host = f"[{self._host}]" if ":" in self._host else self._host
+        return f"http://{host}:{self.port}{MCP_PATH}"
+
+    def start(self, timeout: float = 10.0) -> McpServerThread:
+        if self._thread is not None:
+            raise RuntimeError("already started")
+        self._thread = threading.Thread(target=self._main, name="mcpserver", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(timeout):
+            raise TimeoutError("the MCP server did not start in time")
+        if self._error is not None:
+            self._thread.join()
+            self._thread = None
+            raise self._error
+        return self
+
+    def _main(self) -> None:
+        try:
+            asyncio.run(self._serve())
+        except BaseException as exc:  # reported to start(); the thread just ends
+            self._error = exc
+            self._ready.set()
+
+    async def _serve(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stopping = asyncio.Event()
+        family = socket.AF_INET6 if ":" in self._host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((self._host, self._requested_port))
+            app = self._server.streamable_http_app(streamable_http_path=MCP_PATH, host=self._host)
+            # log_config=None: leave the process's logging configuration alone (but for uvicorn's
+            # own loggers' level: its start/stop lines at INFO are noise here).
+            config = uvicorn.Config(
+                _ConnectionDropper(app),
+                http="h11",
+                lifespan="on",
+                log_config=None,
+                log_level="warning",
+                access_log=False,
+            )
+            server = uvicorn.Server(config)
+            serving = asyncio.create_task(server.serve(sockets=[sock]))
+            try:
+                # Readiness: uvicorn sets `started` once it listens (bounded by start()'s timeout).
+                while not server.started:
+                    if serving.done():
+                        serving.result()  # raises what stopped it
+                        raise RuntimeError("uvicorn stopped before it started")
+                    await asyncio.sleep(0.01)
+                self._port = int(sock.getsockname()[1])
+                self._ready.set()
+                await self._stopping.wait()
+            finally:
+                server.should_exit = True
+                await serving
+
+    def stop(self, timeout: float = 10.0) -> None:
+        thread, loop, stopping = self._thread, self._loop, self._stopping
+        if thread is None:
+            return
+        if loop is not None and stopping is not None and thread.is_alive():
+            loop.call_soon_threadsafe(stopping.set)
+        thread.join(timeout)
+        self._thread = self._loop = self._stopping = None
+        self._port = None
+        self._ready.clear()
+
+    def __enter__(self) -> McpServerThread:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def _call(self, fn: Callable[[], _T], timeout: float = 10.0) -> _T:
+        loop = self._loop
+        if loop is None or self._port is None:
+            raise RuntimeError("the MCP server is not running")
+
+        async def run() -> _T:
+            return fn()
+
+        return asyncio.run_coroutine_threadsafe(run(), loop).result(timeout)
+
+    def counts(self) -> dict[str, int]:
+        """Applications of ``close_ticket`` per idempotency key."""
+        return self._call(self.system.counts)
+
+    def applied(self, key: str) -> int:
+        return self._call(lambda: self.system.applied(key))
+
+    def duplicates(self) -> list[str]:
+        return self._call(self.system.duplicates)
+
+    def closures(self) -> list[Closure]:
+        return self._call(lambda: list(self.system.closures))
+
+    def ticket(self, ticket: str) -> dict[str, Any]:
+        return self._call(lambda: dict(self.system.tickets[ticket]))
+
+    def inject(self, mode: FaultMode | str, times: int = 1, delay: float = DEFAULT_SLOW_DELAY) -> Fault:
+        return self._call(lambda: self.system.inject(mode, times, delay))
+
+    def pending_faults(self) -> list[Fault]:
+        return self._call(self.system.pending_faults)
+
+    def reset(self) -> None:
+        self._call(self.system.reset)

@@ -1,0 +1,596 @@
+"""The reference model server: OpenAI-compatible chat completions answered from a script, with call
+counts and injected faults, so tests and the demo drive the model planner without a real model.
+
+The *script* (:class:`Script`; YAML, JSON or a dict) is a model name and ordered rules. The first
+rule whose ``when`` holds answers: ``called``/``notCalled`` (tool names in assistant tool calls),
+``lastToolResultContains`` (the last ``tool`` message), ``userContains`` (any ``user`` message),
+all optional and ANDed. ``times: N`` lets a rule answer at most N times, so a replay can get
+another answer (a model that changes its mind after a crash). No match: ``(no scripted reply)``. ::
+
+    model: scripted
+    rules:
+      - when: {notCalled: [lookup_order]}
+        toolCalls: [{name: lookup_order, arguments: {orderId: A-1}}]  # or argumentsText: raw string
+        times: 1
+      - when: {called: [lookup_order], lastToolResultContains: shipped}
+        content: Your order has shipped.
+
+HTTP API (JSON; errors are OpenAI-style ``{"error": {"message", "type", "param", "code"}}``; with
+an API key configured, ``/v1/*`` needs ``Authorization: Bearer <key>``, else 401):
+
+``POST /v1/chat/completions``
+    The standard request for the script's ``model`` (else 404). 400 for ``"stream": true`` and for
+    what the real API refuses (a tool call without its ``tool`` answer next). Completion and tool
+    call ids are sha256 digests of the canonical (RFC 8785) request and of the reply: a replay
+    answered alike gets the same ids, another answer new ones. ``usage``: canonical bytes // 4.
+``GET /v1/models``
+    The script's model.
+``POST /faults``
+    ``{"mode", "times": N (default 1), "delay": seconds (default 5), "match": substring of the last
+    message's content}``. A valid completion request consumes a unit of the first matching fault:
+    ``slow`` sleeps, then answers; ``error`` answers 500; ``drop`` closes the connection (these two
+    use no rule); ``malformed`` cuts the first tool call's arguments short; ``unknown_tool`` names
+    a tool not offered (these two add a tool call if there is none); ``none`` answers normally.
+    ``GET /faults`` lists pending faults, ``DELETE /faults`` clears them.
+``GET /calls``
+    ``{"total", "unmatched", "byRule": {"<index>": n}, "requests": [the last 200 bodies]}``.
+``POST /script`` replaces the script and zeroes rule uses; ``POST /reset`` clears all the rest.
+
+A slow reply takes its rule use before sleeping, as a model spends tokens for a caller who gives
+up. State changes happen inside one event loop; :class:`ModelServerThread` runs the server on its
+own loop in a daemon thread, with control methods that need no HTTP. Only loopback addresses are
+served unless ``allow_non_loopback`` is set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import contextlib
+import enum
+import hashlib
+import hmac
+import ipaddress
+import json
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, TypeAlias, TypeVar
+
+import pydantic.dataclasses
+import rfc8785
+import yaml
+from aiohttp import web
+from aiohttp.typedefs import Handler
+from pydantic import ConfigDict, Field, TypeAdapter, model_validator
+from pydantic import JsonValue as PydanticJson
+from pydantic.alias_generators import to_camel
+
+NO_SCRIPTED_REPLY = "(no scripted reply)"
+LOOPBACK = "127.0.0.1"
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+
+JsonValue: TypeAlias = Any  # any value json.loads can produce
+Message: TypeAlias = dict[str, JsonValue]
+
+_T = TypeVar("_T")
+
+
+# -- the script ------------------------------------------------------------------------------------
+
+# camelCase in files, like the CRDs; unknown fields are errors; counts are strict (no "3" or true).
+_SCRIPT = ConfigDict(extra="forbid", alias_generator=to_camel, validate_by_name=True, allow_inf_nan=False)
+
+
+def _text(content: JsonValue) -> str:
+    """The text of a message content: a string, or the text parts of a list of content parts."""
+    if isinstance(content, list):
+        return "".join(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return content if isinstance(content, str) else ""
+
+
+def _tool_calls(message: Message) -> list[Message]:
+    calls = message.get("tool_calls") if message["role"] == "assistant" else None
+    return [c for c in calls if isinstance(c, dict)] if isinstance(calls, list) else []
+
+
+def _function_names(items: list[JsonValue]) -> set[str]:
+    """The ``function.name`` of each tool or tool call in ``items``."""
+    functions = [i.get("function") for i in items if isinstance(i, dict)]
+    return {f["name"] for f in functions if isinstance(f, dict) and isinstance(f.get("name"), str)}
+
+
+@pydantic.dataclasses.dataclass(frozen=True, config=_SCRIPT)
+class Condition:
+    """When a rule answers: every given field must hold."""
+
+    called: list[str] = Field(default_factory=list)
+    not_called: list[str] = Field(default_factory=list)
+    last_tool_result_contains: str | None = None
+    user_contains: str | None = None
+
+    def holds(self, messages: list[Message]) -> bool:
+        called = _function_names([c for m in messages for c in _tool_calls(m)])
+        if not called.issuperset(self.called) or not called.isdisjoint(self.not_called):
+            return False
+        last_result = [_text(m.get("content")) for m in messages if m["role"] == "tool"][-1:]
+        users = [_text(m.get("content")) for m in messages if m["role"] == "user"]
+        wanted = [(self.last_tool_result_contains, last_result), (self.user_contains, users)]
+        return all(part is None or any(part in text for text in texts) for part, texts in wanted)
+
+
+@pydantic.dataclasses.dataclass(frozen=True, config=_SCRIPT)
+class ScriptedCall:
+    """A tool call: ``arguments`` (sent as a JSON string) or ``arguments_text`` (sent as is)."""
+
+    name: str = Field(min_length=1)
+    arguments: dict[str, PydanticJson] | None = None
+    arguments_text: str | None = None
+
+    @model_validator(mode="after")
+    def _one_form(self) -> ScriptedCall:
+        if self.arguments is not None and self.arguments_text is not None:
+            raise ValueError("give arguments or argumentsText, not both")
+        return self
+
+    @property
+    def text(self) -> str:
+        if self.arguments_text is not None:
+            return self.arguments_text
+        return json.dumps(self.arguments or {}, ensure_ascii=False)
+
+
+@pydantic.dataclasses.dataclass(frozen=True, config=_SCRIPT)
+class Rule:
+    """An answer and when to give it. Neither content nor tool calls is an empty answer."""
+
+    when: Condition = Field(default_factory=Condition)
+    content: str | None = None
+    tool_calls: list[ScriptedCall] = Field(default_factory=list)
+    times: int | None = Field(default=None, gt=0, strict=True)
+
+
+@pydantic.dataclasses.dataclass(frozen=True, config=_SCRIPT)
+class Script:
+    model: str = Field(default="scripted", min_length=1)
+    rules: list[Rule] = Field(default_factory=list)
+
+    @classmethod
+    def from_dict(cls, raw: object) -> Script:
+        """The script ``raw`` describes; pydantic's ValidationError (a ValueError) says what is wrong."""
+        return TypeAdapter(cls).validate_python(raw)
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> Script:
+        """Load a YAML or JSON file (YAML reads JSON too)."""
+        return cls.from_dict(yaml.safe_load(Path(path).read_text(encoding="utf-8")))
+
+
+# -- faults and state ------------------------------------------------------------------------------
+
+
+class FaultMode(enum.StrEnum):
+    SLOW = "slow"
+    ERROR = "error"
+    DROP = "drop"
+    MALFORMED = "malformed"
+    UNKNOWN_TOOL = "unknown_tool"
+    NONE = "none"
+
+
+@pydantic.dataclasses.dataclass(config=ConfigDict(extra="forbid", allow_inf_nan=False))
+class Fault:
+    """A queued fault; ``times`` counts the upcoming matching requests it still applies to."""
+
+    mode: FaultMode
+    times: int = Field(default=1, gt=0, strict=True)
+    delay: float = Field(default=5.0, ge=0, strict=True)
+    match: str | None = None
+
+
+def _digest(value: JsonValue) -> str:
+    return hashlib.sha256(rfc8785.dumps(value)).hexdigest()
+
+
+@dataclass
+class ModelServer:
+    """The server's state; use it on its event loop only (:class:`ModelServerThread` marshals calls)."""
+
+    script: Script = field(default_factory=lambda: Script())
+    api_key: str | None = None
+    uses: collections.Counter[int] = field(default_factory=collections.Counter)  # by rule index
+    total: int = 0
+    unmatched: int = 0
+    requests: collections.deque[JsonValue] = field(default_factory=lambda: collections.deque(maxlen=200))
+    faults: list[Fault] = field(default_factory=list)
+
+    def set_script(self, script: Script | Mapping[str, JsonValue]) -> Script:
+        self.script = script if isinstance(script, Script) else Script.from_dict(script)
+        self.uses.clear()
+        return self.script
+
+    def inject(self, mode: FaultMode | str, **options: JsonValue) -> Fault:
+        self.faults.append(TypeAdapter(Fault).validate_python({"mode": mode, **options}))
+        return self.faults[-1]
+
+    def reset(self) -> None:
+        self.total = self.unmatched = 0
+        self.uses.clear()
+        self.requests.clear()
+        self.faults.clear()
+
+    def calls_json(self) -> dict[str, JsonValue]:
+        by_rule = {str(i): self.uses[i] for i in range(len(self.script.rules))}
+        return dict(total=self.total, unmatched=self.unmatched, byRule=by_rule, requests=list(self.requests))
+
+    def _choose(self, messages: list[Message]) -> Rule:
+        """The first rule with uses left whose condition holds takes a use; none: the fallback."""
+        for index, rule in enumerate(self.script.rules):
+            if (rule.times is None or self.uses[index] < rule.times) and rule.when.holds(messages):
+                self.uses[index] += 1
+                return rule
+        self.unmatched += 1
+        return Rule(content=NO_SCRIPTED_REPLY)
+
+    def complete(self, body: Message, canonical: bytes) -> tuple[Fault | None, JsonValue]:
+        """Count and answer one valid request: (the fault taken, the completion or None)."""
+        messages: list[Message] = body["messages"]
+        self.total += 1
+        self.requests.append(body)
+        last = _text(messages[-1].get("content"))
+        fault = next((f for f in self.faults if f.match is None or f.match in last), None)
+        if fault is not None:  # consume one unit of the first pending fault that matches
+            fault.times -= 1
+            self.faults[:] = [f for f in self.faults if f.times > 0]
+        mode = fault.mode if fault is not None else FaultMode.NONE
+        if mode in (FaultMode.ERROR, FaultMode.DROP):
+            return fault, None
+        rule = self._choose(messages)
+        calls = [(c.name, c.text) for c in rule.tool_calls]
+        offered = _function_names(body.get("tools") or [])
+        first = calls[0] if calls else (min(offered, default="tool"), "{}")
+        if mode is FaultMode.MALFORMED:  # cut short as by a length limit: never JSON ("…" is no token)
+            calls[:1] = [(first[0], first[1][:-1] + "…")]
+        elif mode is FaultMode.UNKNOWN_TOOL:
+            # Longer than every offered name, so never one of them.
+            calls[:1] = [("not_offered".ljust(max(map(len, offered), default=0) + 1, "_"), first[1])]
+        return fault, self._completion(canonical, rule.content, calls)
+
+    def _completion(self, canonical: bytes, content: str | None, calls: list[tuple[str, str]]) -> JsonValue:
+        request = hashlib.sha256(canonical).hexdigest()
+        # Ids hash the request and the reply: a replay answered alike gets the same ids, while
+        # another answer to the same request (a used-up rule, a fault) never reuses an id.
+        message: Message = {"role": "assistant", "content": content}
+        if calls:
+            message["tool_calls"] = [
+                {
+                    "id": f"call_{_digest([request, i, n, a])[:24]}",
+                    "type": "function",
+                    "function": {"name": n, "arguments": a},
+                }
+                for i, (n, a) in enumerate(calls)
+            ]
+        prompt, completion = len(canonical) // 4, len(rfc8785.dumps(message)) // 4
+        usage = dict(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+        choice = {"index": 0, "message": message, "finish_reason": "tool_calls" if calls else "stop"}
+        return {
+            "id": f"chatcmpl-{_digest([request, message])[:24]}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": self.script.model,
+            "choices": [choice],
+            "usage": usage,
+        }
+
+
+def _conversation_problem(messages: JsonValue) -> str | None:
+    """Why the real API would refuse these messages, or None: tool calls need answers, in turn."""
+    if not isinstance(messages, list) or not messages:
+        return "messages: must be a non-empty list"
+    pending: set[str] = set()
+    for index, message in enumerate([*messages, {"role": "(end)"}]):
+        if index < len(messages) and (not isinstance(message, dict) or message.get("role") not in ROLES):
+            return f"messages[{index}]: must be an object with a role in {sorted(ROLES)}"
+        if message["role"] == "tool" and message.get("tool_call_id") in pending:
+            pending.discard(message["tool_call_id"])
+        elif message["role"] == "tool" or pending:
+            return f"messages[{index}]: the tool calls {sorted(pending)} need one 'tool' answer each, next"
+        else:
+            pending = {str(c.get("id")) for c in _tool_calls(message)}
+    return None
+
+
+# -- HTTP ------------------------------------------------------------------------------------------
+
+SERVER_KEY: web.AppKey[ModelServer] = web.AppKey("modelserver", ModelServer)
+
+
+def _error(status: int, message: str, code: str | None = None) -> web.Response:
+    kind = "server_error" if status >= 500 else "invalid_request_error"
+    error = {"message": message, "type": kind, "param": None, "code": code}
+    return web.json_response({"error": error}, status=status)
+
+
+@web.middleware
+async def _check_api_key(request: web.Request, handler: Handler) -> web.StreamResponse:
+    key = request.app[SERVER_KEY].api_key
+    if key is not None and request.path.startswith("/v1/"):
+        given = request.headers.get("Authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
+            return _error(401, "Incorrect API key provided.", code="invalid_api_key")
+    return await handler(request)
+
+
+async def _post_completion(request: web.Request) -> web.StreamResponse:
+    server = request.app[SERVER_KEY]
+    try:
+        body = await request.json()
+    except ValueError:
+        body = None
+    if not isinstance(body, dict):
+        return _error(400, "the body must be a JSON object")
+    if body.get("stream"):
+        return _error(400, "streaming is not supported by this server", code="unsupported_parameter")
+    if body.get("model") != server.script.model:
+        return _error(404, f"The model `{body.get('model')}` does not exist.", code="model_not_found")
+    problem = _conversation_problem(body.get("messages"))
+    if problem is not None:
+        return _error(400, problem)
+    try:
+        canonical = rfc8785.dumps(body)
+    except rfc8785.CanonicalizationError as exc:  # integers beyond 2**53 and the like
+        return _error(400, f"the body has no canonical JSON form: {exc}")
+
+    # From here to the answer there is no await: taking the fault and the rule use is atomic.
+    fault, completion = server.complete(body, canonical)
+    if fault is not None and fault.mode is FaultMode.ERROR:
+        return _error(500, "injected fault: the server had an error")
+    if fault is not None and fault.mode is FaultMode.DROP:
+        # Close without writing anything: the client sees a server disconnect. aiohttp then fails
+        # to write the response below (a ConnectionError it handles quietly).
+        if request.transport is not None:
+            request.transport.close()
+        return web.Response(status=500)
+    if fault is not None and fault.mode is FaultMode.SLOW:
+        await asyncio.sleep(fault.delay)
+    return web.json_response(completion)
+
+
+async def _get_models(request: web.Request) -> web.Response:
+    model = request.app[SERVER_KEY].script.model
+    data = [{"id": model, "object": "model", "created": 0, "owned_by": "durable-agents-testkit"}]
+    return web.json_response({"object": "list", "data": data})
+
+
+async def _post_fault(request: web.Request) -> web.Response:
+    server = request.app[SERVER_KEY]
+    try:
+        spec = await request.json()
+        fault = server.inject(**spec) if isinstance(spec, dict) else server.inject(spec)
+    except (TypeError, ValueError) as exc:
+        return _error(400, f"a fault is {{mode, times, delay, match}}: {exc}")
+    pending = [asdict(f) for f in server.faults]
+    return web.json_response({"queued": asdict(fault), "pending": pending}, status=201)
+
+
+async def _faults(request: web.Request) -> web.Response:
+    faults = request.app[SERVER_KEY].faults
+    if request.method == "DELETE":
+        faults.clear()
+    return web.json_response({"pending": [asdict(f) for f in faults]})
+
+
+async def _get_calls(request: web.Request) -> web.Response:
+    return web.json_response(request.app[SERVER_KEY].calls_json())
+
+
+async def _post_script(request: web.Request) -> web.Response:
+    try:
+        script = request.app[SERVER_KEY].set_script(Script.from_dict(await request.json()))
+    except ValueError as exc:
+        return _error(400, str(exc))
+    return web.json_response({"model": script.model, "rules": len(script.rules)})
+
+
+async def _post_reset(request: web.Request) -> web.Response:
+    request.app[SERVER_KEY].reset()
+    return web.json_response({"reset": True})
+
+
+def make_app(server: ModelServer | None = None) -> web.Application:
+    """The aiohttp application serving ``server`` (a fresh one with an empty script if not given)."""
+    # Conversations with long tool results outgrow aiohttp's 1 MiB default body limit.
+    app = web.Application(middlewares=[_check_api_key], client_max_size=16 * 1024 * 1024)
+    app[SERVER_KEY] = server if server is not None else ModelServer()
+    app.router.add_post("/v1/chat/completions", _post_completion)
+    app.router.add_get("/v1/models", _get_models)
+    app.router.add_post("/faults", _post_fault)
+    app.router.add_get("/faults", _faults)
+    app.router.add_delete("/faults", _faults)
+    app.router.add_get("/calls", _get_calls)
+    app.router.add_post("/script", _post_script)
+    app.router.add_post("/reset", _post_reset)
+    return app
+
+
+def _check_loopback(host: str, allow_non_loopback: bool) -> None:
+    with contextlib.suppress(ValueError):
+        if allow_non_loopback or host == "localhost" or ipaddress.ip_address(host).is_loopback:
+            return
+    raise ValueError(f"refusing to listen on non-loopback address {host!r}")
+
+
+def _base_url(host: str, port: int) -> str:
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}/v1"
+
+
+# handler_cancellation: a client giving up on a slow reply cancels the sleep; stopping never waits.
+_RUNNER_OPTIONS: dict[str, Any] = {"handler_cancellation": True, "shutdown_timeout": 1.0}
+
+
+class RunningModelServer:
+    """The server listening on a socket; ``port=0`` picks a free port (see :attr:`base_url`)."""
+
+    def __init__(
+        self,
+        server: ModelServer | None = None,
+        host: str = LOOPBACK,
+        port: int = 0,
+        *,
+        allow_non_loopback: bool = False,
+    ) -> None:
+        _check_loopback(host, allow_non_loopback)
+        self.server = server if server is not None else ModelServer()
+        self.host = host
+        self._requested_port = port
+        self._port: int | None = None
+        self._runner = web.AppRunner(make_app(self.server), **_RUNNER_OPTIONS)
+
+    @property
+    def base_url(self) -> str:
+        """What the OpenAI client takes as ``base_url``; the control endpoints are beside ``/v1``."""
+        if self._port is None:
+            raise RuntimeError("the model server is not running")
+        return _base_url(self.host, self._port)
+
+    async def start(self) -> None:
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self._requested_port)
+        try:
+            await site.start()
+        except BaseException:
+            await self._runner.cleanup()
+            raise
+        self._port = int(self._runner.addresses[0][1])
+
+    async def stop(self) -> None:
+        await self._runner.cleanup()
+        self._port = None
+
+    async def __aenter__(self) -> RunningModelServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()
+
+
+@contextlib.asynccontextmanager
+async def serve(
+    host: str = LOOPBACK,
+    port: int = 0,
+    server: ModelServer | None = None,
+    *,
+    allow_non_loopback: bool = False,
+) -> AsyncIterator[RunningModelServer]:
+    """Serve the model server for the duration of the ``async with`` block."""
+    async with RunningModelServer(server, host, port, allow_non_loopback=allow_non_loopback) as running:
+        yield running
+
+
+class ModelServerThread:
+    """The server on its own event loop in a daemon thread, for synchronous test code. The control
+    methods run on that loop and wait for the result: safe from any thread, and no HTTP needed."""
+
+    def __init__(
+        self,
+        script: Script | Mapping[str, JsonValue] | None = None,
+        *,
+        api_key: str | None = None,
+        host: str = LOOPBACK,
+        port: int = 0,
+        allow_non_loopback: bool = False,
+    ) -> None:
+        self.server = ModelServer(api_key=api_key)
+        self.server.set_script(script if script is not None else Script())
+        self._running = RunningModelServer(self.server, host, port, allow_non_loopback=allow_non_loopback)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="modelserver", daemon=True)
+
+    @property
+    def base_url(self) -> str:
+        """What the OpenAI client takes as ``base_url``; the control endpoints are beside ``/v1``."""
+        return self._running.base_url
+
+    def start(self, timeout: float = 10.0) -> ModelServerThread:
+        self._thread.start()  # a second start raises RuntimeError, as for any thread
+        try:
+            asyncio.run_coroutine_threadsafe(self._running.start(), self._loop).result(timeout)
+        except BaseException:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout)
+            self._loop.close()
+            raise
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self._thread.is_alive():
+            asyncio.run_coroutine_threadsafe(self._running.stop(), self._loop).result(timeout)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout)
+        if not self._loop.is_running():
+            self._loop.close()
+
+    def __enter__(self) -> ModelServerThread:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def call(self, fn: Callable[[], _T], timeout: float = 10.0) -> _T:
+        """Run ``fn`` on the server's loop (the only place that may touch :attr:`server`)."""
+        if not self._thread.is_alive():
+            raise RuntimeError("the model server is not running")
+
+        async def run() -> _T:
+            return fn()
+
+        return asyncio.run_coroutine_threadsafe(run(), self._loop).result(timeout)
+
+    def calls(self) -> dict[str, JsonValue]:
+        """The ``GET /calls`` document."""
+        return self.call(self.server.calls_json)
+
+    def set_script(self, script: Script | Mapping[str, JsonValue]) -> Script:
+        return self.call(lambda: self.server.set_script(script))
+
+    def inject(self, mode: FaultMode | str, **options: JsonValue) -> Fault:
+        """Queue a fault; ``options`` are :class:`Fault`'s ``times``, ``delay`` and ``match``."""
+        return self.call(lambda: self.server.inject(mode, **options))
+
+    def reset(self) -> None:
+        self.call(self.server.reset)
+
+
+# -- standalone ------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m durable_agents_testkit.modelserver",
+        description="The reference model server: OpenAI-compatible chat completions from a script.",
+    )
+    parser.add_argument("--script", required=True, type=Path, help="the script: a YAML or .json file")
+    parser.add_argument("--host", default=LOOPBACK, help="address to listen on (loopback only by default)")
+    parser.add_argument("--port", type=int, default=0, help="port to listen on; 0 picks a free one")
+    parser.add_argument("--api-key", help="require 'Authorization: Bearer <key>' on /v1/*")
+    parser.add_argument("--allow-non-loopback", action="store_true", help="allow a non-loopback address")
+    args = parser.parse_args(argv)
+    try:
+        _check_loopback(args.host, args.allow_non_loopback)
+        server = ModelServer(script=Script.from_file(args.script), api_key=args.api_key)
+        # Bind first, so the one line printed (a launcher reads it) has the real port.
+        sock = socket.create_server((args.host, args.port), family=socket.getaddrinfo(args.host, None)[0][0])
+    except (OSError, ValueError, yaml.YAMLError) as exc:
+        parser.error(str(exc))
+    print(_base_url(args.host, sock.getsockname()[1]), flush=True)
+    web.run_app(make_app(server), sock=sock, print=None, **_RUNNER_OPTIONS)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

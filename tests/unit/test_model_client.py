@@ -1,0 +1,127 @@
+"""The operator's model call (shell/model_client.py) against the reference model server: the core's
+request goes out as built, the reply comes back as the core's plain values, and every failure is a
+typed, reasoned ModelCallFailed (never a silent retry: the client's own retries are off)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+
+from durable_agents.core.agent.exchange import ModelRequest
+from durable_agents.shell.model_client import ModelCallFailed, ModelClient, ModelEndpoint
+from durable_agents_testkit.modelserver import ModelServerThread
+
+pytestmark = pytest.mark.unit
+
+MODEL = "reference-model"
+KEY = "model-key"
+TOOL: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "read_settings",
+        "description": "read the settings",
+        "parameters": {"type": "object", "properties": {"name": {"type": "string"}}},
+    },
+}
+SCRIPT: dict[str, Any] = {
+    "model": MODEL,
+    "rules": [
+        {
+            "when": {"notCalled": ["read_settings"]},
+            "content": "The settings decide the surge.",
+            "toolCalls": [{"name": "read_settings", "arguments": {"name": "settings"}}],
+        },
+        {"when": {"called": ["read_settings"]}, "content": "done"},
+    ],
+}
+REQUEST = ModelRequest(
+    model=MODEL,
+    messages=({"role": "system", "content": "You operate."}, {"role": "user", "content": "Surge."}),
+    tools=(TOOL,),
+)
+
+
+@pytest.fixture
+def server() -> Iterator[ModelServerThread]:
+    with ModelServerThread(SCRIPT, api_key=KEY) as running:
+        yield running
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[ModelClient]:
+    c = ModelClient()
+    yield c
+    await c.close()
+
+
+def endpoint(server: ModelServerThread, key: str | None = KEY, timeout: float = 5.0) -> ModelEndpoint:
+    return ModelEndpoint(base_url=server.base_url, api_key=key, timeout_seconds=timeout)
+
+
+async def test_a_tool_call_comes_back_as_the_cores_reply(
+    client: ModelClient, server: ModelServerThread
+) -> None:
+    reply = await client.complete(endpoint(server), REQUEST)
+
+    assert reply.model == MODEL
+    assert reply.content == "The settings decide the surge."
+    assert reply.finish_reason == "tool_calls"
+    [call] = reply.tool_calls
+    assert call.name == "read_settings"
+    assert json.loads(call.arguments_text) == {"name": "settings"}
+    assert reply.usage.input_tokens > 0
+    assert reply.usage.output_tokens > 0
+    # What went out is the core's body: one tool call per turn, the tools as built.
+    [sent] = server.calls()["requests"]  # type: ignore[misc]
+    assert sent["parallel_tool_calls"] is False  # type: ignore[index]
+    assert sent["tools"] == [TOOL]  # type: ignore[index]
+    assert sent["messages"] == list(REQUEST.messages)  # type: ignore[index]
+
+
+async def test_the_same_request_gets_the_same_call_id(client: ModelClient, server: ModelServerThread) -> None:
+    """A crash between boundaries repeats the call: the reference server answers it identically."""
+    first = await client.complete(endpoint(server), REQUEST)
+    again = await client.complete(endpoint(server), REQUEST)
+    assert first.tool_calls == again.tool_calls
+
+
+@pytest.mark.parametrize(
+    ("fault", "options", "reason", "retryable"),
+    [
+        ("error", {}, "ModelError", True),
+        ("drop", {}, "ModelUnreachable", True),
+        ("slow", {"delay": 1.0}, "ModelTimeout", True),
+    ],
+)
+async def test_a_failed_call_is_a_reasoned_failure_and_is_not_retried(
+    client: ModelClient,
+    server: ModelServerThread,
+    fault: str,
+    options: dict[str, Any],
+    reason: str,
+    retryable: bool,
+) -> None:
+    server.inject(fault, **options)
+    with pytest.raises(ModelCallFailed) as failed:
+        await client.complete(endpoint(server, timeout=0.3), REQUEST)
+    assert failed.value.reason == reason
+    assert failed.value.retryable is retryable
+    assert server.calls()["total"] == 1, "the client itself must not retry: the run's policy does"
+
+
+async def test_a_bad_key_is_not_retryable(client: ModelClient, server: ModelServerThread) -> None:
+    with pytest.raises(ModelCallFailed) as failed:
+        await client.complete(endpoint(server, key="wrong"), REQUEST)
+    assert failed.value.reason == "ModelAuthFailed"
+    assert failed.value.retryable is False
+
+
+async def test_an_unknown_model_is_named(client: ModelClient, server: ModelServerThread) -> None:
+    request = ModelRequest(model="no-such-model", messages=REQUEST.messages, tools=REQUEST.tools)
+    with pytest.raises(ModelCallFailed) as failed:
+        await client.complete(endpoint(server), request)
+    assert failed.value.reason == "ModelNotFound"
+    assert failed.value.retryable is False
