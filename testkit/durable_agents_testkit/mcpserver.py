@@ -58,16 +58,15 @@ Only loopback addresses are served unless ``allow_non_loopback`` is set explicit
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
-import ipaddress
 import json
 import math
 import socket
-import threading
-from collections.abc import Callable, Iterable, MutableMapping
+from collections.abc import AsyncIterator, Callable, Iterable, MutableMapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any
 
 import uvicorn
 from mcp.server import Server
@@ -84,6 +83,8 @@ from mcp_types import (
     Tool,
     ToolAnnotations,
 )
+
+from durable_agents_testkit.loopback import LoopThread, http_url, refuse_non_loopback
 
 __all__ = [
     "DEFAULT_SLOW_DELAY",
@@ -103,8 +104,6 @@ DEFAULT_SLOW_DELAY = 5.0
 MCP_PATH = "/mcp"
 # The ASGI scope entry through which a tool handler closes its own HTTP connection.
 _DROP_SCOPE_KEY = "durable_agents.drop_connection"
-
-_T = TypeVar("_T")
 
 
 class FaultMode(enum.StrEnum):
@@ -398,16 +397,7 @@ class _ConnectionDropper:
         await self._app(scope, receive, send)
 
 
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-class McpServerThread:
+class McpServerThread(LoopThread[int]):
     """The MCP server on its own event loop in a daemon thread, for tests and the demo.
 
     The control methods run on the server's loop and wait for the result, so they are safe to call
@@ -423,54 +413,25 @@ class McpServerThread:
         page_size: int | None = None,
         allow_non_loopback: bool = False,
     ) -> None:
-        if not allow_non_loopback and not _is_loopback(host):
-            raise ValueError(f"refusing to listen on non-loopback address {host!r}")
+        refuse_non_loopback(host, allow_non_loopback)
         self.system = TicketSystem()
         self._server = make_server(self.system, hide=hide, page_size=page_size)
         self._host = host
         self._requested_port = port
-        self._port: int | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stopping: asyncio.Event | None = None
-        self._thread: threading.Thread | None = None
-        self._ready = threading.Event()
-        self._error: BaseException | None = None
+        super().__init__("the MCP server", self._listen)
 
     @property
     def port(self) -> int:
-        if self._port is None:
-            raise RuntimeError("the MCP server is not running")
-        return self._port
+        return self._served
 
     @property
     def url(self) -> str:
         """The streamable HTTP endpoint."""
-        host = f"[{self._host}]" if ":" in self._host else self._host
-        return f"http://{host}:{self.port}{MCP_PATH}"
+        return http_url(self._host, self.port, MCP_PATH)
 
-    def start(self, timeout: float = 10.0) -> McpServerThread:
-        if self._thread is not None:
-            raise RuntimeError("already started")
-        self._thread = threading.Thread(target=self._main, name="mcpserver", daemon=True)
-        self._thread.start()
-        if not self._ready.wait(timeout):
-            raise TimeoutError("the MCP server did not start in time")
-        if self._error is not None:
-            self._thread.join()
-            self._thread = None
-            raise self._error
-        return self
-
-    def _main(self) -> None:
-        try:
-            asyncio.run(self._serve())
-        except BaseException as exc:  # reported to start(); the thread just ends
-            self._error = exc
-            self._ready.set()
-
-    async def _serve(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._stopping = asyncio.Event()
+    @contextlib.asynccontextmanager
+    async def _listen(self) -> AsyncIterator[int]:
+        """Serve with uvicorn on the thread's loop; yields the port it listens on."""
         family = socket.AF_INET6 if ":" in self._host else socket.AF_INET
         with socket.socket(family, socket.SOCK_STREAM) as sock:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -495,61 +456,32 @@ class McpServerThread:
                         serving.result()  # raises what stopped it
                         raise RuntimeError("uvicorn stopped before it started")
                     await asyncio.sleep(0.01)
-                self._port = int(sock.getsockname()[1])
-                self._ready.set()
-                await self._stopping.wait()
+                yield int(sock.getsockname()[1])
             finally:
                 server.should_exit = True
                 await serving
 
-    def stop(self, timeout: float = 10.0) -> None:
-        thread, loop, stopping = self._thread, self._loop, self._stopping
-        if thread is None:
-            return
-        if loop is not None and stopping is not None and thread.is_alive():
-            loop.call_soon_threadsafe(stopping.set)
-        thread.join(timeout)
-        self._thread = self._loop = self._stopping = None
-        self._port = None
-        self._ready.clear()
-
-    def __enter__(self) -> McpServerThread:
-        return self.start()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
-
-    def _call(self, fn: Callable[[], _T], timeout: float = 10.0) -> _T:
-        loop = self._loop
-        if loop is None or self._port is None:
-            raise RuntimeError("the MCP server is not running")
-
-        async def run() -> _T:
-            return fn()
-
-        return asyncio.run_coroutine_threadsafe(run(), loop).result(timeout)
-
     def counts(self) -> dict[str, int]:
         """Applications of ``close_ticket`` per idempotency key."""
-        return self._call(self.system.counts)
+        return self.call(self.system.counts)
 
     def applied(self, key: str) -> int:
-        return self._call(lambda: self.system.applied(key))
+        return self.call(lambda: self.system.applied(key))
 
     def duplicates(self) -> list[str]:
-        return self._call(self.system.duplicates)
+        return self.call(self.system.duplicates)
 
     def closures(self) -> list[Closure]:
-        return self._call(lambda: list(self.system.closures))
+        return self.call(lambda: list(self.system.closures))
 
     def ticket(self, ticket: str) -> dict[str, Any]:
-        return self._call(lambda: dict(self.system.tickets[ticket]))
+        return self.call(lambda: dict(self.system.tickets[ticket]))
 
     def inject(self, mode: FaultMode | str, times: int = 1, delay: float = DEFAULT_SLOW_DELAY) -> Fault:
-        return self._call(lambda: self.system.inject(mode, times, delay))
+        return self.call(lambda: self.system.inject(mode, times, delay))
 
     def pending_faults(self) -> list[Fault]:
-        return self._call(self.system.pending_faults)
+        return self.call(self.system.pending_faults)
 
     def reset(self) -> None:
-        self._call(self.system.reset)
+        self.call(self.system.reset)

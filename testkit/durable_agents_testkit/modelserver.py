@@ -51,15 +51,13 @@ import contextlib
 import enum
 import hashlib
 import hmac
-import ipaddress
 import json
 import socket
-import threading
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, TypeAlias, TypeVar
+from typing import Any, TypeAlias
 
 import pydantic.dataclasses
 import rfc8785
@@ -70,14 +68,20 @@ from pydantic import ConfigDict, Field, TypeAdapter, model_validator
 from pydantic import JsonValue as PydanticJson
 from pydantic.alias_generators import to_camel
 
+from durable_agents_testkit.loopback import (
+    LOOPBACK,
+    RUNNER_OPTIONS,
+    LoopThread,
+    RunningApp,
+    http_url,
+    refuse_non_loopback,
+)
+
 NO_SCRIPTED_REPLY = "(no scripted reply)"
-LOOPBACK = "127.0.0.1"
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 
 JsonValue: TypeAlias = Any  # any value json.loads can produce
 Message: TypeAlias = dict[str, JsonValue]
-
-_T = TypeVar("_T")
 
 
 # -- the script ------------------------------------------------------------------------------------
@@ -417,22 +421,7 @@ def make_app(server: ModelServer | None = None) -> web.Application:
     return app
 
 
-def _check_loopback(host: str, allow_non_loopback: bool) -> None:
-    with contextlib.suppress(ValueError):
-        if allow_non_loopback or host == "localhost" or ipaddress.ip_address(host).is_loopback:
-            return
-    raise ValueError(f"refusing to listen on non-loopback address {host!r}")
-
-
-def _base_url(host: str, port: int) -> str:
-    return f"http://{f'[{host}]' if ':' in host else host}:{port}/v1"
-
-
-# handler_cancellation: a client giving up on a slow reply cancels the sleep; stopping never waits.
-_RUNNER_OPTIONS: dict[str, Any] = {"handler_cancellation": True, "shutdown_timeout": 1.0}
-
-
-class RunningModelServer:
+class RunningModelServer(RunningApp):
     """The server listening on a socket; ``port=0`` picks a free port (see :attr:`base_url`)."""
 
     def __init__(
@@ -443,40 +432,16 @@ class RunningModelServer:
         *,
         allow_non_loopback: bool = False,
     ) -> None:
-        _check_loopback(host, allow_non_loopback)
         self.server = server if server is not None else ModelServer()
-        self.host = host
-        self._requested_port = port
-        self._port: int | None = None
-        self._runner = web.AppRunner(make_app(self.server), **_RUNNER_OPTIONS)
+        # RUNNER_OPTIONS: a client giving up on a slow reply cancels the sleep; stopping never waits.
+        super().__init__(
+            make_app(self.server), host, port, allow_non_loopback=allow_non_loopback, name="the model server"
+        )
 
     @property
     def base_url(self) -> str:
         """What the OpenAI client takes as ``base_url``; the control endpoints are beside ``/v1``."""
-        if self._port is None:
-            raise RuntimeError("the model server is not running")
-        return _base_url(self.host, self._port)
-
-    async def start(self) -> None:
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self._requested_port)
-        try:
-            await site.start()
-        except BaseException:
-            await self._runner.cleanup()
-            raise
-        self._port = int(self._runner.addresses[0][1])
-
-    async def stop(self) -> None:
-        await self._runner.cleanup()
-        self._port = None
-
-    async def __aenter__(self) -> RunningModelServer:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.stop()
+        return f"{self.url}/v1"
 
 
 @contextlib.asynccontextmanager
@@ -492,9 +457,10 @@ async def serve(
         yield running
 
 
-class ModelServerThread:
+class ModelServerThread(LoopThread[RunningModelServer]):
     """The server on its own event loop in a daemon thread, for synchronous test code. The control
-    methods run on that loop and wait for the result: safe from any thread, and no HTTP needed."""
+    methods run on that loop and wait for the result: safe from any thread, and no HTTP needed
+    (:meth:`call` runs any function there, the only place that may touch :attr:`server`)."""
 
     def __init__(
         self,
@@ -505,51 +471,18 @@ class ModelServerThread:
         port: int = 0,
         allow_non_loopback: bool = False,
     ) -> None:
+        refuse_non_loopback(host, allow_non_loopback)
         self.server = ModelServer(api_key=api_key)
         self.server.set_script(script if script is not None else Script())
-        self._running = RunningModelServer(self.server, host, port, allow_non_loopback=allow_non_loopback)
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="modelserver", daemon=True)
+        super().__init__(
+            "the model server",
+            lambda: RunningModelServer(self.server, host, port, allow_non_loopback=allow_non_loopback),
+        )
 
     @property
     def base_url(self) -> str:
         """What the OpenAI client takes as ``base_url``; the control endpoints are beside ``/v1``."""
-        return self._running.base_url
-
-    def start(self, timeout: float = 10.0) -> ModelServerThread:
-        self._thread.start()  # a second start raises RuntimeError, as for any thread
-        try:
-            asyncio.run_coroutine_threadsafe(self._running.start(), self._loop).result(timeout)
-        except BaseException:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(timeout)
-            self._loop.close()
-            raise
-        return self
-
-    def stop(self, timeout: float = 10.0) -> None:
-        if self._thread.is_alive():
-            asyncio.run_coroutine_threadsafe(self._running.stop(), self._loop).result(timeout)
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(timeout)
-        if not self._loop.is_running():
-            self._loop.close()
-
-    def __enter__(self) -> ModelServerThread:
-        return self.start()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
-
-    def call(self, fn: Callable[[], _T], timeout: float = 10.0) -> _T:
-        """Run ``fn`` on the server's loop (the only place that may touch :attr:`server`)."""
-        if not self._thread.is_alive():
-            raise RuntimeError("the model server is not running")
-
-        async def run() -> _T:
-            return fn()
-
-        return asyncio.run_coroutine_threadsafe(run(), self._loop).result(timeout)
+        return self._served.base_url
 
     def calls(self) -> dict[str, JsonValue]:
         """The ``GET /calls`` document."""
@@ -581,14 +514,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--allow-non-loopback", action="store_true", help="allow a non-loopback address")
     args = parser.parse_args(argv)
     try:
-        _check_loopback(args.host, args.allow_non_loopback)
+        refuse_non_loopback(args.host, args.allow_non_loopback)
         server = ModelServer(script=Script.from_file(args.script), api_key=args.api_key)
         # Bind first, so the one line printed (a launcher reads it) has the real port.
         sock = socket.create_server((args.host, args.port), family=socket.getaddrinfo(args.host, None)[0][0])
     except (OSError, ValueError, yaml.YAMLError) as exc:
         parser.error(str(exc))
-    print(_base_url(args.host, sock.getsockname()[1]), flush=True)
-    web.run_app(make_app(server), sock=sock, print=None, **_RUNNER_OPTIONS)
+    print(http_url(args.host, sock.getsockname()[1], "/v1"), flush=True)
+    web.run_app(make_app(server), sock=sock, print=None, **RUNNER_OPTIONS)
     return 0
 
 

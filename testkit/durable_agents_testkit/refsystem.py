@@ -55,17 +55,17 @@ import asyncio
 import contextlib
 import enum
 import hashlib
-import ipaddress
 import json
 import math
 import signal
-import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, TypeAlias, TypeVar
+from typing import Any, TypeAlias
 
 from aiohttp import web
+
+from durable_agents_testkit.loopback import LoopThread, RunningApp, is_loopback, refuse_non_loopback
 
 __all__ = [
     "IDEMPOTENCY_KEY_HEADER",
@@ -86,8 +86,6 @@ DEFAULT_SLOW_DELAY = 5.0
 
 JsonValue: TypeAlias = Any
 """Any value :func:`json.loads` can produce."""
-
-_T = TypeVar("_T")
 
 
 class FaultMode(enum.StrEnum):
@@ -361,16 +359,7 @@ def make_app(system: ReferenceSystem | None = None) -> web.Application:
     return app
 
 
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-class RunningReferenceSystem:
+class RunningReferenceSystem(RunningApp):
     """The service listening on a socket. ``port=0`` picks a free port; ``.port`` is the real one."""
 
     def __init__(
@@ -382,50 +371,18 @@ class RunningReferenceSystem:
         allow_non_loopback: bool = False,
         shutdown_timeout: float = 1.0,
     ) -> None:
-        if not allow_non_loopback and not _is_loopback(host):
-            raise ValueError(f"refusing to listen on non-loopback address {host!r}")
         self.system = system if system is not None else ReferenceSystem()
-        self.host = host
-        self._requested_port = port
-        self._port: int | None = None
         # handler_cancellation: a client that gives up on a slow reply cancels the sleep (the
         # effect was already applied), so stopping never waits for injected delays.
-        self._runner = web.AppRunner(
-            make_app(self.system), handler_cancellation=True, shutdown_timeout=shutdown_timeout
+        super().__init__(
+            make_app(self.system),
+            host,
+            port,
+            allow_non_loopback=allow_non_loopback,
+            name="the reference system",
+            handler_cancellation=True,
+            shutdown_timeout=shutdown_timeout,
         )
-
-    @property
-    def port(self) -> int:
-        if self._port is None:
-            raise RuntimeError("the reference system is not running")
-        return self._port
-
-    @property
-    def url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
-
-    async def start(self) -> None:
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self._requested_port)
-        try:
-            await site.start()
-        except BaseException:
-            await self._runner.cleanup()
-            raise
-        address = self._runner.addresses[0]
-        self._port = int(address[1])
-
-    async def stop(self) -> None:
-        await self._runner.cleanup()
-        self._port = None
-
-    async def __aenter__(self) -> RunningReferenceSystem:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.stop()
 
 
 @contextlib.asynccontextmanager
@@ -442,7 +399,7 @@ async def serve(
         yield running
 
 
-class ReferenceSystemThread:
+class ReferenceSystemThread(LoopThread[RunningReferenceSystem]):
     """The service on its own event loop in a daemon thread, for synchronous test code.
 
     The control methods (``counts``, ``inject``, ``reset``, ...) run on the service's loop and
@@ -450,103 +407,36 @@ class ReferenceSystemThread:
     """
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, *, allow_non_loopback: bool = False) -> None:
-        if not allow_non_loopback and not _is_loopback(host):
-            raise ValueError(f"refusing to listen on non-loopback address {host!r}")
+        refuse_non_loopback(host, allow_non_loopback)
         self.system = ReferenceSystem()
-        self._host = host
-        self._port = port
-        self._allow_non_loopback = allow_non_loopback
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stopping: asyncio.Event | None = None
-        self._thread: threading.Thread | None = None
-        self._ready = threading.Event()
-        self._running: RunningReferenceSystem | None = None
-        self._error: BaseException | None = None
+        super().__init__(
+            "the reference system",
+            lambda: RunningReferenceSystem(self.system, host, port, allow_non_loopback=allow_non_loopback),
+        )
 
     @property
     def url(self) -> str:
-        if self._running is None:
-            raise RuntimeError("the reference system is not running")
-        return self._running.url
+        return self._served.url
 
     @property
     def port(self) -> int:
-        if self._running is None:
-            raise RuntimeError("the reference system is not running")
-        return self._running.port
-
-    def start(self, timeout: float = 10.0) -> ReferenceSystemThread:
-        if self._thread is not None:
-            raise RuntimeError("already started")
-        self._thread = threading.Thread(target=self._main, name="refsystem", daemon=True)
-        self._thread.start()
-        if not self._ready.wait(timeout):
-            raise TimeoutError("the reference system did not start in time")
-        if self._error is not None:
-            self._thread.join()
-            self._thread = None
-            raise self._error
-        return self
-
-    def _main(self) -> None:
-        try:
-            asyncio.run(self._serve())
-        except BaseException as exc:  # reported to start(); the thread just ends
-            self._error = exc
-            self._ready.set()
-
-    async def _serve(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._stopping = asyncio.Event()
-        running = RunningReferenceSystem(
-            self.system, self._host, self._port, allow_non_loopback=self._allow_non_loopback
-        )
-        async with running:
-            self._running = running
-            self._ready.set()
-            await self._stopping.wait()
-
-    def stop(self, timeout: float = 10.0) -> None:
-        thread, loop, stopping = self._thread, self._loop, self._stopping
-        if thread is None:
-            return
-        if loop is not None and stopping is not None and thread.is_alive():
-            loop.call_soon_threadsafe(stopping.set)
-        thread.join(timeout)
-        self._thread = self._loop = self._stopping = self._running = None
-        self._ready.clear()
-
-    def __enter__(self) -> ReferenceSystemThread:
-        return self.start()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
-
-    def _call(self, fn: Callable[[], _T], timeout: float = 10.0) -> _T:
-        loop = self._loop
-        if loop is None or self._running is None:
-            raise RuntimeError("the reference system is not running")
-
-        async def run() -> _T:
-            return fn()
-
-        return asyncio.run_coroutine_threadsafe(run(), loop).result(timeout)
+        return self._served.port
 
     def counts(self) -> dict[str, int]:
         """Applications per key."""
-        return self._call(self.system.counts)
+        return self.call(self.system.counts)
 
     def applied(self, key: str) -> int:
-        return self._call(lambda: self.system.applied(key))
+        return self.call(lambda: self.system.applied(key))
 
     def duplicates(self) -> list[str]:
-        return self._call(self.system.duplicates)
+        return self.call(self.system.duplicates)
 
     def total(self) -> int:
-        return self._call(self.system.total)
+        return self.call(self.system.total)
 
     def records(self) -> list[ApplicationRecord]:
-        return self._call(lambda: list(self.system.records))
+        return self.call(lambda: list(self.system.records))
 
     def inject(
         self,
@@ -555,16 +445,16 @@ class ReferenceSystemThread:
         delay: float = DEFAULT_SLOW_DELAY,
         match: str | None = None,
     ) -> Fault:
-        return self._call(lambda: self.system.inject(mode, times=times, delay=delay, match=match))
+        return self.call(lambda: self.system.inject(mode, times=times, delay=delay, match=match))
 
     def pending_faults(self) -> list[Fault]:
-        return self._call(self.system.pending_faults)
+        return self.call(self.system.pending_faults)
 
     def clear_faults(self) -> None:
-        self._call(self.system.clear_faults)
+        self.call(self.system.clear_faults)
 
     def reset(self) -> None:
-        self._call(self.system.reset)
+        self.call(self.system.reset)
 
 
 # -- standalone ------------------------------------------------------------------------------------
@@ -593,7 +483,7 @@ def main(argv: list[str] | None = None) -> int:
         "--allow-non-loopback", action="store_true", help="allow listening on a non-loopback address"
     )
     args = parser.parse_args(argv)
-    if not args.allow_non_loopback and not _is_loopback(args.host):
+    if not args.allow_non_loopback and not is_loopback(args.host):
         parser.error(f"refusing to listen on non-loopback address {args.host!r}")
     asyncio.run(_run_forever(args.host, args.port, args.allow_non_loopback))
     return 0

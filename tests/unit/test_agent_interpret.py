@@ -27,9 +27,10 @@ from durable_agents.core.agent.tools import (
     mcp_tool,
     read_tool,
 )
-from durable_agents.core.agent_facts import ARGUMENTS_MAX_BYTES
+from durable_agents.core.agent_facts import ARGUMENTS_DIGEST_LABEL, ARGUMENTS_MAX_BYTES
 from durable_agents.core.digest import canonical_digest
 from durable_agents.core.planner import AskHuman, AwaitEvent, PerformEffect, ReadObject
+from durable_agents.core.sealed_values import keyed_digest, new_data_key
 
 pytestmark = pytest.mark.unit
 
@@ -184,7 +185,11 @@ def test_a_read_becomes_a_read_object_of_the_declared_kind() -> None:
     )
     assert call.step.ref.namespace is None  # the run's namespace, never one the model names
     assert call.reason == "because"
-    assert call.arguments_digest == canonical_digest({"name": "settings"})
+    key, other = new_data_key(), new_data_key()
+    digest = call.arguments_digest(key)
+    assert digest == keyed_digest(key, ARGUMENTS_DIGEST_LABEL, {"name": "settings"})
+    assert digest != call.arguments_digest(other), "keyed: without the run's key it cannot be tested"
+    assert digest != canonical_digest({"name": "settings"})
 
 
 def test_an_effect_target_is_the_declared_one_whatever_the_model_writes() -> None:

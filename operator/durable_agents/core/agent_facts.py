@@ -31,6 +31,7 @@ from durable_agents.core.sealed_values import (
     TOKEN_PREFIX,
     DataKey,
     is_sealed,
+    keyed_digest,
     seal_value,
     unseal_value,
 )
@@ -55,6 +56,8 @@ TurnField = Literal["arguments", "reason", "result"]
 
 Count = Annotated[int, Field(ge=0, le=2**53 - 1)]
 Digest = Annotated[str, StringConstraints(pattern=r"^sha256:[0-9a-f]{64}$")]
+KeyedDigest = Annotated[str, StringConstraints(pattern=r"^hmac-sha256:[0-9a-f]{64}$")]
+ARGUMENTS_DIGEST_LABEL = "agent/arguments"
 Identifier = Annotated[str, StringConstraints(min_length=1, max_length=253)]
 CALL_ID_PATTERN: Final = r"^[A-Za-z0-9_.:-]{1,64}$"
 CallId = Annotated[str, StringConstraints(pattern=CALL_ID_PATTERN)]
@@ -107,8 +110,9 @@ class ModelTurn(_Facts):
     arguments: SealedValue
     """Sealed: the arguments object; for a call refused because they were not a JSON object,
     the model's raw text (a string)."""
-    arguments_digest: Digest
-    """canonical_digest of the plaintext arguments (what an approval binds to)."""
+    arguments_digest: KeyedDigest
+    """keyed_digest of the plaintext arguments under the run's data key (what an approval binds
+    to): equal arguments compare equal, and a reader of the status cannot test a guess at them."""
     reason: SealedValue | None = None
     """Sealed ``{"writtenBy": "model", "text": …}``: what the model said alongside the call.
     Written by the model: advisory, never authority. None when it said nothing."""
@@ -240,7 +244,7 @@ def new_turn(
         call_id=call_id,
         tool=tool,
         arguments=seal_value(data_key, plain_arguments, turn_label(index, "arguments")),
-        arguments_digest=canonical_digest(plain_arguments),
+        arguments_digest=keyed_digest(data_key, ARGUMENTS_DIGEST_LABEL, plain_arguments),
         reason=sealed_reason,
         outcome="pending",
         step_index=step_index,

@@ -28,10 +28,11 @@ from referencing.exceptions import Unresolvable
 from durable_agents.api.v1alpha1 import ObjectReference
 from durable_agents.core.agent.exchange import ModelReply, ToolCall
 from durable_agents.core.agent.tools import NAME_PATTERN, ToolDeclaration, ToolDeclarationError, by_name
-from durable_agents.core.agent_facts import ARGUMENTS_MAX_BYTES, CALL_ID_PATTERN
+from durable_agents.core.agent_facts import ARGUMENTS_DIGEST_LABEL, ARGUMENTS_MAX_BYTES, CALL_ID_PATTERN
 from durable_agents.core.checkpoint import ActionTier
-from durable_agents.core.digest import canonical_digest, canonical_json
+from durable_agents.core.digest import canonical_json
 from durable_agents.core.planner import AskHuman, AwaitEvent, PerformEffect, PlannedStep, ReadObject
+from durable_agents.core.sealed_values import DataKey, keyed_digest
 
 MESSAGE_MAX: Final = 1024
 """The longest ToolError message, in characters (it is shown to the model and sealed)."""
@@ -70,9 +71,9 @@ class ProposedCall:
     """What the model said alongside the call: its own account, advisory only."""
     step: AgentStep
 
-    @property
-    def arguments_digest(self) -> str:
-        return canonical_digest(self.arguments)
+    def arguments_digest(self, data_key: DataKey) -> str:
+        """As the turn records it: keyed, so the status says nothing about guessable arguments."""
+        return keyed_digest(data_key, ARGUMENTS_DIGEST_LABEL, self.arguments)
 
 
 @dataclass(frozen=True)
