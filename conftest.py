@@ -13,11 +13,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 from kubernetes import client
 
 from durable_agents_testkit.cluster import KubeEnv, install_crds
 
 REPO = Path(__file__).resolve().parent
+
+# Property tests assert properties, never speed (speed is measured in bench/): no per-example
+# deadline and no "input generation is slow" check, both of which fail on a loaded machine.
+settings.register_profile("durable-agents", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("durable-agents")
 _MARK_BY_DIR = {"unit": "unit", "integration": "integration"}
 
 

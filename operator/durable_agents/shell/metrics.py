@@ -43,6 +43,9 @@ DUPLICATE_SUPPRESSIONS = Counter(
 ACTION_DISPATCHES = Counter(
     "durable_agents_action_dispatches_total", "Effect dispatches by answer", ["effect", "answer"]
 )
+MODEL_CALLS = Counter(
+    "durable_agents_model_calls_total", "Model calls of the model planner, by answer", ["answer"]
+)
 ACTION_QUERIES = Counter(
     "durable_agents_action_queries_total", "Authoritative-system queries by answer", ["effect", "answer"]
 )

@@ -11,9 +11,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import openai
+if TYPE_CHECKING:  # imported when the first model call is made: the client costs ~1 s and ~16 MB
+    import openai
 
 from durable_agents.core.agent.exchange import ModelReply, ModelRequest, ToolCall, Usage
 
@@ -42,19 +43,22 @@ class ModelCallFailed(Exception):
         self.retryable = retryable
 
 
-# The client's exception classes, most specific first, and what each means for the run.
-_FAILURES: tuple[tuple[type[openai.OpenAIError], str, bool], ...] = (
-    (openai.APITimeoutError, "ModelTimeout", True),
-    (openai.APIConnectionError, "ModelUnreachable", True),
-    (openai.RateLimitError, "ModelRateLimited", True),
-    (openai.AuthenticationError, "ModelAuthFailed", False),
-    (openai.PermissionDeniedError, "ModelAuthFailed", False),
-    (openai.BadRequestError, "ModelRequestRefused", False),
-    (openai.UnprocessableEntityError, "ModelRequestRefused", False),
-    (openai.NotFoundError, "ModelNotFound", False),
-    (openai.APIStatusError, "ModelError", True),
-    (openai.APIResponseValidationError, "ModelReplyInvalid", True),
-)
+def _failures() -> tuple[tuple[type[openai.OpenAIError], str, bool], ...]:
+    """The client's exception classes, most specific first, and what each means for the run."""
+    import openai
+
+    return (
+        (openai.APITimeoutError, "ModelTimeout", True),
+        (openai.APIConnectionError, "ModelUnreachable", True),
+        (openai.RateLimitError, "ModelRateLimited", True),
+        (openai.AuthenticationError, "ModelAuthFailed", False),
+        (openai.PermissionDeniedError, "ModelAuthFailed", False),
+        (openai.BadRequestError, "ModelRequestRefused", False),
+        (openai.UnprocessableEntityError, "ModelRequestRefused", False),
+        (openai.NotFoundError, "ModelNotFound", False),
+        (openai.APIStatusError, "ModelError", True),
+        (openai.APIResponseValidationError, "ModelReplyInvalid", True),
+    )
 
 
 class ModelClient:
@@ -64,6 +68,8 @@ class ModelClient:
         self._clients: dict[ModelEndpoint, openai.AsyncOpenAI] = {}
 
     def _client(self, endpoint: ModelEndpoint) -> openai.AsyncOpenAI:
+        import openai
+
         client = self._clients.get(endpoint)
         if client is None:
             client = openai.AsyncOpenAI(
@@ -77,6 +83,8 @@ class ModelClient:
 
     async def complete(self, endpoint: ModelEndpoint, request: ModelRequest) -> ModelReply:
         """One model call; :class:`ModelCallFailed` when it brought no usable answer."""
+        import openai
+
         try:
             completion = await self._client(endpoint).chat.completions.create(**request.body())
         except openai.OpenAIError as err:
@@ -90,7 +98,7 @@ class ModelClient:
 
 
 def failure_of(err: openai.OpenAIError) -> ModelCallFailed:
-    for kind, reason, retryable in _FAILURES:
+    for kind, reason, retryable in _failures():
         if isinstance(err, kind):
             status = getattr(err, "status_code", None)
             where = f" (HTTP {status})" if status else ""

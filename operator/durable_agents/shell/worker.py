@@ -42,9 +42,11 @@ from durable_agents.core.engine import (
     ActionObservation,
     ChildObservation,
     Idle,
+    ModelAnswer,
     NeedActions,
     NeedChildren,
     NeedEvidence,
+    NeedModelTurn,
     NeedRead,
     ReadResult,
     RunSnapshot,
@@ -66,6 +68,7 @@ from durable_agents.shell.failures import Failures, describe
 from durable_agents.shell.kube import GROUP, VERSION, Kube, ObjectKey
 from durable_agents.shell.leases import RunLeases
 from durable_agents.shell.memory import release_memory
+from durable_agents.shell.model_turns import ModelTurns
 from durable_agents.shell.ownership import Right, RunOwnership
 from durable_agents.shell.plugins import load_effects, load_planners
 from durable_agents.shell.policies import PolicyCache
@@ -161,6 +164,7 @@ class RunWorker:
         )
         self.legacy_leases = RunLeases(kube, self.identity)  # read only: earlier releases' per-run Leases
         self.reader = EvidenceReader(kube)
+        self.model_turns = ModelTurns()
         self.reporter = CommitReporter(self.events, all_events=self.config.all_events)
         self.queue = WorkQueue("run-worker", self.process, concurrency=self.config.concurrency)
         self.planners: dict[str, Planner] = load_planners()
@@ -479,6 +483,7 @@ class RunWorker:
         unit's bound (:mod:`durable_agents.shell.batches`). A crash before the write repeats the
         batch's reads and decisions, never an effect."""
         read: ReadResult | None = None
+        model: ModelAnswer | None = None
         fresh: dict[str, KubernetesEvidenceRef | None] | None = None
         written = body  # the record as stored: its resourceVersion is the write's precondition
         batch: Batch = []
@@ -502,6 +507,7 @@ class RunWorker:
                 actions=actions,
                 fresh_evidence=fresh,
                 children=children,
+                model=model,
             )
             if isinstance(decision, NeedRead):
                 read = await self.reader.read(snap, decision, now)
@@ -515,13 +521,16 @@ class RunWorker:
             if isinstance(decision, NeedEvidence):
                 fresh = {ref.id: await self.reader.reread(snap, ref, now) for ref in decision.refs}
                 continue
+            if isinstance(decision, NeedModelTurn):
+                model = await self.model_turns.answer(snap, decision)
+                continue
             if isinstance(decision, Idle):
                 if batch and await self._write_batch(key, right, written, body, batch) is None:
                     self.enqueue(key)  # 409: the computation is thrown away; decide again
                     return
                 self.queue.wake_at(key, decision.wake_at)
                 return
-            read, actions, fresh, children = None, None, None, None
+            read, actions, fresh, children, model = None, None, None, None, None
             batch.append((snap.state, decision))
             body = {**body, "status": decision.wire_status()}  # the next decision starts here
             if not (decision.intents or decision.children):

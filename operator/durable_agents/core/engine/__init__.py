@@ -30,6 +30,7 @@ from durable_agents.core.engine.decisions import (
     NeedActions,
     NeedChildren,
     NeedEvidence,
+    NeedModelTurn,
     NeedRead,
 )
 from durable_agents.core.engine.fencing import fence
@@ -37,6 +38,7 @@ from durable_agents.core.engine.retries import retry_backoff
 from durable_agents.core.engine.snapshot import (
     ActionObservation,
     ChildObservation,
+    ModelAnswer,
     ReadResult,
     RunSnapshot,
     Settings,
@@ -49,9 +51,11 @@ __all__ = [
     "Commit",
     "Decision",
     "Idle",
+    "ModelAnswer",
     "NeedActions",
     "NeedChildren",
     "NeedEvidence",
+    "NeedModelTurn",
     "NeedRead",
     "ReadResult",
     "RunSnapshot",

@@ -37,6 +37,7 @@ from durable_agents.core.engine.runtime import deployment_change
 from durable_agents.core.engine.snapshot import (
     ActionObservation,
     ChildObservation,
+    ModelAnswer,
     ReadResult,
     RunSnapshot,
     Settings,
@@ -58,6 +59,7 @@ def decide(
     actions: Mapping[str, ActionObservation] | None = None,
     fresh_evidence: Mapping[str, KubernetesEvidenceRef | None] | None = None,
     children: Mapping[str, ChildObservation] | None = None,
+    model: ModelAnswer | None = None,
 ) -> Decision:
     """The next thing to do for ``run``: :class:`Idle`, a request to the shell, or a :class:`Commit`.
 
@@ -110,7 +112,7 @@ def decide(
     if unauthorized is not None:  # pending with a checkpoint (a takeover fenced it first)
         return _reject(builder, unauthorized)
     try:
-        return _by_state(builder, planner, settings, read, actions, fresh_evidence, children)
+        return _by_state(builder, planner, settings, read, actions, fresh_evidence, children, model)
     except InvalidDuration as err:
         return _invalid_duration(builder, err)
 
@@ -157,6 +159,7 @@ def _by_state(
     actions: Mapping[str, ActionObservation] | None,
     fresh_evidence: Mapping[str, KubernetesEvidenceRef | None] | None,
     children: Mapping[str, ChildObservation] | None,
+    model: ModelAnswer | None,
 ) -> Decision:
     """A readable run within its deadline: a new cancellation request first, then its state's rule."""
     run, state = builder.run, builder.run.state
@@ -182,7 +185,7 @@ def _by_state(
     if state is RunState.PENDING:  # a checkpoint exists but acceptance was not committed: accept again
         return builder.commit(RunEvent.ACCEPTED)
     changed = deployment_change(builder, settings)
-    return changed if changed is not None else plan(builder, run, planner, settings, read)
+    return changed if changed is not None else plan(builder, run, planner, settings, read, model)
 
 
 def _waiting_external(

@@ -8,6 +8,7 @@ from typing import Any
 
 from durable_agents.api.v1alpha1 import ActionRecordSpec, AgentRunStatus, ObjectReference
 from durable_agents.api.v1alpha1.states import RunState
+from durable_agents.core.agent.exchange import ModelRequest
 from durable_agents.core.checkpoint import KubernetesEvidenceRef
 from durable_agents.core.statemachine import RunEvent
 
@@ -55,6 +56,15 @@ class NeedRead:
 
 
 @dataclass(frozen=True)
+class NeedModelTurn:
+    """The model planner's next call: the shell sends ``request`` and calls back with the answer.
+    Not a transition: a crash before the next commit repeats the call, never an effect."""
+
+    request: ModelRequest
+    step_index: int
+
+
+@dataclass(frozen=True)
 class Commit:
     event: RunEvent
     status: AgentRunStatus
@@ -75,4 +85,4 @@ class Commit:
         return out
 
 
-Decision = Idle | NeedRead | NeedActions | NeedEvidence | NeedChildren | Commit
+Decision = Idle | NeedRead | NeedActions | NeedEvidence | NeedChildren | NeedModelTurn | Commit

@@ -5,14 +5,16 @@ from __future__ import annotations
 from dataclasses import replace
 
 from durable_agents.api.v1alpha1 import Outcome
+from durable_agents.core.agent.planner import ModelPlanner, ModelTurnNeeded
 from durable_agents.core.checkpoint import PendingAction, ToolCallRecord
 from durable_agents.core.engine.actions import action_spec
 from durable_agents.core.engine.approvals import approved_for, request_approval
 from durable_agents.core.engine.children import start_child
 from durable_agents.core.engine.commits import CommitBuilder
 from durable_agents.core.engine.decisions import Commit, Decision, NeedRead
+from durable_agents.core.engine.model_turns import model_turn, settle_finished, settle_read
 from durable_agents.core.engine.retries import attempt_failed
-from durable_agents.core.engine.snapshot import ReadResult, RunSnapshot, Settings
+from durable_agents.core.engine.snapshot import ModelAnswer, ReadResult, RunSnapshot, Settings
 from durable_agents.core.engine.waits import ask_human, await_event
 from durable_agents.core.ledger import action_record_name
 from durable_agents.core.planner import (
@@ -20,6 +22,7 @@ from durable_agents.core.planner import (
     AwaitEvent,
     Finish,
     PerformEffect,
+    PlannedStep,
     Planner,
     PlannerError,
     PlanningContext,
@@ -30,15 +33,63 @@ from durable_agents.core.statemachine import RunEvent
 
 
 def plan(
-    builder: CommitBuilder, run: RunSnapshot, planner: Planner, settings: Settings, read: ReadResult | None
+    builder: CommitBuilder,
+    run: RunSnapshot,
+    planner: Planner,
+    settings: Settings,
+    read: ReadResult | None,
+    model: ModelAnswer | None = None,
 ) -> Decision:
     """Ask the planner for the next step and carry it out (a planner error fails the attempt)."""
+    if isinstance(planner, ModelPlanner):
+        return _plan_model(builder, run, planner, settings, read, model)
     try:
         step = planner.next_step(PlanningContext(run.spec, builder.cp))
     except PlannerError as err:
         return builder.commit(
             RunEvent.ATTEMPT_FAILED, outcome=Outcome(reason="PlannerError", message=str(err))
         )
+    return _carry_out(builder, run, step, settings, read)
+
+
+def _plan_model(
+    builder: CommitBuilder,
+    run: RunSnapshot,
+    planner: ModelPlanner,
+    settings: Settings,
+    read: ReadResult | None,
+    model: ModelAnswer | None,
+) -> Decision:
+    """The model planner: settle the call whose step ended, then carry out the pending call, or ask
+    the model for the next one. A failed read is the call's result (the model is told), not the
+    run's failure."""
+    settle_finished(builder, run, planner)
+    try:
+        step = planner.next_step(PlanningContext(run.spec, builder.cp))
+    except ModelTurnNeeded as need:
+        return model_turn(builder, planner, settings, need.request, model)
+    except PlannerError as err:
+        return builder.commit(
+            RunEvent.ATTEMPT_FAILED, outcome=Outcome(reason="PlannerError", message=str(err))
+        )
+    index = builder.cp.position.step
+    if isinstance(step, ReadObject) and read is not None and read.step_index == index:
+        builder.cp = settle_read(builder, planner, read)
+        if read.evidence is None:
+            cp = builder.cp
+            return builder.commit(
+                RunEvent.STEP_COMPLETED,
+                checkpoint=cp.model_copy(
+                    update={"position": cp.position.model_copy(update={"step": index + 1})}
+                ),
+                detail=f"read {step.ref.kind}/{step.ref.name} failed ({read.error_reason}): told the model",
+            )
+    return _carry_out(builder, run, step, settings, read)
+
+
+def _carry_out(
+    builder: CommitBuilder, run: RunSnapshot, step: PlannedStep, settings: Settings, read: ReadResult | None
+) -> Decision:
     if isinstance(step, ReadObject):
         return _read_object(builder, step, settings, read)
     if isinstance(step, AskHuman):

@@ -15,6 +15,7 @@ from durable_agents.api.v1alpha1 import (
     WaitExpiries,
 )
 from durable_agents.api.v1alpha1.states import RunState
+from durable_agents.core.agent.exchange import ModelReply
 from durable_agents.core.checkpoint import KubernetesEvidenceRef
 from durable_agents.core.sealed_values import DATA_KEY_ANNOTATION
 from durable_agents.core.sealing import Keyring
@@ -71,6 +72,20 @@ class ReadResult:
     evidence: KubernetesEvidenceRef | None = None
     error_reason: str | None = None
     error_message: str = ""
+    content: Mapping[str, Any] | None = None
+    """The object read (for a model's read tool: its result, sealed into the turn)."""
+
+
+@dataclass(frozen=True)
+class ModelAnswer:
+    """What the shell got for a :class:`NeedModelTurn`: the reply to the request with this digest,
+    or why there was none (``retryable``: the run's retry policy may call again)."""
+
+    request_digest: str
+    reply: ModelReply | None = None
+    failure_reason: str = ""
+    failure_message: str = ""
+    retryable: bool = True
 
 
 @dataclass(frozen=True)

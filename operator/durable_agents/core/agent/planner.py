@@ -1,0 +1,87 @@
+"""The ``model`` planner: the next step is the model's pending call, as the checkpoint records it.
+
+A model call is not a transition. The planner reads the checkpoint's agent facts: while a proposed
+call is pending at the run's current step, that call IS the next step (a read, an effect, a
+question, an event to await), rebuilt from the sealed arguments the checkpoint holds, so every
+place that recomputes a step (intents, approvals, the dispatcher's check) sees the same one. With
+no call pending, it raises :class:`ModelTurnNeeded` carrying the request to send; the engine asks
+the shell to make the call (:class:`~durable_agents.core.engine.decisions.NeedModelTurn`) and
+records what the model proposed (:mod:`durable_agents.core.engine.model_turns`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from durable_agents.core.agent.context import build_request
+from durable_agents.core.agent.exchange import ModelRequest
+from durable_agents.core.agent.interpret import CallMcpTool, step_for
+from durable_agents.core.agent.limits import AgentLimits
+from durable_agents.core.agent.tools import ToolDeclaration, by_name
+from durable_agents.core.agent_facts import ModelTurn, turn_arguments
+from durable_agents.core.planner import PerformEffect, PlannedStep, PlannerError, PlanningContext
+from durable_agents.core.sealed_values import DataKey
+
+
+@dataclass(frozen=True)
+class AgentInputs:
+    """What the shell resolved for one run: the prompt's text, the tools, the run's data key."""
+
+    model: str
+    system_prompt: str
+    tools: tuple[ToolDeclaration, ...]
+    data_key: DataKey
+    limits: AgentLimits = field(default_factory=AgentLimits)
+
+
+class ModelTurnNeeded(PlannerError):
+    """No call is pending at the run's step: the model must be asked ``request``. A PlannerError,
+    so a caller that only recomputes a committed step treats it as "no such step"."""
+
+    def __init__(self, request: ModelRequest) -> None:
+        super().__init__("no model call is pending at this step: the model must be asked")
+        self.request = request
+
+
+class ModelPlanner:
+    name = "model"
+
+    def __init__(self, inputs: AgentInputs) -> None:
+        self.inputs = inputs
+        self._tools = by_name(inputs.tools)
+
+    def next_step(self, context: PlanningContext) -> PlannedStep:
+        cp = context.checkpoint
+        pending = cp.agent.pending if cp.agent is not None else None
+        if pending is not None and pending.step_index == cp.position.step:
+            return self.step_of(pending)
+        raise ModelTurnNeeded(self.request(context))
+
+    def request(self, context: PlanningContext) -> ModelRequest:
+        """The next model call, from the checkpoint's facts only (the same facts, the same bytes)."""
+        return build_request(
+            model=self.inputs.model,
+            system_prompt=self.inputs.system_prompt,
+            objective=context.spec.objective,
+            tools=self.inputs.tools,
+            facts=context.checkpoint.agent,
+            data_key=self.inputs.data_key,
+        )
+
+    def step_of(self, turn: ModelTurn) -> PlannedStep:
+        """The step a recorded call stands for. An effect keeps its arguments SEALED as the
+        checkpoint holds them: the intent (and the approval digest over it) binds exactly that
+        ciphertext, which only the dispatcher opens."""
+        declaration = self._tools.get(turn.tool)
+        if declaration is None:
+            raise PlannerError(f"tool {turn.tool!r} of call {turn.call_id} is no longer declared")
+        arguments: Any = turn_arguments(turn, self.inputs.data_key)
+        if not isinstance(arguments, dict):
+            raise PlannerError(f"call {turn.call_id} has no arguments object")
+        step = step_for(declaration, arguments, step_index=turn.step_index)
+        if isinstance(step, CallMcpTool):
+            raise PlannerError(f"MCP tool {step.tool!r} of server {step.server!r} cannot be called yet")
+        if isinstance(step, PerformEffect):
+            return replace(step, arguments=dict(turn.arguments) if isinstance(turn.arguments, dict) else {})
+        return step

@@ -1,0 +1,213 @@
+"""The model planner's turns in the engine: ask, record the proposal, settle it once its step ended.
+
+A model call is never a commit of its own: what the model proposed is a transition of the batch
+(``step_completed``, ready -> ready) that is written with the next semantic boundary (an approval
+request, an intent, a wait, the end). A crash before that write repeats the call; the reference
+model server answers a repeated request identically, and a real model may not, which is why
+nothing the model proposed acts before it is committed (and approved, where the policy says so).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from durable_agents.api.v1alpha1 import Outcome
+from durable_agents.core.agent.context import start_facts
+from durable_agents.core.agent.exchange import ModelRequest
+from durable_agents.core.agent.interpret import FinalAnswer, ProposedCall, ToolError, interpret
+from durable_agents.core.agent.limits import exceeded
+from durable_agents.core.agent.planner import ModelPlanner
+from durable_agents.core.agent_facts import (
+    AgentFacts,
+    ModelTurn,
+    SettledOutcome,
+    TokenUsage,
+    new_turn,
+    settle_last,
+    turn_arguments,
+    with_model_call,
+    with_turn,
+)
+from durable_agents.core.checkpoint import Checkpoint
+from durable_agents.core.engine.commits import CommitBuilder
+from durable_agents.core.engine.decisions import Decision, NeedModelTurn
+from durable_agents.core.engine.retries import attempt_failed
+from durable_agents.core.engine.snapshot import ModelAnswer, ReadResult, RunSnapshot, Settings
+from durable_agents.core.sealed_values import ValueSealingError, is_sealed, unseal_value
+from durable_agents.core.statemachine import RunEvent
+
+
+def _facts(cp: Checkpoint, planner: ModelPlanner) -> AgentFacts:
+    if cp.agent is not None:
+        return cp.agent
+    inputs = planner.inputs
+    return start_facts(model=inputs.model, system_prompt=inputs.system_prompt, tools=inputs.tools)
+
+
+def model_turn(
+    builder: CommitBuilder,
+    planner: ModelPlanner,
+    settings: Settings,
+    request: ModelRequest,
+    answer: ModelAnswer | None,
+) -> Decision:
+    """No call pending: within the run's limits, ask the model (or take its answer) and record it."""
+    cp, inputs = builder.cp, planner.inputs
+    facts = _facts(cp, planner)
+    over = exceeded(facts, inputs.limits, calls_since_boundary=0)
+    if over is not None:
+        return builder.commit(
+            RunEvent.ATTEMPT_FAILED, outcome=Outcome(reason="AgentLimitExceeded", message=over)
+        )
+    step_index = cp.position.step
+    if answer is None or answer.request_digest != request.digest():
+        return NeedModelTurn(request, step_index)
+    if answer.reply is None:
+        reason = answer.failure_reason or "ModelError"
+        if not answer.retryable:
+            return builder.commit(
+                RunEvent.ATTEMPT_FAILED, outcome=Outcome(reason=reason, message=answer.failure_message)
+            )
+        return attempt_failed(builder, settings, reason, answer.failure_message, "model call failed")
+    reply = answer.reply
+    usage = TokenUsage(input_tokens=reply.usage.input_tokens, output_tokens=reply.usage.output_tokens)
+    proposal = interpret(reply, inputs.tools, step_index=step_index)
+    if isinstance(proposal, FinalAnswer):
+        facts = with_model_call(facts, usage)
+        return builder.commit(
+            RunEvent.SUCCEEDED,
+            checkpoint=cp.model_copy(
+                update={"agent": facts, "position": cp.position.model_copy(update={"step": step_index + 1})}
+            ),
+            outcome=Outcome(
+                reason="Completed", message=f"the model answered at step {step_index}", result=proposal.text
+            ),
+        )
+    return _record(builder, planner, facts, proposal, usage)
+
+
+def _record(
+    builder: CommitBuilder,
+    planner: ModelPlanner,
+    facts: AgentFacts,
+    proposal: ProposedCall | ToolError,
+    usage: TokenUsage,
+) -> Decision:
+    """A proposed call, pending until its step is carried out; or a bad call, refused with the
+    reason the model is told (the run fails after too many in a row)."""
+    cp, inputs = builder.cp, planner.inputs
+    step_index = cp.position.step
+    index = len(facts.turns)
+    if isinstance(proposal, ToolError):
+        turn = new_turn(
+            inputs.data_key,
+            index=index,
+            call_id=proposal.call_id,
+            tool=proposal.tool,
+            arguments=proposal.arguments,
+            reason=proposal.reason,
+            step_index=step_index,
+            usage=usage,
+            refusal=proposal.message,
+        )
+        facts = with_turn(facts, turn)
+        if facts.tool_errors >= inputs.limits.max_consecutive_tool_errors:
+            message = f"{facts.tool_errors} bad tool calls in a row; the last: {proposal.message}"
+            return builder.commit(
+                RunEvent.ATTEMPT_FAILED,
+                checkpoint=cp.model_copy(update={"agent": facts}),
+                outcome=Outcome(reason="ToolCallsInvalid", message=message[:1024]),
+            )
+        return builder.commit(
+            RunEvent.STEP_COMPLETED,
+            checkpoint=cp.model_copy(update={"agent": facts}),
+            detail=f"model call {proposal.call_id} refused: {proposal.message}"[:512],
+        )
+    assert isinstance(proposal, ProposedCall)
+    turn = new_turn(
+        inputs.data_key,
+        index=index,
+        call_id=proposal.call_id,
+        tool=proposal.tool.name,
+        arguments=proposal.arguments,
+        reason=proposal.reason,
+        step_index=step_index,
+        usage=usage,
+    )
+    return builder.commit(
+        RunEvent.STEP_COMPLETED,
+        checkpoint=cp.model_copy(update={"agent": with_turn(facts, turn)}),
+        detail=f"model proposed {proposal.tool.name} ({proposal.call_id}) at step {step_index}",
+    )
+
+
+def settle_read(builder: CommitBuilder, planner: ModelPlanner, read: ReadResult) -> Checkpoint:
+    """The pending read call's result, before the read step commits: the object the model asked
+    for (sealed and bounded), or why it could not be read."""
+    cp = builder.cp
+    assert cp.agent is not None
+    outcome: SettledOutcome = "succeeded"
+    result: dict[str, Any]
+    if read.evidence is None:
+        outcome = "failed"
+        result = {"error": read.error_reason or "ReadFailed", "message": read.error_message}
+    else:
+        ref = read.evidence
+        result = {
+            "object": dict(read.content) if read.content is not None else None,
+            "resourceVersion": ref.resource_version,
+            "contentDigest": ref.content_digest,
+        }
+    facts = settle_last(cp.agent, planner.inputs.data_key, outcome=outcome, result=result)
+    return cp.model_copy(update={"agent": facts})
+
+
+def settle_finished(builder: CommitBuilder, run: RunSnapshot, planner: ModelPlanner) -> bool:
+    """Settle the pending call whose step has ended (an effect reconciled, a question answered, an
+    event received): its result is what the checkpoint and the run record. Updates the builder's
+    checkpoint (the next commit carries it); True if a call was settled."""
+    cp = builder.cp
+    pending = cp.agent.pending if cp.agent is not None else None
+    if pending is None:
+        return False
+    calls = [c for c in cp.tool_calls if c.step_index == pending.step_index]
+    in_flight = any(a.step_index == pending.step_index for a in cp.pending_actions)
+    failed = bool(calls) and calls[-1].outcome == "failed" and not in_flight
+    if pending.step_index >= cp.position.step and not failed:
+        return False
+    result: dict[str, Any] = {"step": pending.step_index}
+    if calls:
+        result.update(outcome=calls[-1].outcome, error=calls[-1].error)
+    delivered = _delivered(run, planner, pending)
+    if delivered is not None:
+        result["delivered"] = delivered
+    outcome: SettledOutcome = "failed" if failed else "succeeded"
+    assert cp.agent is not None
+    facts = settle_last(cp.agent, planner.inputs.data_key, outcome=outcome, result=result)
+    position = cp.position.model_copy(update={"step": max(cp.position.step, pending.step_index + 1)})
+    builder.cp = cp.model_copy(update={"agent": facts, "position": position})
+    return True
+
+
+def _delivered(run: RunSnapshot, planner: ModelPlanner, turn: ModelTurn) -> Any:
+    """What a person answered the model's question (``spec.answers``, by the call's request ID), or
+    what arrived for the event it awaited (``spec.events``, by name): unsealed, for the model."""
+    arguments = turn_arguments(turn, planner.inputs.data_key)
+    event = arguments.get("event") if isinstance(arguments, dict) else None
+    request_id = f"agent-{turn.step_index}"
+    for label, value in (
+        (f"answers/{request_id}", run.spec.answers.get(request_id)),
+        (f"events/{event}", run.spec.events.get(event) if isinstance(event, str) else None),
+    ):
+        if value is None:
+            continue
+        if not is_sealed(value):
+            return value  # no data key at admission: stored as written
+        try:
+            return unseal_value(planner.inputs.data_key, value, label)
+        except ValueSealingError:
+            return {"error": "the delivered value cannot be opened with this run's key"}
+    return None
+
+
+__all__ = ["model_turn", "settle_finished", "settle_read"]

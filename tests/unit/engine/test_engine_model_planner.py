@@ -1,0 +1,226 @@
+"""The model planner in the engine: the model is asked from the checkpoint's facts, what it proposes
+is recorded before anything acts on it, a read's result goes back to it sealed, an effect becomes an
+intent whose arguments stay sealed, bad calls are returned to it a bounded number of times, and a
+failed call is a retry window (or a failure, when retrying cannot help)."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+import pytest
+from tests.unit.builders import (
+    EPOCH,
+    RETRY_3,
+    SETTINGS,
+    T0,
+    apply,
+    at,
+    checkpoint_of,
+    commit_of,
+    evidence_for,
+    new_run,
+    snap,
+)
+
+from durable_agents.api.v1alpha1 import ObjectReference
+from durable_agents.api.v1alpha1.states import RunState
+from durable_agents.core.agent.exchange import ModelReply, ToolCall, Usage
+from durable_agents.core.agent.limits import AgentLimits
+from durable_agents.core.agent.planner import AgentInputs, ModelPlanner
+from durable_agents.core.agent.tools import effect_tool, read_tool
+from durable_agents.core.agent_facts import turn_label, turn_result_text
+from durable_agents.core.engine import (
+    Decision,
+    ModelAnswer,
+    NeedModelTurn,
+    NeedRead,
+    ReadResult,
+    decide,
+)
+from durable_agents.core.sealed_values import is_sealed, new_data_key, unseal_value
+from durable_agents.core.statemachine import RunEvent
+
+pytestmark = pytest.mark.unit
+
+KEY = new_data_key()
+TARGET = {"url": "http://127.0.0.1:9/pay"}
+TOOLS = (
+    read_tool("read_config", "read a ConfigMap", api_version="v1", kind="ConfigMap"),
+    effect_tool(
+        "pay",
+        "pay an amount",
+        effect="http.post",
+        target=TARGET,
+        parameters={"type": "object", "properties": {"amount": {"type": "integer"}}, "required": ["amount"]},
+    ),
+)
+OBJECTIVE = "pay what the settings say"
+
+
+def planner(**limits: int) -> ModelPlanner:
+    return ModelPlanner(
+        AgentInputs(
+            model="reference-model",
+            system_prompt="You operate payments.",
+            tools=TOOLS,
+            data_key=KEY,
+            limits=AgentLimits(**limits),
+        )
+    )
+
+
+def reply(*calls: tuple[str, str], content: str | None = "because") -> ModelReply:
+    return ModelReply(
+        model="reference-model",
+        content=content,
+        tool_calls=tuple(ToolCall(f"call_{i}", name, args) for i, (name, args) in enumerate(calls)),
+        usage=Usage(input_tokens=100, output_tokens=10),
+    )
+
+
+def decide_with(
+    obj: dict[str, Any],
+    plan: ModelPlanner,
+    now: datetime,
+    *,
+    read: ReadResult | None = None,
+    model: ModelAnswer | None = None,
+) -> Decision:
+    return decide(snap(obj), now=now, epoch=EPOCH, planner=plan, settings=SETTINGS, read=read, model=model)
+
+
+def asked(obj: dict[str, Any], plan: ModelPlanner, now: datetime) -> NeedModelTurn:
+    need = decide_with(obj, plan, now)
+    assert isinstance(need, NeedModelTurn), need
+    return need
+
+
+def answered(obj: dict[str, Any], plan: ModelPlanner, now: datetime, answer: ModelReply) -> Decision:
+    need = asked(obj, plan, now)
+    return decide_with(obj, plan, now, model=ModelAnswer(need.request.digest(), reply=answer))
+
+
+def accepted(plan: ModelPlanner) -> dict[str, Any]:
+    obj = new_run(objective=OBJECTIVE)
+    return apply(obj, commit_of(decide_with(obj, plan, T0)))
+
+
+def test_a_proposed_read_is_recorded_then_read_then_its_result_goes_back_to_the_model() -> None:
+    plan = planner()
+    obj = accepted(plan)
+    first = asked(obj, plan, at(1))
+    messages = first.request.body()["messages"]
+    assert [m["role"] for m in messages] == ["system", "user"]
+    assert messages[1]["content"] == OBJECTIVE
+    assert first.request.body()["parallel_tool_calls"] is False
+
+    proposed = commit_of(answered(obj, plan, at(1), reply(("read_config", '{"name": "settings"}'))))
+    assert (proposed.event, proposed.state) == (RunEvent.STEP_COMPLETED, RunState.READY)
+    facts = checkpoint_of(proposed).agent
+    assert facts is not None
+    [turn] = facts.turns
+    assert (turn.tool, turn.outcome, turn.step_index) == ("read_config", "pending", 0)
+    assert is_sealed(turn.arguments)
+    obj = apply(obj, proposed)
+
+    need = decide_with(obj, plan, at(2))
+    assert need == NeedRead(
+        0, "agent-0", ObjectReference(api_version="v1", kind="ConfigMap", name="settings")
+    )
+    content = {"data": {"amount": "forty-two!euros"}}
+    read = ReadResult(0, evidence=evidence_for(0, "agent-0"), content=content)
+    done = commit_of(decide_with(obj, plan, at(2), read=read))
+    cp = checkpoint_of(done)
+    assert cp.position.step == 1
+    assert cp.agent is not None
+    settled = cp.agent.turns[0]
+    assert settled.outcome == "succeeded"
+    assert json.loads(turn_result_text(settled, KEY) or "null")["object"] == content
+    assert "forty-two!euros" not in json.dumps(done.wire_status()), "the object is sealed in the checkpoint"
+    obj = apply(obj, done)
+
+    again = asked(obj, plan, at(3))
+    tool_message = again.request.body()["messages"][-1]
+    assert tool_message["role"] == "tool"
+    assert '"amount":"forty-two!euros"' in tool_message["content"]
+    finished = commit_of(answered(obj, plan, at(3), reply(content="paid nothing: done")))
+    assert (finished.event, finished.state) == (RunEvent.SUCCEEDED, RunState.COMPLETED)
+    assert finished.status.outcome is not None
+    assert finished.status.outcome.result == "paid nothing: done"
+
+
+def test_the_same_facts_ask_the_same_request_and_a_stale_answer_is_not_taken() -> None:
+    """A crash between boundaries repeats the call: the request is rebuilt byte for byte, and an
+    answer to another request (an earlier state of the run) is never applied to this one."""
+    plan = planner()
+    obj = accepted(plan)
+    first, again = asked(obj, plan, at(1)), asked(obj, plan, at(5))
+    assert first.request.canonical_bytes() == again.request.canonical_bytes()
+    stale = ModelAnswer("sha256:" + "0" * 64, reply=reply(("pay", '{"amount": 1}')))
+    assert isinstance(decide_with(obj, plan, at(1), model=stale), NeedModelTurn)
+
+
+def test_a_proposed_payment_is_an_intent_at_the_declared_target_with_sealed_arguments() -> None:
+    plan = planner()
+    obj = accepted(plan)
+    obj = apply(obj, commit_of(answered(obj, plan, at(1), reply(("pay", '{"amount": 42}')))))
+    intent = commit_of(decide_with(obj, plan, at(2)))
+    assert (intent.event, intent.state) == (RunEvent.EXTERNAL_AWAITED, RunState.WAITING_EXTERNAL)
+    [spec] = intent.intents
+    assert spec.effect == "http.post"
+    assert spec.target == TARGET
+    assert is_sealed(spec.arguments), "the model's arguments never reach the ledger in plaintext"
+    assert unseal_value(KEY, spec.arguments, turn_label(0, "arguments")) == {"amount": 42}
+    # Recomputed (a lost record recreated, the dispatcher's check): the very same intent.
+    again = commit_of(decide_with(obj, plan, at(3)))
+    assert again.intents == intent.intents
+
+
+def test_bad_calls_go_back_to_the_model_a_bounded_number_of_times() -> None:
+    plan = planner(max_consecutive_tool_errors=2)
+    obj = accepted(plan)
+    refused = commit_of(answered(obj, plan, at(1), reply(("transfer_everything", "{}"))))
+    assert refused.event is RunEvent.STEP_COMPLETED
+    assert "refused" in refused.detail
+    obj = apply(obj, refused)
+    told = asked(obj, plan, at(2)).request.body()["messages"][-1]
+    assert told["role"] == "tool"
+    assert "transfer_everything" in told["content"]
+    failed = commit_of(answered(obj, plan, at(2), reply(("pay", '{"amount": "lots"}'))))
+    assert (failed.event, failed.state) == (RunEvent.ATTEMPT_FAILED, RunState.FAILED)
+    assert failed.status.outcome is not None
+    assert failed.status.outcome.reason == "ToolCallsInvalid"
+
+
+@pytest.mark.parametrize(("retryable", "state"), [(True, RunState.WAITING_RETRY), (False, RunState.FAILED)])
+def test_a_failed_model_call_is_a_retry_window_unless_retrying_cannot_help(
+    retryable: bool, state: RunState
+) -> None:
+    plan = planner()
+    obj = new_run(objective=OBJECTIVE)
+    obj = apply(obj, commit_of(decide(snap(obj), now=T0, epoch=EPOCH, planner=plan, settings=RETRY_3)))
+    need = decide(snap(obj), now=at(1), epoch=EPOCH, planner=plan, settings=RETRY_3)
+    assert isinstance(need, NeedModelTurn)
+    failure = ModelAnswer(
+        need.request.digest(),
+        failure_reason="ModelTimeout",
+        failure_message="no answer in 60s",
+        retryable=retryable,
+    )
+    out = commit_of(decide(snap(obj), now=at(1), epoch=EPOCH, planner=plan, settings=RETRY_3, model=failure))
+    assert out.state is state
+    assert "ModelTimeout" in (out.status.outcome.reason if out.status.outcome else out.detail)
+
+
+def test_a_run_over_its_model_call_limit_fails_with_the_limit_named() -> None:
+    plan = planner(max_model_calls=1)
+    obj = accepted(plan)
+    obj = apply(obj, commit_of(answered(obj, plan, at(1), reply(("read_config", '{"name": "settings"}')))))
+    read = ReadResult(0, evidence=evidence_for(0, "agent-0"), content={"data": {}})
+    obj = apply(obj, commit_of(decide_with(obj, plan, at(2), read=read)))
+    over = commit_of(decide_with(obj, plan, at(3)))
+    assert (over.event, over.state) == (RunEvent.ATTEMPT_FAILED, RunState.FAILED)
+    assert over.status.outcome is not None
+    assert over.status.outcome.reason == "AgentLimitExceeded"
