@@ -31,10 +31,13 @@ LEASE = 2
 
 
 @pytest.fixture
-def webhook_operator(start_operator: Callable[..., OperatorProcess]) -> Callable[..., OperatorProcess]:
+def webhook_operator(
+    start_operator: Callable[..., OperatorProcess], runs: Runs
+) -> Callable[..., OperatorProcess]:
     def start(name: str = "limits") -> OperatorProcess:
         op = start_operator(name, LEASE, DURABLE_AGENTS_WEBHOOK_PORT=str(free_port()))
         eventually(lambda: op.logged("admission webhook serving"), Within.COMMIT, "the admission webhook")
+        runs.await_webhook()  # what is refused here, only the webhook refuses
         return op
 
     return start

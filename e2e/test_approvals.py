@@ -168,10 +168,13 @@ def pending(runs: Runs, name: str) -> dict[str, Any]:
 
 
 @pytest.fixture
-def webhook_operator(start_operator: Callable[..., OperatorProcess]) -> Callable[..., OperatorProcess]:
+def webhook_operator(
+    start_operator: Callable[..., OperatorProcess], runs: Runs
+) -> Callable[..., OperatorProcess]:
     def start(name: str = "approvals", **env: str) -> OperatorProcess:
         op = start_operator(name, LEASE, DURABLE_AGENTS_WEBHOOK_PORT=str(free_port()), **env)
         eventually(lambda: op.logged("admission webhook serving"), Within.COMMIT, "the admission webhook")
+        runs.await_webhook()  # people's writes are stamped by it (a creator, an approver)
         return op
 
     return start

@@ -163,23 +163,6 @@ def webhook_operator(start_operator: Callable[..., OperatorProcess]) -> Callable
     return start
 
 
-def webhook_stamps(runs: Runs) -> bool:
-    """Whether writes now pass through the operator's webhook (a dry-run create comes back stamped)."""
-    body = {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "AgentRun",
-        "metadata": {"name": "probe"},
-        "spec": asking(),
-    }
-    try:
-        made = runs.custom.create_namespaced_custom_object(
-            GROUP, VERSION, runs.namespace, "agentruns", body, dry_run="All"
-        )
-    except client.ApiException:
-        return False
-    return bool(((made.get("spec") or {}).get("createdBy") or {}).get("stamp"))
-
-
 def webhook_off(kube: KubeEnv, runs: Runs, op: OperatorProcess) -> None:
     """The webhook is not installed: its operator stopped and its configurations deleted."""
     op.stop()
@@ -434,7 +417,7 @@ def test_with_the_webhook_off_nothing_unstamped_is_acted_on_and_a_stamped_decisi
 
     # The webhook is back: a properly stamped decision on the new request is acted on.
     again = webhook_operator("webhook-again")
-    eventually(lambda: webhook_stamps(runs), Within.COMMIT, "writes to pass through the webhook again")
+    runs.await_webhook()
     second = runs.get(paying)["status"]["approvalRequest"]
     decision = {"spec": {"approvals": {"pay-2": {"digest": second["digest"], "decision": "approve"}}}}
     patch(people["alice"], runs, paying, decision)

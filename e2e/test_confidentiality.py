@@ -114,6 +114,7 @@ def test_sealed_values_are_nowhere_in_clear_in_etcd_or_to_a_viewer(
     rbac.replace_namespaced_role_binding("token-reader", namespace, binding)
     op = start_operator("sealing", 2, DURABLE_AGENTS_WEBHOOK_PORT=str(free_port()))
     eventually(lambda: op.logged("admission webhook serving"), Within.COMMIT, "the admission webhook")
+    runs.await_webhook()  # the run is written raw: the webhook stamps and seals it
 
     name = runs.create(
         {

@@ -587,6 +587,7 @@ def test_fuzzed_documents_are_refused_naming_a_field_or_reach_a_state_with_a_rea
     assert readable_configmap == CONFIGMAP
     op = start_operator("fuzz", 2, DURABLE_AGENTS_WEBHOOK_PORT=str(free_port()))
     eventually(lambda: op.logged("admission webhook serving"), Within.COMMIT, "the admission webhook")
+    runs.await_webhook()  # every document is written raw, through it
     fuzz = Fuzzing(runs, refsystem.url, op)
     died: list[str] = []
     started = time.monotonic()

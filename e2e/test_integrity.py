@@ -361,7 +361,7 @@ def test_a_forged_action_record_is_never_dispatched(
     for involved in (orphan["metadata"]["name"], stray["metadata"]["name"], legit):
         eventually(
             lambda: "NotInCheckpoint" in {e.reason for e in runs.events(involved)},  # noqa: B023
-            Within.MOMENT,
+            Within.COMMIT,  # the operator's own writes, after the record's (not a local effect)
             f"a NotInCheckpoint Event on {involved}",
         )
     text = scrape(port)
@@ -424,7 +424,7 @@ def test_a_forged_approval_in_the_checkpoint_quarantines_the_run_untouched_until
     )
     event = eventually(
         lambda: next((e for e in runs.events(name) if e.reason == "Quarantine"), None),
-        Within.MOMENT,
+        Within.COMMIT,  # posted by the operator in the background, after the quarantine's commit
         "the quarantine's Event",
     )
     assert event.type == "Warning"

@@ -36,7 +36,7 @@ from durable_agents_testkit.eventually import Within, eventually
 from durable_agents_testkit.operator_process import OperatorProcess
 from durable_agents_testkit.refsystem import ReferenceSystemThread
 from durable_agents_testkit.runs import Runs, assert_history_is_gapless
-from durable_agents_testkit.scrape import free_port, metric, scrape
+from durable_agents_testkit.scrape import free_port, metric, scrape, scrape_when
 
 LEASE = 2
 
@@ -583,7 +583,9 @@ def test_kubectl_agentrun_cancel_is_stamped_and_its_latency_measured(
         request = done["spec"]["cancellations"]["cancel-01"]
         assert request["requestedBy"]["username"], "stamped by the webhook from the authenticated user"
         assert done["status"]["cancellation"]["requestedAt"] == request["requestedAt"]
-    text = scrape(port)
+    # Observed once the cancel_requested commit has returned to the operator: a moment after the
+    # test can see it.
+    text = scrape_when(port, {"durable_agents_cancellation_latency_seconds_count": CANCELED_RUNS})
     assert metric(text, "durable_agents_cancellation_latency_seconds_count") == CANCELED_RUNS
     mean = metric(text, "durable_agents_cancellation_latency_seconds_sum") / CANCELED_RUNS
     observed.sort()

@@ -60,20 +60,25 @@ def test_effect_is_applied_once_and_its_outcome_becomes_evidence(
 ) -> None:
     from datetime import UTC, datetime
 
-    from durable_agents_testkit.audit import count_by, read_audit
+    from durable_agents_testkit.audit import AuditEntry, audit_offset, count_by, read_audit
 
+    offset = audit_offset(kube.plane.audit_log_path) if kube.plane is not None else 0
     start_operator("ledger", LEASE)
     started = datetime.now(UTC)
     name = runs.create(http_effect_run(refsystem.url))
     done = runs.wait_state(name, "completed", timeout=60)
     if kube.plane is not None:
+        log = kube.plane.audit_log_path
         # Let the last Events and the Lease deletion land, then count the operator's writes.
         eventually(lambda: runs.leases() == [], Within.COMMIT, "the run's Lease to be released")
-        writes = [
-            e
-            for e in read_audit(kube.plane.audit_log_path, user="durable-agents-operator", since=started)
-            if e.is_write and e.namespace == runs.namespace
-        ]
+
+        def operator_writes() -> list[AuditEntry] | None:
+            # A write is logged as its request ends: a moment after a reader can see its effect.
+            found = read_audit(log, user="durable-agents-operator", since=started, offset=offset)
+            writes = [e for e in found if e.is_write and e.namespace == runs.namespace]
+            return writes if count_by(writes)["update agentruns/status"] >= 2 else None
+
+        writes = eventually(operator_writes, Within.COMMIT, "the run's status writes in the audit log")
         print(f"\nwrites for one run with one effect (5 transitions): {len(writes)} {dict(count_by(writes))}")
         by_kind = count_by(writes)
         # Writes at semantic boundaries: accepted + the intent; the outcome + revalidated + succeeded.

@@ -209,8 +209,10 @@ def test_two_operators_one_holder_at_a_time_and_takeover(
 
     # Kill A while it holds the Lease of a run it is advancing.
     held_by_a = eventually(advancing_by_a, Within.COMMIT, "A to be advancing a run", interval=0.02)
-    a.kill()
+    # Noted right before the kill: noted after it (and the wait for A's exit), a loaded machine's
+    # delay would be counted against B's takeover.
     killed_at = datetime.now(UTC)
+    a.kill()
     done = {name: runs.wait_state(name, "completed", timeout=90) for name in names}
 
     holders_seen: set[str] = set()
@@ -235,10 +237,12 @@ def test_two_operators_one_holder_at_a_time_and_takeover(
     takeovers = []
     for name in held_by_a:
         history = done[name]["status"]["history"]
-        first_b = next(h for h in history if h["holder"] == b.identity)
+        first_b = next((h for h in history if h["holder"] == b.identity), None)
+        if first_b is None:  # A finished it between the look and the kill: no takeover to time
+            continue
         takeovers.append((datetime.fromisoformat(first_b["at"]) - killed_at).total_seconds())
     print(f"takeover after SIGKILL with a {LEASE}s lease: {[round(t, 2) for t in sorted(takeovers)]}")
-    assert takeovers
+    assert takeovers, f"A finished every run it was seen advancing before the kill: {held_by_a}"
     # Correctness, not speed (that is bench/core.py's takeover figure): B never takes over a Lease
     # before it could have expired. A renews when under 2/3 of the lease remains, so at the kill at
     # least ~LEASE/3 of validity was left.

@@ -138,6 +138,27 @@ def setting(kube: KubeEnv, namespace: str) -> Iterator[Setting]:
             rbac.delete_cluster_role(role["metadata"]["name"])
 
 
+def through_failover_webhooks(kube: KubeEnv) -> bool:
+    """Whether RegionFailover writes pass through the operator's webhooks now (the API server
+    learns of their configurations through a watch; until then a write skips them, as it does a
+    failover webhook that does not answer: failurePolicy Ignore). A dry-run create comes back
+    stamped, and one named by generateName, which its stamp cannot cover, is refused."""
+    create = kube.custom().create_cluster_custom_object
+    try:
+        made = create(GROUP, VERSION, FAILOVER_PLURAL, body("probe-from", "probe-to"), dry_run="All")
+    except client.ApiException:
+        return False
+    if not made["spec"].get("stamp"):
+        return False
+    generated = body("probe-from", "probe-to")
+    generated["metadata"] = {"generateName": "probe-"}
+    try:
+        create(GROUP, VERSION, FAILOVER_PLURAL, generated, dry_run="All")
+    except client.ApiException as err:
+        return bool(err.status == 403)
+    return False
+
+
 @pytest.fixture
 def webhook(
     kube: KubeEnv, namespace: str, start_operator: Callable[..., OperatorProcess]
@@ -146,6 +167,9 @@ def webhook(
     cover cluster-scoped RegionFailovers, which no namespace takes along)."""
     op = start_operator("failover-webhook", LEASE, DURABLE_AGENTS_WEBHOOK_PORT=str(free_port()))
     eventually(lambda: op.logged("admission webhook serving"), Within.COMMIT, "the admission webhook")
+    eventually(
+        lambda: through_failover_webhooks(kube), Within.COMMIT, "RegionFailover writes to pass the webhooks"
+    )
     yield op
     api = client.AdmissionregistrationV1Api(kube.api)
     api.delete_mutating_webhook_configuration(f"durable-agents-{namespace}")

@@ -163,6 +163,7 @@ def test_an_approver_sees_what_they_approve_and_nobody_else_does(
     policy(runs)
     op = start_operator("reveal", 2, DURABLE_AGENTS_WEBHOOK_PORT=str(free_port()))
     eventually(lambda: op.logged("admission webhook serving"), Within.COMMIT, "the admission webhook")
+    runs.await_webhook()  # the editor's run is written raw: the webhook stamps and seals it
     ns = runs.namespace
     user_api(kubeconfigs["editor"]).create_namespaced_custom_object(
         GROUP, VERSION, ns, "agentruns", invoice(refsystem.url)

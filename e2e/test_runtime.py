@@ -12,7 +12,7 @@ from durable_agents_testkit.runs import (
     assert_history_is_gapless,
     read_ask_await_complete,
 )
-from durable_agents_testkit.scrape import free_port, metric, scrape
+from durable_agents_testkit.scrape import free_port, metric, scrape_when
 
 
 def test_run_pauses_without_a_lease_and_resumes_on_patch(
@@ -52,13 +52,16 @@ def test_run_pauses_without_a_lease_and_resumes_on_patch(
     assert set(done["metadata"].get("finalizers") or []) <= {"durable-agents.io/cancel-before-delete"}
     assert not any(k.startswith("kopf.") for k in (done["metadata"].get("annotations") or {}))
     # Commits at semantic boundaries only: 9 transitions in 3 status writes (accepted + read + the
-    # question; answer + revalidated + the external wait; event + revalidated + succeeded).
-    text = scrape(port)
+    # question; answer + revalidated + the external wait; event + revalidated + succeeded). The last
+    # write is counted once it has returned to the operator: a moment after the test can see it.
+    text = scrape_when(port, {"durable_agents_transitions_per_write_count": 3})
     assert metric(text, 'durable_agents_api_writes_total{resource="agentruns/status",verb="update"}') == 3
     assert metric(text, "durable_agents_transitions_per_write_count") == 3
     assert metric(text, "durable_agents_transitions_per_write_sum") == len(EXPECTED_EVENTS)
     # An Event only for what a person acts on (here the question); the rest is in the history.
-    reasons = sorted(e.reason for e in runs.events(name))
+    # Events are posted in the background, after the commit they report.
+    events = eventually(lambda: runs.events(name), Within.COMMIT, "the question's Event")
+    reasons = sorted(e.reason for e in events)
     assert reasons == ["InputRequested"]
     eventually(lambda: runs.leases() == [], Within.COMMIT, "the run's Lease to be released")
 

@@ -232,6 +232,8 @@ def main() -> int:
         say(f"    operator {op.identity} (pid {op.pid}) is watching namespace {ns}")
         try:
             runs = Runs(env, ns)
+            if env.plane is not None:
+                runs.await_webhook()  # the run is applied with kubectl: the webhook stamps it
             step(
                 "applying the run: read the settings, ask the on-call engineer, await the window, "
                 "change the configuration once, complete"

@@ -106,6 +106,30 @@ class Runs:
                 f"{err}; it is {status.get('state')!r} at v{status.get('stateVersion')}"
             ) from None
 
+    def through_webhook(self) -> bool:
+        """Whether writes to runs here pass through the operator's admission webhook now: a dry-run
+        create comes back stamped (and no webhook answers for an operator gone since)."""
+        body = {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "AgentRun",
+            "metadata": {"name": f"webhook-probe-{uuid.uuid4().hex[:8]}"},
+            "spec": {"taskType": "probe", "objective": "probe", "steps": [{"name": "done", "complete": {}}]},
+        }
+        try:
+            made = self.custom.create_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, "agentruns", body, dry_run="All"
+            )
+        except client.ApiException:
+            return False
+        return bool(((made.get("spec") or {}).get("createdBy") or {}).get("stamp"))
+
+    def await_webhook(self, within: float = Within.COMMIT) -> None:
+        """Wait until writes pass through the admission webhook of the operator just started. The
+        API server learns of a webhook configuration (and of a new address in it) through a watch:
+        right after the operator installs it, a write may still skip the webhook, or go to the
+        address of an operator stopped since (refused: failed calling webhook)."""
+        eventually(self.through_webhook, within, f"writes in {self.namespace} to pass through the webhook")
+
     def leases(self) -> list[Any]:
         """Per-run Leases (``agentrun-<run>``, labelled with the run): an earlier release made
         them on every unit of work; this one never does (its runs are covered by shard Leases)."""
