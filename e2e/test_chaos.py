@@ -461,7 +461,8 @@ def test_zombie_worker(lab: Lab) -> None:
                 f"the zombie to notice it lost {held}:\n{zombie.log_tail(40)}",
             )
             refused += 1
-        suppressed += int(metric(scrape(port), "durable_agents_duplicate_suppressions_total"))
+        with contextlib.suppress(OSError):  # only a note's figure: a slow scrape loses no proof
+            suppressed += int(metric(scrape(port), "durable_agents_duplicate_suppressions_total"))
         for run in done:
             assert run["status"]["state"] == "completed", run["status"].get("outcome")
             history = assert_history_consistent(run)
