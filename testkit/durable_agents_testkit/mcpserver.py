@@ -61,7 +61,6 @@ import asyncio
 import contextlib
 import enum
 import json
-import math
 import socket
 from collections.abc import AsyncIterator, Callable, Iterable, MutableMapping
 from dataclasses import dataclass, field
@@ -85,6 +84,7 @@ from mcp_types import (
 )
 
 from durable_agents_testkit.loopback import LoopThread, http_url, refuse_non_loopback
+from durable_agents_testkit.refsystem import checked_fault_options
 
 __all__ = [
     "DEFAULT_SLOW_DELAY",
@@ -124,16 +124,7 @@ class Fault:
 
     def __post_init__(self) -> None:
         self.mode = FaultMode(self.mode)
-        if isinstance(self.times, bool) or not isinstance(self.times, int) or self.times < 1:
-            raise ValueError(f"times must be a positive integer, got {self.times!r}")
-        if (
-            isinstance(self.delay, bool)
-            or not isinstance(self.delay, int | float)
-            or not math.isfinite(self.delay)
-            or self.delay < 0
-        ):
-            raise ValueError(f"delay must be a non-negative number of seconds, got {self.delay!r}")
-        self.delay = float(self.delay)
+        self.delay = checked_fault_options(self.times, self.delay)
 
 
 @dataclass(frozen=True)

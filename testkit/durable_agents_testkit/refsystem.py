@@ -97,6 +97,16 @@ class FaultMode(enum.StrEnum):
     NONE = "none"
 
 
+def checked_fault_options(times: object, delay: object) -> float:
+    """A queued fault's ``times`` (a positive integer) and ``delay`` (seconds), checked; the delay
+    as a float. Shared by the test kit's servers that queue faults."""
+    if isinstance(times, bool) or not isinstance(times, int) or times < 1:
+        raise ValueError(f"times must be a positive integer, got {times!r}")
+    if isinstance(delay, bool) or not isinstance(delay, int | float) or not math.isfinite(delay) or delay < 0:
+        raise ValueError(f"delay must be a non-negative number of seconds, got {delay!r}")
+    return float(delay)
+
+
 @dataclass
 class Fault:
     """A queued fault; ``times`` counts the upcoming matching requests it still applies to."""
@@ -108,16 +118,7 @@ class Fault:
 
     def __post_init__(self) -> None:
         self.mode = FaultMode(self.mode)
-        if isinstance(self.times, bool) or not isinstance(self.times, int) or self.times < 1:
-            raise ValueError(f"times must be a positive integer, got {self.times!r}")
-        if (
-            isinstance(self.delay, bool)
-            or not isinstance(self.delay, int | float)
-            or not math.isfinite(self.delay)
-            or self.delay < 0
-        ):
-            raise ValueError(f"delay must be a non-negative number of seconds, got {self.delay!r}")
-        self.delay = float(self.delay)
+        self.delay = checked_fault_options(self.times, self.delay)
         if self.match is not None and not isinstance(self.match, str):
             raise ValueError(f"match must be a string or null, got {self.match!r}")
 

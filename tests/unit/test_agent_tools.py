@@ -29,16 +29,20 @@ def _tools(url: str = "https://hooks.example/a") -> list[ToolDeclaration]:
         effect_tool("notify", "Post", effect="http.post", target={"url": url}),
         ask_human_tool("ask", "Ask", expires_in=timedelta(minutes=30)),
         await_event_tool("wait", "Wait"),
-        mcp_tool(
-            "search",
-            "Search",
-            server="docs",
-            tool="search",
-            parameters={"type": "object"},
-            read_only=True,
-            tier="read-only",
-        ),
+        _search("read-only"),
     ]
+
+
+def _search(tier: str) -> ToolDeclaration:
+    return mcp_tool(
+        "search",
+        "Search",
+        server="docs",
+        tool="search",
+        parameters={"type": "object"},
+        read_only=True,
+        tier=tier,
+    )
 
 
 def test_the_digest_ignores_order_but_not_content() -> None:
@@ -46,18 +50,7 @@ def test_the_digest_ignores_order_but_not_content() -> None:
     assert tool_set_digest(tools) == tool_set_digest(reversed(tools))
     assert tool_set_digest(tools) != tool_set_digest(_tools(url="https://hooks.example/b"))
     assert tool_set_digest(tools) != tool_set_digest(tools[:-1])
-    retiered = [
-        *tools[:-1],
-        mcp_tool(
-            "search",
-            "Search",
-            server="docs",
-            tool="search",
-            parameters={"type": "object"},
-            read_only=True,
-            tier="consequential",
-        ),
-    ]
+    retiered = [*tools[:-1], _search("consequential")]
     assert tool_set_digest(tools) != tool_set_digest(retiered)
 
 
