@@ -56,6 +56,7 @@ from durable_agents.core.sealed_values import DataKey
 from durable_agents.core.sealing import Keyring
 from durable_agents.shell import metrics
 from durable_agents.shell.actions import ActionStore, FirstClaims
+from durable_agents.shell.agents import intent_planner
 from durable_agents.shell.effects import (
     Action,
     Applied,
@@ -366,8 +367,7 @@ class Dispatcher:
         if run.spec.policy_ref is not None:  # its approval rules: a fresh read, as the worker waits for it
             await self.policies.fetch(namespace, run.spec.policy_ref.name)
             settings = self.policies.settings_for(run, settings)
-        kind = run.spec.agent.planner.value if run.spec.agent else "scripted"
-        planner = self.planners.get(kind)
+        planner = intent_planner(run, self.config.keyring, self.planners)
         return intent_refusal(run, body["metadata"]["name"], spec, planner, settings), run_body
 
     async def _refuse(

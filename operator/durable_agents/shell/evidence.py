@@ -91,4 +91,7 @@ class EvidenceReader:
             resource_version=meta["resourceVersion"],
             content_digest=object_content_digest(obj),
         )
-        return ReadResult(need.step_index, evidence=evidence)
+        # What a model planner is told the read returned (sealed in its checkpoint, cut to size
+        # there); the server's bookkeeping of who wrote which field is noise to it.
+        content = {**obj, "metadata": {k: v for k, v in meta.items() if k != "managedFields"}}
+        return ReadResult(need.step_index, evidence=evidence, content=content)

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from durable_agents.api.v1alpha1 import ActionRecordSpec
+from durable_agents.core.agent_facts import turn_label
 from durable_agents.core.sealed_values import (
     DATA_KEY_ANNOTATION,
     DataKey,
@@ -54,6 +55,22 @@ def _step_name(run_body: Mapping[str, Any] | None, index: int) -> str:
     return str(step.get("name", "")) if isinstance(step, Mapping) else ""
 
 
+def _arguments_label(spec: ActionRecordSpec, run_body: Mapping[str, Any] | None) -> str:
+    """The label the arguments were sealed under: a scripted step's, or (a model planner's call)
+    the label of the checkpoint's turn at that step holding exactly these sealed arguments."""
+    checkpoint = ((run_body or {}).get("status") or {}).get("checkpoint") or {}
+    turns = (checkpoint.get("agent") or {}).get("turns") or []
+    for turn in reversed(turns if isinstance(turns, list) else []):
+        if (
+            isinstance(turn, Mapping)
+            and turn.get("stepIndex") == spec.step_index
+            and turn.get("arguments") == spec.arguments
+            and isinstance(turn.get("index"), int)
+        ):
+            return turn_label(turn["index"], "arguments")
+    return step_label(_step_name(run_body, spec.step_index), "arguments")
+
+
 def action_of(spec: ActionRecordSpec, run_body: Mapping[str, Any] | None, keyring: Keyring | None) -> Action:
     """What the effect is called with: the record's arguments, unsealed."""
     arguments: Any = spec.arguments or {}
@@ -62,9 +79,7 @@ def action_of(spec: ActionRecordSpec, run_body: Mapping[str, Any] | None, keyrin
         if data_key is None:
             raise CannotUnseal("the arguments are sealed and the run has no data key")
         try:
-            arguments = unseal_value(
-                data_key, arguments, step_label(_step_name(run_body, spec.step_index), "arguments")
-            )
+            arguments = unseal_value(data_key, arguments, _arguments_label(spec, run_body))
         except ValueSealingError as err:
             raise CannotUnseal(str(err)) from err
         if not isinstance(arguments, dict):

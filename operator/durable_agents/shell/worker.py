@@ -60,6 +60,7 @@ from durable_agents.core.regions import DEFAULT_REGION, owning_region, with_regi
 from durable_agents.core.sealing import Keyring
 from durable_agents.shell import metrics
 from durable_agents.shell.actions import ActionStore, FirstClaims
+from durable_agents.shell.agents import AgentResolver
 from durable_agents.shell.batches import Batch, BatchWriter
 from durable_agents.shell.children import ChildRuns
 from durable_agents.shell.events import EventRecorder
@@ -164,10 +165,10 @@ class RunWorker:
         )
         self.legacy_leases = RunLeases(kube, self.identity)  # read only: earlier releases' per-run Leases
         self.reader = EvidenceReader(kube)
-        self.model_turns = ModelTurns()
         self.reporter = CommitReporter(self.events, all_events=self.config.all_events)
         self.queue = WorkQueue("run-worker", self.process, concurrency=self.config.concurrency)
-        self.planners: dict[str, Planner] = load_planners()
+        self.agents = AgentResolver(kube, self.config.keyring, load_planners())
+        self.model_turns = ModelTurns(self.agents.endpoint)
         effect_tiers = {name: effect.tier for name, effect in load_effects().items()}
         self.policies = PolicyCache(kube)
         self.base_settings = Settings(
@@ -196,6 +197,7 @@ class RunWorker:
             self.known.discard(key)
             self.failures.forget(key)
             self.ownership.forget(key)
+            self.agents.forget(key)
             return
         self.known.add(key)
         self.queue.add(key, body)
@@ -281,8 +283,7 @@ class RunWorker:
         return self.policies.settings_for(run, self.base_settings)
 
     def planner_for(self, run: RunSnapshot) -> Planner:
-        kind = run.spec.agent.planner.value if run.spec.agent else "scripted"
-        return self.planners[kind]
+        return self.agents.planner_for(run)
 
     async def process(self, key: ObjectKey, body: dict[str, Any] | None) -> None:
         """One unit of work; an exception is retried with backoff, then quarantines the run."""
@@ -373,6 +374,7 @@ class RunWorker:
                 )
                 await self.store.note_waiting(body, f"agentpolicy:{ref.name}")
             return
+        await self.agents.prepare(snap)  # a model run's prompt, credential and tools
         now = datetime.now(UTC)
         provisional = right.epoch
         planner, settings = self.planner_for(snap), self.settings_for(snap)

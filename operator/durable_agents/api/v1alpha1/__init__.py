@@ -13,6 +13,7 @@ instead of the API server rejecting or pruning it. The operator validates it
 """
 
 from durable_agents.api.v1alpha1.actionrecord import *
+from durable_agents.api.v1alpha1.agent import *
 from durable_agents.api.v1alpha1.agentpolicy import *
 from durable_agents.api.v1alpha1.agentrun import *
 from durable_agents.api.v1alpha1.meta import *

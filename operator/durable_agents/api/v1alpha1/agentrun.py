@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field
 
+from durable_agents.api.v1alpha1.agent import AgentConfig
 from durable_agents.api.v1alpha1.meta import (
     API_VERSION,
     CONDITIONS_SCHEMA_EXTRA,
@@ -30,19 +31,6 @@ from durable_agents.api.v1alpha1.meta import (
 from durable_agents.api.v1alpha1.states import RunState
 
 # --- AgentRun ------------------------------------------------------------------------------
-
-
-class PlannerKind(StrEnum):
-    SCRIPTED = "scripted"
-
-
-class AgentConfig(ApiModel):
-    """Runtime configuration identifiers recorded in the checkpoint and checked on resume."""
-
-    planner: PlannerKind = PlannerKind.SCRIPTED
-    model: str | None = Field(default=None, min_length=1, max_length=253)
-    prompt: str | None = Field(default=None, min_length=1, max_length=253)
-    tool_set: str | None = Field(default=None, min_length=1, max_length=253)
 
 
 class ReadStep(ApiModel):
@@ -257,6 +245,12 @@ class AgentRunSpec(ApiModel):
                 ),
                 # Set once when absent (a run created before regions existed), never removed: the
                 # field's own rule refuses a change, which only an authorised failover may make.
+                cel(
+                    "!has(self.agent) || self.agent.planner != 'model' || !has(self.steps) "
+                    "|| size(self.steps) == 0",
+                    "a run driven by the model planner has no steps: the model proposes them",
+                    fieldPath=".steps",
+                ),
                 cel(
                     "!has(oldSelf.region) || has(self.region)",
                     "region cannot be removed once set",

@@ -1,0 +1,107 @@
+"""The model planner on the operator's path: a run driven by the reference model server.
+
+Real API server, the operator as a separate process (its own user, the chart's RBAC), the
+reference model server and the reference authoritative system on loopback. The run's prompt is a
+ConfigMap and its API key a Secret, both read as the run's ServiceAccount.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+
+from durable_agents.api.v1alpha1 import GROUP, VERSION
+from durable_agents_testkit.cluster import KubeEnv
+from durable_agents_testkit.modelserver import ModelServerThread
+from durable_agents_testkit.operator_process import OperatorProcess
+from durable_agents_testkit.refsystem import ReferenceSystemThread
+from durable_agents_testkit.runs import Runs, assert_history_is_gapless
+
+REPO = Path(__file__).resolve().parents[1]
+SAMPLE = REPO / "config/samples/agentrun-model.yaml"
+API_KEY = "sk-test-agent"
+
+
+def sample() -> list[dict[str, Any]]:
+    return [doc for doc in yaml.safe_load_all(SAMPLE.read_text()) if doc]
+
+
+def sample_of(kind: str) -> dict[str, Any]:
+    return next(doc for doc in sample() if doc["kind"] == kind)
+
+
+@pytest.fixture
+def model() -> Iterator[ModelServerThread]:
+    script = yaml.safe_load((REPO / "config/samples/model-script.yaml").read_text())
+    with ModelServerThread(script, api_key=API_KEY) as server:
+        yield server
+
+
+@pytest.fixture
+def agent_namespace(kube: KubeEnv, namespace: str, runs: Runs) -> str:
+    """The sample's prompt, key Secret, policy and RBAC (the run's account reads exactly those)."""
+    core = client.CoreV1Api(kube.api)
+    rbac = client.RbacAuthorizationV1Api(kube.api)
+    for doc in sample():
+        kind, body = doc["kind"], {**doc, "metadata": {**doc["metadata"], "namespace": namespace}}
+        if kind == "ConfigMap":
+            core.create_namespaced_config_map(namespace, body)
+        elif kind == "Secret":
+            body["stringData"] = {**body.get("stringData", {}), "apiKey": API_KEY}
+            core.create_namespaced_secret(namespace, body)
+        elif kind == "Role":
+            rbac.create_namespaced_role(namespace, body)
+        elif kind == "RoleBinding":
+            body["subjects"] = [{**s, "namespace": namespace} for s in body["subjects"]]
+            rbac.create_namespaced_role_binding(namespace, body)
+        elif kind == "AgentPolicy":
+            runs.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "agentpolicies", body)
+    return namespace
+
+
+def agent_spec(model: ModelServerThread, refsystem: ReferenceSystemThread) -> dict[str, Any]:
+    spec: dict[str, Any] = sample_of("AgentRun")["spec"]
+    spec["agent"]["endpoint"]["baseUrl"] = model.base_url
+    for tool in spec["agent"]["tools"]:
+        if "effect" in tool:
+            tool["effect"]["target"] = {"url": f"{refsystem.url}/effects", "queryUrl": f"{refsystem.url}/effects"}
+    return spec
+
+
+def approve(runs: Runs, name: str) -> dict[str, Any]:
+    run = runs.wait_state(name, "waiting_approval", timeout=60)
+    request: dict[str, Any] = run["status"]["approvalRequest"]
+    runs.patch_spec(
+        name, {"approvals": {request["requestId"]: {"digest": request["digest"], "decision": "approve"}}}
+    )
+    return request
+
+
+def test_a_model_driven_run_reads_proposes_waits_for_approval_and_acts_once(
+    start_operator: Callable[..., OperatorProcess],
+    runs: Runs,
+    agent_namespace: str,
+    model: ModelServerThread,
+    refsystem: ReferenceSystemThread,
+) -> None:
+    op = start_operator("agent")
+    name = runs.create(agent_spec(model, refsystem))
+    request = approve(runs, name)
+    print("APPROVAL REQUEST", request)
+    assert refsystem.counts() == {}, "nothing is sent before the approval"
+    done = runs.wait_state(name, "completed", timeout=90)
+    assert list(refsystem.counts().values()) == [1], "the approved call is applied exactly once"
+    facts = done["status"]["checkpoint"]["agent"]
+    assert [t["tool"] for t in facts["turns"]] == ["read_limits", "refund"]
+    assert facts["model"] == sample_of("AgentRun")["spec"]["agent"]["model"]
+    assert facts["modelCallsTotal"] == model.calls()["total"] == 3
+    assert facts["usageTotal"]["inputTokens"] > 0
+    assert request["requestId"] == "agent-1-1"  # step agent-1, attempt 1
+    events = [h["event"] for h in assert_history_is_gapless(done)]
+    assert events.count("approval_decided") == 1
+    assert not op.logged("Traceback")

@@ -1,0 +1,194 @@
+"""The model planner's inputs for one run, resolved by the shell before the core decides.
+
+The system prompt (a ConfigMap key) and the endpoint's API key (a Secret key) are read AS THE
+RUN'S ServiceAccount, by impersonation, like its evidence: a run can only use a prompt or a
+credential its own account may read, never one only the operator may. The tools come from the
+spec; the data key (which seals every tool result and model output the checkpoint holds) from the
+run's annotation, opened with the operator's keyring.
+
+What cannot be resolved for good (a ConfigMap or Secret that is missing or forbidden, a key not
+in it, a tool the planner refuses, no data key) gives the run a planner that refuses to plan with
+that reason, so the run fails saying why. An API server that does not answer is an exception: the
+unit of work is retried with backoff, the run is untouched.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes.client.rest import ApiException
+
+from durable_agents.core.agent.declared import declared_tools
+from durable_agents.core.agent.planner import AgentInputs, ModelPlanner
+from durable_agents.core.agent.tools import ToolDeclarationError
+from durable_agents.core.durations import parse_duration
+from durable_agents.core.engine import RunSnapshot
+from durable_agents.core.planner import PlannedStep, Planner, PlannerError, PlanningContext
+from durable_agents.core.sealed_values import open_data_key
+from durable_agents.core.sealing import Keyring, UndecryptableError
+from durable_agents.shell.kube import Kube, service_account_user
+from durable_agents.shell.model_client import ModelEndpoint
+
+log = logging.getLogger(__name__)
+
+ObjectKey = tuple[str, str]
+
+
+class RefusingPlanner:
+    """A model run whose inputs cannot be resolved: every plan fails with the reason."""
+
+    name = "model"
+
+    def __init__(self, why: str) -> None:
+        self.why = why
+
+    def next_step(self, context: PlanningContext) -> PlannedStep:
+        raise PlannerError(self.why)
+
+
+class Unresolvable(Exception):
+    """An input the run names cannot be used, and will not become usable by retrying soon."""
+
+
+@dataclass(frozen=True)
+class Resolved:
+    planner: Planner
+    endpoint: ModelEndpoint | None
+    at: float
+
+
+def is_model_run(run: RunSnapshot) -> bool:
+    return run.spec.agent is not None and run.spec.agent.planner.value == "model"
+
+
+class AgentResolver:
+    """Per run: its model planner and endpoint, kept ``ttl`` seconds (a changed prompt is seen
+    after that; the facts' recorded prompt digest tells a resumed run that it changed)."""
+
+    def __init__(
+        self, kube: Kube, keyring: Keyring | None, planners: Mapping[str, Planner], ttl: float = 15.0
+    ):
+        self.kube = kube
+        self.keyring = keyring
+        self.planners = planners
+        self.ttl = ttl
+        self._resolved: dict[ObjectKey, Resolved] = {}
+
+    def forget(self, key: ObjectKey) -> None:
+        self._resolved.pop(key, None)
+
+    async def prepare(self, run: RunSnapshot) -> None:
+        """Resolve a model run's inputs unless they are fresh (scripted runs need nothing)."""
+        if not is_model_run(run):
+            return
+        key = (run.namespace, run.name)
+        held = self._resolved.get(key)
+        if held is not None and time.monotonic() - held.at < self.ttl:
+            return
+        try:
+            planner, endpoint = await self._resolve(run)
+        except Unresolvable as err:
+            log.warning("run %s/%s: the model planner's inputs cannot be resolved: %s", *key, err)
+            planner, endpoint = RefusingPlanner(f"the model planner cannot start: {err}"), None
+        self._resolved[key] = Resolved(planner, endpoint, time.monotonic())
+
+    def planner_for(self, run: RunSnapshot) -> Planner:
+        if not is_model_run(run):
+            kind = run.spec.agent.planner.value if run.spec.agent else "scripted"
+            return self.planners[kind]
+        held = self._resolved.get((run.namespace, run.name))
+        if held is None:  # prepare() was not awaited for this run: a bug, said as such
+            return RefusingPlanner("the model planner's inputs were not resolved before planning")
+        return held.planner
+
+    def endpoint(self, run: RunSnapshot) -> ModelEndpoint | None:
+        held = self._resolved.get((run.namespace, run.name))
+        return held.endpoint if held is not None else None
+
+    # --- resolution ---------------------------------------------------------------------------
+
+    async def _resolve(self, run: RunSnapshot) -> tuple[Planner, ModelEndpoint]:
+        agent = run.spec.agent
+        assert agent is not None
+        if agent.endpoint is None or agent.system_prompt is None or agent.model is None:
+            # The CRD's CEL rule refuses such a run; an older CRD may not have it.
+            raise Unresolvable("spec.agent needs endpoint, model and systemPrompt")
+        prompt_ref, secret_ref = agent.system_prompt, agent.endpoint.credentials_secret_ref
+        prompt = await self._key_of(run, "ConfigMap", prompt_ref.name, prompt_ref.key)
+        api_key = await self._key_of(run, "Secret", secret_ref.name, secret_ref.key) if secret_ref else None
+        try:
+            tools = declared_tools(agent)
+        except (ToolDeclarationError, ValueError) as err:
+            raise Unresolvable(f"a tool is refused: {err}") from err
+        if agent.mcp_servers:
+            raise Unresolvable("MCP servers are not supported on the operator's path yet")
+        inputs = AgentInputs(
+            model=agent.model, system_prompt=prompt, tools=tools, data_key=self._data_key(run)
+        )
+        endpoint = ModelEndpoint(
+            base_url=agent.endpoint.base_url,
+            api_key=api_key,
+            timeout_seconds=parse_duration(agent.endpoint.timeout).total_seconds(),
+        )
+        return ModelPlanner(inputs), endpoint
+
+    def _data_key(self, run: RunSnapshot) -> Any:
+        if self.keyring is None:
+            raise Unresolvable("this operator has no sealing keyring to seal the run's tool results")
+        try:
+            return open_data_key(self.keyring, run.data_key, run.namespace, run.name)
+        except UndecryptableError as err:
+            raise Unresolvable(
+                f"the run's data key cannot be opened ({err}); is the sealing webhook installed?"
+            ) from err
+
+    async def _key_of(self, run: RunSnapshot, kind: str, name: str, key: str) -> str:
+        """One key of a ConfigMap or Secret in the run's namespace, read as its ServiceAccount."""
+        sa = run.spec.service_account_name
+        headers = {"Impersonate-User": service_account_user(run.namespace, sa)}
+        core = self.kube.core
+        read = core.read_namespaced_config_map if kind == "ConfigMap" else core.read_namespaced_secret
+        try:
+            obj = await self.kube.call(read, name, run.namespace, _headers=headers)
+        except ApiException as err:
+            if err.status == 403:
+                raise Unresolvable(
+                    f"ServiceAccount {run.namespace}/{sa} may not read {kind} {run.namespace}/{name}"
+                ) from err
+            if err.status == 404:
+                raise Unresolvable(f"{kind} {run.namespace}/{name} not found") from err
+            raise
+        data: dict[str, str] = obj.data or {}
+        if key not in data:
+            raise Unresolvable(f"{kind} {run.namespace}/{name} has no key {key!r}")
+        if kind == "Secret":
+            return base64.b64decode(data[key]).decode("utf-8").strip()
+        return data[key]
+
+
+def intent_planner(
+    run: RunSnapshot, keyring: Keyring | None, planners: Mapping[str, Planner]
+) -> Planner | None:
+    """The planner the dispatcher recomputes a committed intent with. A model run's pending call
+    is rebuilt from its tools (the spec) and the checkpoint's sealed arguments (its data key):
+    nothing is read, and no prompt is needed, as the model is never asked here. None when the
+    run's steps cannot be rebuilt (then no intent of it is sent)."""
+    agent = run.spec.agent
+    if not is_model_run(run):
+        return planners.get(agent.planner.value if agent else "scripted")
+    assert agent is not None
+    if keyring is None or agent.mcp_servers:
+        return None
+    try:
+        tools = declared_tools(agent)
+        data_key = open_data_key(keyring, run.data_key, run.namespace, run.name)
+    except (ToolDeclarationError, ValueError, UndecryptableError):
+        return None
+    return ModelPlanner(
+        AgentInputs(model=agent.model or "", system_prompt="", tools=tools, data_key=data_key)
+    )
