@@ -37,7 +37,7 @@ def sample_of(kind: str) -> dict[str, Any]:
 
 @pytest.fixture
 def model() -> Iterator[ModelServerThread]:
-    script = yaml.safe_load((REPO / "config/samples/model-script.yaml").read_text())
+    script = yaml.safe_load((REPO / "config/samples/reference-model/refunds-script.yaml").read_text())
     with ModelServerThread(script, api_key=API_KEY) as server:
         yield server
 
@@ -69,7 +69,10 @@ def agent_spec(model: ModelServerThread, refsystem: ReferenceSystemThread) -> di
     spec["agent"]["endpoint"]["baseUrl"] = model.base_url
     for tool in spec["agent"]["tools"]:
         if "effect" in tool:
-            tool["effect"]["target"] = {"url": f"{refsystem.url}/effects", "queryUrl": f"{refsystem.url}/effects"}
+            tool["effect"]["target"] = {
+                "url": f"{refsystem.url}/effects",
+                "queryUrl": f"{refsystem.url}/effects",
+            }
     return spec
 
 
@@ -92,7 +95,9 @@ def test_a_model_driven_run_reads_proposes_waits_for_approval_and_acts_once(
     op = start_operator("agent")
     name = runs.create(agent_spec(model, refsystem))
     request = approve(runs, name)
-    print("APPROVAL REQUEST", request)
+    proposal = request["proposal"]
+    assert (proposal["tool"], proposal["turn"]) == ("refund", 1), "the approver sees the model's call"
+    assert "durable-agents.io/sealed" in proposal["reason"], "the model's words are sealed"
     assert refsystem.counts() == {}, "nothing is sent before the approval"
     done = runs.wait_state(name, "completed", timeout=90)
     assert list(refsystem.counts().values()) == [1], "the approved call is applied exactly once"

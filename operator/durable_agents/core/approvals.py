@@ -26,9 +26,14 @@ def approval_digest(
     policy_version: str | None,
     run_uid: str,
     request_id: str,
+    tool: str | None = None,
 ) -> str:
+    # A model-proposed call's tool name is bound too (a scripted step has none: its digest is
+    # what it always was, so approvals given before this field existed still verify).
+    named = {"tool": tool} if tool is not None else {}
     return canonical_digest(
         {
+            **named,
             "effect": effect,
             "arguments": dict(arguments or {}),
             "target": dict(target or {}),

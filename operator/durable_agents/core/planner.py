@@ -50,6 +50,7 @@ class PerformEffect:
     target: dict[str, Any]
     arguments: dict[str, Any]
     compensates: str | None = None  # the name of the earlier effect step this one compensates
+    tool: str | None = None  # the model's tool name, for a call the model planner proposed
 
 
 @dataclass(frozen=True)

@@ -24,10 +24,11 @@ from typing import Any
 from kubernetes.client.rest import ApiException
 
 from durable_agents.core.agent.declared import declared_tools
+from durable_agents.core.agent.limits import AgentLimits
 from durable_agents.core.agent.planner import AgentInputs, ModelPlanner
 from durable_agents.core.agent.tools import ToolDeclarationError
 from durable_agents.core.durations import parse_duration
-from durable_agents.core.engine import RunSnapshot
+from durable_agents.core.engine import RunSnapshot, Settings
 from durable_agents.core.planner import PlannedStep, Planner, PlannerError, PlanningContext
 from durable_agents.core.sealed_values import open_data_key
 from durable_agents.core.sealing import Keyring, UndecryptableError
@@ -60,6 +61,12 @@ class Resolved:
     planner: Planner
     endpoint: ModelEndpoint | None
     at: float
+
+
+def model_calls_per_boundary(settings: Settings) -> int:
+    """Model calls a worker may make before it writes what they produced (the policy's bound)."""
+    chosen = settings.policy.agent_limits.max_model_calls_per_boundary if settings.policy else None
+    return chosen or AgentLimits().max_model_calls_per_boundary
 
 
 def is_model_run(run: RunSnapshot) -> bool:

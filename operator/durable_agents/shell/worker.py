@@ -60,7 +60,7 @@ from durable_agents.core.regions import DEFAULT_REGION, owning_region, with_regi
 from durable_agents.core.sealing import Keyring
 from durable_agents.shell import metrics
 from durable_agents.shell.actions import ActionStore, FirstClaims
-from durable_agents.shell.agents import AgentResolver
+from durable_agents.shell.agents import AgentResolver, model_calls_per_boundary
 from durable_agents.shell.batches import Batch, BatchWriter
 from durable_agents.shell.children import ChildRuns
 from durable_agents.shell.events import EventRecorder
@@ -489,6 +489,7 @@ class RunWorker:
         fresh: dict[str, KubernetesEvidenceRef | None] | None = None
         written = body  # the record as stored: its resourceVersion is the write's precondition
         batch: Batch = []
+        model_calls = 0  # since the last write: a crash repeats them, so they are bounded
         # Each transition may first need a read or an observation: a few steps each, bounded.
         for _ in range(self.config.max_transitions_per_unit * 3):
             if len(batch) >= self.config.max_transitions_per_unit:
@@ -525,6 +526,7 @@ class RunWorker:
                 continue
             if isinstance(decision, NeedModelTurn):
                 model = await self.model_turns.answer(snap, decision)
+                model_calls += 1
                 continue
             if isinstance(decision, Idle):
                 if batch and await self._write_batch(key, right, written, body, batch) is None:
@@ -535,13 +537,14 @@ class RunWorker:
             read, actions, fresh, children, model = None, None, None, None, None
             batch.append((snap.state, decision))
             body = {**body, "status": decision.wire_status()}  # the next decision starts here
-            if not (decision.intents or decision.children):
+            bound = model_calls_per_boundary(self.settings_for(snap))
+            if not (decision.intents or decision.children or model_calls >= bound):
                 continue
             out = await self._write_batch(key, right, written, body, batch)
             if out is None:
                 self.enqueue(key)
                 return
-            written, body, batch = out, out, []
+            written, body, batch, model_calls = out, out, [], 0
             self.failures.at(key, "after commit", snap, decision.event.value)
             for intent in decision.intents:
                 # Right after the intent commit: the record the dispatcher works from. If it

@@ -116,6 +116,26 @@ class Retention(ApiModel):
     )
 
 
+class AgentLimitsSpec(ApiModel):
+    """Bounds on a run driven by the model planner; unset fields keep the operator's defaults
+    (64 model calls, 4 per boundary, 500k tokens, 32 tool calls, 3 bad calls in a row)."""
+
+    max_model_calls: int | None = Field(default=None, ge=1, le=256, description="Model calls per run.")
+    max_model_calls_per_boundary: int | None = Field(
+        default=None, ge=1, le=64, description="Model calls between two checkpoint commits."
+    )
+    max_tokens: int | None = Field(
+        default=None, ge=1, le=1_000_000_000, description="Input plus output tokens per run."
+    )
+    max_tool_calls: int | None = Field(default=None, ge=1, le=256, description="Tool calls per run.")
+    max_consecutive_tool_errors: int | None = Field(
+        default=None,
+        ge=1,
+        le=64,
+        description="Bad calls in a row (unknown tool, invalid arguments) before the run fails.",
+    )
+
+
 class AgentPolicySpec(ApiModel):
     """GitOps-owned: the operator reads it and records ``version`` in every run it governs."""
 
@@ -146,6 +166,10 @@ class AgentPolicySpec(ApiModel):
     runtime: RuntimeAvailability = Field(default_factory=lambda: RuntimeAvailability())
     propose_compensations: bool = Field(
         default=False, description="On cancellation, list the steps that would compensate unreversed effects."
+    )
+    agent_limits: AgentLimitsSpec = Field(
+        default_factory=lambda: AgentLimitsSpec(),
+        description="Bounds on runs driven by the model planner (model calls, tokens, tool calls).",
     )
     default_region: str | None = Field(
         default=None,

@@ -372,6 +372,21 @@ class HistoryEntry(ApiModel):
 HISTORY_LIMIT = 64
 
 
+class ModelProposal(ApiModel):
+    """A call the model planner proposed: the tool the model called and what it said. The
+    model's words are advisory, never authority; they are sealed (``kubectl agentrun status
+    --reveal`` shows them to an approver, marked as written by the model)."""
+
+    tool: str = Field(max_length=64, description="The tool the model called (covered by the digest).")
+    call_id: str = Field(max_length=64)
+    turn: int = Field(ge=0, description="The turn in status.checkpoint.agent.turns.")
+    reason: dict[str, Any] | None = Field(
+        default=None,
+        description="Sealed: {writtenBy: model, text}: what the model said alongside the call.",
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
+
+
 class ApprovalRequest(ApiModel):
     """The pending approval request: what exactly is to be approved, by whom, until when."""
 
@@ -397,6 +412,9 @@ class ApprovalRequest(ApiModel):
     )
     expires_at: datetime
     allowed_decisions: list[Literal["approve", "reject"]] = Field(max_length=2)
+    proposal: ModelProposal | None = Field(
+        default=None, description="For a call the model planner proposed: the model's tool and words."
+    )
 
 
 class UnreversedEffect(ApiModel):

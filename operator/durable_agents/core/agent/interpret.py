@@ -181,7 +181,7 @@ def step_for(declaration: ToolDeclaration, arguments: dict[str, Any], *, step_in
     if declaration.kind == "effect":
         # A deep copy of the person's target: nothing the model wrote reaches it.
         target = copy.deepcopy(dict(_fixed(declaration.target)))
-        return PerformEffect(name, _fixed(declaration.effect), target, arguments)
+        return PerformEffect(name, _fixed(declaration.effect), target, arguments, tool=declaration.name)
     if declaration.kind == "ask_human":
         return AskHuman(name, name, arguments["question"], declaration.expires_in)
     if declaration.kind == "await_event":

@@ -18,6 +18,7 @@ from durable_agents.api.v1alpha1 import (
     ApprovalRequest,
     ChangeResponse,
     ExpiryAction,
+    ModelProposal,
     Outcome,
 )
 from durable_agents.core.approvals import approval_digest
@@ -54,8 +55,20 @@ def approved_for(
         policy_version=last.policy_version,
         run_uid=run.run_id,
         request_id=last.request_id,
+        tool=step.tool,
     )
     return last if digest == last.digest else None
+
+
+def _proposal(cp: Checkpoint, index: int, step: PerformEffect) -> ModelProposal | None:
+    """What the model proposed and said, for a call the model planner proposed (its words are
+    shown to the approver as its own, sealed as the checkpoint holds them; never authority)."""
+    pending = cp.agent.pending if cp.agent is not None else None
+    if step.tool is None or pending is None or pending.step_index != index:
+        return None
+    return ModelProposal(
+        tool=pending.tool, call_id=pending.call_id, turn=pending.index, reason=pending.reason
+    )
 
 
 def request_approval(
@@ -84,6 +97,7 @@ def request_approval(
         policy_version=version,
         run_uid=run.run_id,
         request_id=request_id,
+        tool=step.tool,
     )
     expires = builder.now + parse_duration(policy.approval_expiry)
     rule = policy.approvers
@@ -103,6 +117,7 @@ def request_approval(
         service_account=run.spec.service_account_name,
         expires_at=expires,
         allowed_decisions=[decision.value for decision in policy.allowed_decisions],
+        proposal=_proposal(cp, index, step),
     )
     record = ApprovalRecord(
         request_id=request_id, digest=digest, expires_at=expires, policy_version=version, step_index=index

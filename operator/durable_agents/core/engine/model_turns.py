@@ -9,13 +9,14 @@ nothing the model proposed acts before it is committed (and approved, where the 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from durable_agents.api.v1alpha1 import Outcome
 from durable_agents.core.agent.context import start_facts
 from durable_agents.core.agent.exchange import ModelRequest
 from durable_agents.core.agent.interpret import FinalAnswer, ProposedCall, ToolError, interpret
-from durable_agents.core.agent.limits import exceeded
+from durable_agents.core.agent.limits import AgentLimits, exceeded
 from durable_agents.core.agent.planner import ModelPlanner
 from durable_agents.core.agent_facts import (
     AgentFacts,
@@ -44,6 +45,15 @@ def _facts(cp: Checkpoint, planner: ModelPlanner) -> AgentFacts:
     return start_facts(model=inputs.model, system_prompt=inputs.system_prompt, tools=inputs.tools)
 
 
+def limits_of(planner: ModelPlanner, settings: Settings) -> AgentLimits:
+    """The planner's limits, with those the run's policy sets instead."""
+    policy = settings.policy
+    if policy is None:
+        return planner.inputs.limits
+    chosen = {k: v for k, v in policy.agent_limits.model_dump().items() if v is not None}
+    return replace(planner.inputs.limits, **chosen)
+
+
 def model_turn(
     builder: CommitBuilder,
     planner: ModelPlanner,
@@ -54,7 +64,8 @@ def model_turn(
     """No call pending: within the run's limits, ask the model (or take its answer) and record it."""
     cp, inputs = builder.cp, planner.inputs
     facts = _facts(cp, planner)
-    over = exceeded(facts, inputs.limits, calls_since_boundary=0)
+    limits = limits_of(planner, settings)
+    over = exceeded(facts, limits, calls_since_boundary=0)
     if over is not None:
         return builder.commit(
             RunEvent.ATTEMPT_FAILED, outcome=Outcome(reason="AgentLimitExceeded", message=over)
@@ -83,7 +94,7 @@ def model_turn(
                 reason="Completed", message=f"the model answered at step {step_index}", result=proposal.text
             ),
         )
-    return _record(builder, planner, facts, proposal, usage)
+    return _record(builder, planner, facts, proposal, usage, limits)
 
 
 def _record(
@@ -92,6 +103,7 @@ def _record(
     facts: AgentFacts,
     proposal: ProposedCall | ToolError,
     usage: TokenUsage,
+    limits: AgentLimits,
 ) -> Decision:
     """A proposed call, pending until its step is carried out; or a bad call, refused with the
     reason the model is told (the run fails after too many in a row)."""
@@ -111,7 +123,7 @@ def _record(
             refusal=proposal.message,
         )
         facts = with_turn(facts, turn)
-        if facts.tool_errors >= inputs.limits.max_consecutive_tool_errors:
+        if facts.tool_errors >= limits.max_consecutive_tool_errors:
             message = f"{facts.tool_errors} bad tool calls in a row; the last: {proposal.message}"
             return builder.commit(
                 RunEvent.ATTEMPT_FAILED,
