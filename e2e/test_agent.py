@@ -17,6 +17,7 @@ from kubernetes import client
 
 from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents_testkit.cluster import KubeEnv
+from durable_agents_testkit.mcpserver import McpServerThread
 from durable_agents_testkit.modelserver import ModelServerThread
 from durable_agents_testkit.operator_process import OperatorProcess
 from durable_agents_testkit.refsystem import ReferenceSystemThread
@@ -104,9 +105,75 @@ def test_a_model_driven_run_reads_proposes_waits_for_approval_and_acts_once(
     facts = done["status"]["checkpoint"]["agent"]
     assert [t["tool"] for t in facts["turns"]] == ["read_limits", "refund"]
     assert facts["model"] == sample_of("AgentRun")["spec"]["agent"]["model"]
-    assert facts["modelCallsTotal"] == model.calls()["total"] == 3
+    assert facts["modelCallsTotal"] == 3
+    # A unit of work the worker could not commit (its region or shard lost on a loaded machine)
+    # is decided again: its model calls are repeated, never recorded twice (the recovery tests
+    # bound the repeats).
+    assert model.calls()["total"] >= 3
     assert facts["usageTotal"]["inputTokens"] > 0
     assert request["requestId"] == "agent-1-1"  # step agent-1, attempt 1
     events = [h["event"] for h in assert_history_is_gapless(done)]
     assert events.count("approval_decided") == 1
     assert not op.logged("Traceback")
+
+
+TICKETS_SCRIPT: dict[str, Any] = {
+    "model": "scripted-refunds",
+    "rules": [
+        {
+            "when": {"notCalled": ["lookup_ticket"]},
+            "content": "Let me look at the ticket.",
+            "toolCalls": [{"name": "lookup_ticket", "arguments": {"id": "T-101"}}],
+        },
+        {
+            "when": {
+                "called": ["lookup_ticket"],
+                "notCalled": ["close_ticket"],
+                "lastToolResultContains": "VPN",
+            },
+            "content": "The ticket is about VPN drops, fixed by the new gateway: closing it.",
+            "toolCalls": [
+                {"name": "close_ticket", "arguments": {"id": "T-101", "resolution": "new gateway"}}
+            ],
+        },
+        {"when": {"called": ["close_ticket"]}, "content": "Closed T-101."},
+    ],
+}
+
+
+def test_mcp_tools_a_read_is_called_freely_a_consequential_call_is_approved_and_applied_once(
+    start_operator: Callable[..., OperatorProcess],
+    runs: Runs,
+    agent_namespace: str,
+    model: ModelServerThread,
+    refsystem: ReferenceSystemThread,
+) -> None:
+    model.set_script(TICKETS_SCRIPT)
+    with McpServerThread() as tickets:
+        spec = agent_spec(model, refsystem)
+        spec["agent"]["tools"] = []
+        spec["agent"]["mcpServers"] = [
+            {"name": "tickets", "url": tickets.url, "tools": ["lookup_ticket", "close_ticket"]}
+        ]
+        start_operator("agent-mcp")
+        name = runs.create(spec)
+        request = approve(runs, name)
+        assert request["effect"] == "mcp.call"
+        assert request["target"] == {"server": "tickets", "url": tickets.url, "tool": "close_ticket"}
+        assert request["proposal"]["tool"] == "close_ticket"
+        assert tickets.counts() == {}, "the consequential MCP call waits for its approval"
+        done = runs.wait_state(name, "completed", timeout=90)
+        counts = tickets.counts()
+        assert list(counts.values()) == [1], f"applied exactly once under one key: {counts}"
+        (key,) = counts
+        assert tickets.ticket("T-101")["status"] == "closed"
+        facts = done["status"]["checkpoint"]["agent"]
+        assert [(t["tool"], t["outcome"]) for t in facts["turns"]] == [
+            ("lookup_ticket", "succeeded"),
+            ("close_ticket", "succeeded"),
+        ]
+        # The model was told the read-only call's answer (the ticket's title), from the facts.
+        asked = model.calls()["requests"]
+        assert any("VPN drops hourly" in str(body) for body in asked)
+        records = runs.custom.list_namespaced_custom_object(GROUP, VERSION, runs.namespace, "actionrecords")
+        assert [r["spec"]["idempotencyKey"] for r in records["items"]] == [key], "the ledger's key was sent"

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Protocol
 
-from durable_agents.api.v1alpha1 import AgentRunSpec, ChildStep, ObjectReference
+from durable_agents.api.v1alpha1 import ActionTier, AgentRunSpec, ChildStep, ObjectReference
 from durable_agents.core.checkpoint import Checkpoint
 from durable_agents.core.durations import parse_duration
 
@@ -51,6 +51,7 @@ class PerformEffect:
     arguments: dict[str, Any]
     compensates: str | None = None  # the name of the earlier effect step this one compensates
     tool: str | None = None  # the model's tool name, for a call the model planner proposed
+    tier: ActionTier | None = None  # fixed by the step (an MCP tool's), else the effect's
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,19 @@ class Finish:
     result: str
 
 
-PlannedStep = ReadObject | AskHuman | AwaitEvent | PerformEffect | StartChild | Finish
+@dataclass(frozen=True)
+class ReadTool:
+    """A read-only call of a tool on an MCP server: performed by the shell, repeated after a
+    crash (like a read), its result told to the model. A consequential one is a PerformEffect."""
+
+    name: str
+    server: str
+    url: str
+    tool: str
+    arguments: dict[str, Any]
+
+
+PlannedStep = ReadObject | AskHuman | AwaitEvent | PerformEffect | StartChild | Finish | ReadTool
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,11 @@ What cannot be resolved for good (a ConfigMap or Secret that is missing or forbi
 in it, a tool the planner refuses, no data key) gives the run a planner that refuses to plan with
 that reason, so the run fails saying why. An API server that does not answer is an exception: the
 unit of work is retried with backoff, the run is untouched.
+
+MCP servers' tools are listed here too (their schemas and hints live on the server), as
+declarations the planner offers the model; the tool-set digest the run's facts record covers
+them, so a server that changes its tools mid-run is seen. A listing that fails once the run has
+been resolved keeps the last good one (a server blip does not fail a run waiting for approval).
 """
 
 from __future__ import annotations
@@ -18,21 +23,23 @@ import base64
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field, replace
 
 from kubernetes.client.rest import ApiException
 
+from durable_agents.api.v1alpha1 import ActionTier, AgentConfig
 from durable_agents.core.agent.declared import declared_tools
 from durable_agents.core.agent.limits import AgentLimits
 from durable_agents.core.agent.planner import AgentInputs, ModelPlanner
-from durable_agents.core.agent.tools import ToolDeclarationError
+from durable_agents.core.agent.tools import DESCRIPTION_MAX, ToolDeclaration, ToolDeclarationError, mcp_tool
+from durable_agents.core.checkpoint import ActionTier as TierName
 from durable_agents.core.durations import parse_duration
 from durable_agents.core.engine import RunSnapshot, Settings
 from durable_agents.core.planner import PlannedStep, Planner, PlannerError, PlanningContext
-from durable_agents.core.sealed_values import open_data_key
+from durable_agents.core.sealed_values import DataKey, open_data_key
 from durable_agents.core.sealing import Keyring, UndecryptableError
 from durable_agents.shell.kube import Kube, service_account_user
+from durable_agents.shell.mcp_tools import McpError, McpTool, list_tools
 from durable_agents.shell.model_client import ModelEndpoint
 
 log = logging.getLogger(__name__)
@@ -58,9 +65,11 @@ class Unresolvable(Exception):
 
 @dataclass(frozen=True)
 class Resolved:
-    planner: Planner
+    inputs: AgentInputs | None
     endpoint: ModelEndpoint | None
+    why: str | None  # why inputs is None
     at: float
+    mcp_tiers: Mapping[str, ActionTier] = field(default_factory=dict)
 
 
 def model_calls_per_boundary(settings: Settings) -> int:
@@ -73,9 +82,20 @@ def is_model_run(run: RunSnapshot) -> bool:
     return run.spec.agent is not None and run.spec.agent.planner.value == "model"
 
 
+def _mcp_tiers(settings: Settings) -> dict[str, ActionTier]:
+    return {name: ActionTier(tier) for name, tier in settings.tiers.items() if name.startswith("mcp:")}
+
+
+def _tier_of(tool: McpTool) -> TierName:
+    """The server's hints: read-only, else destructive (the MCP default) is consequential."""
+    if tool.read_only:
+        return "read-only"
+    return "consequential" if tool.destructive else "reversible"
+
+
 class AgentResolver:
-    """Per run: its model planner and endpoint, kept ``ttl`` seconds (a changed prompt is seen
-    after that; the facts' recorded prompt digest tells a resumed run that it changed)."""
+    """Per run: its model planner's inputs and endpoint, kept ``ttl`` seconds (a changed prompt is
+    seen after that; the facts' recorded prompt digest tells a resumed run that it changed)."""
 
     def __init__(
         self, kube: Kube, keyring: Keyring | None, planners: Mapping[str, Planner], ttl: float = 15.0
@@ -89,20 +109,27 @@ class AgentResolver:
     def forget(self, key: ObjectKey) -> None:
         self._resolved.pop(key, None)
 
-    async def prepare(self, run: RunSnapshot) -> None:
+    async def prepare(self, run: RunSnapshot, settings: Settings) -> None:
         """Resolve a model run's inputs unless they are fresh (scripted runs need nothing)."""
         if not is_model_run(run):
             return
         key = (run.namespace, run.name)
-        held = self._resolved.get(key)
+        held, tiers = self._resolved.get(key), _mcp_tiers(settings)
         if held is not None and time.monotonic() - held.at < self.ttl:
+            if held.mcp_tiers != tiers:
+                self._resolved[key] = replace(held, mcp_tiers=tiers)
             return
         try:
-            planner, endpoint = await self._resolve(run)
+            inputs, endpoint = await self._resolve(run)
         except Unresolvable as err:
+            if held is not None and held.inputs is not None and isinstance(err.__cause__, McpError):
+                log.warning("run %s/%s: %s; keeping the tools listed before", *key, err)
+                self._resolved[key] = replace(held, at=time.monotonic(), mcp_tiers=tiers)
+                return
             log.warning("run %s/%s: the model planner's inputs cannot be resolved: %s", *key, err)
-            planner, endpoint = RefusingPlanner(f"the model planner cannot start: {err}"), None
-        self._resolved[key] = Resolved(planner, endpoint, time.monotonic())
+            self._resolved[key] = Resolved(None, None, str(err), time.monotonic(), tiers)
+            return
+        self._resolved[key] = Resolved(inputs, endpoint, None, time.monotonic(), tiers)
 
     def planner_for(self, run: RunSnapshot) -> Planner:
         if not is_model_run(run):
@@ -111,7 +138,9 @@ class AgentResolver:
         held = self._resolved.get((run.namespace, run.name))
         if held is None:  # prepare() was not awaited for this run: a bug, said as such
             return RefusingPlanner("the model planner's inputs were not resolved before planning")
-        return held.planner
+        if held.inputs is None:
+            return RefusingPlanner(f"the model planner cannot start: {held.why}")
+        return ModelPlanner(replace(held.inputs, mcp_tiers=held.mcp_tiers))
 
     def endpoint(self, run: RunSnapshot) -> ModelEndpoint | None:
         held = self._resolved.get((run.namespace, run.name))
@@ -119,7 +148,7 @@ class AgentResolver:
 
     # --- resolution ---------------------------------------------------------------------------
 
-    async def _resolve(self, run: RunSnapshot) -> tuple[Planner, ModelEndpoint]:
+    async def _resolve(self, run: RunSnapshot) -> tuple[AgentInputs, ModelEndpoint]:
         agent = run.spec.agent
         assert agent is not None
         if agent.endpoint is None or agent.system_prompt is None or agent.model is None:
@@ -129,22 +158,53 @@ class AgentResolver:
         prompt = await self._key_of(run, "ConfigMap", prompt_ref.name, prompt_ref.key)
         api_key = await self._key_of(run, "Secret", secret_ref.name, secret_ref.key) if secret_ref else None
         try:
-            tools = declared_tools(agent)
+            tools = (*declared_tools(agent), *await self._mcp_tools(agent))
+            inputs = AgentInputs(
+                model=agent.model, system_prompt=prompt, tools=tools, data_key=self._data_key(run)
+            )
         except (ToolDeclarationError, ValueError) as err:
             raise Unresolvable(f"a tool is refused: {err}") from err
-        if agent.mcp_servers:
-            raise Unresolvable("MCP servers are not supported on the operator's path yet")
-        inputs = AgentInputs(
-            model=agent.model, system_prompt=prompt, tools=tools, data_key=self._data_key(run)
-        )
+        names = [tool.name for tool in tools]
+        if len(set(names)) != len(names):
+            twice = sorted({name for name in names if names.count(name) > 1})
+            raise Unresolvable(f"tool names offered twice (spec.agent.tools, MCP servers): {twice}")
         endpoint = ModelEndpoint(
             base_url=agent.endpoint.base_url,
             api_key=api_key,
             timeout_seconds=parse_duration(agent.endpoint.timeout).total_seconds(),
         )
-        return ModelPlanner(inputs), endpoint
+        return inputs, endpoint
 
-    def _data_key(self, run: RunSnapshot) -> Any:
+    async def _mcp_tools(self, agent: AgentConfig) -> list[ToolDeclaration]:
+        """Each MCP server's tools (those the spec allows), as the model is offered them."""
+        out: list[ToolDeclaration] = []
+        for server in agent.mcp_servers:
+            timeout = parse_duration(server.timeout).total_seconds()
+            try:
+                listed = await list_tools(server.name, server.url, timeout=timeout)
+            except McpError as err:
+                raise Unresolvable(f"MCP server {server.name!r} cannot list its tools: {err}") from err
+            by_name = {tool.name: tool for tool in listed}
+            missing = sorted(set(server.tools) - set(by_name))
+            if missing:
+                raise Unresolvable(f"MCP server {server.name!r} lists no tool named {missing}")
+            for tool in listed:
+                if server.tools and tool.name not in server.tools:
+                    continue
+                out.append(
+                    mcp_tool(
+                        tool.name,
+                        tool.description[:DESCRIPTION_MAX],
+                        server=server.name,
+                        tool=tool.name,
+                        parameters=tool.input_schema,
+                        read_only=tool.read_only,
+                        tier=_tier_of(tool),
+                    )
+                )
+        return out
+
+    def _data_key(self, run: RunSnapshot) -> DataKey:
         if self.keyring is None:
             raise Unresolvable("this operator has no sealing keyring to seal the run's tool results")
         try:
@@ -176,26 +236,3 @@ class AgentResolver:
         if kind == "Secret":
             return base64.b64decode(data[key]).decode("utf-8").strip()
         return data[key]
-
-
-def intent_planner(
-    run: RunSnapshot, keyring: Keyring | None, planners: Mapping[str, Planner]
-) -> Planner | None:
-    """The planner the dispatcher recomputes a committed intent with. A model run's pending call
-    is rebuilt from its tools (the spec) and the checkpoint's sealed arguments (its data key):
-    nothing is read, and no prompt is needed, as the model is never asked here. None when the
-    run's steps cannot be rebuilt (then no intent of it is sent)."""
-    agent = run.spec.agent
-    if not is_model_run(run):
-        return planners.get(agent.planner.value if agent else "scripted")
-    assert agent is not None
-    if keyring is None or agent.mcp_servers:
-        return None
-    try:
-        tools = declared_tools(agent)
-        data_key = open_data_key(keyring, run.data_key, run.namespace, run.name)
-    except (ToolDeclarationError, ValueError, UndecryptableError):
-        return None
-    return ModelPlanner(
-        AgentInputs(model=agent.model or "", system_prompt="", tools=tools, data_key=data_key)
-    )

@@ -56,7 +56,7 @@ from durable_agents.core.sealed_values import DataKey
 from durable_agents.core.sealing import Keyring
 from durable_agents.shell import metrics
 from durable_agents.shell.actions import ActionStore, FirstClaims
-from durable_agents.shell.agents import intent_planner
+from durable_agents.shell.agents import AgentResolver
 from durable_agents.shell.effects import (
     Action,
     Applied,
@@ -120,7 +120,7 @@ class Dispatcher:
         self.effects = effects if effects is not None else load_effects()
         self.runs = RunStore(kube)
         self.policies = PolicyCache(kube)
-        self.planners = load_planners()
+        self.agents = AgentResolver(kube, config.keyring, load_planners())
         self.base_settings = Settings(
             tiers={name: effect.tier for name, effect in self.effects.items()}, keyring=config.keyring
         )
@@ -367,7 +367,10 @@ class Dispatcher:
         if run.spec.policy_ref is not None:  # its approval rules: a fresh read, as the worker waits for it
             await self.policies.fetch(namespace, run.spec.policy_ref.name)
             settings = self.policies.settings_for(run, settings)
-        planner = intent_planner(run, self.config.keyring, self.planners)
+        # A model run's pending call is rebuilt from its tools (MCP servers listed) and the
+        # checkpoint's sealed arguments; inputs that cannot be resolved send nothing.
+        await self.agents.prepare(run, settings)
+        planner = self.agents.planner_for(run)
         return intent_refusal(run, body["metadata"]["name"], spec, planner, settings), run_body
 
     async def _refuse(

@@ -46,6 +46,11 @@ ACTION_DISPATCHES = Counter(
 MODEL_CALLS = Counter(
     "durable_agents_model_calls_total", "Model calls of the model planner, by answer", ["answer"]
 )
+MCP_CALLS = Counter(
+    "durable_agents_mcp_read_calls_total",
+    "Read-only MCP tool calls of the model planner, by answer (consequential ones are actions)",
+    ["answer"],
+)
 ACTION_QUERIES = Counter(
     "durable_agents_action_queries_total", "Authoritative-system queries by answer", ["effect", "answer"]
 )

@@ -13,6 +13,7 @@ from durable_agents.core.planner import BUILTIN, Planner
 from durable_agents.shell.effects import Effect
 from durable_agents.shell.effects.http import HttpPost
 from durable_agents.shell.effects.kubernetes import KubernetesApply
+from durable_agents.shell.effects.mcp import McpCall
 
 EFFECTS_GROUP = "durable_agents.effects"
 PLANNERS_GROUP = "durable_agents.planners"
@@ -20,7 +21,7 @@ PLANNERS_GROUP = "durable_agents.planners"
 
 def load_effects() -> dict[str, Effect]:
     """Built-in effects plus entry-point plugins."""
-    builtin: dict[str, Effect] = {e.name: e for e in (HttpPost(), KubernetesApply())}
+    builtin: dict[str, Effect] = {e.name: e for e in (HttpPost(), KubernetesApply(), McpCall())}
     found: dict[str, Effect] = {}
     for ep in entry_points(group=EFFECTS_GROUP):
         effect = ep.load()()

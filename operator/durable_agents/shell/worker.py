@@ -48,6 +48,7 @@ from durable_agents.core.engine import (
     NeedEvidence,
     NeedModelTurn,
     NeedRead,
+    NeedToolCall,
     ReadResult,
     RunSnapshot,
     Settings,
@@ -77,6 +78,7 @@ from durable_agents.shell.regions import RegionElector
 from durable_agents.shell.reporting import CommitReporter
 from durable_agents.shell.shards import ShardChange, ShardLeases
 from durable_agents.shell.store import Conflict, Gone, RunStore
+from durable_agents.shell.tool_calls import call_read_tool
 from durable_agents.shell.workqueue import WorkQueue, cancel_all
 
 log = logging.getLogger(__name__)
@@ -374,10 +376,11 @@ class RunWorker:
                 )
                 await self.store.note_waiting(body, f"agentpolicy:{ref.name}")
             return
-        await self.agents.prepare(snap)  # a model run's prompt, credential and tools
+        settings = self.settings_for(snap)
+        await self.agents.prepare(snap, settings)  # a model run's prompt, credential and tools
         now = datetime.now(UTC)
         provisional = right.epoch
-        planner, settings = self.planner_for(snap), self.settings_for(snap)
+        planner = self.planner_for(snap)
         actions: dict[str, ActionObservation] | None = None
         children: dict[str, ChildObservation] | None = None
         decision = decide(snap, now=now, epoch=provisional, planner=planner, settings=settings)
@@ -527,6 +530,9 @@ class RunWorker:
             if isinstance(decision, NeedModelTurn):
                 model = await self.model_turns.answer(snap, decision)
                 model_calls += 1
+                continue
+            if isinstance(decision, NeedToolCall):
+                read = await call_read_tool(snap, decision)
                 continue
             if isinstance(decision, Idle):
                 if batch and await self._write_batch(key, right, written, body, batch) is None:

@@ -11,16 +11,18 @@ records what the model proposed (:mod:`durable_agents.core.engine.model_turns`).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from durable_agents.core.agent.context import build_request
+from durable_agents.api.v1alpha1 import ActionTier, AgentRunSpec
+from durable_agents.core.agent.context import ContextMismatch, build_request
 from durable_agents.core.agent.exchange import ModelRequest
 from durable_agents.core.agent.interpret import CallMcpTool, step_for
 from durable_agents.core.agent.limits import AgentLimits
 from durable_agents.core.agent.tools import ToolDeclaration, by_name
 from durable_agents.core.agent_facts import ModelTurn, turn_arguments
-from durable_agents.core.planner import PerformEffect, PlannedStep, PlannerError, PlanningContext
+from durable_agents.core.planner import PerformEffect, PlannedStep, PlannerError, PlanningContext, ReadTool
 from durable_agents.core.sealed_values import DataKey
 
 
@@ -33,6 +35,17 @@ class AgentInputs:
     tools: tuple[ToolDeclaration, ...]
     data_key: DataKey
     limits: AgentLimits = field(default_factory=AgentLimits)
+    mcp_tiers: Mapping[str, ActionTier] = field(default_factory=dict)
+    """The policy's tiers of MCP tools, by :func:`mcp_tier_key`: they override the server's hints."""
+
+
+MCP_EFFECT = "mcp.call"
+"""The effect a consequential MCP call is dispatched as, through the action ledger."""
+
+
+def mcp_tier_key(server: str, tool: str) -> str:
+    """How an AgentPolicy's ``tiers`` names an MCP tool: ``mcp:<server>/<tool>``."""
+    return f"mcp:{server}/{tool}"
 
 
 class ModelTurnNeeded(PlannerError):
@@ -55,11 +68,19 @@ class ModelPlanner:
         cp = context.checkpoint
         pending = cp.agent.pending if cp.agent is not None else None
         if pending is not None and pending.step_index == cp.position.step:
-            return self.step_of(pending)
+            return self.step_of(pending, context.spec)
         raise ModelTurnNeeded(self.request(context))
 
     def request(self, context: PlanningContext) -> ModelRequest:
-        """The next model call, from the checkpoint's facts only (the same facts, the same bytes)."""
+        """The next model call, from the checkpoint's facts only (the same facts, the same bytes).
+        Facts recorded under another model, prompt or tool set are not fed to this one: the
+        attempt fails saying what changed."""
+        try:
+            return self._request(context)
+        except ContextMismatch as err:
+            raise PlannerError(str(err)) from err
+
+    def _request(self, context: PlanningContext) -> ModelRequest:
         return build_request(
             model=self.inputs.model,
             system_prompt=self.inputs.system_prompt,
@@ -69,7 +90,7 @@ class ModelPlanner:
             data_key=self.inputs.data_key,
         )
 
-    def step_of(self, turn: ModelTurn) -> PlannedStep:
+    def step_of(self, turn: ModelTurn, spec: AgentRunSpec) -> PlannedStep:
         """The step a recorded call stands for. An effect keeps its arguments SEALED as the
         checkpoint holds them: the intent (and the approval digest over it) binds exactly that
         ciphertext, which only the dispatcher opens."""
@@ -81,7 +102,22 @@ class ModelPlanner:
             raise PlannerError(f"call {turn.call_id} has no arguments object")
         step = step_for(declaration, arguments, step_index=turn.step_index)
         if isinstance(step, CallMcpTool):
-            raise PlannerError(f"MCP tool {step.tool!r} of server {step.server!r} cannot be called yet")
+            return self._mcp_step(step, turn, spec)
         if isinstance(step, PerformEffect):
             return replace(step, arguments=dict(turn.arguments) if isinstance(turn.arguments, dict) else {})
         return step
+
+    def _mcp_step(self, step: CallMcpTool, turn: ModelTurn, spec: AgentRunSpec) -> PlannedStep:
+        """A read-only MCP call is performed by the shell like a read; any other goes through the
+        action ledger as an ``mcp.call`` effect (intent, approval if the policy says so, the
+        idempotency key in the call's ``_meta``), its arguments kept sealed."""
+        servers = {server.name: server.url for server in (spec.agent.mcp_servers if spec.agent else [])}
+        url = servers.get(step.server)
+        if url is None:
+            raise PlannerError(f"MCP server {step.server!r} of call {turn.call_id} is not in spec.agent")
+        tier = ActionTier(self.inputs.mcp_tiers.get(mcp_tier_key(step.server, step.tool), step.tier))
+        if tier == ActionTier.READ_ONLY:
+            return ReadTool(step.name, step.server, url, step.tool, step.arguments)
+        target = {"server": step.server, "url": url, "tool": step.tool}
+        arguments = dict(turn.arguments) if isinstance(turn.arguments, dict) else {}
+        return PerformEffect(step.name, MCP_EFFECT, target, arguments, tool=turn.tool, tier=tier)

@@ -32,6 +32,7 @@ from durable_agents.core.engine.decisions import (
     NeedEvidence,
     NeedModelTurn,
     NeedRead,
+    NeedToolCall,
 )
 from durable_agents.core.engine.fencing import fence
 from durable_agents.core.engine.retries import retry_backoff
@@ -57,6 +58,7 @@ __all__ = [
     "NeedEvidence",
     "NeedModelTurn",
     "NeedRead",
+    "NeedToolCall",
     "ReadResult",
     "RunSnapshot",
     "Settings",

@@ -47,7 +47,7 @@ def action_spec(
         service_account_name=run.spec.service_account_name,
         step_index=index,
         effect=step.effect,
-        tier=settings.tiers.get(step.effect, ActionTier.CONSEQUENTIAL),
+        tier=step.tier or settings.tiers.get(step.effect, ActionTier.CONSEQUENTIAL),
         target=step.target or None,
         arguments=step.arguments or None,
         compensates=compensates,

@@ -10,6 +10,7 @@ from durable_agents.api.v1alpha1 import ActionRecordSpec, AgentRunStatus, Object
 from durable_agents.api.v1alpha1.states import RunState
 from durable_agents.core.agent.exchange import ModelRequest
 from durable_agents.core.checkpoint import KubernetesEvidenceRef
+from durable_agents.core.planner import ReadTool
 from durable_agents.core.statemachine import RunEvent
 
 
@@ -56,6 +57,16 @@ class NeedRead:
 
 
 @dataclass(frozen=True)
+class NeedToolCall:
+    """A read-only MCP tool call to perform first (the shell calls back with its result as a
+    :class:`~durable_agents.core.engine.snapshot.ReadResult`). Not a transition: repeated after a
+    crash, like a read."""
+
+    step_index: int
+    step: ReadTool
+
+
+@dataclass(frozen=True)
 class NeedModelTurn:
     """The model planner's next call: the shell sends ``request`` and calls back with the answer.
     Not a transition: a crash before the next commit repeats the call, never an effect."""
@@ -85,4 +96,4 @@ class Commit:
         return out
 
 
-Decision = Idle | NeedRead | NeedActions | NeedEvidence | NeedChildren | NeedModelTurn | Commit
+Decision = Idle | NeedRead | NeedActions | NeedEvidence | NeedChildren | NeedModelTurn | NeedToolCall | Commit

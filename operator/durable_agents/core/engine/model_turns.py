@@ -160,9 +160,11 @@ def settle_read(builder: CommitBuilder, planner: ModelPlanner, read: ReadResult)
     assert cp.agent is not None
     outcome: SettledOutcome = "succeeded"
     result: dict[str, Any]
-    if read.evidence is None:
+    if read.error_reason is not None or (read.evidence is None and read.content is None):
         outcome = "failed"
         result = {"error": read.error_reason or "ReadFailed", "message": read.error_message}
+    elif read.evidence is None:  # an MCP tool's answer
+        result = dict(read.content or {})
     else:
         ref = read.evidence
         result = {

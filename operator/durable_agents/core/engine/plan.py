@@ -11,7 +11,7 @@ from durable_agents.core.engine.actions import action_spec
 from durable_agents.core.engine.approvals import approved_for, request_approval
 from durable_agents.core.engine.children import start_child
 from durable_agents.core.engine.commits import CommitBuilder
-from durable_agents.core.engine.decisions import Commit, Decision, NeedRead
+from durable_agents.core.engine.decisions import Commit, Decision, NeedRead, NeedToolCall
 from durable_agents.core.engine.model_turns import model_turn, settle_finished, settle_read
 from durable_agents.core.engine.retries import attempt_failed
 from durable_agents.core.engine.snapshot import ModelAnswer, ReadResult, RunSnapshot, Settings
@@ -27,6 +27,7 @@ from durable_agents.core.planner import (
     PlannerError,
     PlanningContext,
     ReadObject,
+    ReadTool,
     StartChild,
 )
 from durable_agents.core.statemachine import RunEvent
@@ -73,6 +74,17 @@ def _plan_model(
             RunEvent.ATTEMPT_FAILED, outcome=Outcome(reason="PlannerError", message=str(err))
         )
     index = builder.cp.position.step
+    if isinstance(step, ReadTool):
+        if read is None or read.step_index != index:
+            return NeedToolCall(index, step)
+        builder.cp = settle_read(builder, planner, read)
+        cp = builder.cp
+        outcome = "failed" if read.error_reason else "answered"
+        return builder.commit(
+            RunEvent.STEP_COMPLETED,
+            checkpoint=cp.model_copy(update={"position": cp.position.model_copy(update={"step": index + 1})}),
+            detail=f"MCP tool {step.server}/{step.tool} {outcome}: told the model",
+        )
     if isinstance(step, ReadObject) and read is not None and read.step_index == index:
         builder.cp = settle_read(builder, planner, read)
         if read.evidence is None:
@@ -100,6 +112,13 @@ def _carry_out(
         return _perform_effect(builder, run, step, settings)
     if isinstance(step, StartChild):
         return start_child(builder, run, step)
+    if isinstance(step, ReadTool):  # only the model planner proposes one, and plans it itself
+        return builder.commit(
+            RunEvent.ATTEMPT_FAILED,
+            outcome=Outcome(
+                reason="PlannerError", message=f"step {step.name}: an MCP call needs the model planner"
+            ),
+        )
     assert isinstance(step, Finish)
     return _finish(builder, step)
 

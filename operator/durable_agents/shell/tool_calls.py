@@ -1,0 +1,43 @@
+"""Read-only MCP tool calls of the model planner: made by the worker between commits, like a read.
+
+A crash before the next commit makes the call again (read-only: harmless, and the policy decided
+it is). The answer, or why there is none, goes back to the core as a
+:class:`~durable_agents.core.engine.ReadResult` whose ``content`` the model is told (sealed into
+the run's facts). No idempotency key: a read-only call has no effect to deduplicate.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from durable_agents.core.durations import parse_duration
+from durable_agents.core.engine import NeedToolCall, ReadResult, RunSnapshot
+from durable_agents.shell import metrics
+from durable_agents.shell.effects.mcp import bounded_content
+from durable_agents.shell.mcp_tools import McpError, call_tool
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT = 30.0
+
+
+def _timeout(run: RunSnapshot, server: str) -> float:
+    for configured in run.spec.agent.mcp_servers if run.spec.agent else []:
+        if configured.name == server:
+            return parse_duration(configured.timeout).total_seconds()
+    return DEFAULT_TIMEOUT
+
+
+async def call_read_tool(run: RunSnapshot, need: NeedToolCall) -> ReadResult:
+    step = need.step
+    try:
+        result = await call_tool(
+            step.url, step.tool, step.arguments, idempotency_key=None, timeout=_timeout(run, step.server)
+        )
+    except McpError as err:
+        metrics.MCP_CALLS.labels(type(err).__name__).inc()
+        log.warning("%s/%s MCP read %s/%s failed: %s", run.namespace, run.name, step.server, step.tool, err)
+        return ReadResult(need.step_index, error_reason=type(err).__name__, error_message=str(err)[:1024])
+    metrics.MCP_CALLS.labels("ToolError" if result.is_error else "Answered").inc()
+    content = {"isError": result.is_error, "content": bounded_content(result.content)}
+    return ReadResult(need.step_index, content=content)
