@@ -13,6 +13,16 @@ import pytest
 from tests.unit.limits_worst_case import worst_checkpoint, worst_status
 
 from durable_agents.api.v1alpha1 import AgentRunStatus
+from durable_agents.core.agent.limits import DEFAULT_MAX_FACTS_BYTES, MAX_AGENT_STEPS, AgentLimits, facts_bytes
+from durable_agents.core.agent_facts import (
+    ARGUMENTS_MAX_BYTES,
+    REASON_MAX_CHARS,
+    TokenUsage,
+    new_facts,
+    new_turn,
+    settle_last,
+    with_turn,
+)
 from durable_agents.api.v1alpha1.agentrun import HISTORY_LIMIT, REFUSED_LIMIT
 from durable_agents.core.checkpoint import dump_checkpoint
 from durable_agents.core.digest import canonical_json
@@ -296,3 +306,41 @@ def _deep_json(body: dict[str, Any]) -> str:
     arguments = '{"a":' * 5000 + "1" + "}" * 5000
     placeholder = {**body, "spec": {**body["spec"], "steps": [effect("s", {"PLACEHOLDER": 0})]}}
     return json.dumps(placeholder).replace('{"PLACEHOLDER": 0}', arguments)
+
+
+def _worst_facts(max_bytes: int) -> dict[str, Any]:
+    """Agent facts as large as the model planner lets them grow: turns with the longest arguments,
+    reason and result are added while the facts are within ``max_bytes`` (the limit is checked
+    before each model call, so the last turn lands on facts just under it)."""
+    key = new_data_key()
+    facts = new_facts(model="m" * 253, prompt_digest="sha256:" + "0" * 64, tool_set_digest="sha256:" + "1" * 64)
+    arguments = {"a": "x" * (ARGUMENTS_MAX_BYTES - 16)}
+    while facts_bytes(facts) <= max_bytes:
+        index = len(facts.turns)
+        turn = new_turn(
+            key,
+            index=index,
+            call_id="c" * 64,
+            tool="t" * 64,
+            arguments=arguments,
+            reason="r" * REASON_MAX_CHARS,
+            step_index=index,
+            usage=TokenUsage(input_tokens=10**9, output_tokens=10**9),
+        )
+        facts = settle_last(with_turn(facts, turn), key, outcome="succeeded", result={"r": "y" * 10**5})
+    return facts.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def test_a_model_run_with_its_largest_facts_fits_the_status_room() -> None:
+    """A model run takes at most 63 tool calls (steps), within the 64 steps the worst status
+    counts; its facts stop growing at DEFAULT_MAX_FACTS_BYTES (the run fails with
+    AgentLimitExceeded before the next model call), plus the one turn that crossed it."""
+    assert AgentLimits().max_tool_calls <= MAX_AGENT_STEPS < 64
+    with pytest.raises(ValueError, match="max_tool_calls"):
+        AgentLimits(max_tool_calls=MAX_AGENT_STEPS + 1)
+    status = worst_status(NOW)
+    status["checkpoint"]["agent"] = _worst_facts(DEFAULT_MAX_FACTS_BYTES)
+    size = len(json.dumps(status, separators=(",", ":")).encode())
+    facts = len(json.dumps(status["checkpoint"]["agent"], separators=(",", ":")).encode())
+    print(f"worst-case model-run status {size} bytes (facts {facts}), room {STATUS_ROOM}")
+    assert size <= STATUS_ROOM

@@ -224,3 +224,21 @@ def test_a_run_over_its_model_call_limit_fails_with_the_limit_named() -> None:
     assert (over.event, over.state) == (RunEvent.ATTEMPT_FAILED, RunState.FAILED)
     assert over.status.outcome is not None
     assert over.status.outcome.reason == "AgentLimitExceeded"
+
+
+def test_facts_recorded_under_another_prompt_are_not_fed_to_the_new_one() -> None:
+    """The prompt (a ConfigMap the run names) changed mid-run: the next model call would mix the
+    old facts with the new prompt, so the attempt fails saying what changed."""
+    plan = planner()
+    obj = accepted(plan)
+    obj = apply(obj, commit_of(answered(obj, plan, at(1), reply(("read_config", '{"name": "settings"}')))))
+    read = ReadResult(0, evidence=evidence_for(0, "agent-0"), content={"data": {}})
+    obj = apply(obj, commit_of(decide_with(obj, plan, at(2), read=read)))
+    changed = ModelPlanner(
+        AgentInputs(model="reference-model", system_prompt="You operate refunds.", tools=TOOLS, data_key=KEY)
+    )
+    failed = commit_of(decide_with(obj, changed, at(3)))
+    assert failed.event is RunEvent.ATTEMPT_FAILED
+    assert failed.status.outcome is not None
+    assert failed.status.outcome.reason == "PlannerError"
+    assert "system prompt" in failed.status.outcome.message

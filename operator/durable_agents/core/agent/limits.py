@@ -13,8 +13,12 @@ from typing import Final
 from durable_agents.core.agent_facts import MAX_TURNS, AgentFacts
 from durable_agents.core.digest import canonical_json
 
-DEFAULT_MAX_FACTS_BYTES: Final = 512 * 1024
-"""A third of etcd's default request limit (1.5 MiB), which the whole AgentRun must fit in."""
+DEFAULT_MAX_FACTS_BYTES: Final = 96 * 1024
+"""What the facts may take before the run stops calling the model: the room the largest status
+leaves (tests/unit/test_limits.py), less the one turn that may cross it."""
+MAX_AGENT_STEPS: Final = 63
+"""Tool calls (so steps) a run may make at most: a scripted run's 64 steps, less its final answer,
+so a model run's records outside its facts stay within the largest scripted status."""
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,8 @@ class AgentLimits:
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
+        if self.max_tool_calls > MAX_AGENT_STEPS:
+            raise ValueError(f"max_tool_calls must be at most {MAX_AGENT_STEPS} (the steps a run's status holds)")
         # Every turn comes from a model call: this keeps the facts within their type's MAX_TURNS.
         if self.max_model_calls > MAX_TURNS:
             raise ValueError(f"max_model_calls must be at most {MAX_TURNS} (the turns a checkpoint holds)")
