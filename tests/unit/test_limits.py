@@ -13,7 +13,13 @@ import pytest
 from tests.unit.limits_worst_case import worst_checkpoint, worst_status
 
 from durable_agents.api.v1alpha1 import AgentRunStatus
-from durable_agents.core.agent.limits import DEFAULT_MAX_FACTS_BYTES, MAX_AGENT_STEPS, AgentLimits, facts_bytes
+from durable_agents.api.v1alpha1.agentrun import HISTORY_LIMIT, REFUSED_LIMIT
+from durable_agents.core.agent.limits import (
+    DEFAULT_MAX_FACTS_BYTES,
+    MAX_AGENT_STEPS,
+    AgentLimits,
+    facts_bytes,
+)
 from durable_agents.core.agent_facts import (
     ARGUMENTS_MAX_BYTES,
     REASON_MAX_CHARS,
@@ -23,7 +29,6 @@ from durable_agents.core.agent_facts import (
     settle_last,
     with_turn,
 )
-from durable_agents.api.v1alpha1.agentrun import HISTORY_LIMIT, REFUSED_LIMIT
 from durable_agents.core.checkpoint import dump_checkpoint
 from durable_agents.core.digest import canonical_json
 from durable_agents.core.sealed_values import new_data_key, seal_spec
@@ -313,7 +318,9 @@ def _worst_facts(max_bytes: int) -> dict[str, Any]:
     reason and result are added while the facts are within ``max_bytes`` (the limit is checked
     before each model call, so the last turn lands on facts just under it)."""
     key = new_data_key()
-    facts = new_facts(model="m" * 253, prompt_digest="sha256:" + "0" * 64, tool_set_digest="sha256:" + "1" * 64)
+    facts = new_facts(
+        model="m" * 253, prompt_digest="sha256:" + "0" * 64, tool_set_digest="sha256:" + "1" * 64
+    )
     arguments = {"a": "x" * (ARGUMENTS_MAX_BYTES - 16)}
     while facts_bytes(facts) <= max_bytes:
         index = len(facts.turns)

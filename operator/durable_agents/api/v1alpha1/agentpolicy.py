@@ -128,7 +128,10 @@ class AgentLimitsSpec(ApiModel):
         default=None, ge=1, le=1_000_000_000, description="Input plus output tokens per run."
     )
     max_tool_calls: int | None = Field(
-        default=None, ge=1, le=63, description="Tool calls (so steps) per run: at most 63, a status holds 64 steps."
+        default=None,
+        ge=1,
+        le=63,
+        description="Tool calls (so steps) per run: at most 63, a status holds 64 steps.",
     )
     max_consecutive_tool_errors: int | None = Field(
         default=None,

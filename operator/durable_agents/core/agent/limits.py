@@ -50,7 +50,9 @@ class AgentLimits:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
         if self.max_tool_calls > MAX_AGENT_STEPS:
-            raise ValueError(f"max_tool_calls must be at most {MAX_AGENT_STEPS} (the steps a run's status holds)")
+            raise ValueError(
+                f"max_tool_calls must be at most {MAX_AGENT_STEPS} (the steps a run's status holds)"
+            )
         # Every turn comes from a model call: this keeps the facts within their type's MAX_TURNS.
         if self.max_model_calls > MAX_TURNS:
             raise ValueError(f"max_model_calls must be at most {MAX_TURNS} (the turns a checkpoint holds)")

@@ -1,0 +1,333 @@
+"""The model planner when the model misbehaves: each failure ends in its documented state, with a
+reason that says why, and the operator goes on serving the namespace's other runs.
+
+Real API server, the operator as a separate process, the reference model server (one per run, so
+a fault injected for one run never reaches another) and the reference authoritative system on
+loopback. The runs are config/samples/agentrun-model.yaml's, under AgentPolicies that set the
+limits and the retry policy of each case.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+
+from durable_agents.api.v1alpha1 import GROUP, VERSION
+from durable_agents_testkit.cluster import KubeEnv
+from durable_agents_testkit.modelserver import ModelServerThread
+from durable_agents_testkit.operator_process import OperatorProcess
+from durable_agents_testkit.refsystem import ReferenceSystemThread
+from durable_agents_testkit.runs import Runs, assert_history_is_gapless
+
+REPO = Path(__file__).resolve().parents[1]
+SAMPLE = REPO / "config/samples/agentrun-model.yaml"
+API_KEY = "sk-test-agent-failures"
+MODEL = "scripted-refunds"
+READ_LIMITS = {"name": "read_limits", "arguments": {"name": "refund-limits"}}
+ANSWER = "The refund limit is 200 EUR."
+# A model that reads the limits, then answers.
+READS_THEN_ANSWERS = {
+    "model": MODEL,
+    "rules": [
+        {
+            "when": {"notCalled": ["read_limits"]},
+            "content": "I will read the refund limits first.",
+            "toolCalls": [READ_LIMITS],
+        },
+        {"when": {"lastToolResultContains": "maxAmount"}, "content": ANSWER},
+    ],
+}
+# Its first call's arguments are cut short (not JSON); told so, it sends them again, whole. Scripted
+# rather than a one-shot fault: a repeated request (a batch not committed) is answered alike.
+MALFORMED_FIRST = {
+    "model": MODEL,
+    "rules": [
+        {
+            "when": {"notCalled": ["read_limits"]},
+            "content": "I will read the refund limits first.",
+            "toolCalls": [{"name": "read_limits", "argumentsText": '{"name": "refund-lim'}],
+        },
+        {
+            "when": {"lastToolResultContains": "are not valid JSON"},
+            "content": "I will send the arguments again, as JSON.",
+            "toolCalls": [READ_LIMITS],
+        },
+        {"when": {"lastToolResultContains": "maxAmount"}, "content": ANSWER},
+    ],
+}
+# A model that keeps calling a tool it was never offered, whatever it is told.
+CALLS_AN_UNKNOWN_TOOL = {
+    "model": MODEL,
+    "rules": [
+        {
+            "content": "Refunding now.",
+            "toolCalls": [{"name": "issue_refund", "arguments": {"orderId": "A-1042", "amount": 120}}],
+        }
+    ],
+}
+# The production default: a loaded machine's stall drops no Lease (a batch not committed is decided
+# again, and a one-shot fault of the model server would then be used up by the first try).
+LEASE = 15
+FAST_RETRY = {"initialBackoff": "300ms", "maxBackoff": "1s", "jitter": 0}
+
+
+def sample() -> list[dict[str, Any]]:
+    return [doc for doc in yaml.safe_load_all(SAMPLE.read_text()) if doc]
+
+
+def sample_of(kind: str) -> dict[str, Any]:
+    return next(doc for doc in sample() if doc["kind"] == kind)
+
+
+@pytest.fixture
+def agent_namespace(kube: KubeEnv, namespace: str) -> str:
+    """The sample's prompt, limits, key Secret and RBAC (its policy: see :func:`policy`)."""
+    core = client.CoreV1Api(kube.api)
+    rbac = client.RbacAuthorizationV1Api(kube.api)
+    for doc in sample():
+        kind, body = doc["kind"], {**doc, "metadata": {**doc["metadata"], "namespace": namespace}}
+        if kind == "ConfigMap":
+            core.create_namespaced_config_map(namespace, body)
+        elif kind == "Secret":
+            body["stringData"] = {**body.get("stringData", {}), "apiKey": API_KEY}
+            core.create_namespaced_secret(namespace, body)
+        elif kind == "Role":
+            rbac.create_namespaced_role(namespace, body)
+        elif kind == "RoleBinding":
+            body["subjects"] = [{**s, "namespace": namespace} for s in body["subjects"]]
+            rbac.create_namespaced_role_binding(namespace, body)
+    return namespace
+
+
+@pytest.fixture
+def models() -> Iterator[Callable[[dict[str, Any]], ModelServerThread]]:
+    """Reference model servers with the sample's key, each answering from its own script."""
+    with ExitStack() as stack:
+        yield lambda script: stack.enter_context(ModelServerThread(script, api_key=API_KEY))
+
+
+def policy(runs: Runs, name: str, **spec: Any) -> str:
+    """The sample's AgentPolicy under another name, with ``spec`` (agentLimits, retry) set."""
+    body = sample_of("AgentPolicy")
+    body = {**body, "metadata": {"name": name}, "spec": {**body["spec"], **spec}}
+    runs.custom.create_namespaced_custom_object(GROUP, VERSION, runs.namespace, "agentpolicies", body)
+    return name
+
+
+def agent_spec(
+    model: ModelServerThread, refsystem: ReferenceSystemThread, policy_name: str, timeout: str = "30s"
+) -> dict[str, Any]:
+    spec: dict[str, Any] = sample_of("AgentRun")["spec"]
+    spec["policyRef"] = {"name": policy_name}
+    spec["agent"]["endpoint"].update(baseUrl=model.base_url, timeout=timeout)
+    for tool in spec["agent"]["tools"]:
+        if "effect" in tool:
+            tool["effect"]["target"] = {
+                "url": f"{refsystem.url}/effects",
+                "queryUrl": f"{refsystem.url}/effects",
+            }
+    return spec
+
+
+def distinct(model: ModelServerThread) -> list[dict[str, Any]]:
+    """The requests the model server received, each once: the operator repeats a request when a
+    batch was not committed (the reference server answers it alike), which is no new call."""
+    seen: dict[str, dict[str, Any]] = {}
+    for request in model.calls()["requests"]:
+        seen.setdefault(json.dumps(request, sort_keys=True), request)
+    return list(seen.values())
+
+
+def tool_results(request: dict[str, Any]) -> list[str]:
+    """The ``tool`` messages of a request the model server received: what the model was told."""
+    return [m["content"] for m in request["messages"] if m["role"] == "tool"]
+
+
+def retries(run: dict[str, Any]) -> list[str]:
+    """The details of the run's retry windows, in order (each names the failure and the attempt)."""
+    windows = [h for h in assert_history_is_gapless(run) if h["event"] == "retry_scheduled"]
+    assert all((h["from"], h["to"]) == ("ready", "waiting_retry") for h in windows)
+    return [h["detail"] for h in windows]
+
+
+def outcome(run: dict[str, Any]) -> tuple[str, str, str]:
+    return run["status"]["state"], run["status"]["outcome"]["reason"], run["status"]["outcome"]["message"]
+
+
+def test_a_model_that_keeps_calling_an_unknown_tool_fails_while_a_healthy_run_completes(
+    start_operator: Callable[..., OperatorProcess],
+    runs: Runs,
+    agent_namespace: str,
+    models: Callable[[dict[str, Any]], ModelServerThread],
+    refsystem: ReferenceSystemThread,
+) -> None:
+    op = start_operator("agent-failures", lease_duration=LEASE)
+    limits = policy(
+        runs, "two-bad-calls", agentLimits={"maxConsecutiveToolErrors": 2}, retry={"maxAttempts": 3}
+    )
+    broken, healthy = models(CALLS_AN_UNKNOWN_TOOL), models(READS_THEN_ANSWERS)
+    bad = runs.create(agent_spec(broken, refsystem, limits))
+    good = runs.create(agent_spec(healthy, refsystem, limits))
+
+    failed = runs.wait_state(bad, "failed", timeout=90)
+    told = "unknown tool 'issue_refund'; the tools offered are: read_limits, refund"
+    assert outcome(failed) == ("failed", "ToolCallsInvalid", f"2 bad tool calls in a row; the last: {told}")
+    assert retries(failed) == [], "a model that keeps making bad calls is not retried"
+    # The policy's maxConsecutiveToolErrors (2, not the default 3) ends it after two calls.
+    first, second = distinct(broken)
+    assert tool_results(first) == []
+    (result,) = tool_results(second)
+    assert told in result, "the model was told why"
+    facts = failed["status"]["checkpoint"]["agent"]
+    assert [(t["tool"], t["outcome"]) for t in facts["turns"]] == [("issue_refund", "refused")] * 2
+    assert facts["toolErrors"] == 2
+
+    done = runs.wait_state(good, "completed", timeout=90)
+    assert done["status"]["outcome"]["reason"] == "Completed"
+    assert [t["tool"] for t in done["status"]["checkpoint"]["agent"]["turns"]] == ["read_limits"]
+    assert done["status"]["outcome"]["result"] == ANSWER
+    assert len(distinct(healthy)) == 2
+    assert refsystem.counts() == {}, "no call of either run reached the system"
+    assert not op.logged("Traceback")
+
+
+def test_malformed_arguments_are_told_to_the_model_which_corrects_them_and_the_run_completes(
+    start_operator: Callable[..., OperatorProcess],
+    runs: Runs,
+    agent_namespace: str,
+    models: Callable[[dict[str, Any]], ModelServerThread],
+    refsystem: ReferenceSystemThread,
+) -> None:
+    op = start_operator("agent-failures", lease_duration=LEASE)
+    limits = policy(runs, "two-bad-calls", agentLimits={"maxConsecutiveToolErrors": 2})
+    model = models(MALFORMED_FIRST)
+    name = runs.create(agent_spec(model, refsystem, limits))
+
+    done = runs.wait_state(name, "completed", timeout=90)
+    assert done["status"]["outcome"]["reason"] == "Completed"
+    assert done["status"]["outcome"]["result"] == ANSWER
+    # Rule 1 answers only a model told "the arguments are not valid JSON" in the last tool result.
+    assert all(n >= 1 for n in model.calls()["byRule"].values())
+    first, second, third = distinct(model)
+    assert tool_results(first) == []
+    assert len(tool_results(third)) == 2
+    (told,) = tool_results(second)
+    assert "the arguments are not valid JSON" in told, told
+    facts = done["status"]["checkpoint"]["agent"]
+    assert [(t["tool"], t["outcome"]) for t in facts["turns"]] == [
+        ("read_limits", "refused"),
+        ("read_limits", "succeeded"),
+    ]
+    assert facts["toolErrors"] == 0, "a good call ends the run of bad ones"
+    assert not op.logged("Traceback")
+
+
+def test_model_500s_are_retried_per_the_retry_policy_and_fail_the_run_once_attempts_are_spent(
+    start_operator: Callable[..., OperatorProcess],
+    runs: Runs,
+    agent_namespace: str,
+    models: Callable[[dict[str, Any]], ModelServerThread],
+    refsystem: ReferenceSystemThread,
+) -> None:
+    op = start_operator("agent-failures", lease_duration=LEASE)
+    three = policy(runs, "three-attempts", retry={"maxAttempts": 3, **FAST_RETRY})
+    two = policy(runs, "two-attempts", retry={"maxAttempts": 2, **FAST_RETRY})
+    once = policy(runs, "one-attempt")  # the default retry policy: no retry
+    recovers, gives_up, no_retry = (models(READS_THEN_ANSWERS) for _ in range(3))
+    recovers.inject("error", times=2)
+    gives_up.inject("error", times=10)
+    no_retry.inject("error", times=10)
+    ok = runs.create(agent_spec(recovers, refsystem, three))
+    spent = runs.create(agent_spec(gives_up, refsystem, two))
+    single = runs.create(agent_spec(no_retry, refsystem, once))
+
+    done = runs.wait_state(ok, "completed", timeout=90)
+    assert done["status"]["outcome"]["reason"] == "Completed"
+    windows = retries(done)
+    assert len(windows) == 2, windows
+    for attempt, detail in enumerate(windows, start=2):
+        assert detail.startswith("model call failed: ModelError: InternalServerError (HTTP 500)"), detail
+        assert f"attempt {attempt}/3 at " in detail, detail
+    assert recovers.calls()["total"] >= 4, "two 500s, then the two calls of a good run"
+    assert len(distinct(recovers)) == 2, "each retry asked the same question again"
+
+    failed = runs.wait_state(spent, "failed", timeout=90)
+    state, reason, message = outcome(failed)
+    assert (state, reason) == ("failed", "RetriesExhausted")
+    assert message.startswith("2 attempts failed; last: ModelError: InternalServerError (HTTP 500)"), message
+    assert len(retries(failed)) == 1
+    assert gives_up.calls()["total"] == 2, "one call per attempt, no hidden retries in the client"
+
+    failed = runs.wait_state(single, "failed", timeout=90)
+    state, reason, message = outcome(failed)
+    assert (state, reason) == ("failed", "ModelError")
+    assert message.startswith("InternalServerError (HTTP 500)"), message
+    assert retries(failed) == []
+    assert no_retry.calls()["total"] == 1
+    assert not op.logged("Traceback")
+
+
+def test_a_model_slower_than_the_endpoint_timeout_is_a_model_timeout_retried_per_the_policy(
+    start_operator: Callable[..., OperatorProcess],
+    runs: Runs,
+    agent_namespace: str,
+    models: Callable[[dict[str, Any]], ModelServerThread],
+    refsystem: ReferenceSystemThread,
+) -> None:
+    op = start_operator("agent-failures", lease_duration=LEASE)
+    two = policy(runs, "two-attempts", retry={"maxAttempts": 2, **FAST_RETRY})
+    recovers, gives_up = models(READS_THEN_ANSWERS), models(READS_THEN_ANSWERS)
+    recovers.inject("slow", times=1, delay=4.0)
+    gives_up.inject("slow", times=2, delay=4.0)
+    ok = runs.create(agent_spec(recovers, refsystem, two, timeout="1s"))
+    spent = runs.create(agent_spec(gives_up, refsystem, two, timeout="1s"))
+
+    done = runs.wait_state(ok, "completed", timeout=90)
+    assert done["status"]["outcome"]["reason"] == "Completed"
+    (window,) = retries(done)
+    assert window.startswith("model call failed: ModelTimeout: APITimeoutError"), window
+    assert "attempt 2/2 at " in window
+
+    failed = runs.wait_state(spent, "failed", timeout=90)
+    state, reason, message = outcome(failed)
+    assert (state, reason) == ("failed", "RetriesExhausted")
+    assert message.startswith("2 attempts failed; last: ModelTimeout: APITimeoutError"), message
+    assert [w.split(";")[0] for w in retries(failed)] == [window.split(";")[0]]
+    assert gives_up.calls()["total"] == 2
+    assert not op.logged("Traceback")
+
+
+def test_a_run_over_its_token_budget_fails_without_calling_the_model_again(
+    start_operator: Callable[..., OperatorProcess],
+    runs: Runs,
+    agent_namespace: str,
+    models: Callable[[dict[str, Any]], ModelServerThread],
+    refsystem: ReferenceSystemThread,
+) -> None:
+    op = start_operator("agent-failures", lease_duration=LEASE)
+    budget = policy(
+        runs, "small-budget", agentLimits={"maxTokens": 100}, retry={"maxAttempts": 3, **FAST_RETRY}
+    )
+    model = models(READS_THEN_ANSWERS)
+    name = runs.create(agent_spec(model, refsystem, budget))
+
+    failed = runs.wait_state(name, "failed", timeout=90)
+    state, reason, message = outcome(failed)
+    usage = failed["status"]["checkpoint"]["agent"]["usageTotal"]
+    used = usage["inputTokens"] + usage["outputTokens"]
+    assert used > 100
+    assert (state, reason) == ("failed", "AgentLimitExceeded")
+    assert message == (
+        f"{used} tokens used ({usage['inputTokens']} in, {usage['outputTokens']} out): the run's limit is 100"
+    )
+    assert retries(failed) == [], "a spent budget is not retried"
+    assert len(distinct(model)) == 1, "the model is not called once the budget is spent"
+    assert [t["tool"] for t in failed["status"]["checkpoint"]["agent"]["turns"]] == ["read_limits"]
+    assert not op.logged("Traceback")
