@@ -110,6 +110,8 @@ async def test_a_failed_call_is_a_reasoned_failure_and_is_not_retried(
     assert failed.value.reason == reason
     assert failed.value.retryable is retryable
     assert server.calls()["total"] == 1, "the client itself must not retry: the run's policy does"
+    if reason != "ModelError":  # a timeout or a lost connection names the endpoint and the limit
+        assert f"({server.base_url}, timeout 0.3s)" in failed.value.message
 
 
 async def test_a_bad_key_is_not_retryable(client: ModelClient, server: ModelServerThread) -> None:

@@ -88,7 +88,14 @@ class ModelClient:
         try:
             completion = await self._client(endpoint).chat.completions.create(**request.body())
         except openai.OpenAIError as err:
-            raise failure_of(err) from err
+            failed = failure_of(err)
+            if failed.reason in ("ModelTimeout", "ModelUnreachable"):  # say which endpoint, what limit
+                failed = ModelCallFailed(
+                    failed.reason,
+                    f"{failed.message} ({endpoint.base_url}, timeout {endpoint.timeout_seconds:g}s)",
+                    failed.retryable,
+                )
+            raise failed from err
         return reply_of(completion.model_dump(mode="json"))
 
     async def close(self) -> None:
