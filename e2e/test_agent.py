@@ -141,6 +141,17 @@ TICKETS_SCRIPT: dict[str, Any] = {
 }
 
 
+def mcp_spec(
+    model: ModelServerThread, refsystem: ReferenceSystemThread, tickets: McpServerThread, **server: Any
+) -> dict[str, Any]:
+    model.set_script(TICKETS_SCRIPT)
+    spec = agent_spec(model, refsystem)
+    spec["agent"]["tools"] = []
+    tools = ["lookup_ticket", "close_ticket"]
+    spec["agent"]["mcpServers"] = [{"name": "tickets", "url": tickets.url, "tools": tools, **server}]
+    return spec
+
+
 def test_mcp_tools_a_read_is_called_freely_a_consequential_call_is_approved_and_applied_once(
     start_operator: Callable[..., OperatorProcess],
     runs: Runs,
@@ -148,15 +159,9 @@ def test_mcp_tools_a_read_is_called_freely_a_consequential_call_is_approved_and_
     model: ModelServerThread,
     refsystem: ReferenceSystemThread,
 ) -> None:
-    model.set_script(TICKETS_SCRIPT)
     with McpServerThread() as tickets:
-        spec = agent_spec(model, refsystem)
-        spec["agent"]["tools"] = []
-        spec["agent"]["mcpServers"] = [
-            {"name": "tickets", "url": tickets.url, "tools": ["lookup_ticket", "close_ticket"]}
-        ]
         start_operator("agent-mcp")
-        name = runs.create(spec)
+        name = runs.create(mcp_spec(model, refsystem, tickets))
         request = approve(runs, name)
         assert request["effect"] == "mcp.call"
         assert request["target"] == {"server": "tickets", "url": tickets.url, "tool": "close_ticket"}
@@ -177,3 +182,30 @@ def test_mcp_tools_a_read_is_called_freely_a_consequential_call_is_approved_and_
         assert any("VPN drops hourly" in str(body) for body in asked)
         records = runs.custom.list_namespaced_custom_object(GROUP, VERSION, runs.namespace, "actionrecords")
         assert [r["spec"]["idempotencyKey"] for r in records["items"]] == [key], "the ledger's key was sent"
+
+
+def test_an_mcp_call_whose_answer_was_lost_is_reconciled_by_the_servers_query_tool(
+    start_operator: Callable[..., OperatorProcess],
+    runs: Runs,
+    agent_namespace: str,
+    model: ModelServerThread,
+    refsystem: ReferenceSystemThread,
+) -> None:
+    """The server applies the call and drops the connection: the outcome is unknown, the ledger
+    asks the tool the server declared as its query by key, and does not send the call again."""
+    with McpServerThread() as tickets:
+        tickets.inject("drop_after_apply")
+        start_operator("agent-mcp-query")
+        spec = mcp_spec(model, refsystem, tickets, queryTools={"close_ticket": "ticket_closure_status"})
+        name = runs.create(spec)
+        approve(runs, name)
+        runs.wait_state(name, "completed", timeout=90)
+        assert list(tickets.counts().values()) == [1], (
+            "applied once: the lost answer was not a reason to resend"
+        )
+        [record] = runs.custom.list_namespaced_custom_object(GROUP, VERSION, runs.namespace, "actionrecords")[
+            "items"
+        ]
+        assert record["spec"]["target"]["queryTool"] == "ticket_closure_status"
+        assert record["status"]["state"] == "succeeded"
+        assert record["status"]["queries"] >= 1, "the outcome came from the query, not the dropped answer"

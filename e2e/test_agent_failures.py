@@ -20,7 +20,9 @@ import yaml
 from kubernetes import client
 
 from durable_agents.api.v1alpha1 import GROUP, VERSION
+from durable_agents.core.agent_facts import ANSWER_LABEL
 from durable_agents_testkit.cluster import KubeEnv
+from durable_agents_testkit.keys import unsealed
 from durable_agents_testkit.modelserver import ModelServerThread
 from durable_agents_testkit.operator_process import OperatorProcess
 from durable_agents_testkit.refsystem import ReferenceSystemThread
@@ -192,7 +194,7 @@ def test_a_model_that_keeps_calling_an_unknown_tool_fails_while_a_healthy_run_co
     done = runs.wait_state(good, "completed", timeout=90)
     assert done["status"]["outcome"]["reason"] == "Completed"
     assert [t["tool"] for t in done["status"]["checkpoint"]["agent"]["turns"]] == ["read_limits"]
-    assert done["status"]["outcome"]["result"] == ANSWER
+    assert unsealed(done, done["status"]["outcome"]["result"], ANSWER_LABEL) == ANSWER  # sealed: model output
     assert len(distinct(healthy)) == 2
     assert refsystem.counts() == {}, "no call of either run reached the system"
     assert not op.logged("Traceback")
@@ -212,7 +214,7 @@ def test_malformed_arguments_are_told_to_the_model_which_corrects_them_and_the_r
 
     done = runs.wait_state(name, "completed", timeout=90)
     assert done["status"]["outcome"]["reason"] == "Completed"
-    assert done["status"]["outcome"]["result"] == ANSWER
+    assert unsealed(done, done["status"]["outcome"]["result"], ANSWER_LABEL) == ANSWER  # sealed: model output
     # Rule 1 answers only a model told "the arguments are not valid JSON" in the last tool result.
     assert all(n >= 1 for n in model.calls()["byRule"].values())
     first, second, third = distinct(model)

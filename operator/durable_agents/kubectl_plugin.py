@@ -26,10 +26,15 @@ a request once made cannot be changed or withdrawn.
 webhook asks for verb "failover" on regions/FROM): :mod:`durable_agents.kubectl_region`.
 
 Questions, effect arguments, answers, events and effect outcomes are stored sealed; ``status``
-prints them as "(sealed)". ``status --reveal`` shows them to who may approve the run (the
-policy's verb, default "approve"): it sends a server-side dry-run patch carrying a public key made
-for this one request, and the operator's admission webhook answers, in the dry-run response, with
-the values encrypted to that key. Nothing is stored; only this command can read the answer.
+prints them as "(sealed)". So are, for a run of the model planner, what the model wrote (a call's
+arguments, its stated reason) and what its tools returned: ``status`` shows the model's proposal
+(tool, call, turn), the evidence the request rests on (IDs, content digests, the turn that read
+it) and a table of the turns; revealed, the model's words are printed quoted and marked as
+written by the model: they are the model's, never authority. ``status --reveal`` shows them to
+who may approve the run (the policy's verb, default "approve"): it sends a server-side dry-run
+patch carrying a public key made for this one request, and the operator's admission webhook
+answers, in the dry-run response, with the values encrypted to that key. Nothing is stored;
+only this command can read the answer.
 """
 
 from __future__ import annotations
@@ -38,7 +43,9 @@ import argparse
 import contextlib
 import json
 import sys
-from typing import Any
+import unicodedata
+from collections.abc import Mapping
+from typing import Any, Final
 
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
@@ -149,10 +156,119 @@ def _shown(value: Any, revealed: Any = None, has_revealed: bool = False) -> str:
     return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
 
 
+MODEL_SAYS: Final = "model says (written by the model, not authority):"
+_UNSAFE: Final = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
+"""Unicode categories escaped in the model's words: controls, format characters (bidirectional
+overrides among them), separators, unassigned: nothing the model wrote moves the cursor, reorders
+what is shown or ends its line, so its words cannot pass for the operator's."""
+
+
+def _quoted(text: str) -> str:
+    """``text`` as a quoted string whose every character is shown, none acted upon."""
+    return "".join(
+        (f"\\u{ord(c):04x}" if ord(c) <= 0xFFFF else f"\\U{ord(c):08x}")
+        if unicodedata.category(c) in _UNSAFE
+        else c
+        for c in json.dumps(text, ensure_ascii=False)
+    )
+
+
+def _model_value(value: Any) -> str:
+    """A value the model wrote or a tool returned, as printed (escaped, never raw text)."""
+    return _quoted(value) if isinstance(value, str) else json.dumps(value, sort_keys=True)
+
+
+def _model_says(sealed: Any, revealed: Mapping[str, Any] | None) -> str:
+    """The model's stated reason: quoted when revealed, "(sealed)" when not."""
+    if sealed is None:
+        return f"{MODEL_SAYS} (nothing)"
+    if revealed is None or "reason" not in revealed:
+        return f"{MODEL_SAYS} (sealed)" if is_sealed(sealed) else f"{MODEL_SAYS} {_model_value(sealed)}"
+    words = revealed.get("reason")
+    if not isinstance(words, Mapping) or not isinstance(words.get("text"), str):
+        return f"{MODEL_SAYS} (not revealed)"
+    return f"{MODEL_SAYS} {_quoted(words['text'])}"
+
+
+def _proposal_lines(request: Mapping[str, Any], revealed: Mapping[str, Any] | None) -> list[str]:
+    """The call the model proposed and what it said (``revealed``: the revealed request)."""
+    proposal = request.get("proposal")
+    if not isinstance(proposal, Mapping):
+        return []
+    call = f"{proposal.get('tool')} (call {proposal.get('callId')}, turn {proposal.get('turn')})"
+    shown = revealed.get("proposal") if revealed is not None else None
+    return [
+        f"  proposal:    {call}, proposed by the model",
+        f"  {_model_says(proposal.get('reason'), shown if isinstance(shown, Mapping) else None)}",
+    ]
+
+
+def _evidence_lines(request: Mapping[str, Any], checkpoint: Mapping[str, Any]) -> list[str]:
+    """The evidence the request rests on: what was read, at which version and content digest,
+    and (a model's read) at which turn, whose result --reveal shows."""
+    refs = {ref.get("id"): ref for ref in checkpoint.get("evidence") or [] if isinstance(ref, Mapping)}
+    turns = (checkpoint.get("agent") or {}).get("turns") or []
+    steps = {t.get("stepIndex"): t.get("index") for t in turns if isinstance(t, Mapping)}
+    lines = []
+    for ref_id in request.get("evidence") or []:
+        ref = refs.get(ref_id) or {}
+        if not ref:
+            what = "(not in the checkpoint)"
+        elif ref.get("source") == "external":
+            what = str(ref.get("uri"))
+        else:
+            where = f"{ref['namespace']}/" if ref.get("namespace") else ""
+            what = f"{ref.get('kind')} {where}{ref.get('name')}@{ref.get('resourceVersion')}"
+        turn = steps.get(ref.get("stepIndex"))
+        read = f", read at turn {turn}" if turn is not None else ""
+        lines.append(f"  evidence:    {ref_id}: {what} {ref.get('contentDigest') or '-'}{read}")
+    return lines
+
+
+def _turns_lines(agent: Mapping[str, Any]) -> list[str]:
+    """A table of the model's turns: the call, its step, how it ended, its tokens."""
+    total = agent.get("usageTotal") or {}
+    rows = [("TURN", "STEP", "TOOL", "CALL", "OUTCOME", "TOKENS IN/OUT")]
+    for turn in agent.get("turns") or []:
+        usage = turn.get("usage") or {}
+        rows.append(
+            (
+                str(turn.get("index")),
+                f"agent-{turn.get('stepIndex')}",
+                str(turn.get("tool")),
+                str(turn.get("callId")),
+                str(turn.get("outcome")),
+                f"{usage.get('inputTokens', 0)}/{usage.get('outputTokens', 0)}",
+            )
+        )
+    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]) - 1)]
+    title = (
+        f"Model turns ({agent.get('model')}: {agent.get('modelCallsTotal', 0)} model calls, "
+        f"tokens in/out {total.get('inputTokens', 0)}/{total.get('outputTokens', 0)}):"
+    )
+    return [title, *("  " + "  ".join([*map(str.ljust, row[:-1], widths), row[-1]]) for row in rows)]
+
+
+def _revealed_turn_lines(turn: Mapping[str, Any]) -> list[str]:
+    lines = [
+        f"  turn {turn.get('index')} {turn.get('tool')} ({turn.get('outcome')}, call {turn.get('callId')}):"
+    ]
+    if "omitted" in turn:
+        return [*lines, f"    not revealed: {turn['omitted']}"]
+    lines.append(f"    arguments: {_model_value(turn.get('arguments'))}")
+    lines.append(f"    {_model_says(turn.get('reason'), turn)}")
+    if turn.get("outcome") != "pending":
+        cut = " (truncated)" if turn.get("resultTruncated") else ""
+        lines.append(f"    result{cut}: {_model_value(turn.get('result'))}")
+    return lines
+
+
 def _revealed_lines(document: dict[str, Any]) -> list[str]:
     lines = ["Revealed (only to you; nothing was stored):"]
     for label, value in sorted((document.get("values") or {}).items()):
         lines.append(f"  {label}: {_shown(value)}")
+    for turn in document.get("turns") or []:
+        lines += _revealed_turn_lines(turn)
     for action in document.get("actions") or []:
         lines.append(f"  action {action['name']} ({action.get('effect')}, {action.get('state')}):")
         lines.append(f"    arguments: {_shown(action.get('arguments'))}")
@@ -183,6 +299,8 @@ def describe(run: dict[str, Any], revealed: dict[str, Any] | None = None) -> str
             f"  request ID:  {request['requestId']}",
             f"  action:      {request['effect']} ({request['tier']}) at step {request['step']}",
             f"  arguments:   {arguments}",
+            *_proposal_lines(request, shown if revealed is not None else None),
+            *_evidence_lines(request, status.get("checkpoint") or {}),
             f"  digest:      {request['digest']}",
             f"  reason:      {request['policyReason']}",
             f"  approver:    {request['approverRole']}",
@@ -190,6 +308,9 @@ def describe(run: dict[str, Any], revealed: dict[str, Any] | None = None) -> str
             f"  expires at:  {request['expiresAt']}",
             f"  decisions:   {', '.join(request['allowedDecisions'])}",
         ]
+    agent = (status.get("checkpoint") or {}).get("agent")
+    if isinstance(agent, Mapping):
+        lines += _turns_lines(agent)
     if status.get("retryAt"):
         lines.append(f"Retry at:    {status['retryAt']}")
     cancellation = status.get("cancellation")
@@ -208,6 +329,10 @@ def describe(run: dict[str, Any], revealed: dict[str, Any] | None = None) -> str
         lines.append(
             f"Outcome:     {status['outcome'].get('reason')}: {status['outcome'].get('message', '')}"
         )
+        result = status["outcome"].get("result")
+        if isinstance(result, str) and is_sealed(result):  # a model run's answer: its own words
+            answer = (revealed or {}).get("answer")
+            lines.append(f"  answer, {_model_says(result, answer and {'reason': answer})}")
     if revealed is not None:
         lines += _revealed_lines(revealed)
     return "\n".join(lines)

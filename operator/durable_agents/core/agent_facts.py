@@ -173,6 +173,25 @@ def prompt_digest(system_prompt: str) -> str:
     return canonical_digest({"systemPrompt": system_prompt})
 
 
+ANSWER_LABEL: Final = "agent/answer"
+ANSWER_MAX_BYTES: Final = 2800
+"""The model's final answer kept in ``outcome.result`` (4096 characters), sealed: its plaintext
+cut to this many bytes of UTF-8 fits once sealed."""
+
+
+def sealed_text(data_key: DataKey, text: str, label: str) -> str:
+    """Model output kept in a 4096-character status field (its final answer, its question to a
+    person): cut to ANSWER_MAX_BYTES, then sealed."""
+    token = seal_value(data_key, _cut_utf8(text, ANSWER_MAX_BYTES), label)
+    assert isinstance(token, str)  # a string seals to a token string
+    return token
+
+
+def sealed_answer(data_key: DataKey, text: str) -> str:
+    """The model's final answer as the run's outcome keeps it: model output, so sealed."""
+    return sealed_text(data_key, text, ANSWER_LABEL)
+
+
 def turn_label(index: int, field: TurnField) -> str:
     return f"agent/turns/{index}/{field}"
 

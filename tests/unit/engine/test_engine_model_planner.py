@@ -29,8 +29,8 @@ from durable_agents.api.v1alpha1.states import RunState
 from durable_agents.core.agent.exchange import ModelReply, ToolCall, Usage
 from durable_agents.core.agent.limits import AgentLimits
 from durable_agents.core.agent.planner import AgentInputs, ModelPlanner
-from durable_agents.core.agent.tools import effect_tool, read_tool
-from durable_agents.core.agent_facts import turn_label, turn_result_text
+from durable_agents.core.agent.tools import ask_human_tool, effect_tool, read_tool
+from durable_agents.core.agent_facts import ANSWER_LABEL, turn_label, turn_result_text
 from durable_agents.core.engine import (
     Decision,
     ModelAnswer,
@@ -39,7 +39,7 @@ from durable_agents.core.engine import (
     ReadResult,
     decide,
 )
-from durable_agents.core.sealed_values import is_sealed, new_data_key, unseal_value
+from durable_agents.core.sealed_values import is_sealed, new_data_key, step_label, unseal_value
 from durable_agents.core.statemachine import RunEvent
 
 pytestmark = pytest.mark.unit
@@ -148,7 +148,10 @@ def test_a_proposed_read_is_recorded_then_read_then_its_result_goes_back_to_the_
     finished = commit_of(answered(obj, plan, at(3), reply(content="paid nothing: done")))
     assert (finished.event, finished.state) == (RunEvent.SUCCEEDED, RunState.COMPLETED)
     assert finished.status.outcome is not None
-    assert finished.status.outcome.result == "paid nothing: done"
+    result = finished.status.outcome.result
+    assert result is not None
+    assert "paid nothing" not in result, "the model's answer is its output: sealed"
+    assert unseal_value(KEY, result, ANSWER_LABEL) == "paid nothing: done"
 
 
 def test_the_same_facts_ask_the_same_request_and_a_stale_answer_is_not_taken() -> None:
@@ -242,3 +245,19 @@ def test_facts_recorded_under_another_prompt_are_not_fed_to_the_new_one() -> Non
     assert failed.status.outcome is not None
     assert failed.status.outcome.reason == "PlannerError"
     assert "system prompt" in failed.status.outcome.message
+
+
+def test_a_question_the_model_asks_is_sealed_where_the_run_waits() -> None:
+    tools = (*TOOLS, ask_human_tool("ask_oncall", "ask the on-call engineer"))
+    plan = ModelPlanner(AgentInputs(model="reference-model", system_prompt="p", tools=tools, data_key=KEY))
+    obj = accepted(plan)
+    question = '{"question": "May I pay 42 EUR to ACME?"}'
+    obj = apply(obj, commit_of(answered(obj, plan, at(1), reply(("ask_oncall", question)))))
+    waiting = commit_of(decide_with(obj, plan, at(2)))
+    assert waiting.state is RunState.WAITING_INPUT
+    pending = checkpoint_of(waiting).pending_input
+    assert pending is not None
+    assert "ACME" not in json.dumps(waiting.wire_status()), "the model's question is sealed"
+    assert (
+        unseal_value(KEY, pending.question, step_label("agent-0", "question")) == "May I pay 42 EUR to ACME?"
+    )

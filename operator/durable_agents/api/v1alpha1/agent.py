@@ -116,6 +116,15 @@ class McpServer(ApiModel):
     timeout: str = Field(
         default="30s", max_length=32, pattern=DURATION_PATTERN, json_schema_extra=bounded_duration("timeout")
     )
+    query_tools: dict[str, Annotated[str, Field(max_length=64)]] = Field(
+        default_factory=dict,
+        max_length=64,
+        description=(
+            "For a consequential tool, a read-only tool of this server that says whether a call "
+            "applied: called with {idempotencyKey}, it answers {applied: true|false}. Without one, "
+            "a call whose answer was lost waits for `kubectl agentrun reconcile`."
+        ),
+    )
 
 
 class AgentConfig(ApiModel):

@@ -21,9 +21,16 @@ from durable_agents.core.agent.exchange import ModelRequest
 from durable_agents.core.agent.interpret import CallMcpTool, step_for
 from durable_agents.core.agent.limits import AgentLimits
 from durable_agents.core.agent.tools import ToolDeclaration, by_name
-from durable_agents.core.agent_facts import ModelTurn, turn_arguments
-from durable_agents.core.planner import PerformEffect, PlannedStep, PlannerError, PlanningContext, ReadTool
-from durable_agents.core.sealed_values import DataKey
+from durable_agents.core.agent_facts import ModelTurn, sealed_text, turn_arguments
+from durable_agents.core.planner import (
+    AskHuman,
+    PerformEffect,
+    PlannedStep,
+    PlannerError,
+    PlanningContext,
+    ReadTool,
+)
+from durable_agents.core.sealed_values import DataKey, step_label
 
 
 @dataclass(frozen=True)
@@ -105,19 +112,24 @@ class ModelPlanner:
             return self._mcp_step(step, turn, spec)
         if isinstance(step, PerformEffect):
             return replace(step, arguments=dict(turn.arguments) if isinstance(turn.arguments, dict) else {})
+        if isinstance(step, AskHuman):  # the model's question is its output: sealed, as a person's is
+            label = step_label(step.request_id, "question")
+            return replace(step, question=sealed_text(self.inputs.data_key, step.question, label))
         return step
 
     def _mcp_step(self, step: CallMcpTool, turn: ModelTurn, spec: AgentRunSpec) -> PlannedStep:
         """A read-only MCP call is performed by the shell like a read; any other goes through the
         action ledger as an ``mcp.call`` effect (intent, approval if the policy says so, the
         idempotency key in the call's ``_meta``), its arguments kept sealed."""
-        servers = {server.name: server.url for server in (spec.agent.mcp_servers if spec.agent else [])}
-        url = servers.get(step.server)
-        if url is None:
+        servers = {server.name: server for server in (spec.agent.mcp_servers if spec.agent else [])}
+        server = servers.get(step.server)
+        if server is None:
             raise PlannerError(f"MCP server {step.server!r} of call {turn.call_id} is not in spec.agent")
         tier = ActionTier(self.inputs.mcp_tiers.get(mcp_tier_key(step.server, step.tool), step.tier))
         if tier == ActionTier.READ_ONLY:
-            return ReadTool(step.name, step.server, url, step.tool, step.arguments)
-        target = {"server": step.server, "url": url, "tool": step.tool}
+            return ReadTool(step.name, step.server, server.url, step.tool, step.arguments)
+        target = {"server": step.server, "url": server.url, "tool": step.tool}
+        if step.tool in server.query_tools:
+            target["queryTool"] = server.query_tools[step.tool]
         arguments = dict(turn.arguments) if isinstance(turn.arguments, dict) else {}
         return PerformEffect(step.name, MCP_EFFECT, target, arguments, tool=turn.tool, tier=tier)

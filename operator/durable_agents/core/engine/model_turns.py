@@ -24,6 +24,7 @@ from durable_agents.core.agent_facts import (
     SettledOutcome,
     TokenUsage,
     new_turn,
+    sealed_answer,
     settle_last,
     turn_arguments,
     with_model_call,
@@ -91,7 +92,9 @@ def model_turn(
                 update={"agent": facts, "position": cp.position.model_copy(update={"step": step_index + 1})}
             ),
             outcome=Outcome(
-                reason="Completed", message=f"the model answered at step {step_index}", result=proposal.text
+                reason="Completed",
+                message=f"the model answered at step {step_index}",
+                result=sealed_answer(inputs.data_key, proposal.text),
             ),
         )
     return _record(builder, planner, facts, proposal, usage, limits)
