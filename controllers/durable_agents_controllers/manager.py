@@ -17,6 +17,7 @@ from durable_agents.shell.faults import install_faults
 from durable_agents.shell.kube import Kube, load_api_client
 from durable_agents.shell.reflector import RunReflector
 from durable_agents.shell.resealer import ResealConfig, Resealer
+from durable_agents.shell.tracing import configure as configure_tracing
 from durable_agents.shell.worker import RunWorker, WorkerConfig
 from durable_agents_controllers.config import OperatorConfig
 
@@ -70,6 +71,7 @@ class Manager:
         settings.queueing.idle_timeout = 1.0
         if config.metrics_port is not None:
             start_http_server(config.metrics_port)
+        configure_tracing()  # off unless OTEL_TRACES_EXPORTER / OTEL_EXPORTER_OTLP_ENDPOINT say otherwise
         install_faults(config.faults)
         for hook in self.start_hooks:
             await hook(settings)
