@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
+from typing import Any
 
 import kopf
 from prometheus_client import start_http_server
@@ -47,6 +48,13 @@ class Manager:
         if self._worker is None:
             raise RuntimeError("the run worker is not started (kopf startup has not run)")
         return self._worker
+
+    def _observe_run(self, event_type: str | None, body: dict[str, Any]) -> None:
+        """A run's watch event: for the worker, and for the dispatcher (a person's reconciliation)."""
+        assert self._worker is not None
+        self._worker.observe(event_type, body)
+        if self._dispatcher is not None:
+            self._dispatcher.observe_run(event_type, body)
 
     @property
     def dispatcher(self) -> Dispatcher | None:
@@ -105,7 +113,7 @@ class Manager:
         self._worker.start()
         self._reflector = RunReflector(
             self.kube,
-            self._worker.observe,
+            self._observe_run,
             namespace=config.namespace,
             page_size=config.list_chunk,
             watch_timeout=config.watch_timeout,

@@ -50,7 +50,7 @@ from typing import Any, Final
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
-from durable_agents import kubectl_region
+from durable_agents import kubectl_reconcile, kubectl_region
 from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents.core.disclosure import DisclosureError, new_reader_key, open_as_reader
 from durable_agents.core.sealed_values import is_sealed
@@ -352,6 +352,8 @@ def main(argv: list[str] | None = None) -> int:
     args_given = sys.argv[1:] if argv is None else argv
     if args_given[:1] == ["region"]:  # cluster-wide, no run named: its own parser
         return kubectl_region.main(args_given[1:])
+    if args_given[:1] == ["reconcile"]:  # an action's unknown outcome: its own options
+        return kubectl_reconcile.main(args_given[1:])
     parser = argparse.ArgumentParser(prog="kubectl agentrun", description=__doc__.split("\n\n")[0])
     parser.add_argument("command", choices=["approve", "reject", "cancel", "retry", "status", "history"])
     parser.add_argument("name")

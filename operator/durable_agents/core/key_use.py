@@ -10,8 +10,9 @@ run uses it. What "uses" means, by key ID (:func:`keys_in_use`):
   sealed with it: the engine verifies both before it resumes the run;
 - a stamp in the spec the operator will still verify: ``spec.createdBy.stamp`` while the run has
   not been accepted (no checkpoint yet, or ``pending``), every ``spec.approvals[*].stamp``,
-  ``spec.cancellations[*].stamp``, ``spec.retryQuarantineRequest.stamp`` and the child stamp
-  annotation, while the run is not terminal.
+  ``spec.cancellations[*].stamp``, ``spec.reconciliations[*].stamp``,
+  ``spec.retryQuarantineRequest.stamp`` and the child stamp annotation, while the run is not
+  terminal.
 
 Terminal runs count for their data key and checkpoint: their sealed values and ledger must stay
 readable and verifiable for audit, so a key is in use as long as any run that names it exists.
@@ -33,7 +34,7 @@ from durable_agents.core.stamps import Purpose, stamp, stamp_key_id
 
 DATA_KEY = "data key"
 CHECKPOINT_INTEGRITY = "checkpoint integrity"
-SPEC_STAMPED_MAPS = ("approvals", "cancellations")
+SPEC_STAMPED_MAPS = ("approvals", "cancellations", "reconciliations")
 
 
 def _mapping(value: Any) -> Mapping[str, Any]:

@@ -6,10 +6,11 @@ Each rule is a small unit (as cert-manager's admission plugins are); the webhook
   user with the operator's stamp over (namespace, name, ServiceAccount, creator); on update, every
   NEW approval decision gets ``approver``, ``decidedAt`` and a stamp, every NEW cancellation
   ``requestedBy``, ``requestedAt`` and a stamp, and a new ``retryQuarantine`` token a stamped
-  ``retryQuarantineRequest`` (:mod:`durable_agents.core.authority`). Whatever a client wrote in
-  those fields is overwritten (as cert-manager stamps CertificateRequests). The engine acts only
-  on what carries a stamp that verifies, so the same fields written with the webhook off count
-  for nothing.
+  ``retryQuarantineRequest`` (:mod:`durable_agents.core.authority`), every NEW reconciliation
+  ``reconciler``, ``reconciledAt`` and a stamp (:mod:`.reconcile_admission`). Whatever a client
+  wrote in those fields is overwritten (as cert-manager stamps CertificateRequests). The engine
+  acts only on what carries a stamp that verifies, so the same fields written with the webhook off
+  count for nothing.
 - Append-only (validating): an answer, event, decision or cancellation once given is never
   changed or withdrawn, whatever the patch form (a merge patch with null, a JSON patch remove or
   replace, a server-side apply all arrive here as the new object); nor is ``retryQuarantine``.
@@ -17,7 +18,8 @@ Each rule is a small unit (as cert-manager's admission plugins are); the webhook
   ServiceAccount (a ServiceAccount may always act as itself); answers and events need ``answer``
   on the run, cancellations ``cancel``, quarantine retries ``retry``, and a decision the policy's
   verb (default ``approve``), after matching the pending request (ID, digest, expiry, allowed
-  decisions) and honouring four-eyes.
+  decisions) and honouring four-eyes; a reconciliation the policy's verb too, for an ActionRecord
+  of the run whose outcome is unknown.
 
 The webhook configurations are ours (not kopf-managed): failurePolicy Fail, scoped by namespace
 when the operator watches one, pointing at the operator's own TLS endpoint on loopback. They also
@@ -61,6 +63,7 @@ from durable_agents.core.authority import (
 )
 from durable_agents.core.sealing import Keyring
 from durable_agents.shell.kube import Kube, service_account_user
+from durable_agents.shell.reconcile_admission import check_reconciliations, reconciliation_stamps
 
 MUTATE_PATH = "stamp-identity"
 VALIDATE_PATH = "check-approvals"
@@ -69,12 +72,12 @@ MUTATE_FAILOVER_PATH = "stamp-failover"
 VALIDATE_FAILOVER_PATH = "check-failover"
 
 # Requests to a live run, keyed by request ID: append-only.
-REQUEST_MAPS = ("answers", "events", "approvals", "cancellations")
+REQUEST_MAPS = ("answers", "events", "approvals", "cancellations", "reconciliations")
 # The verb each kind of request needs on the run (a decision needs its policy's verb).
 REQUEST_VERBS = {"answers": "answer", "events": "answer", "cancellations": "cancel"}
 RETRY_VERB = "retry"
 USE_VERB = "use"
-CONTROLS = ("approvals", "cancellations", "retryQuarantine")
+CONTROLS = ("approvals", "cancellations", "retryQuarantine", "reconciliations")
 
 Model = TypeVar("Model", bound=BaseModel)
 
@@ -172,7 +175,7 @@ def stamps(
     retry = _retry_request(new, old, user, at, keyring, run_id)
     if retry != _spec(new).get("retryQuarantineRequest"):
         out["retryQuarantineRequest"] = retry
-    return out
+    return {**out, **reconciliation_stamps(new, old, user, at, keyring)}
 
 
 def _retry_request(
@@ -315,7 +318,10 @@ async def check_update(
     problem = _unstamped_controls(new, old, user, keyring)
     if problem is not None:
         return problem
-    return await _check_decisions(kube, new, old, user, policy, keyring, now or datetime.now(UTC))
+    problem = await _check_decisions(kube, new, old, user, policy, keyring, now or datetime.now(UTC))
+    if problem is not None:
+        return problem
+    return await check_reconciliations(kube, new, old, user, policy, keyring, refused_verb)
 
 
 def verbs_needed(new: Mapping[str, Any], old: Mapping[str, Any] | None) -> dict[str, list[str]]:

@@ -1,31 +1,25 @@
-"""The dispatcher and reconciler of the action ledger.
+"""The dispatcher and reconciler of the action ledger: for each ActionRecord, what
+:func:`durable_agents.core.ledger.next_dispatch_step` allows.
 
-For each ActionRecord it does what :func:`durable_agents.core.ledger.next_dispatch_step` allows:
+- ``intent``: claim it by compare-and-swap (one dispatcher wins; no claim write under this
+  process's first claim), ask the authoritative system by key first (a record restored from an
+  old backup says ``intent`` for an effect that happened after it), dispatch it with its
+  idempotency key, record ``succeeded``, ``failed`` or ``outcome_unknown`` (timeout, 5xx);
+- a claim that expired (its dispatcher died mid-call): ``outcome_unknown``;
+- ``outcome_unknown``: ask by key (a person's stamped answer first: :mod:`.reconciling`; paced:
+  :mod:`.query_pacing`). Applied: ``succeeded``; not applied: dispatch again with the SAME key.
 
-- ``intent``: claim it by compare-and-swap (one dispatcher wins; under this process's first claim,
-  no claim write), ask the authoritative system by key first (a record restored from an old backup
-  says ``intent`` for an effect that happened after it), dispatch it with its idempotency key,
-  record the answer: ``succeeded``, ``failed``, or ``outcome_unknown`` (timeout, 5xx: never a failure);
-- a claim or first claim that expired (its dispatcher died mid-call): ``outcome_unknown``;
-- ``outcome_unknown``: ask the authoritative system by key. Applied: ``succeeded``. Not applied:
-  claim and dispatch again with the SAME key. Still unknown: stay visible and ask again later.
-
-Only the run's own intents are sent. Anyone allowed to create ActionRecords could otherwise have
-any effect dispatched as any ServiceAccount; so before a record is claimed for a send, its run
-(``spec.runRef``) is read and must exist, and the run's committed checkpoint, verified by its
-integrity stamp, must hold exactly this intent (same idempotency key and record name, same digest
-of effect, target, arguments and ServiceAccount as the engine's intent for that step:
-:func:`~durable_agents.core.engine.actions.intent_refusal`). Otherwise nothing is sent: the record
-ends ``failed``, reason ``NotInCheckpoint``, with a Warning Event (on the record, and on the run if
-it exists) and ``durable_agents_action_dispatches_total{answer="NotInCheckpoint"}``. A run whose
-checkpoint cannot be verified here (quarantined, or from a newer operator) holds its intents back,
-neither sent nor failed, and they are looked at again later.
+Only the run's own intents are sent: before a claim for a send, the run (``spec.runRef``) must
+exist and its committed checkpoint, verified by its integrity stamp, must hold exactly this intent
+(same key, record name and digest of effect, target, arguments and ServiceAccount as the engine's
+intent: :func:`~durable_agents.core.engine.actions.intent_refusal`). Otherwise nothing is sent: the
+record fails ``NotInCheckpoint`` with Warning Events and a metric. A checkpoint that cannot be
+verified here (quarantined, from a newer operator) holds its intents back, looked at later.
 
 Effects act as the run's ServiceAccount. A claim is a lease on the record: the request is sent
 only while the claim has a whole dispatch timeout (plus a margin) left on this process's monotonic
-clock, so a dispatcher paused after its claim (GC pause, SIGSTOP) sends nothing when it wakes. A
-pause between that check and the request's bytes leaving the socket stays open; an authoritative
-system that deduplicates by key absorbs even that.
+clock, so a dispatcher paused after its claim sends nothing when it wakes; a pause between that
+check and the request's bytes leaving the socket stays open (a system deduplicating by key absorbs it).
 """
 
 from __future__ import annotations
@@ -49,7 +43,6 @@ from durable_agents.core.ledger import (
     WaitUntil,
     check_action_transition,
     next_dispatch_step,
-    query_backoff,
 )
 from durable_agents.core.regions import DEFAULT_REGION, owning_region_of
 from durable_agents.core.sealed_values import DataKey
@@ -71,6 +64,8 @@ from durable_agents.shell.faults import process_faults
 from durable_agents.shell.kube import Kube, ObjectKey
 from durable_agents.shell.plugins import load_effects, load_planners
 from durable_agents.shell.policies import PolicyCache
+from durable_agents.shell.query_pacing import QueryPacing, observe_unknown_duration
+from durable_agents.shell.reconciling import PersonAnswers, system_said
 from durable_agents.shell.references import (
     SECRET_REFERENCE_UNRESOLVED,
     UnresolvedReference,
@@ -127,14 +122,22 @@ class Dispatcher:
         self.queue = WorkQueue("dispatcher", self.process, concurrency=config.concurrency)
         self.first_claims = config.first_claims  # intents this process's worker created for us
         self._unknown: set[ObjectKey] = set()
+        self.people = PersonAnswers(self.events, config.keyring)  # spec.reconciliations, verified
+        self.pacing = QueryPacing()  # unknown answers: asked again after a backoff
 
     def observe(self, event_type: str | None, body: dict[str, Any]) -> None:
         meta = body.get("metadata") or {}
         key = (meta.get("namespace", ""), meta.get("name", ""))
         if event_type == "DELETED":
             self.queue.forget(key)
+            self.pacing.forget(key)
             return
         self.queue.add(key, body)
+
+    def observe_run(self, event_type: str | None, body: dict[str, Any]) -> None:
+        """A run's watch event: records a person answered for are asked about at once."""
+        for key in self.pacing.answered(body) if event_type != "DELETED" else ():
+            self.queue.add(key)
 
     def start(self) -> None:
         self.queue.start()
@@ -490,10 +493,14 @@ class Dispatcher:
         return await self._write(body, status, A.FAILED, reason=reason, message=message)
 
     async def _query(self, body: dict[str, Any], status: ActionRecordStatus) -> dict[str, Any] | None:
+        later = self.pacing.later(self._key(body))  # woken by our own write of the last answer
+        if later is not None:
+            self.queue.wake_at(self._key(body), later)
+            return None
         spec = ActionRecordSpec.model_validate(body["spec"])
         effect = self.effects.get(spec.effect)
         if effect is None:
-            self.queue.wake_at(self._key(body), datetime.now(UTC) + query_backoff(status.queries))
+            self.queue.wake_at(self._key(body), self.pacing.asked(self._key(body), status.queries))
             return None
         try:
             run_body = await self.runs.get(body["metadata"]["namespace"], spec.run_ref.name)
@@ -507,30 +514,24 @@ class Dispatcher:
         except (CannotUnseal, UnresolvedReference) as err:  # kept unknown and visible: it may come back
             reason = UNDECRYPTABLE if isinstance(err, CannotUnseal) else SECRET_REFERENCE_UNRESOLVED
             await self._event(body, reason, f"cannot ask about it: {err}", warning=True)
-            self.queue.wake_at(self._key(body), datetime.now(UTC) + query_backoff(status.queries))
+            self.queue.wake_at(self._key(body), self.pacing.asked(self._key(body), status.queries))
             return None
-        answer = await effect.query(ctx, action)
-        metrics.ACTION_QUERIES.labels(spec.effect, type(answer).__name__).inc()
+        said = await self.people.said(body, status, run_body)  # a person's, stamped, first
+        said = said or system_said(await effect.query(ctx, action), spec)
+        answer, why, told = said.result, said.reason, said.message
         if isinstance(answer, Applied):
-            self._observe_unknown_duration(status)
+            observe_unknown_duration(status)
             outcome = sealed_outcome(answer.outcome, data_key, body["metadata"]["name"])
-            out = await self._write(body, status, A.SUCCEEDED, outcome=outcome, queried=True)
-            await self._event(
-                out, "Reconciled", f"the authoritative system applied key={spec.idempotency_key}"
+            out = await self._write(
+                body, status, A.SUCCEEDED, outcome=outcome, queried=True, reason=why, message=told
             )
+            await self._event(out, "Reconciled", said.event)
             return out
         if isinstance(answer, NotApplied):
-            self._observe_unknown_duration(status)
-            await self._event(
-                body, "Reconciled", f"key={spec.idempotency_key} was not applied: dispatching again"
-            )
+            observe_unknown_duration(status)
+            await self._event(body, "Reconciled", said.event)
             queried = await self._write(
-                body,
-                status,
-                A.OUTCOME_UNKNOWN,
-                queried=True,
-                reason="NotApplied",
-                message="the authoritative system has no record of this key",
+                body, status, A.OUTCOME_UNKNOWN, queried=True, reason=why, message=told
             )
             return await self._claim_and_dispatch(
                 queried, ActionRecordStatus.model_validate(queried["status"])
@@ -540,14 +541,9 @@ class Dispatcher:
             body, status, A.OUTCOME_UNKNOWN, queried=True, reason=answer.reason, message=answer.message
         )
         # Still unknown: stays visible (state, Event, metric) and the run keeps waiting; ask later.
-        await self._event(body, "OutcomeUnknown", f"query: {answer.reason}: {answer.message}", warning=True)
-        self.queue.wake_at(self._key(body), datetime.now(UTC) + query_backoff(status.queries))
+        await self._event(body, "OutcomeUnknown", said.event, warning=True)
+        self.queue.wake_at(self._key(body), self.pacing.asked(self._key(body), status.queries))
         return None
-
-    def _observe_unknown_duration(self, status: ActionRecordStatus) -> None:
-        if status.outcome_unknown_since is not None:
-            waited = (datetime.now(UTC) - status.outcome_unknown_since).total_seconds()
-            metrics.UNKNOWN_OUTCOME_SECONDS.observe(max(0.0, waited))
 
     @staticmethod
     def _key(body: dict[str, Any]) -> ObjectKey:

@@ -200,6 +200,27 @@ class CancelRequest(ApiModel):
     stamp: str | None = _stamp()
 
 
+class Reconciliation(ApiModel):
+    """A person's answer for an action whose outcome is unknown (its authoritative system cannot be
+    asked by key, say an MCP tool), keyed in ``spec.reconciliations`` by the ActionRecord's name
+    (``NAME.ATTEMPT`` for a later attempt of a record already reconciled once).
+
+    ``attempt`` is the record's ``status.attempts`` the person looked at: the answer speaks of that
+    send only (after a "not applied" the action is sent again, and that send needs its own answer).
+    ``applied``: it happened (the record succeeds, nothing is sent again) or it did not (it is sent
+    again with the same idempotency key). ``reconciler``, ``reconciledAt`` and ``stamp`` are
+    overwritten by the admission webhook, which lets only who holds the policy's approver verb
+    reconcile; the operator acts only on an answer whose stamp verifies.
+    """
+
+    applied: bool
+    attempt: int = Field(ge=0, le=1_000_000)
+    reason: str = Field(default="", max_length=1024)
+    reconciler: Identity | None = None
+    reconciled_at: datetime | None = None
+    stamp: str | None = _stamp()
+
+
 class ControlRequest(ApiModel):
     """Who asked for a control that is a single field (``spec.retryQuarantine``), when, and the
     operator's stamp over it: all three set by the admission webhook, never by a client."""
@@ -212,7 +233,7 @@ class ControlRequest(ApiModel):
 IMMUTABLE_ONCE_SET = ("tenant", "owner", "policyRef", "deadline", "agent", "steps", "createdBy", "parentRef")
 # Requests to a live run. A map's own rule (append_only) is skipped when the whole field goes (a
 # merge patch with null, a JSON patch remove): these rules refuse that too, webhook or not.
-REQUEST_FIELDS = ("answers", "events", "approvals", "cancellations")
+REQUEST_FIELDS = ("answers", "events", "approvals", "cancellations", "reconciliations")
 
 
 def _not_withdrawn(field: str) -> dict[str, Any]:
@@ -333,6 +354,15 @@ class AgentRunSpec(ApiModel):
         max_length=16,
         description="Cancellation requests, keyed by request ID; handled in request-ID order.",
         json_schema_extra=append_only("a cancellation request cannot be changed or withdrawn once made"),
+    )
+    reconciliations: dict[str, Reconciliation] = Field(
+        default_factory=dict,
+        max_length=32,
+        description=(
+            "People's answers for actions whose outcome is unknown, keyed by ActionRecord name: "
+            "applied or not (kubectl agentrun reconcile)."
+        ),
+        json_schema_extra=append_only("a reconciliation cannot be changed or withdrawn once given"),
     )
     retry_quarantine: str | None = Field(
         default=None,
