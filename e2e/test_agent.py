@@ -13,10 +13,14 @@ from typing import Any
 
 import pytest
 import yaml
+from e2e import test_reconcile
 from kubernetes import client
 
+from durable_agents import kubectl_reconcile
 from durable_agents.api.v1alpha1 import GROUP, VERSION
+from durable_agents.shell.effects.mcp import NO_QUERY
 from durable_agents_testkit.cluster import KubeEnv
+from durable_agents_testkit.eventually import Within, eventually
 from durable_agents_testkit.mcpserver import McpServerThread
 from durable_agents_testkit.modelserver import ModelServerThread
 from durable_agents_testkit.operator_process import OperatorProcess
@@ -26,6 +30,9 @@ from durable_agents_testkit.runs import Runs, assert_history_is_gapless
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "config/samples/agentrun-model.yaml"
 API_KEY = "sk-test-agent"
+# Users who may (alice) and may not (bob) approve, and an operator with its webhook: as there.
+people = test_reconcile.people
+webhook_operator = test_reconcile.webhook_operator
 
 
 def sample() -> list[dict[str, Any]]:
@@ -209,3 +216,49 @@ def test_an_mcp_call_whose_answer_was_lost_is_reconciled_by_the_servers_query_to
         assert record["spec"]["target"]["queryTool"] == "ticket_closure_status"
         assert record["status"]["state"] == "succeeded"
         assert record["status"]["queries"] >= 1, "the outcome came from the query, not the dropped answer"
+
+
+def test_an_mcp_call_whose_answer_was_lost_waits_for_a_person_to_reconcile_it(
+    kube: KubeEnv,
+    webhook_operator: Callable[..., OperatorProcess],
+    people: dict[str, client.ApiClient],
+    runs: Runs,
+    agent_namespace: str,
+    model: ModelServerThread,
+    refsystem: ReferenceSystemThread,
+) -> None:
+    """No query tool declared: MCP cannot be asked by key, so the action stays outcome_unknown
+    (asked again, paced) until someone who may approve says what happened."""
+    with McpServerThread() as tickets:
+        tickets.inject("drop_after_apply")
+        webhook_operator("agent-mcp-reconcile")
+        name = runs.create(mcp_spec(model, refsystem, tickets))
+        approve(runs, name)
+
+        def unknown() -> dict[str, Any] | None:
+            items = runs.custom.list_namespaced_custom_object(GROUP, VERSION, runs.namespace, "actionrecords")
+            status = (items["items"] or [{}])[0].get("status") or {}
+            stuck = status.get("state") == "outcome_unknown" and status.get("queries", 0) >= 1
+            return items["items"][0] if stuck else None
+
+        record = eventually(unknown, Within.RUN, "the MCP call's outcome to stay unknown, queried")
+        assert record["status"]["reason"] == NO_QUERY
+        assert list(tickets.counts().values()) == [1], "applied once; the answer was lost"
+        assert runs.state(name) == "waiting_external", "the run waits for its action"
+        action = record["metadata"]["name"]
+        with pytest.raises(kubectl_reconcile.ReconcileError) as refused:
+            kubectl_reconcile.reconcile(
+                client.CustomObjectsApi(people["bob"]), runs.namespace, name, action, True
+            )
+        assert "missing RBAC permission verb 'approve' on resource 'agentruns'" in str(refused.value)
+        said = kubectl_reconcile.reconcile(
+            client.CustomObjectsApi(people["alice"]),
+            runs.namespace,
+            name,
+            action,
+            True,
+            "ticket shows closed",
+        )
+        assert f"action {action} attempt 1 reconciled as applied" in said
+        runs.wait_state(name, "completed", timeout=Within.RUN)
+        assert list(tickets.counts().values()) == [1], "reconciled as applied: never sent again"
