@@ -7,6 +7,7 @@
     kubectl agentrun status  NAME [-n NS] [--reveal]
     kubectl agentrun history NAME [-n NS]
     kubectl agentrun region failover FROM --to TO [--reason TEXT] [--wait] [--timeout SECONDS]
+    kubectl agentrun reconcile NAME --action RECORD (--applied | --not-applied) [--reason TEXT]
 
 approve/reject read the pending approval request from the run's status and send the decision
 (request ID + digest) as a patch on spec.approvals. Who you are is decided by the API server, and
@@ -14,6 +15,8 @@ what you may do by Kubernetes RBAC: the operator's admission webhook asks a Subj
 for each kind of request, on the run (agentruns/NAME), and a refusal names the missing verb:
 
     approve, reject    the policy's verb (default "approve")
+    reconcile          the policy's verb: what happened to an action whose outcome stays unknown
+                       (:mod:`durable_agents.kubectl_reconcile`)
     cancel             "cancel"
     retry              "retry"
     answers, events    "answer"  (kubectl patch ... spec.answers / spec.events)
