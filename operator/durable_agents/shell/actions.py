@@ -22,6 +22,7 @@ from durable_agents.api.v1alpha1 import (
     FirstClaim,
 )
 from durable_agents.core.engine import ActionObservation, NeedActions, RunSnapshot
+from durable_agents.core.engine.actions import conflicting_record
 from durable_agents.core.ledger import action_record_name, check_action_transition
 from durable_agents.shell import metrics
 from durable_agents.shell.kube import GROUP, VERSION, ObjectKey
@@ -117,6 +118,11 @@ class ActionStore(StatusStore):
                     )
                     continue
                 record = await self.ensure(run.namespace, spec)
+            conflict = conflicting_record(record, spec) if spec is not None else None
+            if conflict is not None:
+                log.warning("run %s/%s: %s", run.namespace, run.name, conflict.message)
+                seen[name] = conflict
+                continue
             status = ActionRecordStatus.model_validate(record.get("status") or {})
             # An intent under a first claim may be on its way: it is reconciled, never canceled.
             first_claimed = (record.get("spec") or {}).get("firstClaim") is not None

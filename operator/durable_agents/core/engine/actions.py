@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from durable_agents.api.v1alpha1 import ActionRecordSpec, ActionState, ActionTier, RunReference
 from durable_agents.core.checkpoint import (
@@ -153,6 +154,31 @@ def intent_digest(spec: ActionRecordSpec) -> str:
             "arguments": spec.arguments or {},
             "serviceAccountName": spec.service_account_name,
         }
+    )
+
+
+INTENT_CONFLICT = "IntentConflict"
+
+
+def conflicting_record(record: Mapping[str, Any], expected: ActionRecordSpec) -> ActionObservation | None:
+    """The ledger's record under this intent's key asks for something else (a run's status
+    restored from before the key was used for another call: the key is run, step and attempt, not
+    the arguments): its outcome is not this intent's. Seen as a failed action, so nothing is
+    recorded as done that was not, and a retry uses a new key. None when the record is this intent."""
+    try:
+        found = ActionRecordSpec.model_validate(record.get("spec") or {})
+    except ValueError:
+        found = None
+    if found is not None and intent_digest(found) == intent_digest(expected):
+        return None
+    return ActionObservation(
+        ActionState.FAILED,
+        reason=INTENT_CONFLICT,
+        message=(
+            f"the ledger's record for key {expected.idempotency_key!r} asks for another effect, target "
+            "or arguments than this step's intent (its run's status was restored from an earlier "
+            "point?): its outcome is not this action's, and this intent was not sent"
+        ),
     )
 
 
