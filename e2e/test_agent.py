@@ -8,17 +8,16 @@ ConfigMap and its API key a Secret, both read as the run's ServiceAccount.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from e2e import test_reconcile
 from kubernetes import client
 
 from durable_agents import kubectl_reconcile
 from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents.shell.effects.mcp import NO_QUERY
+from durable_agents_testkit.agent_sample import API_KEY, install_sample, sample_of, script
 from durable_agents_testkit.cluster import KubeEnv
 from durable_agents_testkit.eventually import Within, eventually
 from durable_agents_testkit.mcpserver import McpServerThread
@@ -27,48 +26,21 @@ from durable_agents_testkit.operator_process import OperatorProcess
 from durable_agents_testkit.refsystem import ReferenceSystemThread
 from durable_agents_testkit.runs import Runs, assert_history_is_gapless
 
-REPO = Path(__file__).resolve().parents[1]
-SAMPLE = REPO / "config/samples/agentrun-model.yaml"
-API_KEY = "sk-test-agent"
 # Users who may (alice) and may not (bob) approve, and an operator with its webhook: as there.
 people = test_reconcile.people
 webhook_operator = test_reconcile.webhook_operator
 
 
-def sample() -> list[dict[str, Any]]:
-    return [doc for doc in yaml.safe_load_all(SAMPLE.read_text()) if doc]
-
-
-def sample_of(kind: str) -> dict[str, Any]:
-    return next(doc for doc in sample() if doc["kind"] == kind)
-
-
 @pytest.fixture
 def model() -> Iterator[ModelServerThread]:
-    script = yaml.safe_load((REPO / "config/samples/reference-model/refunds-script.yaml").read_text())
-    with ModelServerThread(script, api_key=API_KEY) as server:
+    with ModelServerThread(script(), api_key=API_KEY) as server:
         yield server
 
 
 @pytest.fixture
-def agent_namespace(kube: KubeEnv, namespace: str, runs: Runs) -> str:
+def agent_namespace(kube: KubeEnv, namespace: str) -> str:
     """The sample's prompt, key Secret, policy and RBAC (the run's account reads exactly those)."""
-    core = client.CoreV1Api(kube.api)
-    rbac = client.RbacAuthorizationV1Api(kube.api)
-    for doc in sample():
-        kind, body = doc["kind"], {**doc, "metadata": {**doc["metadata"], "namespace": namespace}}
-        if kind == "ConfigMap":
-            core.create_namespaced_config_map(namespace, body)
-        elif kind == "Secret":
-            body["stringData"] = {**body.get("stringData", {}), "apiKey": API_KEY}
-            core.create_namespaced_secret(namespace, body)
-        elif kind == "Role":
-            rbac.create_namespaced_role(namespace, body)
-        elif kind == "RoleBinding":
-            body["subjects"] = [{**s, "namespace": namespace} for s in body["subjects"]]
-            rbac.create_namespaced_role_binding(namespace, body)
-        elif kind == "AgentPolicy":
-            runs.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "agentpolicies", body)
+    install_sample(kube.api, namespace)
     return namespace
 
 

@@ -12,15 +12,13 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
-from kubernetes import client
 
 from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents.core.agent_facts import ANSWER_LABEL
+from durable_agents_testkit.agent_sample import API_KEY, install_sample, sample_of
 from durable_agents_testkit.cluster import KubeEnv
 from durable_agents_testkit.keys import unsealed
 from durable_agents_testkit.modelserver import ModelServerThread
@@ -28,9 +26,6 @@ from durable_agents_testkit.operator_process import OperatorProcess
 from durable_agents_testkit.refsystem import ReferenceSystemThread
 from durable_agents_testkit.runs import Runs, assert_history_is_gapless
 
-REPO = Path(__file__).resolve().parents[1]
-SAMPLE = REPO / "config/samples/agentrun-model.yaml"
-API_KEY = "sk-test-agent-failures"
 MODEL = "scripted-refunds"
 READ_LIMITS = {"name": "read_limits", "arguments": {"name": "refund-limits"}}
 ANSWER = "The refund limit is 200 EUR."
@@ -80,31 +75,10 @@ LEASE = 15
 FAST_RETRY = {"initialBackoff": "300ms", "maxBackoff": "1s", "jitter": 0}
 
 
-def sample() -> list[dict[str, Any]]:
-    return [doc for doc in yaml.safe_load_all(SAMPLE.read_text()) if doc]
-
-
-def sample_of(kind: str) -> dict[str, Any]:
-    return next(doc for doc in sample() if doc["kind"] == kind)
-
-
 @pytest.fixture
 def agent_namespace(kube: KubeEnv, namespace: str) -> str:
     """The sample's prompt, limits, key Secret and RBAC (its policy: see :func:`policy`)."""
-    core = client.CoreV1Api(kube.api)
-    rbac = client.RbacAuthorizationV1Api(kube.api)
-    for doc in sample():
-        kind, body = doc["kind"], {**doc, "metadata": {**doc["metadata"], "namespace": namespace}}
-        if kind == "ConfigMap":
-            core.create_namespaced_config_map(namespace, body)
-        elif kind == "Secret":
-            body["stringData"] = {**body.get("stringData", {}), "apiKey": API_KEY}
-            core.create_namespaced_secret(namespace, body)
-        elif kind == "Role":
-            rbac.create_namespaced_role(namespace, body)
-        elif kind == "RoleBinding":
-            body["subjects"] = [{**s, "namespace": namespace} for s in body["subjects"]]
-            rbac.create_namespaced_role_binding(namespace, body)
+    install_sample(kube.api, namespace, policy=False)
     return namespace
 
 
@@ -301,7 +275,12 @@ def test_a_model_slower_than_the_endpoint_timeout_is_a_model_timeout_retried_per
     state, reason, message = outcome(failed)
     assert (state, reason) == ("failed", "RetriesExhausted")
     assert message.startswith("2 attempts failed; last: ModelTimeout: APITimeoutError"), message
-    assert [w.split(";")[0] for w in retries(failed)] == [window.split(";")[0]]
+    assert f"({recovers.base_url}, timeout 1s)" in window, "the message names the endpoint and its limit"
+
+    def why(w: str) -> str:
+        return w.split(";")[0].split(" (http")[0]
+
+    assert [why(w) for w in retries(failed)] == [why(window)]
     assert gives_up.calls()["total"] == 2
     assert not op.logged("Traceback")
 
