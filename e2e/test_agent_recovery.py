@@ -1,11 +1,14 @@
 """Recovery of a model-driven run: SIGKILL before and after every write of record and inside model
 calls; and a stale checkpoint whose replay makes the model propose other arguments than approved.
 
-The run makes 6 model calls: read the refund limits, read the order (two read tools, two
-ConfigMaps), propose a refund the tool's schema refuses (the model is told why), propose it again
-correctly (a consequential ``http.post``: approved, then sent once), ask a person whether to tell
-the customer (``askHuman``), then answer. Its policy allows 2 model calls between two writes, so
-the worker also writes in the middle of the reads, not only at the intent, the waits and the end.
+The run makes 8 model calls: read the refund limits, read the order (two read tools, two
+ConfigMaps), look the support ticket up (a read-only MCP tool), propose a refund the tool's schema
+refuses (the model is told why), propose it again correctly (a consequential ``http.post``:
+approved, then sent once), close the ticket (a consequential MCP tool, ``mcp.call``: approved, then
+applied once; its server's query tool reconciles a call whose answer a kill lost), ask a person
+whether to tell the customer (``askHuman``), then answer. Its policy allows 2 model calls between
+two writes, so the worker also writes in the middle of the reads, not only at the intents, the
+waits and the end.
 
 A model call is not a commit: a crash repeats the model calls made since the run's last status
 write (counted at the model server), never an effect (counted at the reference system).
@@ -20,6 +23,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from unittest.mock import ANY
 
 import pytest
 import yaml
@@ -29,6 +33,7 @@ from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents_testkit.cluster import KubeEnv
 from durable_agents_testkit.eventually import Within, eventually
 from durable_agents_testkit.keys import unsealed
+from durable_agents_testkit.mcpserver import McpServerThread
 from durable_agents_testkit.modelserver import ModelServerThread
 from durable_agents_testkit.operator_process import OperatorProcess
 from durable_agents_testkit.refsystem import ReferenceSystemThread
@@ -45,58 +50,53 @@ ENDED_BADLY = ("failed", "expired", "quarantined", "canceled")
 
 ORDER = {"orderId": "A-1042", "amount": "120", "currency": "EUR", "condition": "damaged on arrival"}
 REFUND = {"orderId": "A-1042", "amount": 120, "currency": "EUR"}
+BAD_REFUND = {**REFUND, "currency": "USD"}
+TICKET = "T-102"  # the reference MCP server's "Refund order 7731"
+CLOSE = {"id": TICKET, "resolution": "refunded 120 EUR"}
+
+
+def rule(when: dict[str, Any], tool: str, **arguments: Any) -> dict[str, Any]:
+    """A rule of the scripted model: when ``when`` holds, call ``tool`` with ``arguments``."""
+    return {"when": when, "content": f"Next, {tool}.", "toolCalls": [{"name": tool, "arguments": arguments}]}
+
+
 # The model (see durable_agents_testkit.modelserver): the first rule whose condition holds answers.
 SCRIPT: dict[str, Any] = {
     "model": "scripted-refunds",
     "rules": [
-        {
-            "when": {"notCalled": ["read_limits"]},
-            "content": "I will check the refund limits first.",
-            "toolCalls": [{"name": "read_limits", "arguments": {"name": "refund-limits"}}],
-        },
-        {
-            "when": {"called": ["read_limits"], "notCalled": ["read_order"]},
-            "content": "Now the order.",
-            "toolCalls": [{"name": "read_order", "arguments": {"name": "order-a-1042"}}],
-        },
-        {  # a bad call: the tool's schema allows EUR only; the refusal is the model's next input
-            "when": {"notCalled": ["refund"], "lastToolResultContains": "damaged"},
-            "content": "The order arrived damaged: 120 is due.",
-            "toolCalls": [{"name": "refund", "arguments": {**REFUND, "currency": "USD"}}],
-        },
-        {
-            "when": {"called": ["refund"], "lastToolResultContains": "invalid arguments"},
-            "content": "The currency must be EUR.",
-            "toolCalls": [{"name": "refund", "arguments": REFUND}],
-        },
-        {
-            "when": {"called": ["refund"], "notCalled": ["ask_human"]},
-            "content": "The refund is done.",
-            "toolCalls": [{"name": "ask_human", "arguments": {"question": "May I tell the customer?"}}],
-        },
+        rule({"notCalled": ["read_limits"]}, "read_limits", name="refund-limits"),
+        rule({"called": ["read_limits"], "notCalled": ["read_order"]}, "read_order", name="order-a-1042"),
+        rule({"called": ["read_order"], "notCalled": ["lookup_ticket"]}, "lookup_ticket", id=TICKET),
+        # a bad call: the tool's schema allows EUR only; the refusal is the model's next input
+        rule({"called": ["lookup_ticket"], "notCalled": ["refund"]}, "refund", **BAD_REFUND),
+        rule({"called": ["refund"], "lastToolResultContains": "invalid arguments"}, "refund", **REFUND),
+        rule({"called": ["refund"], "notCalled": ["close_ticket"]}, "close_ticket", **CLOSE),
+        rule({"called": ["close_ticket"], "notCalled": ["ask_human"]}, "ask_human", question="Tell them?"),
         {"when": {"called": ["ask_human"]}, "content": "Refunded 120 EUR for order A-1042; customer told."},
     ],
 }
-MODEL_CALLS = 6  # one per rule
+MODEL_CALLS = 8  # one per rule
 TURNS = [  # the checkpoint's turns: (tool, outcome); the final answer is no turn
-    ("read_limits", "succeeded"),
-    ("read_order", "succeeded"),
+    *[(tool, "succeeded") for tool in ("read_limits", "read_order", "lookup_ticket")],
     ("refund", "refused"),
-    ("refund", "succeeded"),
-    ("ask_human", "succeeded"),
+    *[(tool, "succeeded") for tool in ("refund", "close_ticket", "ask_human")],
 ]
 # The writes of record of a clean run, in order, as test_clean_run measures them: what is written
 # (a run status commit, an ActionRecord created, its status written by the dispatcher) and, for a
 # run write, the model calls committed by then (its checkpoint's modelCallsTotal).
 WRITES: list[tuple[str, int | None]] = [
     ("run", 2),  # accepted; read_limits proposed and read; read_order proposed: the bound of 2
-    ("run", 4),  # the order read; the bad refund refused; the refund proposed: the bound again
-    ("run", 4),  # approval_requested (a wait)
-    ("run", 4),  # approval_decided, revalidated, the intent (external_awaited)
-    ("record", None),  # the intent's ActionRecord, created under the dispatcher's first claim
+    ("run", 4),  # the order read; lookup_ticket proposed and asked (MCP); the bad refund refused
+    ("run", 5),  # the refund proposed: approval_requested (a wait)
+    ("run", 5),  # approval_decided, revalidated, the refund's intent (external_awaited)
+    ("record", None),  # the refund's ActionRecord, created under the dispatcher's first claim
     ("record", None),  # its status: applied once at the reference system
-    ("run", 5),  # external_received, revalidated; ask_human proposed; input_requested (a wait)
-    ("run", 6),  # input_received, revalidated; the final answer: succeeded
+    ("run", 6),  # external_received, revalidated; close_ticket proposed: approval_requested
+    ("run", 6),  # approval_decided, revalidated, the closure's intent (mcp.call: external_awaited)
+    ("record", None),  # the closure's ActionRecord
+    ("record", None),  # its status: applied once at the MCP server
+    ("run", 7),  # external_received, revalidated; ask_human proposed; input_requested (a wait)
+    ("run", 8),  # input_received, revalidated; the final answer: succeeded
 ]
 POINTS = [(phase, nth) for phase in ("before", "after") for nth in range(1, len(WRITES) + 1)]
 
@@ -129,25 +129,38 @@ def install(kube: KubeEnv, runs: Runs, namespace: str) -> None:
             runs.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "agentpolicies", body)
 
 
-def agent_spec(model: ModelServerThread, refsystem: ReferenceSystemThread) -> dict[str, Any]:
-    """The sample run, with a second read tool (the order) and a question for a person."""
+@dataclass
+class Servers:
+    """A scenario's own model server and the two systems its effects are counted at."""
+
+    model: ModelServerThread
+    refsystem: ReferenceSystemThread
+    tickets: McpServerThread
+
+
+def agent_spec(servers: Servers) -> dict[str, Any]:
+    """The sample run, with a second read tool (the order), the ticket server's two tools (the
+    query tool declared for the consequential one) and a question for a person."""
     spec: dict[str, Any] = next(doc for doc in sample() if doc["kind"] == "AgentRun")["spec"]
-    spec["agent"]["endpoint"]["baseUrl"] = model.base_url
+    spec["agent"]["endpoint"]["baseUrl"] = servers.model.base_url
     tools = spec["agent"]["tools"]
     for tool in tools:
         if "effect" in tool:
-            url = f"{refsystem.url}/effects"
+            url = f"{servers.refsystem.url}/effects"
             tool["effect"]["target"] = {"url": url, "queryUrl": url}
     read = {"apiVersion": "v1", "kind": "ConfigMap"}
     tools.append({"name": "read_order", "description": "Read an order by name.", "read": read})
     tools.append({"name": "ask_human", "description": "Ask a person.", "askHuman": {"expiresIn": "1h"}})
+    mcp = {"name": "tickets", "url": servers.tickets.url, "tools": ["lookup_ticket", "close_ticket"]}
+    spec["agent"]["mcpServers"] = [{**mcp, "queryTools": {"close_ticket": "ticket_closure_status"}}]
     return spec
 
 
 @pytest.fixture
-def model() -> Iterator[ModelServerThread]:
-    with ModelServerThread(SCRIPT, api_key=API_KEY) as server:
-        yield server
+def servers(refsystem: ReferenceSystemThread) -> Iterator[Servers]:
+    """Per scenario: a fresh model server and ticket server (each counts from zero)."""
+    with ModelServerThread(SCRIPT, api_key=API_KEY) as model, McpServerThread() as tickets:
+        yield Servers(model, refsystem, tickets)
 
 
 @pytest.fixture
@@ -162,10 +175,15 @@ def approve(runs: Runs, name: str, request: dict[str, Any]) -> None:
 
 
 def drive(
-    runs: Runs, name: str, within: float, until: Callable[[], bool] = lambda: False
+    runs: Runs,
+    name: str,
+    within: float,
+    until: Callable[[], bool] = lambda: False,
+    approved: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any] | None:
-    """Approve the pending request and answer the model's question as soon as the run waits for
-    them; the completed run, or None as soon as ``until()`` holds (say, the operator died)."""
+    """Approve each pending request (its own ID and digest; appended to ``approved``) and answer
+    the model's question as soon as the run waits for them; the completed run, or None as soon as
+    ``until()`` holds (say, the operator died)."""
 
     def driven() -> tuple[dict[str, Any] | None] | None:
         if until():
@@ -180,6 +198,7 @@ def drive(
         request = status.get("approvalRequest")
         if state == "waiting_approval" and request and request["requestId"] not in spec.get("approvals", {}):
             approve(runs, name, request)
+            (approved if approved is not None else []).append(request)
         asked = (status.get("waitingFor") or "").removeprefix("input:")
         if state == "waiting_input" and asked not in spec.get("answers", {}):
             runs.patch_spec(name, {"answers": {asked: ANSWER}})
@@ -195,6 +214,17 @@ def applied(refsystem: ReferenceSystemThread, run: dict[str, Any]) -> list[int]:
     """How often each of this run's effects was applied at the reference system."""
     prefix = run["status"]["runId"] + "/"
     return [n for key, n in refsystem.counts().items() if key.startswith(prefix)]
+
+
+def assert_effects_once(servers: Servers, run: dict[str, Any], where: str) -> None:
+    """The refund and the ticket's closure each applied exactly once (counted at their servers),
+    each under its own approval."""
+    assert applied(servers.refsystem, run) == [1], f"{where}: the refund must be applied exactly once"
+    closed, tickets = servers.tickets.counts(), servers.tickets
+    assert list(closed.values()) == [1], f"{where}: close_ticket must be applied exactly once: {closed}"
+    assert (tickets.duplicates(), tickets.ticket(TICKET)["status"]) == ([], "closed"), where
+    approvals = {a["requestId"]: a.get("decision") for a in run["status"]["checkpoint"]["approvals"]}
+    assert list(approvals.values()) == ["approved"] * 2, f"{where}: two requests, each approved: {approvals}"
 
 
 def model_turns(run: dict[str, Any]) -> list[tuple[str, str]]:
@@ -243,16 +273,9 @@ class WriteLog:
             stream.stop()
 
     def _follow(self, stream: watch.Watch, plural: str, since: str) -> None:
+        listing = (self.custom.list_namespaced_custom_object, GROUP, VERSION, self.namespace, plural)
         try:
-            for event in stream.stream(
-                self.custom.list_namespaced_custom_object,
-                GROUP,
-                VERSION,
-                self.namespace,
-                plural,
-                resource_version=since,
-                timeout_seconds=int(Within.SETTLE),
-            ):
+            for event in stream.stream(*listing, resource_version=since, timeout_seconds=int(Within.SETTLE)):
                 meta, status = event["object"]["metadata"], event["object"].get("status") or {}
                 with self._lock:
                     self.seen.append(
@@ -309,8 +332,7 @@ def test_clean_run_writes_and_model_calls_per_boundary(
     kube: KubeEnv,
     runs: Runs,
     agent_namespace: str,
-    model: ModelServerThread,
-    refsystem: ReferenceSystemThread,
+    servers: Servers,
 ) -> None:
     """The clean run the kill points below are taken from: its writes of record (as a watch sees
     them, as many as the operator counts, and no more: a kill before one more never fires)."""
@@ -320,8 +342,9 @@ def test_clean_run_writes_and_model_calls_per_boundary(
         "clean", LEASE, DURABLE_AGENTS_METRICS_PORT=str(port), DURABLE_AGENTS_TEST_KILL_AT=beyond
     )
     with WriteLog(kube, runs.namespace) as log:
-        name = runs.create(agent_spec(model, refsystem), name="clean")
-        done = drive(runs, name, Within.RUN)
+        name = runs.create(agent_spec(servers), name="clean")
+        approved: list[dict[str, Any]] = []
+        done = drive(runs, name, Within.RUN, approved=approved)
         assert done is not None
 
         def all_seen() -> list[tuple[str, dict[str, Any]]] | None:
@@ -339,7 +362,7 @@ def test_clean_run_writes_and_model_calls_per_boundary(
     measured = [(what, committed_calls(status) if what == "run" else None) for what, status in writes]
     per_write = [calls for _, calls in measured if calls is not None]
     per_boundary = [b - a for a, b in zip([0, *per_write], per_write, strict=False)]
-    asked = model.calls()["total"]
+    asked = servers.model.calls()["total"]
     print(f"\nclean run: {len(writes)} writes of record ({len(per_write)} of the run's status)")
     for k, ((what, calls), (_, status)) in enumerate(zip(measured, writes, strict=True), 1):
         print(f"  write {k}: {what} {status.get('state')} v{status.get('stateVersion', '-')} calls={calls}")
@@ -348,8 +371,11 @@ def test_clean_run_writes_and_model_calls_per_boundary(
     assert max(per_boundary) <= PER_BOUNDARY, "the policy's bound on model calls between two writes"
     assert model_turns(done) == TURNS
     assert done["status"]["checkpoint"]["agent"]["modelCallsTotal"] == MODEL_CALLS
-    assert applied(refsystem, done) == [1]
-    assert [h["event"] for h in assert_history_is_gapless(done)].count("approval_decided") == 1
+    assert_effects_once(servers, done, "clean")
+    assert [h["event"] for h in assert_history_is_gapless(done)] == CLEAN_EVENTS
+    mcp = {"server": "tickets", "url": servers.tickets.url, "tool": "close_ticket"}
+    targets = [(r["effect"], r["target"]) for r in approved]
+    assert targets == [("http.post", ANY), ("mcp.call", {**mcp, "queryTool": "ticket_closure_status"})]
 
 
 # --- SIGKILL at every write and inside model calls -----------------------------------------------
@@ -371,20 +397,14 @@ class Victim:
     total_before: int  # the model server's count when the run was created
 
 
+# An approved effect's transitions, from its request to its outcome.
+APPROVED = ["approval_requested", "approval_decided", "revalidated", "external_awaited", "external_received"]
 CLEAN_EVENTS = [
     "accepted",
-    *["step_completed"] * 6,  # 3 proposals, 2 reads, 1 refusal
-    "approval_requested",
-    "approval_decided",
-    "revalidated",
-    "external_awaited",
-    "external_received",
-    "revalidated",
-    "step_completed",
-    "input_requested",
-    "input_received",
-    "revalidated",
-    "succeeded",
+    *["step_completed"] * 8,  # 4 proposals, 3 reads (the third an MCP tool's), 1 refusal
+    *APPROVED,  # the refund
+    *["revalidated", "step_completed", *APPROVED],  # close_ticket proposed, then the same
+    *["revalidated", "step_completed", "input_requested", "input_received", "revalidated", "succeeded"],
 ]
 
 
@@ -399,11 +419,10 @@ def recover(
     start_operator: Callable[..., OperatorProcess],
     runs: Runs,
     name: str,
-    model: ModelServerThread,
-    refsystem: ReferenceSystemThread,
+    servers: Servers,
 ) -> None:
     """With the victim dead: start a rescuer, drive the run to completion and check it."""
-    total, by_victim = requests_since(model, victim.total_before)
+    total, by_victim = requests_since(servers.model, victim.total_before)
     committed = committed_calls(runs.get(name).get("status") or {})  # what the victim left
     assert (max(by_victim, default=0), committed) == (victim.made, victim.committed), (
         f"{where}: the victim was not killed where expected: it asked {by_victim}, committed "
@@ -413,9 +432,9 @@ def recover(
     done = drive(runs, name, Within.RUN)
     assert done is not None
     rescuer.stop()
-    _, by_rescuer = requests_since(model, total)
+    _, by_rescuer = requests_since(servers.model, total)
 
-    assert applied(refsystem, done) == [1], f"{where}: the refund must be applied exactly once"
+    assert_effects_once(servers, done, where)
     history = assert_history_is_gapless(done)
     assert [h["event"] for h in history] == CLEAN_EVENTS, f"{where}: a transition repeated or went missing"
     assert model_turns(done) == TURNS, where
@@ -450,8 +469,7 @@ def test_sigkill_at_a_write_of_a_model_run(
     start_operator: Callable[..., OperatorProcess],
     runs: Runs,
     agent_namespace: str,
-    model: ModelServerThread,
-    refsystem: ReferenceSystemThread,
+    servers: Servers,
     phase: str,
     nth: int,
 ) -> None:
@@ -461,17 +479,18 @@ def test_sigkill_at_a_write_of_a_model_run(
     # write is made with no call in flight (an ActionRecord's, while the run waits on it).
     made = calls if phase == "before" and calls is not None else committed
     process = start_operator("victim", LEASE, DURABLE_AGENTS_TEST_KILL_AT=f"{phase}:{nth}")
-    victim = Victim(process, made, committed, model.calls()["total"])
-    name = runs.create(agent_spec(model, refsystem), name=f"{phase}-{nth}")
+    victim = Victim(process, made, committed, servers.model.calls()["total"])
+    name = runs.create(agent_spec(servers), name=f"{phase}-{nth}")
     # Approve and answer while the victim lives, so that it reaches every write itself.
     drive(runs, name, Within.RUN, until=lambda: not process.alive)
     assert process.wait_killed(Within.COMMIT) == -signal.SIGKILL
-    recover(victim, f"{phase}:{nth} ({what})", start_operator, runs, name, model, refsystem)
+    recover(victim, f"{phase}:{nth} ({what})", start_operator, runs, name, servers)
 
 
 # Model calls to kill the operator in (while it waits for the answer), each told apart by a text
-# of the request's last message: the first read's result, the refusal, the person's answer.
-INSIDE = {2: "maxAmount", 4: "invalid arguments", 6: ANSWER}
+# of the request's last message: the first read's result, the MCP read's, the MCP call's outcome
+# (step 4's: the rescuer must neither send it again nor lose it).
+INSIDE = {2: "maxAmount", 4: "Refund order 7731", 7: '"step":4'}
 
 
 @pytest.mark.parametrize("call", list(INSIDE))
@@ -479,15 +498,15 @@ def test_sigkill_inside_a_model_call(
     start_operator: Callable[..., OperatorProcess],
     runs: Runs,
     agent_namespace: str,
-    model: ModelServerThread,
-    refsystem: ReferenceSystemThread,
+    servers: Servers,
     call: int,
 ) -> None:
+    model = servers.model
     model.inject("slow", delay=float(Within.COMMIT), match=INSIDE[call])  # far longer than the kill
     process = start_operator("victim", LEASE)
     committed = max((c or 0 for _, c in WRITES if (c or 0) < call), default=0)
     victim = Victim(process, call, committed, model.calls()["total"])
-    name = runs.create(agent_spec(model, refsystem), name=f"call-{call}")
+    name = runs.create(agent_spec(servers), name=f"call-{call}")
 
     def in_flight() -> bool:
         """The slow request arrived (its fault is taken): the operator awaits its answer."""
@@ -496,7 +515,7 @@ def test_sigkill_inside_a_model_call(
     drive(runs, name, Within.RUN, until=in_flight)
     process.kill()
     assert process.wait_exit(0) == -signal.SIGKILL
-    recover(victim, f"inside call {call}", start_operator, runs, name, model, refsystem)
+    recover(victim, f"inside call {call}", start_operator, runs, name, servers)
 
 
 # --- a stale checkpoint: the replayed model proposes other arguments ------------------------------
@@ -514,18 +533,16 @@ def test_an_approval_does_not_carry_over_to_other_arguments_proposed_on_replay(
     another amount: the old approval must not authorise it, a new request is made, and only what
     the new approval binds is sent."""
     script = copy.deepcopy(SCRIPT)
-    script["rules"][3]["times"] = 1  # the first answer to "fix the currency" once, then another
+    fix = 4  # the rule that answers "fix the currency": once, then another answer
+    script["rules"][fix]["times"] = 1
     other = {**REFUND, "amount": 100}
-    changed = {
-        **SCRIPT["rules"][3],
-        "content": "100 EUR.",
-        "toolCalls": [{"name": "refund", "arguments": other}],
-    }
-    script["rules"].insert(4, changed)
-    with ModelServerThread(script, api_key=API_KEY) as model:
+    script["rules"].insert(fix + 1, rule(SCRIPT["rules"][fix]["when"], "refund", **other))
+    turn = f"agent/turns/{TURNS.index(('refund', 'succeeded'))}/arguments"  # the refund's arguments
+    with ModelServerThread(script, api_key=API_KEY) as model, McpServerThread() as tickets:
+        servers = Servers(model, refsystem, tickets)
         first = start_operator("first", LEASE)
         with WriteLog(kube, runs.namespace) as log:
-            name = runs.create(agent_spec(model, refsystem), name="replayed")
+            name = runs.create(agent_spec(servers), name="replayed")
             waiting = runs.wait_state(name, "waiting_approval", timeout=Within.RUN)
 
             def three() -> list[dict[str, Any]] | None:  # up to the approval request
@@ -534,12 +551,12 @@ def test_an_approval_does_not_carry_over_to_other_arguments_proposed_on_replay(
 
             written = eventually(three, Within.COMMIT, "the watch to see the run's first 3 writes")
         first.kill()  # a crash; then the status is restored from the backup
-        # The backup: the run's last status before the refund proposal was committed (the model
-        # has read the order, and will be asked about the refund again).
+        # The backup: the run's last status before the refund proposal was committed (the model has read
+        # the order and the ticket, had its bad call refused, and will be asked for the refund again).
         backup = next(s for s in reversed(written) if ("refund", "pending") not in model_turns({"status": s}))
-        assert committed_calls(backup) == 2, backup
+        assert committed_calls(backup) == 4, backup
         old = waiting["status"]["approvalRequest"]
-        assert unsealed(waiting, old["arguments"], "agent/turns/3/arguments") == REFUND
+        assert unsealed(waiting, old["arguments"], turn) == REFUND
         # The approver's decision, in the spec (which the restore keeps). Given while no operator
         # runs, it is not acted on before the restore: had 120 been sent under the step's
         # idempotency key, the new intent (same run, step and attempt: the same key) would find
@@ -561,9 +578,7 @@ def test_an_approval_does_not_carry_over_to_other_arguments_proposed_on_replay(
 
         run = eventually(asked_again, Within.RUN, "a new approval request for the new arguments")
         new = run["status"]["approvalRequest"]
-        assert unsealed(run, new["arguments"], "agent/turns/3/arguments") == other, (
-            "the model changed its mind"
-        )
+        assert unsealed(run, new["arguments"], turn) == other, "the model changed its mind"
         assert new["digest"] != old["digest"]
         refused = [(r["field"], r["key"], r["reason"]) for r in run["status"]["refusedRequests"]]
         assert refused == [("approvals", old["requestId"], "DigestMismatch")], "the old approval is refused"
@@ -572,11 +587,13 @@ def test_an_approval_does_not_carry_over_to_other_arguments_proposed_on_replay(
         assert records["items"] == [], "no intent exists for the new arguments before their approval"
 
         approve(runs, name, new)
-        done = drive(runs, name, Within.RUN)  # the person's question is answered on the way
-    assert done is not None
-    assert applied(refsystem, done) == [1]
+        done = drive(runs, name, Within.RUN)  # the ticket's closure approved, the question answered
+        assert done is not None
+        assert applied(refsystem, done) == [1]
+        assert list(tickets.counts().values()) == [1], "the ticket's closure is applied once"
     assert [r.body for r in refsystem.records()] == [other], "only what the new approval binds is sent"
     approvals = [(a["requestId"], a.get("decision")) for a in done["status"]["checkpoint"]["approvals"]]
-    assert approvals == [(old["requestId"], None), (new["requestId"], "approved")]
+    assert approvals[:2] == [(old["requestId"], None), (new["requestId"], "approved")]
+    assert [d for _, d in approvals[2:]] == ["approved"], "and the ticket's closure, approved on its own"
     decided = [h for h in assert_history_is_gapless(done) if h["event"] == "approval_decided"]
-    assert [new["requestId"] in h.get("detail", "") for h in decided] == [True]
+    assert [new["requestId"] in h.get("detail", "") for h in decided] == [True, False]
