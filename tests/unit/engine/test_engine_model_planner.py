@@ -261,3 +261,23 @@ def test_a_question_the_model_asks_is_sealed_where_the_run_waits() -> None:
     assert (
         unseal_value(KEY, pending.question, step_label("agent-0", "question")) == "May I pay 42 EUR to ACME?"
     )
+
+
+def test_a_read_the_run_may_not_make_is_told_to_the_model_not_a_failure_of_the_run() -> None:
+    plan = planner()
+    obj = accepted(plan)
+    obj = apply(obj, commit_of(answered(obj, plan, at(1), reply(("read_config", '{"name": "secrets"}')))))
+    why = "ServiceAccount t/default may not read ConfigMap t/secrets"
+    told = commit_of(
+        decide_with(obj, plan, at(2), read=ReadResult(0, error_reason="Forbidden", error_message=why))
+    )
+    assert (told.event, told.state) == (RunEvent.STEP_COMPLETED, RunState.READY)
+    cp = checkpoint_of(told)
+    assert cp.position.step == 1
+    assert cp.agent is not None
+    assert cp.agent.turns[0].outcome == "failed"
+    obj = apply(obj, told)
+    tool_message = asked(obj, plan, at(3)).request.body()["messages"][-1]
+    assert tool_message["role"] == "tool"
+    assert "Forbidden" in tool_message["content"]
+    assert why in tool_message["content"]
