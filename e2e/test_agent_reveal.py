@@ -17,23 +17,23 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client
 
 from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents.core.disclosure import new_reader_key, open_as_reader
 from durable_agents.kubectl_plugin import describe
 from durable_agents.shell.reveal import REVEAL_ANNOTATION, REVEALED_ANNOTATION
+from durable_agents_testkit.agent_sample import sample_of, script
 from durable_agents_testkit.eventually import Within, eventually
 from durable_agents_testkit.modelserver import ModelServerThread
 from durable_agents_testkit.operator_process import OperatorProcess
 from durable_agents_testkit.refsystem import ReferenceSystemThread
 from durable_agents_testkit.runs import Runs
 from durable_agents_testkit.scrape import free_port
-from test_agent import REPO, agent_namespace, agent_spec, model, sample_of  # noqa: F401 (fixtures)
+from test_agent import agent_namespace, agent_spec, model  # noqa: F401 (fixtures)
 from test_reveal import kubeconfigs, plugin, user_api  # noqa: F401 (a fixture)
 
-SCRIPT = yaml.safe_load((REPO / "config/samples/reference-model/refunds-script.yaml").read_text())
+SCRIPT = script()
 PROPOSED = SCRIPT["rules"][1]  # the rule whose reply proposes the refund
 REFUND = PROPOSED["toolCalls"][0]["arguments"]
 WORDS = PROPOSED["content"]
