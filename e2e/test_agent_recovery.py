@@ -431,6 +431,8 @@ def recover(
     rescuer = start_operator("rescuer", LEASE)
     done = drive(runs, name, Within.RUN)
     assert done is not None
+    # Checked before the stop: kopf may log a traceback of its watch's teardown while stopping.
+    failed_in_run, tail = rescuer.logged("Traceback"), rescuer.log_tail()
     rescuer.stop()
     _, by_rescuer = requests_since(servers.model, total)
 
@@ -453,7 +455,7 @@ def recover(
     repeated = sorted(set(by_victim) & set(by_rescuer))
     assert repeated == list(range(committed + 1, victim.made + 1)), f"{where}: {repeated} repeated"
     assert len(repeated) <= PER_BOUNDARY, f"{where}: {repeated} repeated"
-    assert not rescuer.logged("Traceback"), rescuer.log_tail()
+    assert not failed_in_run, tail
     # In all, the model server saw the clean run's calls plus the repeated ones, unless a batch was
     # thrown away for another reason (each is logged): then its calls were asked again as well.
     extra = len(by_victim) + len(by_rescuer) - MODEL_CALLS
