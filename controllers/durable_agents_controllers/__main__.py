@@ -16,7 +16,15 @@ from types import FrameType
 
 import kopf
 
-from durable_agents_controllers import actionrecord, agentpolicy, keyguard, retention, runlease, webhook
+from durable_agents_controllers import (
+    actionrecord,
+    agentpolicy,
+    health,
+    keyguard,
+    retention,
+    runlease,
+    webhook,
+)
 from durable_agents_controllers.config import ConfigError, OperatorConfig
 from durable_agents_controllers.manager import Manager
 
@@ -44,7 +52,7 @@ def registry_for(manager: Manager) -> kopf.OperatorRegistry:
     # The same credentials as the kubernetes client the shell uses (in-cluster or KUBECONFIG).
     kopf.on.login(registry=registry)(kopf.login_via_client)
     manager.register(registry)
-    for controller in (runlease, actionrecord, agentpolicy, webhook, keyguard, retention):
+    for controller in (runlease, actionrecord, agentpolicy, webhook, keyguard, retention, health):
         controller.register(registry, manager)
     return registry
 

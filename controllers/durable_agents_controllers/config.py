@@ -85,6 +85,23 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("LIST_CHUNK", "200", "page size of list requests (bounds the start-up memory peak)"),
     Variable("WEBHOOK_PORT", "(off)", "port of the admission webhook (stamps and approvals)"),
     Variable("WEBHOOK_HOST", "127.0.0.1", "address the admission webhook listens on"),
+    Variable(
+        "WEBHOOK_SERVICE",
+        "(off: a URL)",
+        "in a cluster: the Service in front of the webhook (in LEASE_NAMESPACE); its certificate is shared",
+    ),
+    Variable("WEBHOOK_SERVICE_PORT", "443", "the port of WEBHOOK_SERVICE"),
+    Variable(
+        "WEBHOOK_CERT_SECRET",
+        "(WEBHOOK_SERVICE-tls)",
+        "Secret holding the webhook's CA and serving certificate (made and renewed by the operator)",
+    ),
+    Variable(
+        "WEBHOOK_CONFIGURATION",
+        "durable-agents[-NAMESPACE]",
+        "name of the Mutating/ValidatingWebhookConfigurations the operator keeps current",
+    ),
+    Variable("HEALTH_PORT", "(off)", "port of /healthz (alive) and /readyz (webhook serving, caches synced)"),
     Variable("SEALING_KEYS_DIR", "(required)", "directory of sealing and stamping keys (a mounted Secret)"),
     Variable("SEALING_ACTIVE_KEY", "(required)", "key ID that seals and stamps new values"),
     Variable("RESEAL_INTERVAL", "10m", "how often the key rotation pass runs (also once at start-up)"),
@@ -141,6 +158,11 @@ class OperatorConfig:
     list_chunk: int = 200
     webhook_port: int | None = None
     webhook_host: str = "127.0.0.1"
+    webhook_service: str | None = None
+    webhook_service_port: int = 443
+    webhook_cert_secret: str | None = None
+    webhook_configuration: str | None = None
+    health_port: int | None = None
     keyring: Keyring = field(repr=False, kw_only=True)
     reseal_interval: float = 600.0
     reseal_writes_per_second: float = 20.0
@@ -160,6 +182,10 @@ class OperatorConfig:
                 " (a typo? the README's configuration table lists every variable)"
             )
         read = _Reader(env)
+        if read.text("WEBHOOK_SERVICE") and read.port("WEBHOOK_PORT") is None:
+            raise ConfigError(
+                f"{PREFIX}WEBHOOK_SERVICE needs {PREFIX}WEBHOOK_PORT (the port the webhook serves on)"
+            )
         return cls(
             namespace=read.text("NAMESPACE"),
             identity=read.text("IDENTITY") or new_identity(),
@@ -177,6 +203,11 @@ class OperatorConfig:
             list_chunk=read.number("LIST_CHUNK", int, 200, minimum=1),
             webhook_port=read.port("WEBHOOK_PORT"),
             webhook_host=read.text("WEBHOOK_HOST") or "127.0.0.1",
+            webhook_service=read.text("WEBHOOK_SERVICE"),
+            webhook_service_port=read.port("WEBHOOK_SERVICE_PORT") or 443,
+            webhook_cert_secret=read.text("WEBHOOK_CERT_SECRET"),
+            webhook_configuration=read.text("WEBHOOK_CONFIGURATION"),
+            health_port=read.port("HEALTH_PORT"),
             keyring=read.keyring(),
             reseal_interval=read.duration("RESEAL_INTERVAL", 600.0),
             reseal_writes_per_second=read.number("RESEAL_WRITES_PER_SECOND", float, 20.0, minimum=0.1),

@@ -3,6 +3,7 @@ at clean-up, and hands them to the handlers (which receive it explicitly, never 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
@@ -36,6 +37,19 @@ class Manager:
         self._failovers: Failovers | None = None
         # Run at start-up, in order, before the worker starts (the admission webhook's set-up).
         self.start_hooks: list[Callable[[kopf.OperatorSettings], Awaitable[None]]] = []
+        self.webhook_serving = asyncio.Event()  # set once the admission webhook accepts connections
+        self.started = asyncio.Event()  # set once every part is running
+
+    def not_ready(self) -> list[str]:
+        """What this process still waits for before it may receive work (the readiness probe)."""
+        waiting = []
+        if not self.started.is_set():
+            waiting.append("starting")
+        if self.config.webhook_port is not None and not self.webhook_serving.is_set():
+            waiting.append("the admission webhook is not serving yet")
+        if self._reflector is not None and not self._reflector.synced.is_set():
+            waiting.append("the AgentRun cache has not synced")
+        return waiting
 
     @property
     def kube(self) -> Kube:
@@ -148,6 +162,7 @@ class Manager:
             ),
         )
         self._resealer.start()
+        self.started.set()
         log.info("durable-agents worker %s started (lease %ss)", config.identity, config.lease_duration)
 
     async def stop(self, **_: object) -> None:

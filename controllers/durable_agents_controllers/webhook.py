@@ -14,9 +14,7 @@ import asyncio
 import json
 import logging
 import sys
-import tempfile
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import aiohttp.web
@@ -27,11 +25,11 @@ from durable_agents.api.v1alpha1 import FAILOVER_PLURAL, AgentRunSpec, Identity
 from durable_agents.core.retention import FINALIZER
 from durable_agents.core.sealing import Keyring
 from durable_agents.shell import admission, failover_admission, limits
-from durable_agents.shell.certs import generate_ca, issue_serving_cert
 from durable_agents.shell.kube import GROUP, VERSION
 from durable_agents.shell.sealing_admission import SealingRefused, sealing_changes
 from durable_agents_controllers.manager import Manager
 from durable_agents_controllers.reveal import reveal_hook
+from durable_agents_controllers.webhook_serving import WebhookServing
 
 log = logging.getLogger(__name__)
 READY_LINE = "admission webhook serving"
@@ -72,16 +70,20 @@ def register(registry: kopf.OperatorRegistry, manager: Manager) -> None:
     port = manager.config.webhook_port
     if port is None:
         return
-    host = manager.config.webhook_host
     background: set[asyncio.Task[None]] = set()
+    serving = WebhookServing(manager, LimitedWebhookServer)
 
     async def serve(settings: kopf.OperatorSettings) -> None:
-        configurations = configure(settings, host, port, manager.config.namespace)
+        configurations = await serving.configure(settings)
         # Installed before the server listens: until then every AgentRun write fails closed.
         await admission.install_webhooks(manager.kube, *configurations)
-        task = asyncio.create_task(announce_when_serving(settings))
+        serving.start_keeping_current()
+        task = asyncio.create_task(announce_when_serving(settings, manager.webhook_serving))
         background.add(task)
         task.add_done_callback(background.discard)
+
+    async def stop_serving(**_: object) -> None:
+        await serving.stop()
 
     async def stamp_identity(
         body: kopf.Body, userinfo: kopf.UserInfo, patch: kopf.Patch, **kwargs: Any
@@ -167,6 +169,7 @@ def register(registry: kopf.OperatorRegistry, manager: Manager) -> None:
             raise kopf.AdmissionError(reason, code=403)
 
     manager.start_hooks.append(serve)
+    kopf.on.cleanup(registry=registry)(stop_serving)
     kopf.on.mutate(
         GROUP,
         VERSION,
@@ -190,30 +193,6 @@ def register(registry: kopf.OperatorRegistry, manager: Manager) -> None:
         decorator(
             GROUP, VERSION, FAILOVER_PLURAL, id=path, operations=["CREATE", "UPDATE"], registry=registry
         )(handler)
-
-
-def configure(
-    settings: kopf.OperatorSettings, host: str, port: int, namespace: str | None
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Make the serving certificate, set kopf's server, and return our webhook configurations."""
-    ca = generate_ca("durable-agents-webhook-ca")
-    serving = issue_serving_cert(ca, host, ["localhost"], ["127.0.0.1"])
-    certs = Path(tempfile.mkdtemp(prefix="durable-agents-webhook-"))
-    (certs / "tls.crt").write_bytes(serving.cert_pem)
-    (certs / "tls.key").write_bytes(serving.key_pem)
-    (certs / "ca.crt").write_bytes(ca.cert_pem)
-    settings.admission.server = LimitedWebhookServer(
-        addr=host,
-        port=port,
-        certfile=certs / "tls.crt",
-        pkeyfile=certs / "tls.key",
-        cafile=certs / "ca.crt",
-    )
-    settings.admission.managed = None  # our own configurations: scoped, failurePolicy Fail
-    name = f"durable-agents-{namespace}" if namespace else "durable-agents"
-    return admission.webhook_configurations(
-        name=name, url=f"https://{host}:{port}", ca_pem=ca.cert_pem, namespace=namespace
-    )
 
 
 def _parse(text: str) -> Any:
@@ -267,8 +246,11 @@ class LimitedWebhookServer(kopf.WebhookServer):
         return await kopf.WebhookServer._serve(fn, request)
 
 
-async def announce_when_serving(settings: kopf.OperatorSettings, within: float = 60.0) -> None:
-    """Log one line once the webhook accepts connections (tests and humans wait for it)."""
+async def announce_when_serving(
+    settings: kopf.OperatorSettings, serving: asyncio.Event, within: float = 60.0
+) -> None:
+    """Log one line once the webhook accepts connections (tests and humans wait for it), and set
+    ``serving`` (the readiness probe waits for it)."""
     server = settings.admission.server
     assert isinstance(server, kopf.WebhookServer)
     loop = asyncio.get_running_loop()
@@ -280,6 +262,7 @@ async def announce_when_serving(settings: kopf.OperatorSettings, within: float =
             await asyncio.sleep(0.05)
             continue
         writer.close()
+        serving.set()
         log.info("%s on https://%s:%s", READY_LINE, server.addr, server.port)
         return
     log.error("the admission webhook did not start listening within %.0fs", within)

@@ -19,3 +19,16 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 {{- .Values.sealing.activeKey | default "key-1" -}}
 {{- end -}}
 {{- end -}}
+
+{{- define "durable-agents.selector" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "durable-agents.webhookService" -}}
+{{- printf "%s-webhook" (include "durable-agents.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "durable-agents.webhookSecret" -}}
+{{- printf "%s-tls" (include "durable-agents.webhookService" .) -}}
+{{- end -}}

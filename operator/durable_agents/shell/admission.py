@@ -409,9 +409,17 @@ async def _check_decisions(
 
 
 def webhook_configurations(
-    *, name: str, url: str, ca_pem: bytes, namespace: str | None
+    *,
+    name: str,
+    url: str | None = None,
+    service: tuple[str, str, int] | None = None,
+    ca_pem: bytes,
+    namespace: str | None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The Mutating and Validating webhook configurations, failurePolicy Fail."""
+    """The Mutating and Validating webhook configurations, failurePolicy Fail, calling ``url`` or,
+    in a cluster, the ``service`` (namespace, name, port) in front of the operator's Pods."""
+    if (url is None) == (service is None):
+        raise ValueError("a webhook is reached by a URL or by a Service: exactly one")
     selector = {"matchLabels": {"kubernetes.io/metadata.name": namespace}} if namespace else {}
     rules = [
         {
@@ -427,7 +435,20 @@ def webhook_configurations(
         return {
             "name": f"{suffix}.agentruns.{GROUP}",
             "clientConfig": {
-                "url": f"{url.rstrip('/')}/{path}",
+                **(
+                    {"url": f"{url.rstrip('/')}/{path}"}
+                    if url is not None
+                    else {
+                        "service": {
+                            "namespace": service[0],
+                            "name": service[1],
+                            "port": service[2],
+                            "path": f"/{path}",
+                        }
+                    }
+                    if service is not None
+                    else {}
+                ),
                 "caBundle": base64.b64encode(ca_pem).decode(),
             },
             "rules": rules,
@@ -517,8 +538,25 @@ async def install_webhooks(kube: Kube, mutating: dict[str, Any], validating: dic
             if err.status != 409:
                 raise
             current = await kube.call(read, body["metadata"]["name"])
+            if _same_webhooks(kube, current, body):
+                continue  # replicas agree: no write (several replicas keep these current)
             body = {
                 **body,
                 "metadata": {**body["metadata"], "resourceVersion": current.metadata.resource_version},
             }
             await kube.call(replace, body["metadata"]["name"], body)
+
+
+def _same_webhooks(kube: Kube, current: Any, wanted: dict[str, Any]) -> bool:
+    """Whether the stored configuration already has the webhooks we want (defaults the API server
+    fills in, such as reinvocationPolicy, are not a difference)."""
+    stored = kube.api.sanitize_for_serialization(current).get("webhooks") or []
+    if len(stored) != len(wanted["webhooks"]):
+        return False
+
+    def covers(have: Any, want: Any) -> bool:
+        if isinstance(want, dict):
+            return isinstance(have, dict) and all(covers(have.get(k), v) for k, v in want.items())
+        return bool(have == want)
+
+    return all(covers(h, w) for h, w in zip(stored, wanted["webhooks"], strict=True))

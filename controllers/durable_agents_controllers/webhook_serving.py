@@ -1,0 +1,135 @@
+"""Where the admission webhook is reached and with which certificate.
+
+Two ways. A local process (tests, the demo) makes a throw-away CA and serves ``https://HOST:PORT``.
+In a cluster (``WEBHOOK_SERVICE``), every replica serves behind one Service with the certificate
+kept in one shared Secret (:mod:`durable_agents.shell.webhook_certs`); a background pass renews it
+before it expires, reloads what this replica serves (kopf restarts its server when the files change)
+and keeps the webhook configurations' caBundle and Service current, so an edit that breaks them is
+undone within a pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import kopf
+
+from durable_agents.shell import admission
+from durable_agents.shell.certs import generate_ca, issue_serving_cert
+from durable_agents.shell.webhook_certs import WebhookCertificates
+from durable_agents_controllers.config import OperatorConfig
+from durable_agents_controllers.manager import Manager
+
+log = logging.getLogger(__name__)
+KEEP_CURRENT_INTERVAL = 60.0  # seconds between passes of the in-cluster certificate keeper
+Configurations = tuple[dict[str, Any], dict[str, Any]]
+
+
+def configuration_name(config: OperatorConfig) -> str:
+    if config.webhook_configuration:
+        return config.webhook_configuration
+    return f"durable-agents-{config.namespace}" if config.namespace else "durable-agents"
+
+
+def _write(directory: Path, files: dict[str, bytes]) -> None:
+    # Each file replaced whole, with no await in between: kopf's check of the files (a digest, on
+    # the same event loop) never sees a certificate beside the wrong key.
+    for name, content in files.items():
+        fd, tmp = tempfile.mkstemp(dir=directory)
+        with os.fdopen(fd, "wb") as out:
+            out.write(content)
+        os.replace(tmp, directory / name)
+
+
+class WebhookServing:
+    def __init__(self, manager: Manager, server_factory: type[kopf.WebhookServer]) -> None:
+        config = manager.config
+        assert config.webhook_port is not None
+        self.manager, self.config, self.port = manager, config, config.webhook_port
+        self.factory = server_factory
+        self.directory = Path(tempfile.mkdtemp(prefix="durable-agents-webhook-"))
+        self.service = config.webhook_service
+        self.namespace = config.lease_namespace  # the operator's own namespace in a cluster
+        self.certificates: WebhookCertificates | None = None
+        if self.service is not None:
+            secret = config.webhook_cert_secret or f"{self.service}-tls"
+            self.certificates = WebhookCertificates(manager.kube, self.namespace, secret, self.service)
+        self._served: bytes = b""
+        self._task: asyncio.Task[None] | None = None
+
+    def configurations(self, ca_pem: bytes) -> Configurations:
+        name, scope = configuration_name(self.config), self.config.namespace
+        if self.service is None:
+            url = f"https://{self.config.webhook_host}:{self.port}"
+            return admission.webhook_configurations(name=name, url=url, ca_pem=ca_pem, namespace=scope)
+        target = (self.namespace, self.service, self.config.webhook_service_port)
+        return admission.webhook_configurations(name=name, service=target, ca_pem=ca_pem, namespace=scope)
+
+    async def configure(self, settings: kopf.OperatorSettings) -> Configurations:
+        """Write the serving files, set kopf's server, and return the configurations to install."""
+        if self.certificates is None:
+            ca = generate_ca("durable-agents-webhook-ca")
+            host = self.config.webhook_host
+            serving = issue_serving_cert(ca, host, ["localhost"], ["127.0.0.1"])
+            cert, key, bundle = serving.cert_pem, serving.key_pem, ca.cert_pem
+        else:
+            material = await self.certificates.current()
+            cert, key, bundle = material.serving.cert_pem, material.serving.key_pem, material.bundle_pem
+        _write(self.directory, {"tls.key": key, "tls.crt": cert, "ca.crt": bundle})
+        self._served = cert
+        settings.admission.server = self.factory(
+            addr=self.config.webhook_host,
+            port=self.port,
+            certfile=self.directory / "tls.crt",
+            pkeyfile=self.directory / "tls.key",
+            cafile=self.directory / "ca.crt",
+        )
+        settings.admission.managed = None  # our own configurations: scoped, failurePolicy Fail
+        return self.configurations(bundle)
+
+    def start_keeping_current(self) -> None:
+        if self.certificates is not None:
+            self._task = asyncio.create_task(self._keep_current(), name="webhook-certificate-keeper")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def keep_current_once(self) -> None:
+        """One pass: renew the shared certificate when due, serve the stored one, and put the
+        configurations back as they should be."""
+        assert self.certificates is not None
+        material = await self.certificates.current()
+        if material.serving.cert_pem != self._served:
+            _write(
+                self.directory,
+                {
+                    "tls.key": material.serving.key_pem,
+                    "tls.crt": material.serving.cert_pem,
+                    "ca.crt": material.bundle_pem,
+                },
+            )
+            self._served = material.serving.cert_pem
+            log.info("webhook: serving the renewed certificate from Secret %s", self.certificates.secret)
+        await admission.install_webhooks(self.manager.kube, *self.configurations(material.bundle_pem))
+
+    async def _keep_current(self) -> None:
+        while True:
+            await asyncio.sleep(KEEP_CURRENT_INTERVAL)
+            try:
+                await self.keep_current_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:  # the API server away: the next pass tries again
+                log.warning(
+                    "webhook: keeping the certificate current failed (%s: %s)", type(err).__name__, err
+                )
