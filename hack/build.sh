@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds etcd, kube-apiserver, kube-controller-manager and kubectl for the local control plane
-# into a cache outside the checkout, keyed by version, and skips what is already there.
+# Builds etcd, kube-apiserver, kube-controller-manager and kubectl for the local control plane, and
+# helm (tests/integration/test_chart.py), into a cache outside the checkout, keyed by version, and
+# skips what is already there.
 # Prints the bin directory on its last line.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -37,4 +38,22 @@ if [ "${WITH_CONTROLLER_MANAGER:-1}" = 1 ]; then
   build kube-controller-manager kube ./cmd/kube-controller-manager "$ldflags"
 fi
 build kubectl kube ./cmd/kubectl "$ldflags"
+
+# helm shares the directory (its name does not carry HELM_VERSION): one built for another version
+# is replaced. Its version variables are set as helm's own Makefile sets them, the Kubernetes
+# version it assumes without a cluster (helm template, lint) from the client-go it is built with.
+if [ -x "$bin/helm" ] && [ "$("$bin/helm" version --template '{{.Version}}' 2>/dev/null)" != "$HELM_VERSION" ]; then
+  rm -f "$bin/helm"
+fi
+if [ ! -x "$bin/helm" ]; then
+  client_go=$(cd "$here/helm" && go list -m -f '{{.Version}}' k8s.io/client-go)  # v0.X.Y: Kubernetes 1.X
+  k8s_minor=${client_go#v0.}; k8s_minor=${k8s_minor%%.*}
+  build helm helm helm.sh/helm/v3/cmd/helm "-s -w \
+ -X helm.sh/helm/v3/internal/version.version=${HELM_VERSION} \
+ -X helm.sh/helm/v3/internal/version.gitTreeState=clean \
+ -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 \
+ -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=${k8s_minor} \
+ -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 \
+ -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=${k8s_minor}"
+fi
 echo "$bin"

@@ -1,0 +1,323 @@
+"""The Helm chart is valid: `helm lint --strict` is clean, and what `helm template` renders (with the
+defaults and with other values the chart supports) is accepted by the real API server in a
+server-side dry run, every object, without a warning (the release namespace warns of anything
+below the "restricted" Pod Security level). Every render holds the objects the operator needs,
+each optional object follows its switch, what an object names is in the render, and
+values.schema.json refuses a mistyped value, naming it.
+
+helm is built from Go modules by hack/build.sh (`make binaries`, which `make test` runs) into the
+directory with kubectl: a missing helm fails these tests, it does not skip them.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+
+from durable_agents_testkit.cluster import KubeEnv, install_crds
+from durable_agents_testkit.localcluster.controlplane import ensure_binaries
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "durable-agents"
+RELEASE = "chart-test"
+TIMEOUT = 60.0
+
+# What every render must hold, whatever the values: the operator, its identity and its rights,
+# and the admission policy that lets only the operator write its records.
+ALWAYS = {
+    ("apps/v1", "Deployment"),
+    ("v1", "ServiceAccount"),
+    ("rbac.authorization.k8s.io/v1", "ClusterRole"),
+    ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"),
+    ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicy"),
+    ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicyBinding"),
+}
+# Objects behind a switch in values.yaml: rendered exactly when the switch is on (a switch the
+# chart's values do not have is not checked).
+SWITCHED = {
+    "podDisruptionBudget.enabled": "PodDisruptionBudget",
+    "networkPolicy.enabled": "NetworkPolicy",
+}
+
+# Values the chart supports besides its defaults, each rendered, linted and dry-run applied.
+VALUE_SETS: dict[str, dict[str, Any]] = {
+    "defaults": {},
+    "one-replica-other-region": {
+        "replicas": 1,
+        "region": "eu-west-1",
+        "shards": 4,
+        "leaseDurationSeconds": 30,
+        "logLevel": "DEBUG",
+    },
+    "namespaced-without-optional-objects": {
+        "replicas": 3,
+        "watchNamespace": "team-a",
+        "webhook": {"enabled": False},
+        "podDisruptionBudget": {"enabled": False},
+        "userRoles": {"create": False},
+    },
+    "own-keys-network-policy-scheduling": {
+        "sealing": {"secretName": "team-keys", "activeKey": "key-2"},
+        "webhook": {"configurationName": "durable-agents-team-a", "port": 10443},
+        "networkPolicy": {"enabled": True},
+        "podDisruptionBudget": {"maxUnavailable": "50%"},
+        "image": {"repository": "registry.example.com/durable-agents", "tag": "1.2.3"},
+        "imagePullSecrets": [{"name": "regcred"}],
+        "nodeSelector": {"kubernetes.io/os": "linux"},
+        "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "ops", "effect": "NoSchedule"}],
+        "podAnnotations": {"example.com/team": "ops"},
+    },
+}
+
+# kubectl apply's line per object: "<resource>[.<group>]/<name> <verb> (server dry run)".
+APPLIED = re.compile(
+    r"^(?P<resource>[a-z0-9.-]+)/(?P<name>\S+) (?P<verb>created|configured|unchanged) \(server dry run\)$"
+)
+
+
+def pinned(name: str) -> str:
+    for line in (REPO / "hack" / "versions.env").read_text().splitlines():
+        if line.startswith(f"{name}="):
+            return line.split("=", 1)[1].strip()
+    raise AssertionError(f"{name} missing from hack/versions.env")
+
+
+def run(argv: list[str], *, input: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, input=input, capture_output=True, text=True, timeout=TIMEOUT, check=False)
+
+
+def ok(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 0, (
+        f"{' '.join(result.args)} exited {result.returncode}\n{result.stdout}\n{result.stderr}"
+    )
+    return result.stdout
+
+
+def default_values() -> dict[str, Any]:
+    values: dict[str, Any] = yaml.safe_load((CHART / "values.yaml").read_text())
+    return values
+
+
+def merged(base: dict[str, Any], overlay: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in overlay.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict) and out[key]:
+            out[key] = merged(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def missing_keys(defaults: dict[str, Any], overlay: dict[str, Any], prefix: str = "") -> list[str]:
+    """Keys of overlay the chart's values.yaml does not have (the chart moved on)."""
+    missing: list[str] = []
+    for key, value in overlay.items():
+        if key not in defaults:
+            missing.append(prefix + key)
+        elif isinstance(value, dict) and isinstance(defaults[key], dict) and defaults[key]:
+            missing += missing_keys(defaults[key], value, f"{prefix}{key}.")
+    return missing
+
+
+def lookup(values: dict[str, Any], dotted: str) -> Any:
+    node: Any = values
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            raise KeyError(dotted)
+        node = node[part]
+    return node
+
+
+@pytest.fixture(scope="module")
+def bin_dir() -> Path:
+    """Where hack/build.sh puts kubectl and helm (DURABLE_AGENTS_BIN_DIR when set)."""
+    directory = ensure_binaries(controller_manager=False)
+    helm = directory / "helm"
+    if not helm.is_file():
+        pytest.fail(
+            f"helm is missing from {directory}: `make binaries` (hack/build.sh) builds it from "
+            "hack/helm (helm.sh/helm/v3 at HELM_VERSION in hack/versions.env); "
+            "`make test` runs it first",
+            pytrace=False,
+        )
+    return directory
+
+
+@pytest.fixture(scope="module")
+def helm(bin_dir: Path) -> str:
+    return str(bin_dir / "helm")
+
+
+@pytest.fixture(scope="module")
+def chart_crds(kube: KubeEnv) -> list[str]:
+    """The chart's own CRDs, known to the server (the objects the policy names are theirs)."""
+    return install_crds(kube.api, CHART / "crds")
+
+
+@pytest.fixture(params=sorted(VALUE_SETS))
+def values_file(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[Path, dict[str, Any]]:
+    overlay = VALUE_SETS[request.param]
+    defaults = default_values()
+    missing = missing_keys(defaults, overlay)
+    assert not missing, f"charts/durable-agents/values.yaml no longer has {', '.join(missing)}"
+    path = tmp_path / "values.yaml"
+    path.write_text(yaml.safe_dump(overlay))
+    return path, merged(defaults, overlay)
+
+
+def render(helm: str, namespace: str, *args: str) -> list[dict[str, Any]]:
+    argv = [helm, "template", RELEASE, str(CHART), "--namespace", namespace]
+    out = ok(run([*argv, "--kube-version", pinned("KUBERNETES_VERSION"), *args]))
+    return [doc for doc in yaml.safe_load_all(out) if doc]
+
+
+def resource_key(doc: dict[str, Any]) -> str:
+    """How kubectl names the object: "<kind>[.<group>]/<name>", lower-case kind."""
+    group = doc["apiVersion"].rpartition("/")[0]
+    kind = doc["kind"].lower() + (f".{group}" if group else "")
+    return f"{kind}/{doc['metadata']['name']}"
+
+
+def webhook_ports(service: dict[str, Any]) -> list[dict[str, Any]]:
+    return [
+        port for port in service["spec"]["ports"] if "webhook" in (port.get("name"), port.get("targetPort"))
+    ]
+
+
+def test_helm_is_the_pinned_version(helm: str) -> None:
+    version = ok(run([helm, "version", "--template", "{{.Version}}"])).strip()
+    assert version == pinned("HELM_VERSION")
+
+
+def test_lint_strict_is_clean(helm: str, values_file: tuple[Path, dict[str, Any]]) -> None:
+    path, _ = values_file
+    out = ok(run([helm, "lint", "--strict", str(CHART), "--values", str(path)]))
+    assert "0 chart(s) failed" in out, out
+    assert not re.search(r"^\[(WARNING|ERROR)\]", out, re.MULTILINE), out
+
+
+def test_render_is_accepted_by_the_api_server(
+    kube: KubeEnv,
+    bin_dir: Path,
+    helm: str,
+    chart_crds: list[str],
+    namespace: str,
+    values_file: tuple[Path, dict[str, Any]],
+) -> None:
+    path, values = values_file
+    # A Pod the Deployment makes must be admissible where Pod Security is "restricted".
+    client.CoreV1Api(kube.api).patch_namespace(
+        namespace, {"metadata": {"labels": {"pod-security.kubernetes.io/warn": "restricted"}}}
+    )
+    docs = render(helm, namespace, "--values", str(path))
+
+    keys = [resource_key(doc) for doc in docs]
+    duplicates = [key for key, count in Counter(keys).items() if count > 1]
+    assert not duplicates, f"rendered twice: {duplicates}"
+    kinds = {(doc["apiVersion"], doc["kind"]) for doc in docs}
+    assert kinds >= ALWAYS, f"missing from the render: {sorted(ALWAYS - kinds)}"
+    for switch, kind in SWITCHED.items():
+        try:
+            on = bool(lookup(values, switch))
+        except KeyError:
+            continue
+        assert (kind in {k for _, k in kinds}) == on, f"{kind} with {switch}={on}"
+    if "webhook" in values and "enabled" in values["webhook"]:
+        serving = [doc for doc in docs if doc["kind"] == "Service" and webhook_ports(doc)]
+        assert bool(serving) == bool(values["webhook"]["enabled"]), (
+            f"a Service for the webhook with webhook.enabled={values['webhook']['enabled']}"
+        )
+
+    kubectl = [str(bin_dir / "kubectl"), "--kubeconfig", str(kube.kubeconfig), "--namespace", namespace]
+    result = run([*kubectl, "apply", "--dry-run=server", "-f", "-"], input=yaml.safe_dump_all(docs))
+    ok(result)
+    lines = result.stdout.splitlines()
+    refused = [line for line in lines if not APPLIED.match(line)]
+    assert not refused, f"not accepted in the server dry run: {refused}\n{result.stderr}"
+    accepted = {f"{m['resource']}/{m['name']}" for m in map(APPLIED.match, lines) if m}
+    assert accepted == set(keys), (
+        f"rendered, not applied: {sorted(set(keys) - accepted)}; "
+        f"applied, not rendered: {sorted(accepted - set(keys))}"
+    )
+    warnings = [line for line in result.stderr.splitlines() if line.strip()]
+    assert not warnings, "the API server warned:\n" + "\n".join(warnings)
+
+
+def test_render_references_resolve(helm: str, values_file: tuple[Path, dict[str, Any]]) -> None:
+    """What the Deployment, bindings, Service and budget name is in the render (or the user's)."""
+    path, values = values_file
+    docs = render(helm, "ns", "--values", str(path))
+    by_kind: dict[str, list[dict[str, Any]]] = {}
+    for doc in docs:
+        by_kind.setdefault(doc["kind"], []).append(doc)
+    [deployment] = by_kind["Deployment"]
+    pod = deployment["spec"]["template"]
+    labels = pod["metadata"]["labels"]
+    selector = deployment["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= labels.items(), "the Deployment does not select its own Pods"
+    if "replicas" in values:
+        assert deployment["spec"]["replicas"] == values["replicas"]
+
+    accounts = {doc["metadata"]["name"] for doc in by_kind["ServiceAccount"]}
+    assert pod["spec"]["serviceAccountName"] in accounts
+    roles = {doc["metadata"]["name"] for doc in by_kind["ClusterRole"]}
+    for binding in by_kind["ClusterRoleBinding"] + by_kind.get("RoleBinding", []):
+        if binding["roleRef"]["kind"] == "ClusterRole":
+            assert binding["roleRef"]["name"] in roles, binding["metadata"]["name"]
+        for subject in binding["subjects"]:
+            if subject["kind"] == "ServiceAccount":
+                assert subject["name"] in accounts, subject
+                assert subject["namespace"] == "ns", subject
+
+    for kind in ("Service", "PodDisruptionBudget"):
+        for doc in by_kind.get(kind, []):
+            chosen = doc["spec"]["selector"]
+            chosen = chosen.get("matchLabels", chosen) if kind == "PodDisruptionBudget" else chosen
+            assert chosen.items() <= labels.items(), f"{kind} {doc['metadata']['name']} selects no Pod"
+    ports = {port["name"] for c in pod["spec"]["containers"] for port in c.get("ports", [])}
+    for service in by_kind.get("Service", []):
+        for port in service["spec"]["ports"]:
+            target = port.get("targetPort")
+            assert not isinstance(target, str) or target in ports, f"no container port named {target}"
+
+    secrets = {doc["metadata"]["name"] for doc in by_kind.get("Secret", [])}
+    own = values.get("sealing", {}).get("secretName", "")
+    for volume in pod["spec"].get("volumes", []):
+        if "secret" in volume and volume["secret"]["secretName"] != own:
+            assert volume["secret"]["secretName"] in secrets, volume["name"]
+
+
+SCHEMA_CASES = {
+    "replicas": ("--set", "replicas=many"),
+    "leaseDurationSeconds": ("--set", "leaseDurationSeconds=abc"),
+    "region": ("--set", "region=Not_A_DNS_Label"),
+    "podDisruptionBudget/maxUnavailable": ("--set", "podDisruptionBudget.maxUnavailable=abc"),
+}
+
+
+@pytest.mark.parametrize("value", sorted(SCHEMA_CASES))
+def test_schema_refuses_a_wrong_value_by_name(helm: str, value: str) -> None:
+    result = run([helm, "template", RELEASE, str(CHART), *SCHEMA_CASES[value]])
+    assert result.returncode != 0, f"helm template accepted {SCHEMA_CASES[value][1]}"
+    assert f"'/{value}'" in result.stderr, result.stderr
+
+
+def test_schema_refuses_a_misspelt_value(helm: str) -> None:
+    result = run([helm, "template", RELEASE, str(CHART), "--set", "replica=3"])
+    assert result.returncode != 0, "helm template accepted the unknown value replica"
+    assert "'replica'" in result.stderr, result.stderr
+
+
+def test_two_listeners_on_one_port_are_refused(helm: str) -> None:
+    result = run(
+        [helm, "template", RELEASE, str(CHART), "--set", "healthPort=8080", "--set", "metricsPort=8080"]
+    )
+    assert result.returncode != 0, "helm template accepted healthPort == metricsPort"
+    assert "must differ" in result.stderr, result.stderr
