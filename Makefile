@@ -27,7 +27,7 @@ $(STAMP): pyproject.toml
 venv: $(STAMP) ## create .venv with the pinned dependencies
 
 .PHONY: binaries
-binaries: ## build etcd, kube-apiserver, kube-controller-manager, kubectl (cached by version)
+binaries: ## build etcd, kube-apiserver, kube-controller-manager, kubectl, helm (cached by version)
 	bash hack/build.sh
 
 .PHONY: hack-gomod
@@ -35,8 +35,9 @@ hack-gomod: ## regenerate hack/*/go.mod after changing hack/versions.env
 	bash hack/gen-gomod.sh
 
 .PHONY: crds
-crds: $(STAMP) ## generate crds/*.yaml from the pydantic API types
+crds: $(STAMP) ## generate crds/*.yaml from the pydantic API types, and the chart's webhook configurations
 	$(PY) -m durable_agents.api.crdgen crds charts/durable-agents/crds
+	$(PY) -m durable_agents.shell.webhook_manifests charts/durable-agents/files
 
 .PHONY: lint
 lint: $(STAMP) ## ruff, mypy, the import-linter contracts (layers, no cycles) and the size limits
@@ -65,6 +66,10 @@ cluster-down: $(STAMP) ## stop the local control plane started by cluster-up
 .PHONY: demo
 demo: $(STAMP) binaries ## the main job on the embedded local control plane (or KUBECONFIG's cluster)
 	@DURABLE_AGENTS_BIN_DIR=$$(bash hack/build.sh | tail -n1) $(PY) -m durable_agents_testkit.demo
+
+.PHONY: image
+image: $(STAMP) ## build the operator image with no registry (localhost/durable-agents:<version>; IMAGE_SAVE=x.tar saves it)
+	bash hack/image.sh
 
 BENCH_STAMP := $(VENV)/.bench-$(shell cksum pyproject.toml | cut -d' ' -f1)
 BENCH_SCALE ?= full

@@ -21,6 +21,7 @@ import pytest
 import yaml
 from kubernetes import client
 
+from durable_agents.shell import admission
 from durable_agents_testkit.cluster import KubeEnv, install_crds
 from durable_agents_testkit.localcluster.controlplane import ensure_binaries
 
@@ -234,6 +235,11 @@ def test_render_is_accepted_by_the_api_server(
         assert bool(serving) == bool(values["webhook"]["enabled"]), (
             f"a Service for the webhook with webhook.enabled={values['webhook']['enabled']}"
         )
+        configured = {k for _, k in kinds} & {
+            "MutatingWebhookConfiguration",
+            "ValidatingWebhookConfiguration",
+        }
+        assert bool(configured) == bool(values["webhook"]["enabled"]), "webhook configurations"
 
     kubectl = [str(bin_dir / "kubectl"), "--kubeconfig", str(kube.kubeconfig), "--namespace", namespace]
     result = run([*kubectl, "apply", "--dry-run=server", "-f", "-"], input=yaml.safe_dump_all(docs))
@@ -321,3 +327,28 @@ def test_two_listeners_on_one_port_are_refused(helm: str) -> None:
     )
     assert result.returncode != 0, "helm template accepted healthPort == metricsPort"
     assert "must differ" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("watched", ["", "team-a"])
+def test_the_webhook_configurations_are_the_operators_own(helm: str, watched: str) -> None:
+    """What the chart installs is what the operator would install (so it writes nothing at start-up
+    but the caBundle), calling the webhook Service with failurePolicy Fail."""
+    docs = render(helm, "ops", "--set", f"watchNamespace={watched}")
+    [service] = [d for d in docs if d["kind"] == "Service" and webhook_ports(d)]
+    [deployment] = [d for d in docs if d["kind"] == "Deployment"]
+    env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    name = env["DURABLE_AGENTS_WEBHOOK_CONFIGURATION"]
+    assert env["DURABLE_AGENTS_WEBHOOK_SERVICE"] == service["metadata"]["name"]
+    wanted = admission.webhook_configurations(
+        name=name,
+        service=("ops", service["metadata"]["name"], int(env["DURABLE_AGENTS_WEBHOOK_SERVICE_PORT"] or 0)),
+        ca_pem=b"",
+        namespace=watched or None,
+    )
+    for want in wanted:
+        [have] = [d for d in docs if d["kind"] == want["kind"]]
+        assert have["metadata"]["name"] == name
+        for hook in want["webhooks"]:
+            del hook["clientConfig"]["caBundle"]  # filled in from the serving Secret, or by the operator
+        assert have["webhooks"] == want["webhooks"]
+        assert {h["failurePolicy"] for h in have["webhooks"] if "agentruns" in h["name"]} == {"Fail"}

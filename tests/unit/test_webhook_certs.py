@@ -55,7 +55,8 @@ def test_a_certificate_near_expiry_is_renewed_and_the_ca_kept() -> None:
     later = leaf_end - LEAF_RENEW_BEFORE + dt.timedelta(days=1)
     assert "serving certificate expires" in str(renewal_reason(material, NAMES, later))
     fresh = renewed(material, NAMES, later)
-    assert fresh.ca == material.ca and fresh.serving != material.serving
+    assert fresh.ca == material.ca
+    assert fresh.serving != material.serving
     assert fresh.bundle_pem == material.ca.cert_pem
 
 

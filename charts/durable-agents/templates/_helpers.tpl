@@ -32,3 +32,14 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "durable-agents.webhookSecret" -}}
 {{- printf "%s-tls" (include "durable-agents.webhookService" .) -}}
 {{- end -}}
+
+{{/* One pair of webhook configurations per cluster (or per watched namespace). */}}
+{{- define "durable-agents.webhookConfiguration" -}}
+{{- if .Values.webhook.configurationName -}}
+{{- .Values.webhook.configurationName -}}
+{{- else if .Values.watchNamespace -}}
+{{- printf "durable-agents-%s" .Values.watchNamespace -}}
+{{- else -}}
+durable-agents
+{{- end -}}
+{{- end -}}

@@ -540,9 +540,17 @@ async def install_webhooks(kube: Kube, mutating: dict[str, Any], validating: dic
             current = await kube.call(read, body["metadata"]["name"])
             if _same_webhooks(kube, current, body):
                 continue  # replicas agree: no write (several replicas keep these current)
+            kept = {  # the chart's labels and annotations (helm's ownership) stay
+                "labels": current.metadata.labels or {},
+                "annotations": current.metadata.annotations or {},
+            }
             body = {
                 **body,
-                "metadata": {**body["metadata"], "resourceVersion": current.metadata.resource_version},
+                "metadata": {
+                    **kept,
+                    **body["metadata"],
+                    "resourceVersion": current.metadata.resource_version,
+                },
             }
             await kube.call(replace, body["metadata"]["name"], body)
 

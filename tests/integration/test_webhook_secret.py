@@ -44,14 +44,17 @@ async def test_replicas_starting_together_agree_on_one_certificate(kube: KubeEnv
     assert stored(kube, namespace).metadata.resource_version == version
 
 
-async def test_a_certificate_for_other_names_is_renewed_with_its_ca_kept(kube: KubeEnv, namespace: str) -> None:
+async def test_a_certificate_for_other_names_is_renewed_with_its_ca_kept(
+    kube: KubeEnv, namespace: str
+) -> None:
     old = renewed(None, service_names("renamed-service", namespace))
     client.CoreV1Api(kube.api).create_namespaced_secret(
         namespace, {"metadata": {"name": SECRET}, "data": old.as_secret_data()}
     )
     keeper = WebhookCertificates(Kube(kube.api), namespace, SECRET, SERVICE)
     fresh = await keeper.current()
-    assert fresh.ca == old.ca and fresh.serving != old.serving
+    assert fresh.ca == old.ca
+    assert fresh.serving != old.serving
     assert renewal_reason(fresh, keeper.names) is None
     assert material_of(stored(kube, namespace).data) == fresh
 
@@ -89,7 +92,8 @@ async def test_configurations_call_the_service_and_are_kept_current(
     installed = api.read_validating_webhook_configuration(configuration_name)
     approve = next(w for w in installed.webhooks if w.name.startswith("approve."))
     assert approve.failure_policy == "Fail"
-    assert (approve.client_config.service.namespace, approve.client_config.service.name) == (namespace, SERVICE)
+    called = approve.client_config.service
+    assert (called.namespace, called.name) == (namespace, SERVICE)
     assert approve.client_config.url is None
     assert base64.b64decode(approve.client_config.ca_bundle) == material.bundle_pem
 
