@@ -3,7 +3,7 @@
 
 The chart owns them (``helm uninstall`` removes them, so a cluster without the operator is not left
 refusing every AgentRun write); the operator keeps their caBundle current and writes nothing when
-they already match. ``make crds`` writes them; ``tests/unit/test_webhook_manifests.py`` fails on drift.
+they already match. ``make crds`` writes them; ``tests/unit/test_chart_files.py`` fails on drift.
 The chart fills the placeholders below and the caBundle (from the serving Secret, when it exists).
 """
 
