@@ -53,11 +53,21 @@ test-unit: $(STAMP) ## pure-core tests, no cluster
 
 .PHONY: test
 test: $(STAMP) lint binaries ## lint, then every test (unit, integration, e2e) on the local control plane
-	DURABLE_AGENTS_BIN_DIR=$$(bash hack/build.sh | tail -n1) $(VENV)/bin/pytest $(PYTEST_ARGS)
+	DURABLE_AGENTS_BIN_DIR=$$(bash hack/build.sh | tail -n1) $(VENV)/bin/pytest -m 'not node' $(PYTEST_ARGS)
+
+.PHONY: test-node
+test-node: $(STAMP) binaries ## the node tests (root): Pods on a real kubelet + containerd; the machine checked after
+	DURABLE_AGENTS_BIN_DIR=$$(WITH_NODE=1 bash hack/build.sh | tail -n1) $(VENV)/bin/pytest -m node tests/node $(PYTEST_ARGS)
+
+# make cluster-up NODE=1: the plane with a real node (kubelet, containerd, kube-proxy; root), see
+# testkit/durable_agents_testkit/localcluster/node.py; make cluster-down removes it and checks the machine.
+NODE ?= 0
+WITH_NODE := $(if $(filter 1,$(NODE)),1,0)
 
 .PHONY: cluster-up
-cluster-up: $(STAMP) binaries ## start the local control plane in the background; prints the kubeconfig path
-	@DURABLE_AGENTS_BIN_DIR=$$(bash hack/build.sh | tail -n1) $(PY) -m durable_agents_testkit.localcluster.cli up
+cluster-up: $(STAMP) binaries ## start the local control plane in the background (NODE=1: with a node); prints the kubeconfig path
+	@DURABLE_AGENTS_BIN_DIR=$$(WITH_NODE=$(WITH_NODE) bash hack/build.sh | tail -n1) \
+		$(PY) -m durable_agents_testkit.localcluster.cli up$(if $(filter 1,$(WITH_NODE)), --node)
 
 .PHONY: cluster-down
 cluster-down: $(STAMP) ## stop the local control plane started by cluster-up

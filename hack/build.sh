@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds etcd, kube-apiserver, kube-controller-manager and kubectl for the local control plane, and
 # helm (tests/integration/test_chart.py), into a cache outside the checkout, keyed by version, and
-# skips what is already there.
+# skips what is already there. WITH_NODE=1 also builds kubelet, kube-scheduler, kube-proxy and the
+# probe (the optional node, testkit/durable_agents_testkit/localcluster/node.py).
 # Prints the bin directory on its last line.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -38,6 +39,19 @@ if [ "${WITH_CONTROLLER_MANAGER:-1}" = 1 ]; then
   build kube-controller-manager kube ./cmd/kube-controller-manager "$ldflags"
 fi
 build kubectl kube ./cmd/kubectl "$ldflags"
+
+# The optional node (make cluster-up NODE=1, make test-node): kubelet, kube-scheduler and
+# kube-proxy from the same module, and the probe that is the whole of the node's test images.
+if [ "${WITH_NODE:-0}" = 1 ]; then
+  build kubelet kube ./cmd/kubelet "$ldflags"
+  build kube-scheduler kube ./cmd/kube-scheduler "$ldflags"
+  build kube-proxy kube ./cmd/kube-proxy "$ldflags"
+  # The probe is ours, not a pinned release: rebuilt whenever its source changes.
+  probe_sum=$(cat "$here/probe/go.mod" "$here/probe/main.go" | cksum | cut -d' ' -f1)
+  if [ "$(cat "$bin/probe.cksum" 2>/dev/null)" != "$probe_sum" ]; then rm -f "$bin/probe"; fi
+  build probe probe . "-s -w"
+  echo "$probe_sum" > "$bin/probe.cksum"
+fi
 
 # helm shares the directory (its name does not carry HELM_VERSION): one built for another version
 # is replaced. Its version variables are set as helm's own Makefile sets them, the Kubernetes

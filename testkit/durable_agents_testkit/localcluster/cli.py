@@ -7,6 +7,7 @@ process) can find them.
 
     CLI=durable_agents_testkit.localcluster.cli
     python -m $CLI up [--dir DIR] [--fsync]   # last stdout line: the admin kubeconfig
+    python -m $CLI up --node [--dir DIR]      # with a real node (root; see localcluster.node)
     python -m $CLI status [--dir DIR]
     python -m $CLI user NAME [--group G ...]  # last stdout line: that user's kubeconfig
     python -m $CLI down [--dir DIR]
@@ -26,6 +27,8 @@ from durable_agents_testkit.localcluster.controlplane import (
     LocalControlPlane,
     find_repo_root,
 )
+from durable_agents_testkit.localcluster.hoststate import HostStateChanged
+from durable_agents_testkit.localcluster.node import NodeError, NodeTestBed
 
 
 def default_dir() -> Path:
@@ -46,7 +49,41 @@ def _info(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+def _attach_node(directory: Path) -> NodeTestBed | None:
+    try:
+        return NodeTestBed.attach(directory)
+    except NodeError:
+        return None
+
+
+def cmd_up_node(args: argparse.Namespace) -> int:
+    directory: Path = args.dir
+    existing = _attach_node(directory)
+    if existing is not None:
+        if existing.is_healthy():
+            _info(f"already running with a node: {existing.kubeconfig_path}")
+            print(existing.kubeconfig_path)
+            return 0
+        _info(f"a previous node in {directory} is unhealthy; removing what is left of it")
+        existing.stop()
+    elif _attach(directory) is not None:
+        raise ControlPlaneError(f"{directory} runs a control plane without a node: make cluster-down first")
+    directory.mkdir(parents=True, exist_ok=True)
+    bed = NodeTestBed(directory, detach=True, ready_timeout=args.timeout)
+    _info(f"starting the control plane with a node in {directory}")
+    bed.start()
+    assert bed.plane is not None
+    assert bed.network is not None
+    _info(f"node Ready in {bed.timings['ready_seconds']:.1f}s: {bed.plane.server_url}")
+    _info(f"  Pods {bed.network.pod_cidr}, Services {bed.network.service_cidr}; image {bed.probe_image}")
+    _info(f"  export KUBECONFIG={bed.kubeconfig_path}")
+    print(bed.kubeconfig_path)
+    return 0
+
+
 def cmd_up(args: argparse.Namespace) -> int:
+    if args.node:
+        return cmd_up_node(args)
     directory: Path = args.dir
     existing = _attach(directory)
     if existing is not None:
@@ -75,6 +112,14 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 def cmd_down(args: argparse.Namespace) -> int:
     directory: Path = args.dir
+    bed = _attach_node(directory)
+    if bed is not None:
+        # Stops the node and the plane, removes what the node made, and compares the machine
+        # with what `up` recorded (HostStateChanged, with the diff, if it differs).
+        bed.stop()
+        shutil.rmtree(directory / "etcd-data", ignore_errors=True)
+        _info(f"stopped the node and the control plane in {directory}; this machine is as it was before")
+        return 0
     plane = _attach(directory)
     if plane is None:
         _info(f"no control plane recorded in {directory}")
@@ -129,6 +174,11 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--fsync", action="store_true", help="let etcd fsync (benchmarks); default off")
     up.add_argument("--no-controller-manager", action="store_true", help="etcd and kube-apiserver only")
     up.add_argument("--timeout", type=float, default=120.0, help="readiness deadline per component (s)")
+    up.add_argument(
+        "--node",
+        action="store_true",
+        help="with a real node: kubelet, containerd, kube-proxy, scheduler (root; make cluster-up NODE=1)",
+    )
     up.set_defaults(func=cmd_up)
     with_dir(sub.add_parser("down", help="stop the control plane and remove its state")).set_defaults(
         func=cmd_down
@@ -148,7 +198,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.dir = (args.dir or default_dir()).resolve()
     try:
         code: int = args.func(args)
-    except (ControlPlaneError, TimeoutError) as err:
+    except (ControlPlaneError, TimeoutError, HostStateChanged) as err:
         print(f"durable-agents-cluster: {err}", file=sys.stderr)
         return 1
     return code

@@ -89,6 +89,23 @@ _TERM_GRACE = 15.0
 _KILL_GRACE = 10.0
 
 
+@dataclass(frozen=True)
+class NodeAccess:
+    """How a plane serves a real node (:mod:`.node`); None (the default) keeps it on loopback.
+
+    A kubelet refuses a loopback node IP and Endpoints refuse loopback addresses, so the API
+    server binds and advertises ``address`` (on a device the node test bed made), hands out
+    Service IPs from ``service_cluster_ip_range``, and runs as a cluster with nodes does:
+    ServiceAccount admission on, ``Node,RBAC`` authorization with ``NodeRestriction``, a client
+    certificate for the kubelets (logs, exec), and the controller manager's flex-volume
+    directory under the plane (it would otherwise create ``/usr/libexec/kubernetes``).
+    """
+
+    address: str
+    service_cluster_ip_range: str
+    kubernetes_service_ip: str
+
+
 class ControlPlaneError(RuntimeError):
     """The control plane could not be built, started or stopped."""
 
@@ -125,16 +142,20 @@ def _check_bin_dir(bin_dir: Path, names: Sequence[str], source: str) -> Path:
     return bin_dir
 
 
-def ensure_binaries(*, controller_manager: bool = True) -> Path:
-    """The directory holding etcd, kube-apiserver, kubectl (and kube-controller-manager).
+def ensure_binaries(
+    *, controller_manager: bool = True, extra: Sequence[str] = (), node: bool = False
+) -> Path:
+    """The directory holding etcd, kube-apiserver, kubectl (and kube-controller-manager, and the
+    ``extra`` names; ``node``: built with ``WITH_NODE=1``, for the node test bed).
 
     ``DURABLE_AGENTS_BIN_DIR`` wins when set. Otherwise ``hack/build.sh`` is run (it returns at
     once when everything is cached; the first build on a machine takes many minutes) and its
     last stdout line is the directory. A file lock serialises concurrent Python callers, so two
     test processes never build the same binary at the same time.
     """
-    names = [ETCD, APISERVER, KUBECTL] + ([CONTROLLER_MANAGER] if controller_manager else [])
-    if env := os.environ.get("DURABLE_AGENTS_BIN_DIR"):
+    names = [ETCD, APISERVER, KUBECTL, *([CONTROLLER_MANAGER] if controller_manager else []), *extra]
+    env = os.environ.get("DURABLE_AGENTS_BIN_DIR")
+    if env and (not node or all(os.access(Path(env) / n, os.X_OK) for n in names)):
         return _check_bin_dir(Path(env), names, "DURABLE_AGENTS_BIN_DIR")
     root = find_repo_root()
     if root is None:
@@ -143,6 +164,8 @@ def ensure_binaries(*, controller_manager: bool = True) -> Path:
             "or run from a checkout that has hack/build.sh"
         )
     env_vars = dict(os.environ, WITH_CONTROLLER_MANAGER="1" if controller_manager else "0")
+    if node:
+        env_vars["WITH_NODE"] = "1"
     lock_path = _cache_dir() / "build.lock"
     lock_path.parent.mkdir(parents=True, exist_ok=True)
     with lock_path.open("a") as lock:
@@ -388,8 +411,10 @@ class LocalControlPlane:
         detach: bool = False,
         keep_work_dir: bool = False,
         startup_timeout: float = 120.0,
+        node_access: NodeAccess | None = None,
     ) -> None:
         self._work_dir = Path(work_dir).resolve() if work_dir is not None else None
+        self.node_access = node_access
         self._owns_work_dir = work_dir is None
         self.fsync = fsync
         self.audit = audit
@@ -428,7 +453,8 @@ class LocalControlPlane:
 
     @property
     def server_url(self) -> str:
-        return f"https://127.0.0.1:{self.ports.apiserver}"
+        host = self.node_access.address if self.node_access is not None else "127.0.0.1"
+        return f"https://{host}:{self.ports.apiserver}"
 
     @property
     def etcd_url(self) -> str:
@@ -451,6 +477,11 @@ class LocalControlPlane:
     def kubeconfig_path(self) -> Path:
         """Kubeconfig of the admin user (group ``system:masters``)."""
         return self.work_dir / "admin.kubeconfig"
+
+    @property
+    def kubelet_client_cert_dir(self) -> Path:
+        """The API server's client certificate for kubelets (only with ``node_access``)."""
+        return self.work_dir / "pki" / "kubelet-client"
 
     @property
     def state_path(self) -> Path:
@@ -633,6 +664,7 @@ class LocalControlPlane:
             bin_dir=state["bin_dir"],
             detach=True,
             keep_work_dir=True,
+            node_access=NodeAccess(**state["node_access"]) if state.get("node_access") else None,
         )
         plane._ports = Ports(**state["ports"])
         plane._processes = {n: ManagedProcess.from_json(p) for n, p in state["processes"].items()}
@@ -653,6 +685,8 @@ class LocalControlPlane:
             "ports": asdict(self.ports),
             "processes": {n: p.to_json() for n, p in self._processes.items()},
         }
+        if self.node_access is not None:
+            state["node_access"] = asdict(self.node_access)
         write_file(self.state_path, json.dumps(state, indent=2).encode() + b"\n")
 
     def _refuse_if_running(self) -> None:
@@ -682,8 +716,16 @@ class LocalControlPlane:
         return ClusterPKI.load(self.pki_dir)
 
     def _write_pki_and_kubeconfigs(self) -> None:
-        pki = ClusterPKI.create()
+        if self.node_access is None:
+            pki = ClusterPKI.create()
+        else:
+            node = self.node_access
+            pki = ClusterPKI.create(extra_ip_addresses=[node.address, node.kubernetes_service_ip])
         pki.write(self.pki_dir)
+        if self.node_access is not None:
+            cert, key = pki.mint_user("kube-apiserver-kubelet-client", ["system:masters"])
+            write_file(self.kubelet_client_cert_dir / "tls.crt", cert)
+            write_file(self.kubelet_client_cert_dir / "tls.key", key, secret=True)
         self._write_etcd_certs(pki)
         self._write_encryption_config()
         cm = pki.issue_serving(CONTROLLER_MANAGER)
@@ -853,6 +895,8 @@ class LocalControlPlane:
             # manager (or an operator) connected would take a minute.
             "--shutdown-send-retry-after=true",
         ]
+        if self.node_access is not None:
+            apiserver = self._node_apiserver_args(apiserver)
         if self.audit:
             # One JSON line per request (metadata only: who, verb, resource), so tests can count
             # exactly what one client did, e.g. the operator's writes per transition.
@@ -896,10 +940,38 @@ class LocalControlPlane:
                     f"--cert-dir={cm_certs}",
                     f"--tls-cert-file={cm_certs / 'tls.crt'}",
                     f"--tls-private-key-file={cm_certs / 'tls.key'}",
+                    *(
+                        [f"--flex-volume-plugin-dir={self.work_dir / 'flexvolume'}"]
+                        if self.node_access is not None
+                        else []
+                    ),
                 ],
                 logs / f"{CONTROLLER_MANAGER}.log",
             )
         return processes
+
+    def _node_apiserver_args(self, args: list[str]) -> list[str]:
+        """The API server's flags for a plane with a real node (see :class:`NodeAccess`)."""
+        node = self.node_access
+        assert node is not None
+        replaced = {
+            "--bind-address=127.0.0.1": f"--bind-address={node.address}",
+            "--advertise-address=127.0.0.1": f"--advertise-address={node.address}",
+            f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}": (
+                f"--service-cluster-ip-range={node.service_cluster_ip_range}"
+            ),
+            "--disable-admission-plugins=ServiceAccount": "--enable-admission-plugins=NodeRestriction",
+            "--authorization-mode=RBAC": "--authorization-mode=Node,RBAC",
+        }
+        if missing := [flag for flag in replaced if flag not in args]:
+            raise ControlPlaneError(f"the node's API server flags replace flags no longer there: {missing}")
+        kubelet_client = self.kubelet_client_cert_dir
+        return [replaced.get(a, a) for a in args] + [
+            f"--kubelet-client-certificate={kubelet_client / 'tls.crt'}",
+            f"--kubelet-client-key={kubelet_client / 'tls.key'}",
+            f"--kubelet-certificate-authority={self.pki_paths.ca_cert}",
+            "--kubelet-preferred-address-types=InternalIP",
+        ]
 
     def _spawn(self, name: str) -> None:
         self._processes[name].spawn()
@@ -990,7 +1062,7 @@ class LocalControlPlane:
             # Each controller adds its health check once it has started; waiting for all of them
             # means garbage collection and namespace deletion are actually running.
             status, body = self._get(url, ctx, 5.0)
-            started = all(f"[+]{c} ok" in body for c in self.controllers)
+            started = "*" in self.controllers or all(f"[+]{c} ok" in body for c in self.controllers)
             return status == 200 and started, f"{status} {body.strip()[-500:]}"
 
         self._await(CONTROLLER_MANAGER, probe, timeout)

@@ -1,0 +1,69 @@
+"""The node test bed for the tests in this directory (``make test-node``; marker ``node``).
+
+A control plane bound to a non-loopback address with one real node (kubelet, containerd,
+kube-proxy, kube-scheduler), started once per session by
+:class:`~durable_agents_testkit.localcluster.node.NodeTestBed`. Its teardown removes everything
+it made and fails the session, with a readable diff, if the machine's iptables/nft rules,
+mounts, network devices, cgroups, kernel settings or fixed host paths are not as before.
+
+The embedded plane without a node (the ``kube`` fixture) stays the default everywhere else: it
+starts faster and needs no root.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from durable_agents_testkit.localcluster.node import NodeTestBed
+
+HERE = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # The marker follows the folder, as the other tiers' do (see the root conftest.py).
+    for item in items:
+        if HERE in Path(str(item.fspath)).resolve().parents:
+            item.add_marker(pytest.mark.node)
+
+
+def _needs_root() -> None:
+    if sys.platform != "linux" or os.geteuid() != 0:
+        pytest.skip("the node test bed needs root on Linux (namespaces, veth, cgroups, containerd)")
+
+
+@pytest.fixture(scope="session")
+def node_bed() -> Iterator[NodeTestBed]:
+    """A started node test bed; at the end of the session, stopped and the machine checked."""
+    _needs_root()
+    bed = NodeTestBed()
+    bed.start()
+    print(f"\nnode test bed: Ready in {bed.timings['ready_seconds']:.1f}s ({bed.timings})", flush=True)
+    yield bed
+    bed.stop()  # raises HostStateChanged (the session errors) if the machine is not as before
+    bed.stop()  # a second teardown finds nothing to do
+    print(f"\nnode test bed: torn down in {bed.timings['teardown_seconds']:.1f}s ({bed.timings})", flush=True)
+
+
+@pytest.fixture(scope="session")
+def node_kubeconfig(node_bed: NodeTestBed) -> Path:
+    """The admin kubeconfig of the plane with the node."""
+    return node_bed.kubeconfig_path
+
+
+@pytest.fixture
+def node_namespace(node_bed: NodeTestBed) -> Iterator[str]:
+    """A fresh namespace with its default ServiceAccount, deleted afterwards (not awaited)."""
+    name = f"n-{uuid.uuid4().hex[:10]}"
+    node_bed.kubectl("create", "namespace", name, check=True)
+    # The ServiceAccount admission plugin refuses Pods until the controller made the account.
+    node_bed.kubectl(
+        "wait", "--for=create", "serviceaccount/default", "-n", name, "--timeout=30s", check=True
+    )
+    yield name
+    node_bed.kubectl("delete", "namespace", name, "--wait=false")
