@@ -838,6 +838,17 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
         if missing:
             raise NodeError(f"ctr images import did not make {missing} (has {listed})")
 
+    def import_image(self, archive: Path, *names: str) -> None:
+        """Load an image archive (``docker save``, or OCI) into the node's containerd; ``names``
+        must be there afterwards (Pods use them with imagePullPolicy Never)."""
+        result = self._ctr("images", "import", str(archive), timeout=600)
+        if result.returncode != 0:
+            raise NodeError(f"ctr images import {archive}: {result.stderr.strip()}")
+        listed = self._ctr("images", "ls", "-q").stdout.split()
+        missing = [n for n in names if n not in listed]
+        if missing:
+            raise NodeError(f"ctr images import did not make {missing} (has {listed})")
+
     def _write_component_credentials(self) -> None:
         plane, net, d = self._plane(), self._net(), self.node_dir
         pki = ClusterPKI.load(plane.pki_dir)

@@ -1,0 +1,236 @@
+#!/usr/bin/env bash
+# Builds the operator image, localhost/durable-agents:<version> (and :dev), with no registry:
+#   1. installs Docker (Debian's docker.io) and debootstrap when missing, and starts a dockerd
+#      (vfs storage, no bridge or iptables rules: nothing here needs a container network) when no
+#      daemon answers; it keeps running afterwards, its log in the cache;
+#   2. builds the wheels on the host into build/wheels: the project's, from a clean copy of its
+#      sources (never the test kit), and its dependencies' at the versions of the tested .venv;
+#   3. unless BASE_IMAGE is given, makes a Debian bookworm base with debootstrap (python3,
+#      ca-certificates), cached as a tarball and imported as localhost/durable-agents-base:bookworm;
+#   4. docker build --network none, then checks the image: size, user, read-only root filesystem,
+#      no pip/pytest/test kit/compiler;
+#   5. with IMAGE_SAVE=<path>, docker save's the image there (for `ctr images import`).
+# Environment: BASE_IMAGE, IMAGE_SAVE, DEBIAN_MIRROR, DURABLE_AGENTS_CACHE, DOCKERD_ARGS.
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+cd "$repo"
+cache=${DURABLE_AGENTS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/durable-agents}
+mkdir -p "$cache"
+sudo=$([ "$(id -u)" = 0 ] || echo sudo)
+py=$repo/.venv/bin/python
+start=$SECONDS
+step() { echo "==> [$((SECONDS - start))s] $*" >&2; }
+
+# --- 1. Docker and debootstrap -------------------------------------------------------------------
+missing=()
+[ -x /usr/bin/docker ] && command -v dockerd >/dev/null || missing+=(docker.io)
+[ -n "${BASE_IMAGE:-}" ] || command -v debootstrap >/dev/null || missing+=(debootstrap)
+if [ ${#missing[@]} -gt 0 ]; then
+  step "installing ${missing[*]} (apt)"
+  $sudo apt-get update -qq
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+# Debian's client, matching its daemon (another `docker` earlier on PATH may be a newer client).
+docker() { $sudo /usr/bin/docker "$@"; }
+
+if ! docker info >/dev/null 2>&1; then
+  log=$cache/dockerd.log
+  step "starting dockerd (vfs storage; log: $log)"
+  # setsid: the daemon outlives this script and an interrupted make.
+  # shellcheck disable=SC2086
+  $sudo setsid dockerd --storage-driver=vfs --bridge=none --iptables=false \
+    ${DOCKERD_ARGS:-} >>"$log" 2>&1 </dev/null &
+  dockerd_pid=$!
+  for _ in $(seq 1 240); do   # up to 60 s
+    docker info >/dev/null 2>&1 && break
+    $sudo kill -0 "$dockerd_pid" 2>/dev/null || { tail -n 20 "$log" >&2; echo "dockerd exited" >&2; exit 1; }
+    sleep 0.25
+  done
+  docker info >/dev/null 2>&1 || { tail -n 20 "$log" >&2; echo "dockerd did not answer in 60 s" >&2; exit 1; }
+  echo "dockerd started (pid $dockerd_pid); stop it with: kill $dockerd_pid" >&2
+fi
+
+# --- 2. Wheels -----------------------------------------------------------------------------------
+wheels=$repo/build/wheels
+version=$("$py" -c 'import tomllib; print(tomllib.load(open("pyproject.toml", "rb"))["project"]["version"])')
+reqs=$cache/image-requirements.txt
+cons=$cache/image-constraints.txt
+"$py" -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]))' >"$reqs"
+# The versions the tests ran against (there is no lock file): constraints, which add nothing.
+"$py" -m pip freeze --exclude-editable >"$cons"
+pip_version=$("$py" -m pip --version | cut -d' ' -f2)
+key=$(cat "$reqs" "$cons" <(echo "pip==$pip_version") | cksum | cut -d' ' -f1)
+if [ ! -f "$wheels/.deps-$key" ]; then
+  step "building the dependencies' wheels into build/wheels"
+  rm -rf "$wheels" && mkdir -p "$wheels"
+  "$py" -m pip wheel --quiet --disable-pip-version-check --wheel-dir "$wheels" -r "$reqs" -c "$cons"
+  # The pip that installs them in the image (run from its wheel, never installed there).
+  "$py" -m pip wheel --quiet --disable-pip-version-check --no-deps --wheel-dir "$wheels" "pip==$pip_version"
+  touch "$wheels/.deps-$key"
+fi
+step "building the durable-agents wheel (from a clean copy of its sources)"
+src=$(mktemp -d)
+trap 'rm -rf "$src"' EXIT
+# Only what the wheel is built from (tracked or new, never ignored files such as build/ or
+# __pycache__), copied aside: the checkout's build/ is left to the tests that use it.
+git ls-files -z --cached --others --exclude-standard -- pyproject.toml README.md 'LICEN[CS]E*' \
+    'NOTICE*' MANIFEST.in setup.cfg setup.py operator controllers |
+  while IFS= read -r -d '' f; do [ -e "$f" ] && printf '%s\0' "$f"; done |
+  tar --null -T - -cf - | tar -C "$src" -xf -
+rm -f "$wheels"/durable_agents-*.whl
+# One timestamp for every file in the wheel: the same sources give the same wheel, and the build's
+# cache holds.
+SOURCE_DATE_EPOCH=$(git log -1 --format=%ct 2>/dev/null || echo 315532800) \
+  "$py" -m pip wheel --quiet --disable-pip-version-check --no-deps --no-build-isolation \
+  --wheel-dir "$wheels" "$src"
+# The image leaves out kubernetes.aio (see the Dockerfile): nothing shipped may use it.
+if grep -rnE --include='*.py' 'kubernetes\.aio|from kubernetes import .*\baio\b' operator controllers; then
+  echo "the operator uses kubernetes.aio, which the Dockerfile removes from the image" >&2; exit 1
+fi
+"$py" - "$wheels"/durable_agents-"$version"-*.whl <<'EOF'
+import sys, zipfile
+tops = {n.split("/")[0] for n in zipfile.ZipFile(sys.argv[1]).namelist()}
+extra = {t for t in tops if not t.endswith(".dist-info")} - {"durable_agents", "durable_agents_controllers"}
+sys.exit(f"the wheel ships {sorted(extra)}" if extra else 0)
+EOF
+
+# --- 3. The base ---------------------------------------------------------------------------------
+base=${BASE_IMAGE:-}
+if [ -z "$base" ]; then
+  base=localhost/durable-agents-base:bookworm
+  include=python3,ca-certificates
+  mirror=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
+  recipe=1   # bump when the recipe below changes: the cached tarball and the image are remade
+  base_key=$(echo "bookworm minbase $include $recipe" | cksum | cut -d' ' -f1)
+  tarball=$cache/base-bookworm-$base_key.tar
+  if [ ! -f "$tarball" ]; then
+    step "making the Debian bookworm base with debootstrap ($include)"
+    rootfs=$(mktemp -d "$cache/rootfs.XXXXXX")
+    # A failed debootstrap may leave /proc or bound device nodes mounted in it: unmount them, and
+    # never cross into another file system when removing it.
+    remove_rootfs() {
+      awk -v r="$rootfs/" 'index($2, r) == 1 {print $2}' /proc/mounts | sort -r | xargs -r $sudo umount -l
+      $sudo rm -rf --one-file-system "$rootfs"
+    }
+    trap 'rm -rf "$src"; remove_rootfs' EXIT
+    $sudo debootstrap --variant=minbase --include="$include" bookworm "$rootfs" "$mirror" \
+      >"$cache/debootstrap.log" 2>&1 || { tail -n 20 "$cache/debootstrap.log" >&2; exit 1; }
+    # Trim: package lists and caches, documentation (copyright files stay), logs, host files.
+    $sudo sh -c "cd '$rootfs' && rm -rf var/lib/apt/lists/* var/cache/apt/* var/cache/debconf/*-old \
+      var/lib/dpkg/*-old var/log/* usr/share/man/* usr/share/info/* usr/share/lintian \
+      usr/share/locale/* tmp/* root/.bash_history \
+      && find usr/share/doc -mindepth 1 ! -type d ! -name copyright -delete \
+      && find usr/share/doc -mindepth 1 -type d -empty -delete \
+      && : > etc/machine-id && rm -f etc/resolv.conf etc/hostname"
+    $sudo chmod 0755 "$rootfs"   # mktemp made it 0700: it becomes the image's /
+    $sudo tar --numeric-owner -C "$rootfs" -cf "$tarball.tmp" .
+    mv "$tarball.tmp" "$tarball"
+    remove_rootfs
+  fi
+  if [ "$(docker image inspect -f '{{index .Config.Labels "durable-agents.base-key"}}' "$base" 2>/dev/null)" != "$base_key" ]; then
+    step "importing $tarball as $base"
+    docker import --change "LABEL durable-agents.base-key=$base_key" \
+      --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+      --change 'ENV LANG=C.UTF-8' --change 'CMD ["python3"]' "$tarball" "$base" >/dev/null
+  fi
+fi
+
+# --- 4. Build and check --------------------------------------------------------------------------
+image=localhost/durable-agents
+step "docker build --network none (base: $base)"
+# BuildKit (built into this dockerd): the classic builder makes a container per instruction, each
+# a full copy of the file system with the vfs driver (6 times slower here).
+DOCKER_BUILDKIT=1 docker build --progress plain --network none --build-arg "BASE_IMAGE=$base" \
+  --build-arg "VERSION=$version" -t "$image:$version" -t "$image:dev" . >"$cache/image-build.log" 2>&1 ||
+  { tail -n 30 "$cache/image-build.log" >&2; echo "docker build failed (log: $cache/image-build.log)" >&2; exit 1; }
+# vfs stores every layer as a full copy: drop this image's superseded builds, bound the cache.
+for label in org.opencontainers.image.title=durable-agents durable-agents.base-key; do
+  docker image prune --force --filter "label=$label" >/dev/null
+done
+docker builder prune --force --keep-storage 2GB >/dev/null
+
+# The checks, as Kubernetes runs the image: read-only root, an emptyDir on /tmp, no capabilities.
+# Each container costs a full copy of the image with vfs: two containers, and none when the image
+# is unchanged since its checks were recorded.
+run() { docker run --rm --network none --read-only --tmpfs /tmp --cap-drop ALL \
+  --security-opt no-new-privileges "$@"; }
+pycheck=$(cat <<'EOF'
+import errno, importlib.util, os, sys, tempfile
+from cryptography.hazmat.primitives.asymmetric import ec
+try:
+    open("/probe", "w")
+    sys.exit("the root filesystem is writable")
+except OSError as err:
+    if err.errno != errno.EROFS:
+        raise
+    print("root filesystem: read-only (" + err.strerror + ")")
+# What the webhook does with its serving certificate: a key made, written to a temporary directory.
+ec.generate_private_key(ec.SECP256R1())
+directory = tempfile.mkdtemp(prefix="durable-agents-webhook-")
+with open(os.path.join(directory, "tls.key"), "wb") as out:
+    out.write(b"-")
+print("temporary files: writable under", directory)
+absent = ("pip", "setuptools", "pytest", "hypothesis", "durable_agents_testkit", "mypy", "ruff")
+present = [m for m in absent if importlib.util.find_spec(m)]
+if present:
+    sys.exit("importable in the image: " + ", ".join(present))
+print("not importable:", ", ".join(absent))
+EOF
+)
+shcheck=$(cat <<'EOF'
+set -e
+echo "id:    $(id)"
+python -c "$PYCHECK"
+found=$(for t in pip pip3 gcc cc make pytest; do command -v $t || :; done)
+[ -z "$found" ] || { echo "in the image: $found"; exit 1; }
+[ -z "$(find / -xdev -name '*testkit*' -print -quit 2>/dev/null)" ] || { echo "a test kit is in the image"; exit 1; }
+echo "not on PATH: pip, pip3, gcc, cc, make, pytest; no *testkit* file anywhere"
+EOF
+)
+# A container the engine could not create (seen once here, while a node test bed was torn down
+# beside it) says nothing about the image: it is tried once more.
+try_run() {
+  local out rc attempt
+  for attempt in 1 2; do
+    set +e
+    out=$(run "$@" 2>&1); rc=$?
+    set -e
+    case $out in
+      *"OCI runtime create failed"*) [ "$attempt" = 2 ] || { echo "($out: once more)" >&2; continue; } ;;
+    esac
+    break
+  done
+  printf '%s\n' "$out"
+  return "$rc"
+}
+check_image() {
+  local size base_size out rc
+  size=$(docker image inspect -f '{{.Size}}' "$image:$version")
+  base_size=$(docker image inspect -f '{{.Size}}' "$base")
+  echo "image: $image:$version (also :dev)  $((size / 1048576)) MiB (base $((base_size / 1048576)) MiB)"
+  echo "USER:  $(docker image inspect -f '{{.Config.User}}' "$image:$version")"
+  # The real entry point: a malformed setting stops it with exit code 2 (no cluster is needed
+  # for that, and every controller module has been imported by then).
+  out=$(try_run -e DURABLE_AGENTS_NO_SUCH_SETTING=1 "$image:dev") && rc=0 || rc=$?
+  echo "entry point: exit $rc: $out"
+  [ "$rc" = 2 ] || { echo "expected exit code 2 from the entry point" >&2; return 1; }
+  try_run -e PYCHECK="$pycheck" --entrypoint sh "$image:dev" -c "$shcheck"
+}
+
+id=$(docker image inspect -f '{{.Id}}' "$image:$version")
+checked=$cache/image-checked-${id#sha256:}.txt
+if [ -f "$checked" ]; then
+  step "the image is unchanged (${id:7:12}): its checks, as recorded when it was built"
+  cat "$checked"
+else
+  step "checking the image (read-only root, an emptyDir on /tmp, no capabilities)"
+  check_image | tee "$checked.tmp"
+  mv "$checked.tmp" "$checked"
+fi
+
+# --- 5. For the test bed -------------------------------------------------------------------------
+if [ -n "${IMAGE_SAVE:-}" ]; then
+  docker save -o "$IMAGE_SAVE" "$image:$version" "$image:dev"
+  echo "saved: $(cd "$(dirname "$IMAGE_SAVE")" && pwd)/$(basename "$IMAGE_SAVE") (ctr -n k8s.io images import it)"
+fi
+step "done: $image:$version"

@@ -1,0 +1,275 @@
+"""The operator installed by its chart on the node test bed, as a platform team installs it: the
+image built here (``make image``) loaded into the node's containerd, ``helm install`` from the
+local chart, two replicas serving the admission webhook behind its Service.
+
+The demo's run in-cluster (reads, asks, waits for an event and for an approval given with
+``kubectl agentrun approve`` through the in-cluster webhook, applies its change once); an approval
+by someone without the verb refused by that webhook; the replica holding the run's shard deleted
+with ``--force`` mid-run, another one taking over, the change applied once; ``helm uninstall``
+leaving the runs and CRDs (and removing the webhook configurations), a reinstall resuming them."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from durable_agents import __version__
+from durable_agents_testkit.cluster import KubeEnv
+from durable_agents_testkit.demo import approver_kubeconfig, prepare_namespace
+from durable_agents_testkit.eventually import eventually
+from durable_agents_testkit.localcluster.node import NodeTestBed
+from durable_agents_testkit.runs import Runs
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts/durable-agents"
+IMAGE = f"localhost/durable-agents:{__version__}"
+RELEASE, OPERATOR_NS = "da", "durable-agents-system"
+LEASE = 5  # seconds: the shard Leases of the region, so a takeover fits the test's bounds
+DOCKER = "/usr/bin/docker"  # Debian's client, matching the daemon hack/image.sh starts
+
+
+def run(argv: list[str], timeout: float = 300, **env: str) -> str:
+    done = subprocess.run(
+        argv, capture_output=True, text=True, timeout=timeout, env={**os.environ, **env}, check=False
+    )
+    assert done.returncode == 0, f"{' '.join(argv)}: exit {done.returncode}\n{done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+@pytest.fixture(scope="module")
+def operator_image(node_bed: NodeTestBed, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The operator's image, built with ``make image`` when this machine has none, in the node."""
+    have = (
+        shutil.which(DOCKER)
+        and subprocess.run([DOCKER, "image", "inspect", IMAGE], capture_output=True, check=False).returncode
+        == 0
+    )
+    if not have:
+        run(["bash", str(REPO / "hack/image.sh")], timeout=3600)
+    archive = tmp_path_factory.mktemp("image") / "operator.tar"
+    run([DOCKER, "save", "-o", str(archive), IMAGE], timeout=600)
+    node_bed.import_image(archive, IMAGE)
+    return IMAGE
+
+
+def helm(bed: NodeTestBed, *args: str, timeout: float = 300) -> str:
+    return run([str(bed.bin_dir / "helm"), "--kubeconfig", str(bed.kubeconfig_path), *args], timeout=timeout)
+
+
+def install(bed: NodeTestBed, *extra: str) -> None:
+    helm(
+        bed,
+        "install", RELEASE, str(CHART), "--namespace", OPERATOR_NS, "--create-namespace",
+        "--set", f"image.tag={__version__}", "--set", "image.pullPolicy=Never",
+        "--set", f"leaseDurationSeconds={LEASE}", "--set", "shards=4",
+        "--wait", "--timeout", "180s", *extra,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def env(node_bed: NodeTestBed) -> KubeEnv:
+    assert node_bed.plane is not None
+    return KubeEnv.local(node_bed.plane)
+
+
+@pytest.fixture(scope="module")
+def installed(node_bed: NodeTestBed, env: KubeEnv, operator_image: str) -> Iterator[float]:
+    """The chart installed (two replicas Ready: webhook serving, caches synced); the seconds it took."""
+    start = time.monotonic()
+    install(node_bed)
+    took = time.monotonic() - start
+    print(f"\nhelm install to two Ready replicas: {took:.1f}s", flush=True)
+    yield took
+    subprocess.run(
+        [str(node_bed.bin_dir / "helm"), "--kubeconfig", str(node_bed.kubeconfig_path), "uninstall", RELEASE,
+         "--namespace", OPERATOR_NS, "--wait"],
+        capture_output=True, timeout=120, check=False,
+    )  # fmt: skip
+
+
+@pytest.fixture
+def demo_ns(env: KubeEnv, installed: float) -> Iterator[str]:
+    ns = f"demo-{uuid.uuid4().hex[:6]}"
+    prepare_namespace(env, ns)
+    run([str(REPO / ".venv/bin/python"), "-c", "pass"])  # the venv is there (the plugin runs in it)
+    kubectl(env, "-n", ns, "apply", "-f", str(REPO / "config/samples/agentpolicy-default.yaml"))
+    Runs(env, ns).await_webhook()
+    yield ns
+    client.CoreV1Api(env.api).delete_namespace(ns)
+
+
+def kubectl(env: KubeEnv, *args: str, input: str | None = None) -> str:
+    assert env.plane is not None
+    done = env.plane.kubectl(*args, input=input)
+    assert done.returncode == 0, f"kubectl {' '.join(args)}: {done.stderr}"
+    return str(done.stdout)
+
+
+def agentrun(kubeconfig: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``kubectl agentrun`` (the plugin) as the user of ``kubeconfig``."""
+    return subprocess.run(
+        [sys.executable, "-m", "durable_agents.kubectl_plugin", *args],
+        env={**os.environ, "KUBECONFIG": str(kubeconfig)},
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+
+
+def operator_pods(env: KubeEnv) -> list[Any]:
+    pods = client.CoreV1Api(env.api).list_namespaced_pod(
+        OPERATOR_NS, label_selector=f"app.kubernetes.io/instance={RELEASE}"
+    )
+    return [p for p in pods.items if p.metadata.deletion_timestamp is None]
+
+
+def ready(pod: Any) -> bool:
+    return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or ())
+
+
+def start_rollout(env: KubeEnv, ns: str) -> tuple[Runs, str]:
+    runs = Runs(env, ns)
+    kubectl(env, "-n", ns, "apply", "-f", str(REPO / "config/samples/agentrun-rollout.yaml"))
+    runs.wait_state("rollout", "waiting_input", timeout=60)
+    runs.patch_spec("rollout", {"answers": {"confirm": "yes"}})
+    runs.wait_state("rollout", "waiting_external", timeout=60)
+    return runs, "rollout"
+
+
+def applied_once(env: KubeEnv, ns: str) -> None:
+    records = client.CustomObjectsApi(env.api).list_namespaced_custom_object(
+        "durable-agents.io", "v1alpha1", ns, "actionrecords"
+    )["items"]
+    assert len(records) == 1, [r["metadata"]["name"] for r in records]
+    assert records[0]["status"]["phase"] == "succeeded", records[0]["status"]
+    strategy = client.CoreV1Api(env.api).read_namespaced_config_map("rollout-strategy", ns)
+    assert (
+        strategy.metadata.annotations["durable-agents.io/idempotency-key"]
+        == records[0]["spec"]["idempotencyKey"]
+    )
+
+
+def approve(env: KubeEnv, runs: Runs, ns: str, name: str) -> dict[str, Any]:
+    parked = runs.wait_state(name, "waiting_approval", timeout=60)
+    answer = agentrun(approver_kubeconfig(env, ns), "approve", name, "-n", ns, "--reason", "in-cluster test")
+    assert answer.returncode == 0, answer.stdout + answer.stderr
+    request_id = parked["status"]["approvalRequest"]["requestId"]
+    decided = runs.get(name)["spec"]["approvals"][request_id]
+    assert decided["approver"]["username"] == "demo-approver"  # stamped by the in-cluster webhook
+    return decided
+
+
+def test_the_chart_serves_the_webhook_through_its_service(env: KubeEnv, installed: float) -> None:
+    pods = operator_pods(env)
+    assert len(pods) == 2
+    assert all(ready(p) for p in pods)
+    for pod in pods:  # restricted: non-root, read-only root filesystem
+        container = pod.spec.containers[0]
+        assert container.security_context.read_only_root_filesystem is True
+        assert pod.spec.security_context.run_as_non_root is True
+    webhooks = client.AdmissionregistrationV1Api(env.api).read_validating_webhook_configuration(
+        "durable-agents"
+    )
+    approve_hook = next(w for w in webhooks.webhooks if w.name.startswith("approve."))
+    assert approve_hook.client_config.service.name == f"{RELEASE}-durable-agents-webhook"
+    assert approve_hook.client_config.ca_bundle, "the operator filled in the caBundle"
+    assert webhooks.metadata.labels["app.kubernetes.io/instance"] == RELEASE
+
+
+def test_the_demo_run_in_cluster_with_an_approval_through_the_webhook(env: KubeEnv, demo_ns: str) -> None:
+    runs, name = start_rollout(env, demo_ns)
+    runs.patch_spec(name, {"events": {"maintenance-window-open": "opened by the test"}})
+    approve(env, runs, demo_ns, name)
+    done = runs.wait_state(name, "completed", timeout=90)
+    assert done["status"]["outcome"]
+    applied_once(env, demo_ns)
+
+
+def test_an_approval_by_someone_without_the_verb_is_refused_in_cluster(env: KubeEnv, demo_ns: str) -> None:
+    runs, name = start_rollout(env, demo_ns)
+    runs.patch_spec(name, {"events": {"maintenance-window-open": "opened by the test"}})
+    parked = runs.wait_state(name, "waiting_approval", timeout=60)
+    assert env.plane is not None
+    rbac = client.RbacAuthorizationV1Api(env.api)
+    rules = [
+        {"apiGroups": ["durable-agents.io"], "resources": ["agentruns"], "verbs": ["get", "list", "patch"]}
+    ]
+    rbac.create_namespaced_role(demo_ns, {"metadata": {"name": "patcher"}, "rules": rules})
+    rbac.create_namespaced_role_binding(
+        demo_ns,
+        {
+            "metadata": {"name": "patcher"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "patcher"},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "mallory"}],
+        },
+    )
+    mallory = env.plane.write_user_kubeconfig("mallory", [])
+    answer = agentrun(mallory, "approve", name, "-n", demo_ns, "--reason", "not mine to give")
+    assert answer.returncode != 0
+    assert "approve" in answer.stderr + answer.stdout
+    request_id = parked["status"]["approvalRequest"]["requestId"]
+    assert request_id not in (runs.get(name)["spec"].get("approvals") or {})
+    assert runs.get(name)["status"]["state"] == "waiting_approval"
+
+
+def test_the_replica_holding_the_run_is_deleted_and_another_completes_it(env: KubeEnv, demo_ns: str) -> None:
+    runs, name = start_rollout(env, demo_ns)
+    leases = (
+        client.CoordinationV1Api(env.api)
+        .list_namespaced_lease(OPERATOR_NS, label_selector="durable-agents.io/lease-kind=shard")
+        .items
+    )
+    holders = {lease.spec.holder_identity for lease in leases}
+    assert len(holders) == 2, f"both replicas hold shards: {holders}"
+    victim = sorted(holders)[0]
+    mine = {lease.metadata.name for lease in leases if lease.spec.holder_identity == victim}
+    deleted = time.monotonic()
+    kubectl(env, "-n", OPERATOR_NS, "delete", "pod", victim, "--force", "--grace-period=0")
+
+    def taken_over() -> bool:
+        now = (
+            client.CoordinationV1Api(env.api)
+            .list_namespaced_lease(OPERATOR_NS, label_selector="durable-agents.io/lease-kind=shard")
+            .items
+        )
+        return all(lease.spec.holder_identity != victim for lease in now if lease.metadata.name in mine)
+
+    eventually(taken_over, LEASE * 4, f"the shards of {victim} taken over")
+    print(f"\nshards of a force-deleted replica taken over in {time.monotonic() - deleted:.1f}s", flush=True)
+    runs.patch_spec(name, {"events": {"maintenance-window-open": "opened by the test"}})
+    approve(env, runs, demo_ns, name)
+    runs.wait_state(name, "completed", timeout=90)
+    applied_once(env, demo_ns)
+    eventually(lambda: len([p for p in operator_pods(env) if ready(p)]) == 2, 120, "the Deployment back to 2")
+
+
+def test_uninstall_keeps_the_runs_and_a_reinstall_resumes_them(
+    node_bed: NodeTestBed, env: KubeEnv, demo_ns: str
+) -> None:
+    runs, name = start_rollout(env, demo_ns)
+    helm(node_bed, "uninstall", RELEASE, "--namespace", OPERATOR_NS, "--wait")
+    admission = client.AdmissionregistrationV1Api(env.api)
+    assert not [
+        w
+        for w in admission.list_validating_webhook_configuration().items
+        if w.metadata.name == "durable-agents"
+    ]
+    crds = client.ApiextensionsV1Api(env.api).list_custom_resource_definition().items
+    assert "agentruns.durable-agents.io" in {c.metadata.name for c in crds}
+    assert runs.get(name)["status"]["state"] == "waiting_external"
+    # No webhook configuration is left behind to refuse every write while no operator answers.
+    kubectl(env, "-n", demo_ns, "label", "agentrun", name, "uninstalled=yes")
+    install(node_bed)
+    Runs(env, demo_ns).await_webhook()
+    runs.patch_spec(name, {"events": {"maintenance-window-open": "opened after the reinstall"}})
+    approve(env, runs, demo_ns, name)
+    runs.wait_state(name, "completed", timeout=90)
+    applied_once(env, demo_ns)
