@@ -13,6 +13,7 @@ starts faster and needs no root.
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
@@ -20,9 +21,13 @@ from pathlib import Path
 
 import pytest
 
+from durable_agents import __version__
 from durable_agents_testkit.localcluster.node import NodeTestBed
 
 HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+OPERATOR_IMAGE = f"localhost/durable-agents:{__version__}"
+DOCKER = "/usr/bin/docker"  # Debian's client, matching the daemon hack/image.sh starts
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -38,7 +43,25 @@ def _needs_root() -> None:
 
 
 @pytest.fixture(scope="session")
-def node_bed() -> Iterator[NodeTestBed]:
+def operator_image_archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The operator's image (``make image``'s, built when this machine has none) saved for the
+    node's containerd. Made before the bed records the machine's state: the Docker engine that
+    builds it is this machine's, started by ``hack/image.sh``, and stays."""
+    _needs_root()
+    have = subprocess.run([DOCKER, "image", "inspect", OPERATOR_IMAGE], capture_output=True, check=False)
+    if have.returncode != 0:
+        built = subprocess.run(["bash", str(REPO / "hack/image.sh")], timeout=3600, check=False)
+        assert built.returncode == 0, "hack/image.sh (make image) failed: see its output above"
+    archive = tmp_path_factory.mktemp("image") / "operator.tar"
+    saved = subprocess.run(
+        [DOCKER, "save", "-o", str(archive), OPERATOR_IMAGE], capture_output=True, text=True, timeout=600
+    )
+    assert saved.returncode == 0, f"docker save {OPERATOR_IMAGE}: {saved.stderr}"
+    return archive
+
+
+@pytest.fixture(scope="session")
+def node_bed(operator_image_archive: Path) -> Iterator[NodeTestBed]:
     """A started node test bed; at the end of the session, stopped and the machine checked."""
     _needs_root()
     bed = NodeTestBed()
