@@ -52,8 +52,8 @@ test-unit: $(STAMP) ## pure-core tests, no cluster
 	$(VENV)/bin/pytest -m unit $(PYTEST_ARGS)
 
 .PHONY: test
-test: $(STAMP) lint binaries ## lint, then every test (unit, integration, e2e) on the local control plane
-	DURABLE_AGENTS_BIN_DIR=$$(bash hack/build.sh | tail -n1) $(VENV)/bin/pytest -m 'not node' $(PYTEST_ARGS)
+test: $(STAMP) lint binaries ## lint, then every test: unit, integration, node (root: the in-cluster suite), e2e
+	DURABLE_AGENTS_BIN_DIR=$$(WITH_NODE=1 bash hack/build.sh | tail -n1) $(VENV)/bin/pytest $(PYTEST_ARGS)
 
 .PHONY: test-node
 test-node: $(STAMP) binaries ## the node tests (root): Pods on a real kubelet + containerd; the machine checked after
