@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 from kubernetes import client, watch
+from urllib3.exceptions import ProtocolError
 
 from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents.core.sealed_values import DATA_KEY_ANNOTATION, data_key_id
@@ -94,22 +95,34 @@ class Recorder:
         self._thread.start()
 
     def _stream(self, runs: Runs, version: str) -> None:
-        stream = self._watch.stream(
-            runs.custom.list_namespaced_custom_object,
-            GROUP,
-            VERSION,
-            runs.namespace,
-            "agentruns",
-            resource_version=version,
-            timeout_seconds=int(Within.RUN),
-        )
-        try:
-            for event in stream:
-                self.events.append((time.monotonic(), event["type"], event["object"]))
-        except Exception as err:  # the connection cut at teardown; before that, the test fails on it
-            self.error = err
+        # A watch the server or the connection ends is resumed from the last resourceVersion seen,
+        # as any client does: no change is lost or seen twice. Anything else fails the test.
+        deadline = time.monotonic() + float(Within.SETTLE)
+        while not self._closed and time.monotonic() < deadline:
+            stream = self._watch.stream(
+                runs.custom.list_namespaced_custom_object,
+                GROUP,
+                VERSION,
+                runs.namespace,
+                "agentruns",
+                resource_version=version,
+                timeout_seconds=int(Within.RUN),
+            )
+            try:
+                for event in stream:
+                    self.events.append((time.monotonic(), event["type"], event["object"]))
+                    version = event["object"]["metadata"]["resourceVersion"]
+            except ProtocolError:
+                continue  # "Response ended prematurely": resumed from ``version``
+            except Exception as err:
+                if not self._closed:
+                    self.error = err
+                return
+
+    _closed = False
 
     def close(self) -> None:
+        self._closed = True
         self._watch.stop()
 
     def stop(self) -> None:
