@@ -261,6 +261,42 @@ def test_the_replica_holding_the_run_is_deleted_and_another_completes_it(env: Ku
     eventually(lambda: len([p for p in operator_pods(env) if ready(p)]) == 2, 120, "the Deployment back to 2")
 
 
+def test_with_the_webhook_removed_no_approval_is_acted_on(
+    node_bed: NodeTestBed, env: KubeEnv, demo_ns: str
+) -> None:
+    """The second line, in-cluster: the chart upgraded with webhook.enabled=false (its configurations
+    gone), an approval given with ``kubectl agentrun approve`` by someone holding the verb carries no
+    stamp, and the operator refuses it; with the webhook back, a stamped approval is acted on once."""
+    runs, name = start_rollout(env, demo_ns)
+    patch_spec(env, demo_ns, name, {"events": {"maintenance-window-open": "opened by the test"}})
+    request = runs.wait_state(name, "waiting_approval", timeout=60)["status"]["approvalRequest"]
+    upgrade = ["upgrade", RELEASE, str(CHART), "--namespace", OPERATOR_NS, "--reuse-values", "--wait"]
+    helm(node_bed, *upgrade, "--set", "webhook.enabled=false", "--timeout", "180s")
+    try:
+        admission = client.AdmissionregistrationV1Api(env.api)
+        names = {w.metadata.name for w in admission.list_validating_webhook_configuration().items}
+        assert "durable-agents" not in names
+        answer = agentrun(approver_kubeconfig(env, demo_ns), "approve", name, "-n", demo_ns)
+        assert answer.returncode == 0, answer.stdout + answer.stderr  # nothing refuses the write itself
+
+        def refused() -> dict[str, Any] | None:
+            status = runs.get(name)["status"]
+            keys = [r["key"] for r in status.get("refusedRequests") or ()]
+            return status if request["requestId"] in keys else None
+
+        status = eventually(refused, 60, "the operator to refuse the unstamped approval")
+        assert status["state"] == "waiting_approval"
+        assert not client.CustomObjectsApi(env.api).list_namespaced_custom_object(
+            "durable-agents.io", "v1alpha1", demo_ns, "actionrecords"
+        )["items"], "no effect on an unstamped approval"
+    finally:
+        helm(node_bed, *upgrade, "--set", "webhook.enabled=true", "--timeout", "180s")
+    Runs(env, demo_ns).await_webhook()
+    approve(env, runs, demo_ns, name)
+    runs.wait_state(name, "completed", timeout=90)
+    applied_once(env, demo_ns)
+
+
 def test_uninstall_keeps_the_runs_and_a_reinstall_resumes_them(
     node_bed: NodeTestBed, env: KubeEnv, demo_ns: str
 ) -> None:
