@@ -113,7 +113,6 @@ def installed(node_bed: NodeTestBed, env: KubeEnv, operator_image: str) -> Itera
 def demo_ns(env: KubeEnv, installed: float) -> Iterator[str]:
     ns = f"demo-{uuid.uuid4().hex[:6]}"
     prepare_namespace(env, ns)
-    run([str(REPO / ".venv/bin/python"), "-c", "pass"])  # the venv is there (the plugin runs in it)
     kubectl(env, "-n", ns, "apply", "-f", str(REPO / "config/samples/agentpolicy-default.yaml"))
     Runs(env, ns).await_webhook()
     yield ns
