@@ -77,6 +77,10 @@ cluster-down: $(STAMP) ## stop the local control plane started by cluster-up
 demo: $(STAMP) binaries ## the main job on the embedded local control plane (or KUBECONFIG's cluster)
 	@DURABLE_AGENTS_BIN_DIR=$$(bash hack/build.sh | tail -n1) $(PY) -m durable_agents_testkit.demo
 
+.PHONY: demo-cluster
+demo-cluster: $(STAMP) binaries ## the demo with the operator installed by its chart on a real node (root; make image, helm install)
+	@DURABLE_AGENTS_BIN_DIR=$$(WITH_NODE=1 bash hack/build.sh | tail -n1) $(PY) -m durable_agents_testkit.demo_cluster
+
 .PHONY: image
 image: $(STAMP) ## build the operator image with no registry (localhost/durable-agents:<version>; IMAGE_SAVE=x.tar saves it)
 	bash hack/image.sh

@@ -7,6 +7,7 @@ existing cluster instead (for example kind on a laptop with Docker).
 
 from __future__ import annotations
 
+import compileall
 import os
 import uuid
 from collections.abc import Iterator
@@ -25,6 +26,15 @@ REPO = Path(__file__).resolve().parent
 settings.register_profile("durable-agents", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("durable-agents")
 _MARK_BY_DIR = {"unit": "unit", "integration": "integration"}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # The tests start hundreds of operator processes; where PYTHONDONTWRITEBYTECODE is set (CI
+    # images often set it), each would compile the sources again. Compiled once, up front (the
+    # xdist workers are started after this, by the controlling process only).
+    if not hasattr(config, "workerinput"):
+        for directory in ("operator", "controllers", "testkit"):
+            compileall.compile_dir(REPO / directory, quiet=1, workers=1)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -10,7 +10,10 @@
 #   4. docker build --network none, then checks the image: size, user, read-only root filesystem,
 #      no pip/pytest/test kit/compiler;
 #   5. with IMAGE_SAVE=<path>, docker save's the image there (for `ctr images import`).
-# Environment: BASE_IMAGE, IMAGE_SAVE, DEBIAN_MIRROR, DURABLE_AGENTS_CACHE, DOCKERD_ARGS.
+# With IMAGE_VERSION=<v>, the wheel and the image are built as version <v> (the sources' version
+# rewritten in the clean copy) and tagged :<v> only, not :dev: a rebuilt image with a changed
+# version, as an upgrade brings (the node suite's `helm upgrade` test).
+# Environment: BASE_IMAGE, IMAGE_SAVE, IMAGE_VERSION, DEBIAN_MIRROR, DURABLE_AGENTS_CACHE, DOCKERD_ARGS.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 cd "$repo"
@@ -53,6 +56,14 @@ fi
 # --- 2. Wheels -----------------------------------------------------------------------------------
 wheels=$repo/build/wheels
 version=$("$py" -c 'import tomllib; print(tomllib.load(open("pyproject.toml", "rb"))["project"]["version"])')
+image=localhost/durable-agents
+names=("$image:$version" "$image:dev")
+if [ -n "${IMAGE_VERSION:-}" ]; then
+  [[ $IMAGE_VERSION =~ ^[0-9]+\.[0-9]+\.[0-9]+(\.dev[0-9]+)?$ ]] ||
+    { echo "IMAGE_VERSION=$IMAGE_VERSION: expected X.Y.Z or X.Y.Z.devN (a version and an image tag)" >&2; exit 2; }
+  version=$IMAGE_VERSION
+  names=("$image:$version")
+fi
 reqs=$cache/image-requirements.txt
 cons=$cache/image-constraints.txt
 "$py" -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]))' >"$reqs"
@@ -77,6 +88,12 @@ git ls-files -z --cached --others --exclude-standard -- pyproject.toml README.md
     'NOTICE*' MANIFEST.in setup.cfg setup.py operator controllers |
   while IFS= read -r -d '' f; do [ -e "$f" ] && printf '%s\0' "$f"; done |
   tar --null -T - -cf - | tar -C "$src" -xf -
+if [ -n "${IMAGE_VERSION:-}" ]; then
+  sed -i "s/^version = \".*\"$/version = \"$version\"/" "$src/pyproject.toml"
+  sed -i "s/^__version__ = \".*\"$/__version__ = \"$version\"/" "$src/operator/durable_agents/__init__.py"
+  grep -q "^__version__ = \"$version\"$" "$src/operator/durable_agents/__init__.py" ||
+    { echo "could not set the version in the copy of the sources" >&2; exit 1; }
+fi
 rm -f "$wheels"/durable_agents-*.whl
 # One timestamp for every file in the wheel: the same sources give the same wheel, and the build's
 # cache holds.
@@ -136,12 +153,11 @@ if [ -z "$base" ]; then
 fi
 
 # --- 4. Build and check --------------------------------------------------------------------------
-image=localhost/durable-agents
 step "docker build --network none (base: $base)"
 # BuildKit (built into this dockerd): the classic builder makes a container per instruction, each
 # a full copy of the file system with the vfs driver (6 times slower here).
 DOCKER_BUILDKIT=1 docker build --progress plain --network none --build-arg "BASE_IMAGE=$base" \
-  --build-arg "VERSION=$version" -t "$image:$version" -t "$image:dev" . >"$cache/image-build.log" 2>&1 ||
+  --build-arg "VERSION=$version" "${names[@]/#/--tag=}" . >"$cache/image-build.log" 2>&1 ||
   { tail -n 30 "$cache/image-build.log" >&2; echo "docker build failed (log: $cache/image-build.log)" >&2; exit 1; }
 # vfs stores every layer as a full copy: drop this image's superseded builds, bound the cache.
 for label in org.opencontainers.image.title=durable-agents durable-agents.base-key; do
@@ -207,14 +223,14 @@ check_image() {
   local size base_size out rc
   size=$(docker image inspect -f '{{.Size}}' "$image:$version")
   base_size=$(docker image inspect -f '{{.Size}}' "$base")
-  echo "image: $image:$version (also :dev)  $((size / 1048576)) MiB (base $((base_size / 1048576)) MiB)"
+  echo "image: ${names[*]}  $((size / 1048576)) MiB (base $((base_size / 1048576)) MiB)"
   echo "USER:  $(docker image inspect -f '{{.Config.User}}' "$image:$version")"
   # The real entry point: a malformed setting stops it with exit code 2 (no cluster is needed
   # for that, and every controller module has been imported by then).
-  out=$(try_run -e DURABLE_AGENTS_NO_SUCH_SETTING=1 "$image:dev") && rc=0 || rc=$?
+  out=$(try_run -e DURABLE_AGENTS_NO_SUCH_SETTING=1 "$image:$version") && rc=0 || rc=$?
   echo "entry point: exit $rc: $out"
   [ "$rc" = 2 ] || { echo "expected exit code 2 from the entry point" >&2; return 1; }
-  try_run -e PYCHECK="$pycheck" --entrypoint sh "$image:dev" -c "$shcheck"
+  try_run -e PYCHECK="$pycheck" --entrypoint sh "$image:$version" -c "$shcheck"
 }
 
 id=$(docker image inspect -f '{{.Id}}' "$image:$version")
@@ -230,7 +246,7 @@ fi
 
 # --- 5. For the test bed -------------------------------------------------------------------------
 if [ -n "${IMAGE_SAVE:-}" ]; then
-  docker save -o "$IMAGE_SAVE" "$image:$version" "$image:dev"
+  docker save -o "$IMAGE_SAVE" "${names[@]}"
   echo "saved: $(cd "$(dirname "$IMAGE_SAVE")" && pwd)/$(basename "$IMAGE_SAVE") (ctr -n k8s.io images import it)"
 fi
 step "done: $image:$version"

@@ -97,6 +97,11 @@ VARIABLES: tuple[Variable, ...] = (
         "Secret holding the webhook's CA and serving certificate (made and renewed by the operator)",
     ),
     Variable(
+        "WEBHOOK_CERT_ISSUER",
+        "operator",
+        "who issues WEBHOOK_CERT_SECRET: `operator` (made, renewed) or `cert-manager` (only read)",
+    ),
+    Variable(
         "WEBHOOK_CONFIGURATION",
         "durable-agents[-NAMESPACE]",
         "name of the Mutating/ValidatingWebhookConfigurations the operator keeps current",
@@ -161,6 +166,7 @@ class OperatorConfig:
     webhook_service: str | None = None
     webhook_service_port: int = 443
     webhook_cert_secret: str | None = None
+    webhook_cert_issuer: str = "operator"
     webhook_configuration: str | None = None
     health_port: int | None = None
     keyring: Keyring = field(repr=False, kw_only=True)
@@ -206,6 +212,7 @@ class OperatorConfig:
             webhook_service=read.text("WEBHOOK_SERVICE"),
             webhook_service_port=read.port("WEBHOOK_SERVICE_PORT") or 443,
             webhook_cert_secret=read.text("WEBHOOK_CERT_SECRET"),
+            webhook_cert_issuer=read.choice("WEBHOOK_CERT_ISSUER", ("operator", "cert-manager"), "operator"),
             webhook_configuration=read.text("WEBHOOK_CONFIGURATION"),
             health_port=read.port("HEALTH_PORT"),
             keyring=read.keyring(),

@@ -2,10 +2,12 @@
 
 Two ways. A local process (tests, the demo) makes a throw-away CA and serves ``https://HOST:PORT``.
 In a cluster (``WEBHOOK_SERVICE``), every replica serves behind one Service with the certificate
-kept in one shared Secret (:mod:`durable_agents.shell.webhook_certs`); a background pass renews it
-before it expires, reloads what this replica serves (kopf restarts its server when the files change)
-and keeps the webhook configurations' caBundle and Service current, so an edit that breaks them is
-undone within a pass.
+kept in one shared Secret (:mod:`durable_agents.shell.webhook_certs`), made by the operator or, with
+``WEBHOOK_CERT_ISSUER=cert-manager``, issued by cert-manager and only read; a background pass renews
+it (the operator's own) before it expires, reloads what this replica serves (kopf restarts its
+server when the files change) and keeps the webhook configurations' caBundle (the Secret's CA,
+cert-manager's too: no cainjector needed) and Service current, so an edit that breaks them is undone
+within a pass.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import kopf
 
 from durable_agents.shell import admission
 from durable_agents.shell.certs import generate_ca, issue_serving_cert
-from durable_agents.shell.webhook_certs import WebhookCertificates
+from durable_agents.shell.webhook_certs import IssuedCertificates, WebhookCertificates
 from durable_agents_controllers.config import OperatorConfig
 from durable_agents_controllers.manager import Manager
 
@@ -56,10 +58,13 @@ class WebhookServing:
         self.directory = Path(tempfile.mkdtemp(prefix="durable-agents-webhook-"))
         self.service = config.webhook_service
         self.namespace = config.lease_namespace  # the operator's own namespace in a cluster
-        self.certificates: WebhookCertificates | None = None
+        self.certificates: WebhookCertificates | IssuedCertificates | None = None
         if self.service is not None:
             secret = config.webhook_cert_secret or f"{self.service}-tls"
-            self.certificates = WebhookCertificates(manager.kube, self.namespace, secret, self.service)
+            issuer = (
+                IssuedCertificates if config.webhook_cert_issuer == "cert-manager" else WebhookCertificates
+            )
+            self.certificates = issuer(manager.kube, self.namespace, secret, self.service)
         self._served: bytes = b""
         self._task: asyncio.Task[None] | None = None
 
@@ -79,7 +84,10 @@ class WebhookServing:
             serving = issue_serving_cert(ca, host, ["localhost"], ["127.0.0.1"])
             cert, key, bundle = serving.cert_pem, serving.key_pem, ca.cert_pem
         else:
-            material = await self.certificates.current()
+            if isinstance(self.certificates, IssuedCertificates):
+                material: Any = await self.certificates.wait()  # not ready until cert-manager issued it
+            else:
+                material = await self.certificates.current()
             cert, key, bundle = material.serving.cert_pem, material.serving.key_pem, material.bundle_pem
         _write(self.directory, {"tls.key": key, "tls.crt": cert, "ca.crt": bundle})
         self._served = cert

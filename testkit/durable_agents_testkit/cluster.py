@@ -57,10 +57,12 @@ def install_crds(api: client.ApiClient, crd_dir: Path, timeout: float = Within.T
     """Create or replace every CRD in crd_dir and wait until each is Established."""
     ext = client.ApiextensionsV1Api(api)
     names: list[str] = []
+    served_version: dict[str, str] = {}
     for path in sorted(crd_dir.glob("*.yaml")):
         body: dict[str, Any] = yaml.safe_load(path.read_text())
         name = body["metadata"]["name"]
         names.append(name)
+        served_version[name] = next(v["name"] for v in body["spec"]["versions"] if v.get("served", True))
         try:
             ext.create_custom_resource_definition(body)
         except ApiException as err:
@@ -89,7 +91,7 @@ def install_crds(api: client.ApiClient, crd_dir: Path, timeout: float = Within.T
     def served(name: str) -> bool:
         plural, group = name.split(".", 1)
         try:
-            custom.list_cluster_custom_object(group, "v1alpha1", plural, limit=1)
+            custom.list_cluster_custom_object(group, served_version[name], plural, limit=1)
         except ApiException as err:
             if err.status != 404:
                 raise

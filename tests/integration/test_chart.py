@@ -11,7 +11,9 @@ directory with kubectl: a missing helm fails these tests, it does not skip them.
 
 from __future__ import annotations
 
+import json
 import re
+import shutil
 import subprocess
 from collections import Counter
 from pathlib import Path
@@ -74,6 +76,12 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "nodeSelector": {"kubernetes.io/os": "linux"},
         "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "ops", "effect": "NoSchedule"}],
         "podAnnotations": {"example.com/team": "ops"},
+    },
+    "cert-manager-self-signed": {"webhook": {"certManager": {"enabled": True}}},
+    "cert-manager-cluster-issuer": {
+        "webhook": {
+            "certManager": {"enabled": True, "issuerRef": {"name": "corp-ca", "kind": "ClusterIssuer"}}
+        },
     },
 }
 
@@ -157,9 +165,26 @@ def helm(bin_dir: Path) -> str:
 
 
 @pytest.fixture(scope="module")
-def chart_crds(kube: KubeEnv) -> list[str]:
-    """The chart's own CRDs, known to the server (the objects the policy names are theirs)."""
-    return install_crds(kube.api, CHART / "crds")
+def chart_crds(kube: KubeEnv, cert_manager_crds: Path) -> list[str]:
+    """The chart's own CRDs, known to the server (the objects the policy names are theirs), and
+    cert-manager's (the Certificate and Issuer of ``webhook.certManager``)."""
+    return install_crds(kube.api, CHART / "crds") + install_crds(kube.api, cert_manager_crds)
+
+
+@pytest.fixture(scope="module")
+def cert_manager_crds(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """cert-manager's CRDs at CERT_MANAGER_VERSION, from its Go module (``go mod download``: the
+    module proxy, like every other Kubernetes part here): its schema judges the chart's objects."""
+    version = pinned("CERT_MANAGER_VERSION")
+    go = shutil.which("go") or "/usr/local/go/bin/go"
+    done = subprocess.run(
+        [go, "mod", "download", "-json", f"github.com/cert-manager/cert-manager@{version}"],
+        cwd=tmp_path_factory.mktemp("gomod"), capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, f"go mod download cert-manager {version}: {done.stdout}{done.stderr}"
+    crds = Path(json.loads(done.stdout)["Dir"]) / "deploy" / "crds"
+    assert sorted(p.name for p in crds.glob("cert-manager.io_*.yaml")), f"no CRDs in {crds}"
+    return crds
 
 
 @pytest.fixture(params=sorted(VALUE_SETS))
@@ -271,6 +296,10 @@ def test_render_references_resolve(helm: str, values_file: tuple[Path, dict[str,
     if "replicas" in values:
         assert deployment["spec"]["replicas"] == values["replicas"]
 
+    # Service links would put DURABLE_AGENTS_<SERVICE>_* variables in the operator's environment
+    # (the webhook's Service, when the release is named durable-agents): refused as unknown.
+    assert pod["spec"]["enableServiceLinks"] is False
+
     accounts = {doc["metadata"]["name"] for doc in by_kind["ServiceAccount"]}
     assert pod["spec"]["serviceAccountName"] in accounts
     roles = {doc["metadata"]["name"] for doc in by_kind["ClusterRole"]}
@@ -352,3 +381,34 @@ def test_the_webhook_configurations_are_the_operators_own(helm: str, watched: st
             del hook["clientConfig"]["caBundle"]  # filled in from the serving Secret, or by the operator
         assert have["webhooks"] == want["webhooks"]
         assert {h["failurePolicy"] for h in have["webhooks"] if "agentruns" in h["name"]} == {"Fail"}
+
+
+def test_with_cert_manager_the_operator_may_only_read_its_certificate(helm: str) -> None:
+    """webhook.certManager: a Certificate for the webhook's Service names into the Secret the
+    operator is told to read, as cert-manager's issuer; the operator's Role cannot write it."""
+    docs = render(helm, "ops", "--set", "webhook.certManager.enabled=true")
+    [service] = [d for d in docs if d["kind"] == "Service" and webhook_ports(d)]
+    [deployment] = [d for d in docs if d["kind"] == "Deployment"]
+    env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["DURABLE_AGENTS_WEBHOOK_CERT_ISSUER"] == "cert-manager"
+    [certificate] = [d for d in docs if d["kind"] == "Certificate"]
+    [issuer] = [d for d in docs if d["kind"] == "Issuer"]
+    assert certificate["spec"]["secretName"] == env["DURABLE_AGENTS_WEBHOOK_CERT_SECRET"]
+    name = service["metadata"]["name"]
+    assert f"{name}.ops.svc" in certificate["spec"]["dnsNames"]  # the name the API server calls
+    assert certificate["spec"]["issuerRef"]["name"] == issuer["metadata"]["name"]
+    assert "selfSigned" in issuer["spec"]
+    verbs = {
+        verb
+        for role in docs
+        if role["kind"] == "Role"
+        for rule in role["rules"]
+        if "secrets" in rule["resources"]
+        for verb in rule["verbs"]
+    }
+    assert verbs == {"get"}, f"the operator may {sorted(verbs)} secrets with cert-manager issuing"
+    default = render(helm, "ops")
+    assert not [d for d in default if d["kind"] in ("Certificate", "Issuer")], "cert-manager is opt-in"
+    [deployment] = [d for d in default if d["kind"] == "Deployment"]
+    names = {e["name"] for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert "DURABLE_AGENTS_WEBHOOK_CERT_ISSUER" not in names

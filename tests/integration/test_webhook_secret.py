@@ -1,7 +1,9 @@
 """The webhook's shared serving certificate and configurations on a real API server: replicas that
 start together agree on one Secret, a Secret made for other names is renewed in place with its CA
 kept, and the webhook configurations reach the webhook through a Service, are left alone when they
-are already right (no write per replica) and are put back when someone breaks their caBundle."""
+are already right (no write per replica) and are put back when someone breaks their caBundle. With
+cert-manager issuing (the chart's webhook.certManager), the operator serves the issued Secret once
+it fits the Service, and needs no more than to read it."""
 
 from __future__ import annotations
 
@@ -10,12 +12,15 @@ import base64
 from collections.abc import Iterator
 
 import pytest
-from kubernetes import client
+from kubernetes import client, config
 
 from durable_agents.shell import admission
+from durable_agents.shell.certs import generate_ca, issue_serving_cert
 from durable_agents.shell.kube import Kube
 from durable_agents.shell.webhook_certs import (
     TLS_CERT,
+    CertificateNotIssued,
+    IssuedCertificates,
     WebhookCertificates,
     material_of,
     renewal_reason,
@@ -116,3 +121,53 @@ async def test_configurations_call_the_service_and_are_kept_current(
 def test_a_webhook_has_exactly_one_way_to_be_reached() -> None:
     with pytest.raises(ValueError, match="exactly one"):
         admission.webhook_configurations(name="x", ca_pem=b"", namespace=None)
+
+
+def tls_secret(names: list[str]) -> dict[str, object]:
+    """What cert-manager stores for a Certificate: a kubernetes.io/tls Secret with the CA."""
+    ca = generate_ca("issuer-ca")
+    leaf = issue_serving_cert(ca, names[0], names, [])
+    data = {"tls.crt": leaf.cert_pem, "tls.key": leaf.key_pem, "ca.crt": ca.cert_pem}
+    return {
+        "metadata": {"name": SECRET},
+        "type": "kubernetes.io/tls",
+        "data": {k: base64.b64encode(v).decode() for k, v in data.items()},
+    }
+
+
+async def test_a_secret_cert_manager_issued_is_served_once_it_fits_and_only_read(
+    kube: KubeEnv, namespace: str
+) -> None:
+    if kube.plane is None:
+        pytest.skip("mints a user with the local control plane's client CA")
+    rbac = client.RbacAuthorizationV1Api(kube.api)
+    reader = "webhook-cert-reader"  # the chart's Role with certManager: get on this one Secret
+    rule = {"apiGroups": [""], "resources": ["secrets"], "resourceNames": [SECRET], "verbs": ["get"]}
+    rbac.create_namespaced_role(namespace, {"metadata": {"name": reader}, "rules": [rule]})
+    rbac.create_namespaced_role_binding(
+        namespace,
+        {
+            "metadata": {"name": reader},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": reader},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": reader}],
+        },
+    )
+    api = config.new_client_from_config(config_file=str(kube.plane.write_user_kubeconfig(reader, [])))
+    issued = IssuedCertificates(Kube(api), namespace, SECRET, SERVICE)
+    with pytest.raises(CertificateNotIssued, match="not issued yet"):
+        await issued.current()
+    core = client.CoreV1Api(kube.api)
+    core.create_namespaced_secret(namespace, tls_secret(service_names("another-service", namespace)))
+    with pytest.raises(CertificateNotIssued, match=rf"does not name .*{SERVICE}\.{namespace}\.svc"):
+        await issued.current()
+    waiting = asyncio.create_task(issued.wait(interval=0.1))
+    right = tls_secret(service_names(SERVICE, namespace))
+    core.replace_namespaced_secret(SECRET, namespace, right)
+    material = await asyncio.wait_for(waiting, timeout=30)
+    data = right["data"]
+    assert isinstance(data, dict)
+    assert material.serving.cert_pem == base64.b64decode(data["tls.crt"])
+    assert material.bundle_pem == base64.b64decode(data["ca.crt"])  # the caBundle the operator keeps
+    version = stored(kube, namespace).metadata.resource_version
+    assert await issued.current() == material
+    assert stored(kube, namespace).metadata.resource_version == version, "the operator wrote the Secret"

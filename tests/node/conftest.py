@@ -42,26 +42,57 @@ def _needs_root() -> None:
         pytest.skip("the node test bed needs root on Linux (namespaces, veth, cgroups, containerd)")
 
 
+def _next_version(version: str) -> str:
+    """A later version than ``version`` (X.Y.Z -> X.Y.(Z+1).dev0): the rebuilt image of an upgrade."""
+    major, minor, patch = version.split(".")[:3]
+    return f"{major}.{minor}.{int(patch) + 1}.dev0"
+
+
+UPGRADE_VERSION = _next_version(__version__)
+UPGRADE_IMAGE = f"localhost/durable-agents:{UPGRADE_VERSION}"
+
+
 @pytest.fixture(scope="session")
-def operator_image_archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The operator's image (``make image``'s, built when this machine has none) saved for the
-    node's containerd. Made before the bed records the machine's state: the Docker engine that
-    builds it is this machine's, started by ``hack/image.sh``, and stays."""
-    _needs_root()
-    have = subprocess.run([DOCKER, "image", "inspect", OPERATOR_IMAGE], capture_output=True, check=False)
-    if have.returncode != 0:
-        built = subprocess.run(["bash", str(REPO / "hack/image.sh")], timeout=3600, check=False)
-        assert built.returncode == 0, "hack/image.sh (make image) failed: see its output above"
-    archive = tmp_path_factory.mktemp("image") / "operator.tar"
-    saved = subprocess.run(
-        [DOCKER, "save", "-o", str(archive), OPERATOR_IMAGE], capture_output=True, text=True, timeout=600
+def upgrade_image() -> tuple[str, str]:
+    """The upgrade's image and version (``upgrade_image_archive`` holds it)."""
+    return UPGRADE_IMAGE, UPGRADE_VERSION
+
+
+def _build_and_save(directory: Path, image: str, **env: str) -> Path:
+    """``make image`` (hack/image.sh; its caches make an unchanged image quick), then ``docker save``
+    of ``image`` for the node's containerd."""
+    built = subprocess.run(
+        ["bash", str(REPO / "hack/image.sh")], env={**os.environ, **env}, timeout=3600, check=False
     )
-    assert saved.returncode == 0, f"docker save {OPERATOR_IMAGE}: {saved.stderr}"
+    assert built.returncode == 0, f"hack/image.sh ({env or 'make image'}) failed: see its output above"
+    archive = directory / "image.tar"
+    saved = subprocess.run(
+        [DOCKER, "save", "-o", str(archive), image], capture_output=True, text=True, timeout=600
+    )
+    assert saved.returncode == 0, f"docker save {image}: {saved.stderr}"
     return archive
 
 
 @pytest.fixture(scope="session")
-def node_bed(operator_image_archive: Path) -> Iterator[NodeTestBed]:
+def operator_image_archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The operator's image of these sources (``make image``) saved for the node's containerd.
+    Made before the bed records the machine's state: the Docker engine that builds it is this
+    machine's, started by ``hack/image.sh``, and stays."""
+    _needs_root()
+    return _build_and_save(tmp_path_factory.mktemp("image"), OPERATOR_IMAGE)
+
+
+@pytest.fixture(scope="session")
+def upgrade_image_archive(tmp_path_factory: pytest.TempPathFactory, operator_image_archive: Path) -> Path:
+    """The same sources rebuilt as the next version (``IMAGE_VERSION``), as an upgrade brings:
+    what ``helm upgrade`` rolls out in the middle of runs. Made before the bed, as above."""
+    _needs_root()
+    directory = tmp_path_factory.mktemp("upgrade-image")
+    return _build_and_save(directory, UPGRADE_IMAGE, IMAGE_VERSION=UPGRADE_VERSION)
+
+
+@pytest.fixture(scope="session")
+def node_bed(operator_image_archive: Path, upgrade_image_archive: Path) -> Iterator[NodeTestBed]:
     """A started node test bed; at the end of the session, stopped and the machine checked."""
     _needs_root()
     bed = NodeTestBed()

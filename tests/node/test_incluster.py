@@ -6,10 +6,12 @@ The demo's run in-cluster (reads, asks, waits for an event and for an approval g
 ``kubectl agentrun approve`` through the in-cluster webhook, applies its change once); an approval
 by someone without the verb refused by that webhook; the replica holding the run's shard deleted
 with ``--force`` mid-run, another one taking over, the change applied once; ``helm uninstall``
-leaving the runs and CRDs (and removing the webhook configurations), a reinstall resuming them."""
+leaving the runs and CRDs (and removing the webhook configurations), a reinstall resuming them;
+``helm upgrade`` to a rebuilt image with the next version in the middle of 20 runs."""
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import subprocess
@@ -21,10 +23,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client
 
 from durable_agents import __version__
 from durable_agents.shell.shards import shard_lease_name, shard_of
+from durable_agents_testkit import demo_cluster
 from durable_agents_testkit.cluster import KubeEnv
 from durable_agents_testkit.demo import approver_kubeconfig, prepare_namespace
 from durable_agents_testkit.eventually import eventually
@@ -59,16 +63,7 @@ def helm(bed: NodeTestBed, *args: str, timeout: float = 300) -> str:
 
 
 def diagnosis(bed: NodeTestBed) -> str:
-    """What the operator's Pods are doing, for a failure message."""
-    shown = []
-    for args in (
-        ("get", "pods", "-A", "-o", "wide"),
-        ("-n", OPERATOR_NS, "describe", "pods"),
-        ("-n", OPERATOR_NS, "logs", "-l", f"app.kubernetes.io/instance={RELEASE}", "--tail=30"),
-    ):
-        done = bed.kubectl(*args)
-        shown.append(f"$ kubectl {' '.join(args)}\n{done.stdout}{done.stderr}")
-    return "\n".join(shown)
+    return demo_cluster.diagnosis(bed, RELEASE, OPERATOR_NS)
 
 
 def install(bed: NodeTestBed, *extra: str) -> None:
@@ -318,3 +313,107 @@ def test_uninstall_keeps_the_runs_and_a_reinstall_resumes_them(
     approve(env, runs, demo_ns, name)
     runs.wait_state(name, "completed", timeout=90)
     applied_once(env, demo_ns)
+
+
+UPGRADE_RUNS = 20
+
+
+def rollout_runs(ns: str, count: int) -> str:
+    """``count`` copies of the demo's run (rollout-0, ...), each changing its own ConfigMap."""
+    sample = yaml.safe_load((REPO / "config/samples/agentrun-rollout.yaml").read_text())
+    docs = []
+    for i in range(count):
+        doc = copy.deepcopy(sample)
+        doc["metadata"] = {"name": f"rollout-{i}", "namespace": ns}
+        effect = next(s for s in doc["spec"]["steps"] if "effect" in s)["effect"]
+        effect["arguments"]["object"]["metadata"]["name"] = f"rollout-strategy-{i}"
+        docs.append(doc)
+    return yaml.safe_dump_all(docs)
+
+
+def approve_when_served(env: KubeEnv, runs: Runs, ns: str, name: str) -> None:
+    """``approve``, tried again while a rollout leaves the webhook's Service briefly without an
+    answering Pod (the write is refused then, failurePolicy Fail: nothing is lost)."""
+
+    def approved() -> bool:
+        try:
+            approve(env, runs, ns, name)
+        except AssertionError as err:
+            if "webhook" not in str(err) and "connection refused" not in str(err):
+                raise
+            return False
+        return True
+
+    eventually(approved, 120, f"{name} approved through the webhook")
+
+
+def test_helm_upgrade_to_a_rebuilt_image_in_the_middle_of_20_runs(
+    node_bed: NodeTestBed,
+    env: KubeEnv,
+    demo_ns: str,
+    upgrade_image_archive: Path,
+    upgrade_image: tuple[str, str],
+) -> None:
+    """20 runs parked for approval; 7 approved just before ``helm upgrade`` to the image rebuilt
+    as the next version, 7 while its rollout replaces the Pods, 6 after. Every run completes and
+    applies its change once; the runs that waited across the upgrade are resumed, revalidated and
+    finished by the new version (their checkpoints need no migration: the same schema)."""
+    new_image, new_version = upgrade_image
+    node_bed.import_image(upgrade_image_archive, new_image)
+    rbac = client.RbacAuthorizationV1Api(env.api)
+    role = rbac.read_namespaced_role("rollout-agent", demo_ns)
+    targets = [f"rollout-strategy-{i}" for i in range(UPGRADE_RUNS)]
+    for rule in role.rules:
+        if rule.resource_names:
+            rule.resource_names = [*rule.resource_names, *targets]
+    rbac.replace_namespaced_role("rollout-agent", demo_ns, role)
+    kubectl(env, "-n", demo_ns, "apply", "-f", "-", input=rollout_runs(demo_ns, UPGRADE_RUNS))
+    runs = Runs(env, demo_ns)
+    names = [f"rollout-{i}" for i in range(UPGRADE_RUNS)]
+    for name in names:
+        runs.wait_state(name, "waiting_input", timeout=120)
+        patch_spec(env, demo_ns, name, {"answers": {"confirm": "yes"}})
+    for name in names:
+        runs.wait_state(name, "waiting_external", timeout=120)
+        patch_spec(env, demo_ns, name, {"events": {"maintenance-window-open": "opened by the test"}})
+    for name in names:
+        runs.wait_state(name, "waiting_approval", timeout=120)
+    before, during, after = names[:7], names[7:14], names[14:]
+    for name in before:
+        approve(env, runs, demo_ns, name)
+    upgrade = ["upgrade", RELEASE, str(CHART), "--namespace", OPERATOR_NS, "--reuse-values"]
+    started = time.monotonic()
+    helm(node_bed, *upgrade, "--set", f"image.tag={new_version}")
+    for name in during:
+        approve_when_served(env, runs, demo_ns, name)
+    deployment = f"deployment/{RELEASE}-durable-agents"
+    kubectl(env, "-n", OPERATOR_NS, "rollout", "status", deployment, "--timeout=240s")
+    print(f"\nhelm upgrade to {new_image}: rolled out in {time.monotonic() - started:.1f}s", flush=True)
+    pods = operator_pods(env)
+    assert {p.spec.containers[0].image for p in pods} == {new_image}, diagnosis(node_bed)
+    for name in after:
+        approve(env, runs, demo_ns, name)
+    finished = {name: runs.wait_state(name, "completed", timeout=180) for name in names}
+
+    records = client.CustomObjectsApi(env.api).list_namespaced_custom_object(
+        "durable-agents.io", "v1alpha1", demo_ns, "actionrecords"
+    )["items"]
+    by_run: dict[str, list[dict[str, Any]]] = {}
+    for record in records:
+        by_run.setdefault(record["spec"]["runRef"]["name"], []).append(record)
+    core = client.CoreV1Api(env.api)
+    for i, name in enumerate(names):
+        assert len(by_run.get(name) or ()) == 1, f"{name}: not one ActionRecord ({sorted(by_run)})"
+        (record,) = by_run[name]
+        assert (record["status"]["state"], record["status"]["attempts"]) == ("succeeded", 1), record["status"]
+        changed = core.read_namespaced_config_map(f"rollout-strategy-{i}", demo_ns)
+        key = changed.metadata.annotations["durable-agents.io/idempotency-key"]
+        assert key == record["spec"]["idempotencyKey"], name
+    for name in after:
+        # Parked across the upgrade: resumed by the new version, which revalidated the run's
+        # material facts after the approval (as after any wait) before it applied the change.
+        status = finished[name]["status"]
+        assert status["checkpoint"]["runtimeConfig"]["operator"] == new_version, (name, status["checkpoint"])
+        events = [h["event"] for h in status["history"]]
+        decided = events.index("approval_decided")
+        assert "revalidated" in events[decided:], (name, events)

@@ -250,3 +250,20 @@ async def test_a_tool_the_server_does_not_list_is_not_sent() -> None:
 
         assert server.counts() == {}
         assert server.ticket("T-100")["status"] == "open"
+
+
+def test_the_operator_starts_without_importing_the_mcp_sdk() -> None:
+    """The SDK's models take seconds of CPU to build: an operator start (a takeover, a restarted
+    Pod) must not pay them before a run names an MCP server."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, durable_agents_controllers.__main__; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('mcp', 'mcp_types')))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]", f"imported at start-up: {done.stdout.strip()}"

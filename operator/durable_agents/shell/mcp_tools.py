@@ -46,14 +46,17 @@ import asyncio
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import httpx2
-from mcp import Client
-from mcp.shared.exceptions import MCPError
-from mcp_types import CallToolResult, Implementation, RequestParamsMeta, TextContent, Tool
 
 from durable_agents.core.digest import canonical_digest
+
+# The SDK is imported on first use: building its pydantic models takes seconds of CPU, which every
+# operator start (a takeover, a restarted Pod) would pay, MCP servers or not.
+if TYPE_CHECKING:
+    from mcp import Client
+    from mcp_types import CallToolResult, Tool
 
 __all__ = [
     "IDEMPOTENCY_META_KEY",
@@ -71,7 +74,6 @@ __all__ = [
 IDEMPOTENCY_META_KEY = "durable-agents.io/idempotency-key"
 # A paginator that never ends (or cycles) must not hang the operator.
 _MAX_PAGES = 100
-_CLIENT_INFO = Implementation(name="durable-agents", version="1")
 # httpx errors raised before a request byte was written: the request was not sent.
 _NOT_SENT_ERRORS = (
     httpx2.ConnectError,
@@ -151,8 +153,12 @@ class McpCallUnknown(McpError):
 
 @asynccontextmanager
 async def _connect(url: str) -> AsyncIterator[Client]:
+    from mcp import Client
+    from mcp_types import Implementation
+
+    info = Implementation(name="durable-agents", version="1")
     # cache=None: every listing is fetched from the server (a tool list is pinned by digest).
-    async with Client(url, cache=None, client_info=_CLIENT_INFO) as client:
+    async with Client(url, cache=None, client_info=info) as client:
         yield client
 
 
@@ -210,6 +216,8 @@ def tool_list_digest(tools: Sequence[McpTool]) -> str:
 
 
 def _result(result: CallToolResult) -> McpResult:
+    from mcp_types import TextContent
+
     if result.structured_content is not None:
         return McpResult(is_error=result.is_error, content=result.structured_content)
     parts = result.content
@@ -224,6 +232,8 @@ def _result(result: CallToolResult) -> McpResult:
 
 def _unknown(url: str, tool: str, exc: BaseException) -> McpError:
     """The error for a failure after the request was handed to the transport."""
+    from mcp.shared.exceptions import MCPError
+
     leaves = _leaves(exc)
     if leaves and all(isinstance(leaf, _NOT_SENT_ERRORS) for leaf in leaves):
         # The call's HTTP connection could not be opened: no byte of the request went out.
@@ -253,6 +263,8 @@ async def call_tool(
     :class:`McpToolNotListed` when nothing was sent, :class:`McpCallUnknown` when the call was sent
     and its outcome is unknown (see the module docstring).
     """
+    from mcp_types import RequestParamsMeta
+
     meta: RequestParamsMeta | None = None
     if idempotency_key is not None:
         # RequestParamsMeta is an open TypedDict (PEP 728 extra items), which mypy cannot express.

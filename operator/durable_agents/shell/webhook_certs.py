@@ -6,10 +6,13 @@ Replicas agree through the API server: a create that meets 409 reads what the ot
 and a renewal is a replace with the read resourceVersion (a 409 reads again). A renewed CA keeps
 the previous one in the bundle until that one expires, so a replica still serving a certificate
 from the previous CA is trusted while it picks up the new one.
+
+With cert-manager issuing instead (:class:`IssuedCertificates`), the same Secret is only read.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import datetime as dt
 import logging
@@ -84,24 +87,14 @@ def material_of(data: dict[str, str] | None) -> ServingMaterial | None:
     return material
 
 
-def renewal_reason(
-    material: ServingMaterial | None, names: Sequence[str], now: dt.datetime | None = None
+def serving_problem(
+    serving: KeyPair, names: Sequence[str], now: dt.datetime, renew_before: dt.timedelta
 ) -> str | None:
-    """Why this material must be replaced, or None when it serves ``names`` for a while yet."""
-    if material is None:
-        return "no complete serving certificate yet"
-    now = now or dt.datetime.now(dt.UTC)
-    ca, leaf = material.ca.certificate, material.serving.certificate
-    if ca.not_valid_after_utc - now < CA_RENEW_BEFORE:
-        return f"the CA expires on {ca.not_valid_after_utc:%Y-%m-%d}"
-    if leaf.not_valid_after_utc - now < LEAF_RENEW_BEFORE:
+    """What makes a serving certificate unfit for ``names``: expiring within ``renew_before``,
+    naming too little, or not matching its key; None when fit."""
+    leaf = serving.certificate
+    if leaf.not_valid_after_utc - now < renew_before:
         return f"the serving certificate expires on {leaf.not_valid_after_utc:%Y-%m-%d}"
-    try:
-        leaf.verify_directly_issued_by(ca)
-    except (ValueError, TypeError, InvalidSignature):
-        return "the serving certificate was not issued by the stored CA"
-    if ca.public_bytes(Encoding.PEM) not in material.bundle_pem:
-        return "the CA bundle lacks the current CA"
     try:
         san = set(
             leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(
@@ -114,11 +107,28 @@ def renewal_reason(
     if missing:
         return f"the serving certificate does not name {', '.join(missing)}"
     spki = (Encoding.PEM, PublicFormat.SubjectPublicKeyInfo)
-    if material.serving.private_key().public_key().public_bytes(*spki) != leaf.public_key().public_bytes(
-        *spki
-    ):
+    if serving.private_key().public_key().public_bytes(*spki) != leaf.public_key().public_bytes(*spki):
         return "the serving key does not match its certificate"
     return None
+
+
+def renewal_reason(
+    material: ServingMaterial | None, names: Sequence[str], now: dt.datetime | None = None
+) -> str | None:
+    """Why this material must be replaced, or None when it serves ``names`` for a while yet."""
+    if material is None:
+        return "no complete serving certificate yet"
+    now = now or dt.datetime.now(dt.UTC)
+    ca, leaf = material.ca.certificate, material.serving.certificate
+    if ca.not_valid_after_utc - now < CA_RENEW_BEFORE:
+        return f"the CA expires on {ca.not_valid_after_utc:%Y-%m-%d}"
+    try:
+        leaf.verify_directly_issued_by(ca)
+    except (ValueError, TypeError, InvalidSignature):
+        return "the serving certificate was not issued by the stored CA"
+    if ca.public_bytes(Encoding.PEM) not in material.bundle_pem:
+        return "the CA bundle lacks the current CA"
+    return serving_problem(material.serving, names, now, LEAF_RENEW_BEFORE)
 
 
 def renewed(
@@ -185,3 +195,61 @@ class WebhookCertificates:
         raise RuntimeError(
             f"Secret {self.namespace}/{self.secret}: still changing after {_ATTEMPTS} attempts to agree on it"
         )
+
+
+@dataclass(frozen=True)
+class IssuedMaterial:
+    """A serving certificate someone else issued (cert-manager), and the CA that signed it."""
+
+    serving: KeyPair
+    bundle_pem: bytes
+
+
+class CertificateNotIssued(RuntimeError):
+    """The Secret cert-manager keeps is not there yet, or holds nothing this webhook can serve."""
+
+
+class IssuedCertificates:
+    """The serving Secret cert-manager issues and renews (the chart's ``webhook.certManager``): a
+    ``kubernetes.io/tls`` Secret with ``tls.crt``, ``tls.key`` and ``ca.crt``. Read, never written:
+    the operator's Role has no verb to write it. Unfit material (expired, naming too little, a key
+    that does not match) is never served."""
+
+    def __init__(self, kube: Kube, namespace: str, secret: str, service: str) -> None:
+        self.kube, self.namespace, self.secret = kube, namespace, secret
+        self.names = service_names(service, namespace)
+
+    async def current(self) -> IssuedMaterial:
+        try:
+            secret: Any = await self.kube.call(
+                self.kube.core.read_namespaced_secret, self.secret, self.namespace
+            )
+        except ApiException as err:
+            if err.status != 404:
+                raise
+            raise CertificateNotIssued(f"Secret {self.namespace}/{self.secret} not issued yet") from None
+        where = f"Secret {self.namespace}/{self.secret}"
+        try:
+            raw = {name: base64.b64decode((secret.data or {})[name]) for name in (TLS_CERT, TLS_KEY, CA_CERT)}
+            material = IssuedMaterial(KeyPair(raw[TLS_CERT], raw[TLS_KEY]), raw[CA_CERT])
+            x509.load_pem_x509_certificates(material.bundle_pem)
+            problem = serving_problem(material.serving, self.names, dt.datetime.now(dt.UTC), dt.timedelta(0))
+        except KeyError as err:
+            raise CertificateNotIssued(f"{where} has no {err.args[0]}") from None
+        except (ValueError, TypeError) as err:
+            raise CertificateNotIssued(f"{where} holds no readable certificate and key: {err}") from None
+        if problem is not None:
+            raise CertificateNotIssued(f"{where}: {problem}")
+        return material
+
+    async def wait(self, interval: float = 2.0, report_every: int = 15) -> IssuedMaterial:
+        """The material, once cert-manager has issued it (until then this replica is not ready)."""
+        tries = 0
+        while True:
+            try:
+                return await self.current()
+            except CertificateNotIssued as err:
+                if tries % report_every == 0:
+                    log.warning("webhook: waiting for cert-manager: %s", err)
+            tries += 1
+            await asyncio.sleep(interval)
