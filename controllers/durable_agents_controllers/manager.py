@@ -35,6 +35,7 @@ class Manager:
         self._reflector: RunReflector | None = None
         self._resealer: Resealer | None = None
         self._failovers: Failovers | None = None
+        self._metrics_serving = False
         # Run at start-up, in order, before the worker starts (the admission webhook's set-up).
         self.start_hooks: list[Callable[[kopf.OperatorSettings], Awaitable[None]]] = []
         self.webhook_serving = asyncio.Event()  # set once the admission webhook accepts connections
@@ -91,8 +92,11 @@ class Manager:
         # kopf keeps a task per object until it has been idle this long, and with it the last
         # body: our handlers only enqueue, so a short idle time keeps a cold start's peak low.
         settings.queueing.idle_timeout = 1.0
-        if config.metrics_port is not None:
+        # kopf retries a failed start-up (say, the API server away for a moment): what is bound
+        # once must not be bound again, or every retry fails on its port and the Pod never readies.
+        if config.metrics_port is not None and not self._metrics_serving:
             start_http_server(config.metrics_port)
+            self._metrics_serving = True
         configure_tracing()  # off unless OTEL_TRACES_EXPORTER / OTEL_EXPORTER_OTLP_ENDPOINT say otherwise
         install_faults(config.faults)
         for hook in self.start_hooks:

@@ -118,6 +118,35 @@ async def test_configurations_call_the_service_and_are_kept_current(
     assert {base64.b64decode(w.client_config.ca_bundle) for w in restored.webhooks} == {material.bundle_pem}
 
 
+async def test_replicas_starting_together_all_install_the_configurations(
+    kube: KubeEnv, namespace: str, configuration_name: str
+) -> None:
+    """What a chart install meets: configurations already there without the caBundle, and every
+    replica replacing them at once. Each must succeed (one that lost the race reads the winner's
+    write); a failure here failed the operator's start-up and left a replica never Ready."""
+    material = renewed(None, service_names(SERVICE, namespace))
+    wanted = admission.webhook_configurations(
+        name=configuration_name,
+        service=(namespace, SERVICE, 443),
+        ca_pem=material.bundle_pem,
+        namespace=namespace,
+    )
+    bare = admission.webhook_configurations(
+        name=configuration_name, service=(namespace, SERVICE, 443), ca_pem=b"", namespace=namespace
+    )
+    await admission.install_webhooks(Kube(kube.api), *bare)
+    for _ in range(5):  # the race, several times: each round starts from the bare configurations
+        replicas = [Kube(kube.api) for _ in range(4)]
+        await asyncio.gather(*(admission.install_webhooks(r, *wanted) for r in replicas))
+        api = client.AdmissionregistrationV1Api(kube.api)
+        stored_hooks = api.read_validating_webhook_configuration(configuration_name).webhooks
+        assert {base64.b64decode(w.client_config.ca_bundle) for w in stored_hooks} == {material.bundle_pem}
+        current = api.read_validating_webhook_configuration(configuration_name)
+        for hook in current.webhooks:
+            hook.client_config.ca_bundle = None
+        api.replace_validating_webhook_configuration(configuration_name, current)
+
+
 def test_a_webhook_has_exactly_one_way_to_be_reached() -> None:
     with pytest.raises(ValueError, match="exactly one"):
         admission.webhook_configurations(name="x", ca_pem=b"", namespace=None)

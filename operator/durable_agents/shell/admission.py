@@ -514,6 +514,9 @@ def webhook_configurations(
     return mutating, validating
 
 
+_REPLACE_ATTEMPTS = 5  # conflicts in a row (each one another replica's write) before giving up
+
+
 async def install_webhooks(kube: Kube, mutating: dict[str, Any], validating: dict[str, Any]) -> None:
     from kubernetes import client
 
@@ -537,22 +540,30 @@ async def install_webhooks(kube: Kube, mutating: dict[str, Any], validating: dic
         except ApiException as err:
             if err.status != 409:
                 raise
-            current = await kube.call(read, body["metadata"]["name"])
-            if _same_webhooks(kube, current, body):
-                continue  # replicas agree: no write (several replicas keep these current)
-            kept = {  # the chart's labels and annotations (helm's ownership) stay
-                "labels": current.metadata.labels or {},
-                "annotations": current.metadata.annotations or {},
-            }
-            body = {
-                **body,
-                "metadata": {
-                    **kept,
-                    **body["metadata"],
-                    "resourceVersion": current.metadata.resource_version,
-                },
-            }
-            await kube.call(replace, body["metadata"]["name"], body)
+            await _replace_webhooks(kube, body, read, replace)
+
+
+async def _replace_webhooks(kube: Kube, body: dict[str, Any], read: Any, replace: Any) -> None:
+    """Replace a stored configuration with ``body`` unless it already has its webhooks. Replicas
+    starting together all do this: one that loses the race (409) reads again, and finds the
+    winner's write, which is the same, or tries once more."""
+    name = body["metadata"]["name"]
+    for _ in range(_REPLACE_ATTEMPTS):
+        current = await kube.call(read, name)
+        if _same_webhooks(kube, current, body):
+            return  # replicas agree: no write (several replicas keep these current)
+        kept = {  # the chart's labels and annotations (helm's ownership) stay
+            "labels": current.metadata.labels or {},
+            "annotations": current.metadata.annotations or {},
+        }
+        metadata = {**kept, **body["metadata"], "resourceVersion": current.metadata.resource_version}
+        try:
+            await kube.call(replace, name, {**body, "metadata": metadata})
+            return
+        except ApiException as err:
+            if err.status != 409:
+                raise
+    raise RuntimeError(f"webhook configuration {name}: still changing after {_REPLACE_ATTEMPTS} attempts")
 
 
 def _same_webhooks(kube: Kube, current: Any, wanted: dict[str, Any]) -> bool:
