@@ -84,10 +84,7 @@ class WebhookServing:
             serving = issue_serving_cert(ca, host, ["localhost"], ["127.0.0.1"])
             cert, key, bundle = serving.cert_pem, serving.key_pem, ca.cert_pem
         else:
-            if isinstance(self.certificates, IssuedCertificates):
-                material: Any = await self.certificates.wait()  # not ready until cert-manager issued it
-            else:
-                material = await self.certificates.current()
+            material = await self.certificates.wait()  # not ready until there is one to serve
             cert, key, bundle = material.serving.cert_pem, material.serving.key_pem, material.bundle_pem
         _write(self.directory, {"tls.key": key, "tls.crt": cert, "ca.crt": bundle})
         self._served = cert

@@ -196,6 +196,10 @@ class WebhookCertificates:
             f"Secret {self.namespace}/{self.secret}: still changing after {_ATTEMPTS} attempts to agree on it"
         )
 
+    async def wait(self) -> ServingMaterial:
+        """The material to start serving with (this replica makes it if none is stored)."""
+        return await self.current()
+
 
 @dataclass(frozen=True)
 class IssuedMaterial:
@@ -218,6 +222,7 @@ class IssuedCertificates:
     def __init__(self, kube: Kube, namespace: str, secret: str, service: str) -> None:
         self.kube, self.namespace, self.secret = kube, namespace, secret
         self.names = service_names(service, namespace)
+        self.where = f"Secret {namespace}/{secret}"
 
     async def current(self) -> IssuedMaterial:
         try:
@@ -227,8 +232,8 @@ class IssuedCertificates:
         except ApiException as err:
             if err.status != 404:
                 raise
-            raise CertificateNotIssued(f"Secret {self.namespace}/{self.secret} not issued yet") from None
-        where = f"Secret {self.namespace}/{self.secret}"
+            raise CertificateNotIssued(f"{self.where} not issued yet") from None
+        where = self.where
         try:
             raw = {name: base64.b64decode((secret.data or {})[name]) for name in (TLS_CERT, TLS_KEY, CA_CERT)}
             material = IssuedMaterial(KeyPair(raw[TLS_CERT], raw[TLS_KEY]), raw[CA_CERT])
