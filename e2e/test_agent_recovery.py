@@ -205,7 +205,7 @@ def drive(
         return None
 
     try:
-        return eventually(driven, within, f"run {name} to complete", interval=0.05)[0]
+        return eventually(driven, within, f"run {name} to complete")[0]
     except TimeoutError as err:
         raise TimeoutError(f"{err}: {runs.get(name).get('status')}") from None
 

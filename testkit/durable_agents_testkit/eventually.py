@@ -25,18 +25,30 @@ class Within(float, Enum):
     SETTLE = 300.0  # many runs at once under kills and restarts (chaos sizes)
 
 
+FIRST_INTERVAL = 0.05  # seconds: what a test awaits usually happens soon
+LONGEST_INTERVAL = 0.25  # a long wait polls (an API server, mostly) at most 4 times a second
+BACKOFF = 1.25
+
+
 def eventually(
-    predicate: Callable[[], T | None], within: Within | float, what: str, interval: float = 0.05
+    predicate: Callable[[], T | None], within: Within | float, what: str, interval: float | None = None
 ) -> T:
-    """Return the first truthy value of ``predicate``; TimeoutError naming ``what`` after ``within``."""
+    """Return the first truthy value of ``predicate``; TimeoutError naming ``what`` after ``within``.
+
+    Polled every ``interval`` seconds if given; else from FIRST_INTERVAL, backing off to
+    LONGEST_INTERVAL (on two cores, tests polling 20 times a second for whole runs cost the API
+    server and the test process as much CPU as the operator under test)."""
     deadline = time.monotonic() + float(within)
+    pause = FIRST_INTERVAL if interval is None else interval
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out after {float(within):.0f}s waiting for {what} (last: {value!r})")
-        time.sleep(interval)
+        time.sleep(pause)
+        if interval is None:
+            pause = min(pause * BACKOFF, LONGEST_INTERVAL)
 
 
 async def eventually_async(

@@ -1,9 +1,9 @@
 """A warm fork server for operator processes: ``python -m durable_agents_testkit.forkserver``.
 
 It imports the operator once, then forks a child per request. Each child is still a fresh OS
-process that knows nothing but what it reads from the API server; only the import (about a second
-of CPU per process) is shared. The chaos lab's client is
-:class:`durable_agents_testkit.chaos.warm.ForkServer`.
+process that knows nothing but what it reads from the API server; only the import (2-5 s of CPU
+per process) is shared. Its client is :class:`durable_agents_testkit.chaos.warm.ForkServer`, used by
+the chaos lab and by the e2e suite's ``start_operator``.
 
 The protocol, one text line per message on the server's stdin and stdout:
 
@@ -19,6 +19,7 @@ The protocol, one text line per message on the server's stdin and stdout:
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import random
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import NoReturn
 
 READY = "ready"
+WARM_SDKS = ("openai", "mcp", "mcp_types", "mcp.shared.exceptions")
 POLL_SECONDS = 0.02  # how often ended children are looked for while no request arrives
 
 RunOperator = Callable[[Mapping[str, str]], None]
@@ -98,6 +100,11 @@ def load_operator() -> RunOperator:
     from kubernetes.config import kube_config
 
     from durable_agents_controllers.__main__ import main
+
+    # What the operator imports on the first model call and the first MCP server it lists (1-3 s
+    # of CPU more per process that drives a model).
+    for sdk in WARM_SDKS:
+        importlib.import_module(sdk)
 
     def run(env: Mapping[str, str]) -> None:
         os.environ.clear()

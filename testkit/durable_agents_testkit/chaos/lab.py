@@ -170,12 +170,12 @@ class Lab:
         warm: bool | None = None,
         **env: str,
     ) -> OperatorProcess:
-        """An operator process watching ``namespace``. ``warm`` (default: unless it serves the
-        webhook or runs another release's code) forks it from the lab's :class:`ForkServer`."""
+        """An operator process watching ``namespace``. ``warm`` (default: unless it runs another
+        release's code) forks it from the lab's :class:`ForkServer`."""
         env.setdefault("DURABLE_AGENTS_NAMESPACE", namespace)
         kubeconfig = kubeconfig or self.operator_kubeconfig
         if warm is None:
-            warm = "DURABLE_AGENTS_WEBHOOK_PORT" not in env and "PYTHONPATH" not in env
+            warm = "PYTHONPATH" not in env
         op: OperatorProcess
         if warm:
             with self._lock:

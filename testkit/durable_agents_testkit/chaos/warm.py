@@ -21,10 +21,11 @@ class ForkServer:
     """Starts operator processes by forking an interpreter that has already imported the operator.
 
     Each operator is still a fresh OS process that knows nothing but what it reads from the API
-    server; only the import (about a second of CPU per process) is done once. A kill chain of
-    hundreds of processes on two cores is bound by exactly that second. What modules read from
-    the environment at import time is set again in the child (the kubeconfig location); the
-    admission webhook is chosen at import time, so warm-started operators never serve it.
+    server; only the import (2 s of CPU per process, 4-5 s with the model and MCP SDKs) is done
+    once. A kill chain of hundreds of processes on two cores is bound by exactly that. What
+    modules read from the environment at import time is set again in the child (the kubeconfig
+    location); everything else, the webhook included, is chosen from the configuration the
+    child's entry point reads.
     """
 
     def __init__(self, env: dict[str, str] | None = None) -> None:
