@@ -45,6 +45,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.e2e)
         elif parts[0] == "tests" and len(parts) > 1 and parts[1] in _MARK_BY_DIR:
             item.add_marker(getattr(pytest.mark, _MARK_BY_DIR[parts[1]]))
+    # The node tests last: their test bed (a second control plane, kubelet, containerd, the
+    # operator's Pods) lives until the session ends, and would take CPU from every test after it.
+    node_tests = REPO / "tests" / "node"
+    items.sort(key=lambda item: node_tests in Path(str(item.fspath)).resolve().parents)
 
 
 @pytest.fixture(scope="session")

@@ -44,6 +44,9 @@ REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "config/samples/agentrun-model.yaml"
 API_KEY = "sk-test-agent-recovery"
 LEASE = 3  # seconds: takeover soon after a kill (a 2s lease lapsed often on a loaded 2-core machine)
+# A dispatch answer later than 3 s is an unknown outcome, so a claim lasts 7 s (11 s by default):
+# a rescuer waits that long for the first claim of an effect the victim died sending.
+FAST_CLAIMS = {"DURABLE_AGENTS_DISPATCH_TIMEOUT": "3"}
 PER_BOUNDARY = 2  # the policy's maxModelCallsPerBoundary
 ANSWER = "yes-tell-the-customer"  # the person's answer to the model's question
 ENDED_BADLY = ("failed", "expired", "quarantined", "canceled")
@@ -428,7 +431,7 @@ def recover(
         f"{where}: the victim was not killed where expected: it asked {by_victim}, committed "
         f"{committed}\n{victim.process.log_tail()}"
     )
-    rescuer = start_operator("rescuer", LEASE)
+    rescuer = start_operator("rescuer", LEASE, **FAST_CLAIMS)
     done = drive(runs, name, Within.RUN)
     assert done is not None
     # Checked before the stop: kopf may log a traceback of its watch's teardown while stopping.
@@ -480,7 +483,7 @@ def test_sigkill_at_a_write_of_a_model_run(
     # Before a run write the operator has made the calls that write would commit; every other
     # write is made with no call in flight (an ActionRecord's, while the run waits on it).
     made = calls if phase == "before" and calls is not None else committed
-    process = start_operator("victim", LEASE, DURABLE_AGENTS_TEST_KILL_AT=f"{phase}:{nth}")
+    process = start_operator("victim", LEASE, DURABLE_AGENTS_TEST_KILL_AT=f"{phase}:{nth}", **FAST_CLAIMS)
     victim = Victim(process, made, committed, servers.model.calls()["total"])
     name = runs.create(agent_spec(servers), name=f"{phase}-{nth}")
     # Approve and answer while the victim lives, so that it reaches every write itself.
@@ -505,7 +508,7 @@ def test_sigkill_inside_a_model_call(
 ) -> None:
     model = servers.model
     model.inject("slow", delay=float(Within.COMMIT), match=INSIDE[call])  # far longer than the kill
-    process = start_operator("victim", LEASE)
+    process = start_operator("victim", LEASE, **FAST_CLAIMS)
     committed = max((c or 0 for _, c in WRITES if (c or 0) < call), default=0)
     victim = Victim(process, call, committed, model.calls()["total"])
     name = runs.create(agent_spec(servers), name=f"call-{call}")
@@ -542,7 +545,7 @@ def test_an_approval_does_not_carry_over_to_other_arguments_proposed_on_replay(
     turn = f"agent/turns/{TURNS.index(('refund', 'succeeded'))}/arguments"  # the refund's arguments
     with ModelServerThread(script, api_key=API_KEY) as model, McpServerThread() as tickets:
         servers = Servers(model, refsystem, tickets)
-        first = start_operator("first", LEASE)
+        first = start_operator("first", LEASE, **FAST_CLAIMS)
         with WriteLog(kube, runs.namespace) as log:
             name = runs.create(agent_spec(servers), name="replayed")
             waiting = runs.wait_state(name, "waiting_approval", timeout=Within.RUN)
@@ -569,7 +572,7 @@ def test_an_approval_does_not_carry_over_to_other_arguments_proposed_on_replay(
         runs.custom.replace_namespaced_custom_object_status(
             GROUP, VERSION, runs.namespace, "agentruns", name, {**current, "status": backup}
         )
-        start_operator("restored", LEASE)
+        start_operator("restored", LEASE, **FAST_CLAIMS)
 
         def asked_again() -> dict[str, Any] | None:
             run = runs.get(name)

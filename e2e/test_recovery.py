@@ -106,6 +106,9 @@ def test_sigkill_at_every_commit_boundary(
         # A Lease the victim left behind is reaped once expired: a finished run costs no Lease.
         eventually(lambda: runs.leases() == [], Within.COMMIT, "the victim's orphaned Lease to be reaped")
         rescuer.stop()
+        # The next victim must start as on a fresh namespace: a shard Lease the rescuer failed to
+        # release (a race on a loaded machine) would be taken over, and the run fenced first.
+        runs.drop_shard_leases_of(rescuer.identity)
 
 
 def test_zombie_cannot_commit_after_takeover(

@@ -32,7 +32,29 @@ from pathlib import Path
 from typing import NoReturn
 
 READY = "ready"
-WARM_SDKS = ("openai", "mcp", "mcp_types", "mcp.shared.exceptions")
+# What the operator imports on first use (the model SDK's chat resources, the MCP client, the HTTP
+# stack under them, each Kubernetes API group with its models): 3-5 s of CPU in every child else.
+WARM_MODULES = (
+    "openai",
+    "openai.resources.chat",
+    "openai.lib.streaming.chat",
+    "openai.pagination",
+    "mcp",
+    "mcp_types",
+    "mcp.shared.exceptions",
+    "httpcore2",
+    "h11",
+    "anyio._backends._asyncio",
+    "truststore",
+    "jiter",
+)
+WARM_KUBERNETES_APIS = (
+    "AdmissionregistrationV1Api",
+    "AuthorizationV1Api",
+    "CoordinationV1Api",
+    "CoreV1Api",
+    "CustomObjectsApi",
+)
 POLL_SECONDS = 0.02  # how often ended children are looked for while no request arrives
 
 RunOperator = Callable[[Mapping[str, str]], None]
@@ -97,14 +119,15 @@ def load_operator() -> RunOperator:
     child runs it. The one place that knows how the operator starts: as ``python -m
     durable_agents_controllers`` would with ``env`` as its whole environment; the operator reads
     its configuration from it, once, when its entry point starts."""
+    import kubernetes.client
     from kubernetes.config import kube_config
 
     from durable_agents_controllers.__main__ import main
 
-    # What the operator imports on the first model call and the first MCP server it lists (1-3 s
-    # of CPU more per process that drives a model).
-    for sdk in WARM_SDKS:
-        importlib.import_module(sdk)
+    for module in WARM_MODULES:
+        importlib.import_module(module)
+    for api in WARM_KUBERNETES_APIS:
+        getattr(kubernetes.client, api)  # the client imports each API group on first access
 
     def run(env: Mapping[str, str]) -> None:
         os.environ.clear()

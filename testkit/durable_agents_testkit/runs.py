@@ -147,6 +147,16 @@ class Runs:
             .items
         )
 
+    def drop_shard_leases_of(self, holder: str) -> int:
+        """Delete the shard Leases that still name ``holder``, a process that has exited (a release
+        refused by a race is left to expire); how many. The next process then acquires fresh
+        Leases instead of taking them over, which would fence each run first (one more write)."""
+        api = client.CoordinationV1Api(self.kube.api)
+        stale = [lease for lease in self.shard_leases() if lease.spec.holder_identity == holder]
+        for lease in stale:
+            api.delete_namespaced_lease(lease.metadata.name, self.namespace)
+        return len(stale)
+
     def events(self, name: str) -> list[Any]:
         return list(
             client.CoreV1Api(self.kube.api)

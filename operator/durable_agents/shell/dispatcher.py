@@ -183,6 +183,7 @@ class Dispatcher:
         self, body: dict[str, Any], status: ActionRecordStatus, spec: ActionRecordSpec
     ) -> dict[str, Any]:
         """A claim (or first claim) expired without an answer: whether it was sent is unknown."""
+        metrics.ACTION_DISPATCHES.labels(spec.effect, "ClaimExpired").inc()
         if status.state is A.INTENT and spec.first_claim is not None:
             holder, attempts = spec.first_claim.holder, max(status.attempts, 1)  # it may have sent
         else:
