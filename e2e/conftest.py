@@ -10,7 +10,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from durable_agents_testkit.chaos.warm import ForkServer, WarmOperator
+from durable_agents_testkit.chaos.warm import ForkServer, WarmOperator, runs_this_checkout
 from durable_agents_testkit.cluster import KubeEnv
 from durable_agents_testkit.localcluster.controlplane import LocalControlPlane
 from durable_agents_testkit.operator_process import OperatorProcess
@@ -66,9 +66,9 @@ def start_operator(
         env.setdefault("DURABLE_AGENTS_NAMESPACE", namespace)
         where = (operator_kubeconfig, tmp_path / "operators")
         op = (
-            OperatorProcess(*where, name=name, lease_duration=lease_duration, env=env)
-            if "PYTHONPATH" in env
-            else WarmOperator(fork_server, *where, name=name, lease_duration=lease_duration, env=env)
+            WarmOperator(fork_server, *where, name=name, lease_duration=lease_duration, env=env)
+            if runs_this_checkout(env)
+            else OperatorProcess(*where, name=name, lease_duration=lease_duration, env=env)
         )
         started.append(op)
         return op.start()

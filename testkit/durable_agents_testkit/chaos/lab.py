@@ -17,7 +17,7 @@ from kubernetes.client.rest import ApiException
 
 from durable_agents.api.v1alpha1 import GROUP
 from durable_agents_testkit.chaos.report import ScenarioResult
-from durable_agents_testkit.chaos.warm import ForkServer, WarmOperator
+from durable_agents_testkit.chaos.warm import ForkServer, WarmOperator, runs_this_checkout
 from durable_agents_testkit.chaos.workloads import SETTINGS_CONFIGMAP
 from durable_agents_testkit.cluster import KubeEnv
 from durable_agents_testkit.eventually import Within, eventually
@@ -175,7 +175,7 @@ class Lab:
         env.setdefault("DURABLE_AGENTS_NAMESPACE", namespace)
         kubeconfig = kubeconfig or self.operator_kubeconfig
         if warm is None:
-            warm = "PYTHONPATH" not in env
+            warm = runs_this_checkout(env)
         op: OperatorProcess
         if warm:
             with self._lock:

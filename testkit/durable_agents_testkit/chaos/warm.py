@@ -7,6 +7,7 @@ import queue
 import subprocess
 import sys
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +82,12 @@ class ForkServer:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(10)
+
+
+def runs_this_checkout(env: Mapping[str, str]) -> bool:
+    """Whether an operator started with ``env`` runs the code the fork server imported (not when
+    ``PYTHONPATH`` points it at another release's): only then may it be forked warm."""
+    return "PYTHONPATH" not in env
 
 
 class WarmOperator(OperatorProcess):
