@@ -13,6 +13,8 @@ import kopf
 from prometheus_client import start_http_server
 
 from durable_agents.shell.actions import FirstClaims
+from durable_agents.shell.census import RunCensus
+from durable_agents.shell.commit_metrics import initialise as initialise_metrics
 from durable_agents.shell.dispatcher import Dispatcher, DispatcherConfig
 from durable_agents.shell.failover import Failovers
 from durable_agents.shell.faults import install_faults
@@ -35,6 +37,7 @@ class Manager:
         self._reflector: RunReflector | None = None
         self._resealer: Resealer | None = None
         self._failovers: Failovers | None = None
+        self._census: RunCensus | None = None  # the gauges over this replica's waiting runs
         self._metrics_serving = False
         # Run at start-up, in order, before the worker starts (the admission webhook's set-up).
         self.start_hooks: list[Callable[[kopf.OperatorSettings], Awaitable[None]]] = []
@@ -68,6 +71,8 @@ class Manager:
         """A run's watch event: for the worker, and for the dispatcher (a person's reconciliation)."""
         assert self._worker is not None
         self._worker.observe(event_type, body)
+        if self._census is not None:
+            self._census.observe(event_type, body)
         if self._dispatcher is not None:
             self._dispatcher.observe_run(event_type, body)
 
@@ -97,6 +102,7 @@ class Manager:
         if config.metrics_port is not None and not self._metrics_serving:
             start_http_server(config.metrics_port)
             self._metrics_serving = True
+        initialise_metrics()  # labelled series with known label values exist, at 0, from the start
         configure_tracing()  # off unless OTEL_TRACES_EXPORTER / OTEL_EXPORTER_OTLP_ENDPOINT say otherwise
         install_faults(config.faults)
         for hook in self.start_hooks:
@@ -129,6 +135,9 @@ class Manager:
             ),
         )
         self._worker.start()
+        shards = self._worker.shard_leases
+        self._census = RunCensus(lambda namespace, name: shards.hold_for(namespace, name) is not None)
+        self._census.start()
         self._reflector = RunReflector(
             self.kube,
             self._observe_run,
@@ -182,6 +191,9 @@ class Manager:
         if self._dispatcher is not None:
             await self._dispatcher.stop()
             self._dispatcher = None
+        if self._census is not None:
+            await self._census.stop()
+            self._census = None
         if self._worker is not None:
             await self._worker.stop()
             self._worker = None

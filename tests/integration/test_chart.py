@@ -47,6 +47,8 @@ ALWAYS = {
 SWITCHED = {
     "podDisruptionBudget.enabled": "PodDisruptionBudget",
     "networkPolicy.enabled": "NetworkPolicy",
+    "monitoring.serviceMonitor.enabled": "ServiceMonitor",
+    "monitoring.prometheusRule.enabled": "PrometheusRule",
 }
 
 # Values the chart supports besides its defaults, each rendered, linted and dry-run applied.
@@ -78,6 +80,13 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "podAnnotations": {"example.com/team": "ops"},
     },
     "cert-manager-self-signed": {"webhook": {"certManager": {"enabled": True}}},
+    "monitoring": {
+        "monitoring": {
+            "serviceMonitor": {"enabled": True, "interval": "15s", "labels": {"release": "prom"}},
+            "prometheusRule": {"enabled": True, "approvalWaitSeconds": 600, "stuckFor": "1m"},
+            "dashboard": {"enabled": True},
+        }
+    },
     "cert-manager-cluster-issuer": {
         "webhook": {
             "certManager": {"enabled": True, "issuerRef": {"name": "corp-ca", "kind": "ClusterIssuer"}}
@@ -165,10 +174,15 @@ def helm(bin_dir: Path) -> str:
 
 
 @pytest.fixture(scope="module")
-def chart_crds(kube: KubeEnv, cert_manager_crds: Path) -> list[str]:
-    """The chart's own CRDs, known to the server (the objects the policy names are theirs), and
-    cert-manager's (the Certificate and Issuer of ``webhook.certManager``)."""
-    return install_crds(kube.api, CHART / "crds") + install_crds(kube.api, cert_manager_crds)
+def chart_crds(kube: KubeEnv, cert_manager_crds: Path, prometheus_operator_crds: Path) -> list[str]:
+    """The chart's own CRDs, known to the server (the objects the policy names are theirs),
+    cert-manager's (the Certificate and Issuer of ``webhook.certManager``) and the Prometheus
+    operator's (the ServiceMonitor and PrometheusRule of ``monitoring``)."""
+    return (
+        install_crds(kube.api, CHART / "crds")
+        + install_crds(kube.api, cert_manager_crds)
+        + install_crds(kube.api, prometheus_operator_crds)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -184,6 +198,25 @@ def cert_manager_crds(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert done.returncode == 0, f"go mod download cert-manager {version}: {done.stdout}{done.stderr}"
     crds = Path(json.loads(done.stdout)["Dir"]) / "deploy" / "crds"
     assert sorted(p.name for p in crds.glob("cert-manager.io_*.yaml")), f"no CRDs in {crds}"
+    return crds
+
+
+@pytest.fixture(scope="module")
+def prometheus_operator_crds(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The Prometheus operator's ServiceMonitor and PrometheusRule CRDs at PROMETHEUS_OPERATOR_VERSION,
+    from its Go module (example/prometheus-operator-crd), as cert-manager's above."""
+    version = pinned("PROMETHEUS_OPERATOR_VERSION")
+    go = shutil.which("go") or "/usr/local/go/bin/go"
+    module = f"github.com/prometheus-operator/prometheus-operator@{version}"
+    done = subprocess.run(
+        [go, "mod", "download", "-json", module],
+        cwd=tmp_path_factory.mktemp("gomod"), capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, f"go mod download {module}: {done.stdout}{done.stderr}"
+    source = Path(json.loads(done.stdout)["Dir"]) / "example" / "prometheus-operator-crd"
+    crds = tmp_path_factory.mktemp("prometheus-operator-crds")
+    for kind in ("servicemonitors", "prometheusrules"):
+        shutil.copy(source / f"monitoring.coreos.com_{kind}.yaml", crds)
     return crds
 
 

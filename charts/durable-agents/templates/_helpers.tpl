@@ -43,3 +43,7 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 durable-agents
 {{- end -}}
 {{- end -}}
+
+{{- define "durable-agents.metricsService" -}}
+{{- printf "%s-metrics" (include "durable-agents.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}

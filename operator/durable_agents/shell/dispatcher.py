@@ -50,6 +50,7 @@ from durable_agents.core.sealing import Keyring
 from durable_agents.shell import metrics
 from durable_agents.shell.actions import ActionStore, FirstClaims
 from durable_agents.shell.agents import AgentResolver
+from durable_agents.shell.census import UnknownOutcomes
 from durable_agents.shell.effects import (
     Action,
     Applied,
@@ -121,7 +122,7 @@ class Dispatcher:
         )
         self.queue = WorkQueue("dispatcher", self.process, concurrency=config.concurrency)
         self.first_claims = config.first_claims  # intents this process's worker created for us
-        self._unknown: set[ObjectKey] = set()
+        self._unknown = UnknownOutcomes()  # and since when: the gauges of unknown outcomes
         self.people = PersonAnswers(self.events, config.keyring)  # spec.reconciliations, verified
         self.pacing = QueryPacing()  # unknown answers: asked again after a backoff
 
@@ -217,11 +218,7 @@ class Dispatcher:
         return body
 
     def _track_unknown(self, key: ObjectKey, status: ActionRecordStatus) -> None:
-        if status.state is A.OUTCOME_UNKNOWN:
-            self._unknown.add(key)
-        else:
-            self._unknown.discard(key)
-        metrics.UNKNOWN_OUTCOMES.set(len(self._unknown))
+        self._unknown.track(key, status.state is A.OUTCOME_UNKNOWN, status.outcome_unknown_since)
 
     def _context(self, spec: ActionRecordSpec, namespace: str) -> EffectContext:
         return EffectContext(self.kube, namespace, spec.service_account_name, self.config.timeout)

@@ -26,7 +26,11 @@ QUARANTINES = Counter("durable_agents_quarantines_total", "Runs quarantined", ["
 CHECKPOINT_MIGRATIONS = Counter(
     "durable_agents_checkpoint_migrations_total", "Checkpoints migrated on read", ["from_version"]
 )
-RESUME_FAILURES = Counter("durable_agents_resume_failures_total", "Resume validations that failed")
+RESUME_FAILURES = Counter(
+    "durable_agents_resume_failures_total",
+    "Resume validations that did not let the run go on as it was, by reason",
+    ["reason"],
+)
 WAITING_RUNS = Gauge(
     "durable_agents_waiting_runs", "Runs in a waiting state known to this process", ["state"]
 )
@@ -89,4 +93,52 @@ REGION_ADOPTIONS = Counter(
     "durable_agents_region_adoptions_total",
     "Runs adopted by an explicit region failover, by source and target region",
     ["source", "target"],
+)
+
+# --- the seed's metrics, completed (issue 17); the label values known at start-up are initialised
+# (shell/commit_metrics.py) so each series exists, at 0, on a live operator.
+DURATION_BUCKETS = (1, 5, 15, 60, 300, 900, 3600, 4 * 3600, 24 * 3600, 7 * 24 * 3600)
+OLDEST_WAITING = Gauge(
+    "durable_agents_oldest_waiting_seconds",
+    "Age of the oldest run in each waiting state, among the runs whose shard this replica holds",
+    ["state"],
+)
+WAITING_SECONDS = Histogram(
+    "durable_agents_waiting_seconds", "How long waits lasted (observed when a wait ends)", ["state"],
+    buckets=DURATION_BUCKETS,
+)  # fmt: skip
+APPROVAL_LATENCY = Histogram(
+    "durable_agents_approval_latency_seconds",
+    "From an approval request to the commit that records its decision",
+    buckets=DURATION_BUCKETS,
+)
+OLDEST_UNKNOWN_OUTCOME = Gauge(
+    "durable_agents_oldest_unknown_outcome_seconds",
+    "Age of the oldest action outcome that is unknown right now (0: none)",
+)
+CHECKPOINT_MIGRATION_ERRORS = Counter(
+    "durable_agents_checkpoint_migration_errors_total",
+    "Checkpoints that could not be migrated (failed, or an unknown schema version): quarantined",
+    ["from_version"],
+)
+MODEL_CALLS_PER_RUN = Histogram(
+    "durable_agents_model_calls_per_run",
+    "Model calls of a model-planned run (observed when it ends)",
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 1024),
+)
+MODEL_TOKENS_PER_RUN = Histogram(
+    "durable_agents_model_tokens_per_run",
+    "Input plus output tokens of a model-planned run (observed when it ends)",
+    buckets=(100, 1_000, 5_000, 10_000, 50_000, 100_000, 250_000, 500_000, 1_000_000),
+)
+MODEL_TOKENS = Counter(
+    "durable_agents_model_tokens_total", "Tokens the model reported, by kind (input, output)", ["kind"]
+)
+OWNERSHIP_CHANGES = Counter(
+    "durable_agents_ownership_changes_total",
+    "Shard and region ownership changes seen by this process (gained or lost), by kind",
+    ["kind"],
+)
+REGION_OWNED = Gauge(
+    "durable_agents_region_owned", "1 while this process owns the region, else 0", ["region"]
 )

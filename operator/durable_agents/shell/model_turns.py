@@ -80,4 +80,6 @@ class ModelTurns:
             if reply.finish_reason:
                 span.set_attribute("gen_ai.response.finish_reasons", (reply.finish_reason,))
         metrics.MODEL_CALLS.labels("Answered").inc()
+        metrics.MODEL_TOKENS.labels("input").inc(max(0, reply.usage.input_tokens))
+        metrics.MODEL_TOKENS.labels("output").inc(max(0, reply.usage.output_tokens))
         return ModelAnswer(digest, reply=reply)

@@ -95,6 +95,7 @@ class RegionElector:
         self.namespace = namespace
         self.duration = duration_seconds
         self.name = region_lease_name(region)
+        metrics.REGION_OWNED.labels(self.region).set(0)  # the series exists before any election
         self.on_change = on_change
         # How often a follower looks at the Lease (client-go: 2 s for a 15 s Lease).
         self.retry = retry_seconds if retry_seconds is not None else max(0.1, duration_seconds / 8)
@@ -298,6 +299,8 @@ class RegionElector:
         self._notify(None)
 
     def _notify(self, hold: RegionHold | None) -> None:
+        metrics.OWNERSHIP_CHANGES.labels("region").inc()
+        metrics.REGION_OWNED.labels(self.region).set(1 if hold is not None else 0)
         if self.on_change is None:
             return
         try:

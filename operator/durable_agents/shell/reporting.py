@@ -18,6 +18,7 @@ from durable_agents.core.engine import Commit
 from durable_agents.core.engine.commits import REQUEST_REFUSED, Refusal
 from durable_agents.core.statemachine import RunEvent
 from durable_agents.shell import metrics
+from durable_agents.shell.commit_metrics import observe_commit
 from durable_agents.shell.events import NOTABLE, EventRecorder, reason_of
 
 log = logging.getLogger("durable_agents.shell.worker")
@@ -37,6 +38,7 @@ class CommitReporter:
             if not commit.moved:
                 return  # nothing else happened: no transition to count or report
         self._count(commit)
+        observe_commit(before, commit)  # waits, approval latency, resume failures, ...
         message = self._describe(body, before, commit)
         log.info(
             "%s/%s %s: %s",

@@ -475,6 +475,7 @@ class ShardLeases:
 
     def _changed(self, hold: ShardHold, reason: Reason) -> None:
         OWNERSHIP_CHANGES.labels(reason).inc()
+        metrics.OWNERSHIP_CHANGES.labels("shard").inc()
         if self.on_change is not None:
             try:
                 self.on_change(ShardChange(hold.shard, reason, hold))
