@@ -150,6 +150,7 @@ class Manager:
         if config.dispatcher:
             self._dispatcher = Dispatcher(self.kube, dispatching)
             self._dispatcher.start()
+        self._worker.controls.dispatcher = lambda: self._dispatcher  # reconcile RUN: ask now
         # Explicit region failovers to this region: carried out by the region's leader only.
         if config.workers > 0:
             worker = self._worker

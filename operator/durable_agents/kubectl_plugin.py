@@ -8,6 +8,9 @@
     kubectl agentrun history NAME [-n NS]
     kubectl agentrun region failover FROM --to TO [--reason TEXT] [--wait] [--timeout SECONDS]
     kubectl agentrun reconcile NAME --action RECORD (--applied | --not-applied) [--reason TEXT]
+    kubectl agentrun reconcile NAME [--action RECORD] [--wait 10s]   (ask the system now)
+    kubectl agentrun escalate  NAME --reason TEXT
+    kubectl agentrun list [-n NS | -A] [--state S] [--stuck] [--escalated] [-o wide|json|yaml]
 
 approve/reject read the pending approval request from the run's status and send the decision
 (request ID + digest) as a patch on spec.approvals. Who you are is decided by the API server, and
@@ -53,7 +56,7 @@ from typing import Any, Final
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
-from durable_agents import kubectl_reconcile, kubectl_region
+from durable_agents import kubectl_controls, kubectl_list, kubectl_reconcile, kubectl_region
 from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents.core.disclosure import DisclosureError, new_reader_key, open_as_reader
 from durable_agents.core.sealed_values import is_sealed
@@ -355,8 +358,14 @@ def main(argv: list[str] | None = None) -> int:
     args_given = sys.argv[1:] if argv is None else argv
     if args_given[:1] == ["region"]:  # cluster-wide, no run named: its own parser
         return kubectl_region.main(args_given[1:])
+    if args_given[:1] == ["reconcile"] and not {"--applied", "--not-applied"} & set(args_given):
+        return kubectl_controls.main("reconcile", args_given[1:])  # no answer given: ask the system now
     if args_given[:1] == ["reconcile"]:  # an action's unknown outcome: its own options
         return kubectl_reconcile.main(args_given[1:])
+    if args_given[:1] == ["list"]:  # the queue (durable_agents.kubectl_list)
+        return kubectl_list.main(args_given[1:])
+    if args_given[:1] == ["escalate"]:  # mark for a person (durable_agents.kubectl_controls)
+        return kubectl_controls.main("escalate", args_given[1:])
     parser = argparse.ArgumentParser(prog="kubectl agentrun", description=__doc__.split("\n\n")[0])
     parser.add_argument("command", choices=["approve", "reject", "cancel", "retry", "status", "history"])
     parser.add_argument("name")

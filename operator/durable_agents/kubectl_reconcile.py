@@ -8,7 +8,9 @@ operator asks its authoritative system by idempotency key, but some systems cann
 MCP tool has no standard query), and then only a person who can look can say. ``--applied``: it
 happened; the action succeeds and is not sent again. ``--not-applied``: it did not; it is sent
 again with the same idempotency key. NAME is the ActionRecord's name (``act-...``, listed by
-``kubectl get actionrecords`` and in this command's error when it names none).
+``kubectl get actionrecords`` and in this command's error when it names none). Without
+``--applied``/``--not-applied`` it asks the authoritative system now instead
+(:mod:`durable_agents.kubectl_controls`, chosen by :mod:`durable_agents.kubectl_plugin`).
 
 The answer is a merge patch on the run's ``spec.reconciliations`` (keyed by NAME, for the attempt
 the record is at). The operator's admission webhook records who you are and when, and refuses it

@@ -441,10 +441,13 @@ def test_kubectl_reconcile_says_why_not() -> None:
 
 
 def test_kubectl_agentrun_reconcile_needs_one_answer(capsys: pytest.CaptureFixture[str]) -> None:
+    # Without an answer it asks the system now (durable_agents.kubectl_controls, e2e/test_controls.py).
     for argv in (
-        ["reconcile", "pay", "--action", ACT],
         ["reconcile", "pay", "--action", ACT, "--applied", "--not-applied"],
+        ["reconcile", "pay", "--applied"],
     ):
         with pytest.raises(SystemExit):
             kubectl_plugin.main(argv)
-    assert "--applied" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "not allowed with argument --applied" in err
+    assert "the following arguments are required: --action" in err

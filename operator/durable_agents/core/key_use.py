@@ -78,6 +78,10 @@ def keys_in_use(run: Mapping[str, Any]) -> dict[str, list[str]]:
             add(stamp_key_id(_text(_mapping(entry).get("stamp"))), f"spec.{field}[{request_id!r}] stamp")
     retry = _mapping(spec.get("retryQuarantineRequest"))
     add(stamp_key_id(_text(retry.get("stamp"))), "spec.retryQuarantineRequest stamp")
+    for field in ("reconcileNow", "escalation"):  # the on-call controls, until acted on
+        asked = _mapping(spec.get(field))
+        if asked.get("token") != _mapping(status.get(field)).get("token"):
+            add(stamp_key_id(_text(asked.get("stamp"))), f"spec.{field} stamp")
     add(stamp_key_id(_text(annotations.get(CHILD_STAMP_ANNOTATION))), "child stamp")
     return uses
 

@@ -62,6 +62,7 @@ from durable_agents.core.authority import (
     stamp_retry,
 )
 from durable_agents.core.sealing import Keyring
+from durable_agents.shell.controls_admission import check_controls, control_stamps
 from durable_agents.shell.kube import Kube, service_account_user
 from durable_agents.shell.reconcile_admission import check_reconciliations, reconciliation_stamps
 
@@ -77,7 +78,7 @@ REQUEST_MAPS = ("answers", "events", "approvals", "cancellations", "reconciliati
 REQUEST_VERBS = {"answers": "answer", "events": "answer", "cancellations": "cancel"}
 RETRY_VERB = "retry"
 USE_VERB = "use"
-CONTROLS = ("approvals", "cancellations", "retryQuarantine", "reconciliations")
+CONTROLS = ("approvals", "cancellations", "retryQuarantine", "reconciliations", "reconcileNow", "escalation")
 
 Model = TypeVar("Model", bound=BaseModel)
 
@@ -175,7 +176,8 @@ def stamps(
     retry = _retry_request(new, old, user, at, keyring, run_id)
     if retry != _spec(new).get("retryQuarantineRequest"):
         out["retryQuarantineRequest"] = retry
-    return {**out, **reconciliation_stamps(new, old, user, at, keyring)}
+    controls = control_stamps(new, old, user, at, keyring)  # reconcileNow, escalation
+    return {**out, **reconciliation_stamps(new, old, user, at, keyring), **controls}
 
 
 def _retry_request(
@@ -319,6 +321,9 @@ async def check_update(
     if problem is not None:
         return problem
     problem = await _check_decisions(kube, new, old, user, policy, keyring, now or datetime.now(UTC))
+    if problem is not None:
+        return problem
+    problem = await check_controls(kube, new, old, user, keyring, refused_verb)
     if problem is not None:
         return problem
     return await check_reconciliations(kube, new, old, user, policy, keyring, refused_verb)

@@ -64,6 +64,7 @@ from durable_agents.shell.actions import ActionStore, FirstClaims
 from durable_agents.shell.agents import AgentResolver, model_calls_per_boundary
 from durable_agents.shell.batches import Batch, BatchWriter
 from durable_agents.shell.children import ChildRuns
+from durable_agents.shell.controls import Controls
 from durable_agents.shell.events import EventRecorder
 from durable_agents.shell.evidence import EvidenceReader
 from durable_agents.shell.failures import Failures, describe
@@ -185,6 +186,7 @@ class RunWorker:
         self.versions: dict[ObjectKey, int] = {}
         self.failures = Failures()  # exceptions per run and state version: retried, then quarantined
         self.batches = BatchWriter(self.store, self.reporter, self.failures, self.versions)
+        self.controls = Controls(kube, self.store, self.events, self.config.keyring)  # escalate, ask now
         self._tasks: list[asyncio.Task[None]] = []
 
     # --- intake ---------------------------------------------------------------------------
@@ -200,6 +202,7 @@ class RunWorker:
             self.failures.forget(key)
             self.ownership.forget(key)
             self.agents.forget(key)
+            self.controls.forget(key)
             return
         self.known.add(key)
         self.queue.add(key, body)
@@ -357,6 +360,9 @@ class RunWorker:
         if self.region_of(snap) != self.config.region:
             return  # another region's run: only the deployment owning its region advances it
         right = self.ownership.right(key, _recorded(snap))
+        if await self.controls.look(key, body, snap, right is not None):
+            self.enqueue(key)  # escalated, asked now or refused: decided again from what is stored
+            return
         if right is None:
             return  # another replica's shard (or not yet ours): we are told when we take it
         self.failures.at(key, "decide", snap)

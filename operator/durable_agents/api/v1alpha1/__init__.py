@@ -16,6 +16,8 @@ from durable_agents.api.v1alpha1.actionrecord import *
 from durable_agents.api.v1alpha1.agent import *
 from durable_agents.api.v1alpha1.agentpolicy import *
 from durable_agents.api.v1alpha1.agentrun import *
+from durable_agents.api.v1alpha1.controls import *
+from durable_agents.api.v1alpha1.identity import *
 from durable_agents.api.v1alpha1.meta import *
 from durable_agents.api.v1alpha1.regionfailover import *
 from durable_agents.api.v1alpha1.runrecord import *

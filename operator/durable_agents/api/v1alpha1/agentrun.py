@@ -9,6 +9,14 @@ from typing import Annotated, Any, Literal
 from pydantic import ConfigDict, Field
 
 from durable_agents.api.v1alpha1.agent import AgentConfig
+from durable_agents.api.v1alpha1.controls import (
+    EscalationRequest,
+    EscalationStatus,
+    ReconcileNowRequest,
+    ReconcileNowStatus,
+)
+from durable_agents.api.v1alpha1.identity import Identity as Identity  # here before its own module
+from durable_agents.api.v1alpha1.identity import stamp_field as _stamp
 from durable_agents.api.v1alpha1.meta import (
     API_VERSION,
     CONDITIONS_SCHEMA_EXTRA,
@@ -133,24 +141,6 @@ class Step(LeafStep):
     model_config = _exactly_one(STEP_KINDS)
 
     child: ChildStep | None = None
-
-
-class Identity(ApiModel):
-    """Who did something, as the API server authenticated them (stamped by the admission webhook)."""
-
-    username: str = Field(max_length=253)
-    groups: list[Annotated[str, Field(max_length=253)]] = Field(default_factory=list, max_length=32)
-    uid: str | None = Field(default=None, max_length=128)
-
-    def who(self) -> Identity:
-        """Just the identity (without a subclass's stamp): what stamps cover."""
-        return Identity(username=self.username, groups=list(self.groups), uid=self.uid)
-
-
-# An operator stamp, ``<key ID>:<base64 MAC>`` (durable_agents.core.stamps); only the operator's
-# admission webhook makes one, so a copied or hand-written value never verifies for other fields.
-def _stamp() -> Any:
-    return Field(default=None, max_length=512, pattern=r"^[^:]+:[A-Za-z0-9+/=]+$")
 
 
 class Creator(Identity):
@@ -373,6 +363,12 @@ class AgentRunSpec(ApiModel):
         default=None,
         description="Who set retryQuarantine to its current token: stamped by the admission webhook.",
     )
+    reconcile_now: ReconcileNowRequest | None = Field(
+        default=None, description="Ask the authoritative system now (kubectl agentrun reconcile RUN)."
+    )
+    escalation: EscalationRequest | None = Field(
+        default=None, description="Mark the run for a person (kubectl agentrun escalate RUN --reason)."
+    )
     parent_ref: RunReference | None = Field(
         default=None,
         description="The parent run, for a child run (set by the parent's operator).",
@@ -476,7 +472,7 @@ class RefusedRequest(ApiModel):
     """A request in the spec that the operator did not act on: nothing proves its authority (no
     stamp of the operator's admission webhook, or one that does not verify). Recorded once."""
 
-    field: Literal["approvals", "cancellations", "retryQuarantine"]
+    field: Literal["approvals", "cancellations", "retryQuarantine", "reconcileNow", "escalation"]
     key: str = Field(max_length=128, description="The request ID (for retryQuarantine: the token).")
     reason: str = Field(max_length=64, pattern=r"^[A-Za-z]+$")
     message: str = Field(default="", max_length=512)
@@ -553,6 +549,12 @@ class AgentRunStatus(ApiModel):
     )
     ownership: OwningRegion | None = Field(
         default=None, description="The owning region and its epoch at the last commit (region fencing)."
+    )
+    reconcile_now: ReconcileNowStatus | None = Field(
+        default=None, description="The last spec.reconcileNow acted on: what was asked, the answers."
+    )
+    escalation: EscalationStatus | None = Field(
+        default=None, description="The last spec.escalation acted on: who escalated, why, when."
     )
     checkpoint: dict[str, Any] | None = Field(
         default=None,

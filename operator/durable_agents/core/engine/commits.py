@@ -156,6 +156,9 @@ def status_after(
     conditions = [
         *conditions_for(state, old.conditions, now, run.generation, outcome, waiting_for),
         *refusal_conditions(old.refused_requests, old.conditions, now, run.generation),
+        # Written between transitions by the on-call controls (durable_agents.shell.controls):
+        # a transition keeps them.
+        *(c for c in old.conditions if c.type in CARRIED_CONDITIONS),
     ]
     return AgentRunStatus(
         state=state,
@@ -171,7 +174,14 @@ def status_after(
         quarantine_retried=old.quarantine_retried,
         refused_requests=old.refused_requests,
         ownership=old.ownership,  # the owning region (an adoption's stamp) outlives every commit
+        reconcile_now=old.reconcile_now,
+        escalation=old.escalation,
     )
+
+
+# Conditions no transition decides, written between transitions: kept as they are by every
+# commit (Escalated: durable_agents.shell.controls).
+CARRIED_CONDITIONS = frozenset({"Escalated"})
 
 
 def conditions_for(
@@ -219,7 +229,7 @@ def conditions_for(
 # --- refusals --------------------------------------------------------------------------------
 
 REQUEST_REFUSED = "RequestRefused"
-RefusedField = Literal["approvals", "cancellations", "retryQuarantine"]
+RefusedField = Literal["approvals", "cancellations", "retryQuarantine", "reconcileNow", "escalation"]
 
 
 @dataclass(frozen=True, kw_only=True)
