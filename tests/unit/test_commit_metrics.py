@@ -106,6 +106,14 @@ def test_resume_failures_are_counted_by_reason_and_a_resume_is_not() -> None:
         ),
     )
     observe_commit(RunState.RESUME_VALIDATION, commit(RunEvent.REVALIDATED, RunState.READY, history))
+    # A cancellation noted (or requested) during the validation is no failure of it.
+    for event, state in (
+        (RunEvent.CANCEL_RECORDED, RunState.RESUME_VALIDATION),
+        (RunEvent.CANCEL_REQUESTED, RunState.CANCEL_REQUESTED),
+    ):
+        observe_commit(RunState.RESUME_VALIDATION, commit(event, state, history))
+    assert sample("durable_agents_resume_failures_total", reason="CancelRecorded") == 0
+    assert sample("durable_agents_resume_failures_total", reason="CancelRequested") == 0
     assert failures("ReapprovalRequired") - before["ReapprovalRequired"] == 1
     assert failures("RuntimeConfigUnavailable") - before["RuntimeConfigUnavailable"] == 1
     assert failures("Revalidated") == before["Revalidated"] == 0

@@ -24,8 +24,17 @@ from durable_agents.shell import metrics
 
 # The quarantines that say a stored checkpoint could not be brought to the current schema.
 MIGRATION_FAILURES = frozenset({"MigrationFailed", "UnknownSchemaVersion"})
-# Leaving resume validation any other way than these is a resume failure.
-RESUMED = frozenset({RunEvent.REVALIDATED, RunEvent.INPUT_REQUESTED, RunEvent.EXTERNAL_AWAITED})
+# Leaving resume validation any other way than these is a resume failure: it resumed, went back
+# into the wait its checkpoint records, or a person's cancellation came first.
+RESUMED = frozenset(
+    {
+        RunEvent.REVALIDATED,
+        RunEvent.INPUT_REQUESTED,
+        RunEvent.EXTERNAL_AWAITED,
+        RunEvent.CANCEL_REQUESTED,
+        RunEvent.CANCEL_RECORDED,
+    }
+)
 # The resume failures known at start-up (initialised, so their series exist at 0).
 RESUME_FAILURE_REASONS = (
     "RefreshRequired",
@@ -35,7 +44,6 @@ RESUME_FAILURE_REASONS = (
     "RuntimeConfigUnavailable",
     "ChildFailed",
     "DeadlineExceeded",
-    "CancelRequested",
 )
 _REASON = re.compile(r"^[A-Za-z][A-Za-z0-9]{0,63}$")
 
