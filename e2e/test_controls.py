@@ -194,6 +194,9 @@ def test_list_reconcile_and_escalate_as_on_call_and_refused_without_the_verb(
     code, out, err = agentrun(erin, "list", "-n", ns)
     assert (code, out) == (1, "")
     assert f"""error: user 'erin' may not list agentruns in namespace '{ns}': needs verb 'list'""" in err
+    code, out, err = agentrun(carol, "list", "-A")  # carol's role is bound in one namespace only
+    assert (code, out) == (1, "")
+    assert "error: user 'carol' may not list agentruns in any namespace: needs verb 'list'" in err
 
     # Without the custom verb: refused, and the message names it. Nothing is asked.
     code, out, err = agentrun(dave, "reconcile", run, "-n", ns)

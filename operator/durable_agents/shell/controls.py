@@ -97,14 +97,24 @@ def _answer_of(record: dict[str, Any]) -> tuple[str, str]:
 
 
 class Controls:
-    def __init__(self, kube: Kube, store: RunStore, events: EventRecorder, keyring: Keyring | None) -> None:
+    def __init__(
+        self,
+        kube: Kube,
+        store: RunStore,
+        events: EventRecorder,
+        keyring: Keyring | None,
+        held: Callable[[str, str], object] = lambda _namespace, _name: True,
+    ) -> None:
         self.kube, self.store, self.events, self.keyring = kube, store, events, keyring
         self.dispatcher: Callable[[], Dispatcher | None] = lambda: None  # set by the manager
         self._escalated: set[ObjectKey] = set()
+        # Counted when scraped: only the runs whose shard is held now (a shard lost since the run
+        # was last looked at no longer counts here; its new holder counts it).
+        self._held = held
+        ESCALATED_RUNS.set_function(lambda: sum(1 for key in list(self._escalated) if self._held(*key)))
 
     def forget(self, key: ObjectKey) -> None:
         self._escalated.discard(key)
-        ESCALATED_RUNS.set(len(self._escalated))
 
     async def look(self, key: ObjectKey, body: dict[str, Any], snap: RunSnapshot, owned: bool) -> bool:
         """Act on the run's pending control requests if this replica holds it; True when the run
@@ -114,7 +124,6 @@ class Controls:
             return False
         spec, status = snap.spec, snap.status
         (self._escalated.add if is_escalated(status) else self._escalated.discard)(key)
-        ESCALATED_RUNS.set(len(self._escalated))
         try:
             fields: tuple[ControlField, ...] = ("escalation", "reconcileNow")
             for field in fields:
@@ -159,7 +168,6 @@ class Controls:
         written = await self.store.commit_status(body, wire)
         ESCALATIONS.inc()
         self._escalated.add(key)
-        ESCALATED_RUNS.set(len(self._escalated))
         log.warning("%s/%s escalated: %s", *key, condition.message)
         await self.events.record(written, ESCALATED, condition.message, warning=True)
 

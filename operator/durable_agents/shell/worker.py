@@ -186,7 +186,8 @@ class RunWorker:
         self.versions: dict[ObjectKey, int] = {}
         self.failures = Failures()  # exceptions per run and state version: retried, then quarantined
         self.batches = BatchWriter(self.store, self.reporter, self.failures, self.versions)
-        self.controls = Controls(kube, self.store, self.events, self.config.keyring)  # escalate, ask now
+        held = self.shard_leases.hold_for
+        self.controls = Controls(kube, self.store, self.events, self.config.keyring, held)  # on-call controls
         self._tasks: list[asyncio.Task[None]] = []
 
     # --- intake ---------------------------------------------------------------------------
