@@ -8,13 +8,18 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from prometheus_client import REGISTRY
+from tests.unit.builders import new_run, snap
 
 from durable_agents.api.v1alpha1 import AgentRunStatus, HistoryEntry, Outcome
 from durable_agents.api.v1alpha1.states import WAITING_STATES, RunState
-from durable_agents.core.engine import Commit
+from durable_agents.core.agent.exchange import ModelRequest
+from durable_agents.core.engine import Commit, NeedModelTurn
 from durable_agents.core.statemachine import RunEvent
 from durable_agents.shell.census import RunCensus, UnknownOutcomes
 from durable_agents.shell.commit_metrics import entered_at, initialise, observe_commit
+from durable_agents.shell.model_client import ModelEndpoint
+from durable_agents.shell.model_turns import ModelTurns
+from durable_agents_testkit.modelserver import ModelServerThread
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -216,3 +221,25 @@ def test_unknown_outcomes_report_the_oldest_until_settled() -> None:
     assert sample("durable_agents_unknown_outcomes") == 1
     unknown.track(("ns", "r2"), False, None)
     assert unknown.oldest_seconds() == 0.0
+
+
+async def test_a_model_call_counts_the_tokens_the_model_reported_by_kind() -> None:
+    script = {"model": "m", "rules": [{"content": "done"}]}
+    request = ModelRequest(model="m", messages=({"role": "user", "content": "say done"},), tools=())
+    before = {kind: sample("durable_agents_model_tokens_total", kind=kind) for kind in ("input", "output")}
+    with ModelServerThread(script) as server:
+        turns = ModelTurns(lambda _run: ModelEndpoint(base_url=server.base_url, timeout_seconds=5.0))
+        try:
+            answered = await turns.answer(snap(new_run()), NeedModelTurn(request, step_index=0))
+        finally:
+            await turns.client.close()
+    assert answered.reply is not None
+    usage = answered.reply.usage
+    assert (
+        sample("durable_agents_model_tokens_total", kind="input") - before["input"] == usage.input_tokens > 0
+    )
+    assert (
+        sample("durable_agents_model_tokens_total", kind="output") - before["output"]
+        == usage.output_tokens
+        > 0
+    )
