@@ -136,7 +136,11 @@ class Manager:
         )
         self._worker.start()
         shards = self._worker.shard_leases
-        self._census = RunCensus(lambda namespace, name: shards.hold_for(namespace, name) is not None)
+        self._census = RunCensus(
+            lambda namespace, name: shards.hold_for(namespace, name) is not None,
+            config.region,
+            config.keyring,
+        )
         self._census.start()
         self._reflector = RunReflector(
             self.kube,

@@ -183,21 +183,25 @@ def test_known_label_values_exist_at_start_up() -> None:
     assert not missing
 
 
-def run_body(name: str, state: str, since: datetime | None, namespace: str = "ns") -> dict[str, Any]:
+def run_body(
+    name: str, state: str, since: datetime | None, namespace: str = "ns", region: str | None = None
+) -> dict[str, Any]:
     status: dict[str, Any] = {"state": state}
     if since is not None:
         status["stateSince"] = since.isoformat().replace("+00:00", "Z")
-    return {"metadata": {"namespace": namespace, "name": name}, "status": status}
+    spec = {"region": region} if region else {}
+    return {"metadata": {"namespace": namespace, "name": name}, "spec": spec, "status": status}
 
 
-def test_the_census_counts_only_waiting_runs_of_held_shards() -> None:
-    census = RunCensus(held=lambda namespace, name: namespace == "ours")
+def test_the_census_counts_only_waiting_runs_of_held_shards_of_its_region() -> None:
+    census = RunCensus(held=lambda namespace, name: namespace == "ours", region="default")
     now = T0 + timedelta(hours=1)
     census.observe(None, run_body("a", "waiting_approval", T0 + timedelta(minutes=50), "ours"))
     census.observe(None, run_body("b", "waiting_approval", T0 + timedelta(minutes=20), "ours"))
     census.observe(None, run_body("c", "waiting_approval", T0, "theirs"))  # another replica's shard
     census.observe(None, run_body("d", "waiting_input", T0, "ours"))
     census.observe(None, run_body("e", "ready", T0, "ours"))
+    census.observe(None, run_body("f", "waiting_approval", T0, "ours", region="eu-west-1"))  # not ours
     census.observe("MODIFIED", run_body("d", "resume_validation", now, "ours"))  # its wait ended
     out = census.refresh(now)
     assert out[RunState.WAITING_APPROVAL] == (2, 40 * 60)

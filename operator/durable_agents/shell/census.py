@@ -1,6 +1,7 @@
 """The gauges computed over runs: how many runs wait in each waiting state and how old the oldest
 is, counting only the runs whose shard this replica holds (a sum or max over replicas is then
-right); and the oldest action outcome that is unknown right now.
+right) and that its region owns (a run of another region may hash to a shard number this replica
+holds); and the oldest action outcome that is unknown right now.
 
 The census keeps, from the AgentRun watch this process has anyway, only (state, since) of each
 waiting run, and recomputes the gauges on a timer on the event loop: no API request, nothing per
@@ -17,6 +18,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from durable_agents.api.v1alpha1.states import WAITING_STATES, RunState
+from durable_agents.core.regions import owning_region_of
+from durable_agents.core.sealing import Keyring
 from durable_agents.shell import metrics
 from durable_agents.shell.kube import ObjectKey
 
@@ -37,8 +40,11 @@ def _parse(stamp: Any) -> datetime | None:
 
 
 class RunCensus:
-    def __init__(self, held: Held, interval: float = 5.0) -> None:
+    def __init__(
+        self, held: Held, region: str, keyring: Keyring | None = None, interval: float = 5.0
+    ) -> None:
         self.held = held
+        self.region, self.keyring = region, keyring
         self.interval = interval
         self._waiting: dict[ObjectKey, tuple[RunState, datetime]] = {}
         self._task: asyncio.Task[None] | None = None
@@ -53,7 +59,12 @@ class RunCensus:
         except ValueError:
             state = RunState.PENDING
         since = _parse(status.get("stateSince"))
-        if event_type == "DELETED" or state not in WAITING_STATES or since is None:
+        if (
+            event_type == "DELETED"
+            or state not in WAITING_STATES
+            or since is None
+            or owning_region_of(body, self.keyring) != self.region
+        ):
             self._waiting.pop(key, None)
         else:
             self._waiting[key] = (state, since)
