@@ -32,7 +32,7 @@ RESUME_FAILURES = Counter(
     ["reason"],
 )
 WAITING_RUNS = Gauge(
-    "durable_agents_waiting_runs", "Runs in a waiting state known to this process", ["state"]
+    "durable_agents_waiting_runs", "Runs in each waiting state whose shard this replica holds", ["state"]
 )
 COMMIT_LATENCY = Histogram(
     "durable_agents_commit_seconds",
