@@ -238,6 +238,11 @@ def test_list_reconcile_and_escalate_as_on_call_and_refused_without_the_verb(
     assert action_status(runs, action)["queries"] == asked + 1, "asked once more, now"
     done = runs.wait_state(run, "completed", timeout=Within.COMMIT)
     assert condition(done, "Escalated") is not None, "the run's commits keep the Escalated condition"
+    code, out, err = agentrun(carol, "status", run, "-n", ns)
+    assert code == 0, err
+    assert "Escalated:   by carol at " in out, out
+    assert "Asked now:   ask-" in out, out
+    assert f"\n  {action}: Applied\n" in out, out
     assert refsystem.counts() == {idempotency_key(done["metadata"]["uid"], 0, "pay"): 1}
 
     text = scrape_when(

@@ -93,6 +93,22 @@ def answers(api: client.CustomObjectsApi, ns: str, name: str, asked: str, wait: 
         time.sleep(0.2)
 
 
+def controls_lines(status: dict[str, Any]) -> list[str]:
+    """``kubectl agentrun status``: the escalation and the last "ask now" with its answers."""
+    lines = []
+    escalation = status.get("escalation")
+    if escalation:
+        by, at = escalation.get("escalatedBy"), escalation.get("escalatedAt")
+        lines.append(f"Escalated:   by {by} at {at}: {escalation.get('reason')}")
+    asked = status.get("reconcileNow")
+    if asked:
+        lines.append(f"Asked now:   {asked.get('token')} by {asked.get('askedBy')} at {asked.get('askedAt')}")
+        for answer in asked.get("answers") or []:
+            said = f" ({answer['message']})" if answer.get("message") else ""
+            lines.append(f"  {answer.get('action')}: {answer.get('answer')}{said}")
+    return lines
+
+
 def main(command: str, argv: list[str]) -> int:
     """``kubectl agentrun escalate ...`` or ``kubectl agentrun reconcile RUN [--action] [--wait]``."""
     parser = argparse.ArgumentParser(prog=f"kubectl agentrun {command}", description=__doc__.split("\n\n")[0])

@@ -331,6 +331,7 @@ def describe(run: dict[str, Any], revealed: dict[str, Any] | None = None) -> str
             lines.append(f"  proposed compensation: step {step}")
     for refused in status.get("refusedRequests", []):
         lines.append(f"Refused:     {refused['field']}[{refused['key']}] ({refused['reason']})")
+    lines += kubectl_controls.controls_lines(status)  # escalate, reconcile RUN (ask now)
     if status.get("outcome"):
         lines.append(
             f"Outcome:     {status['outcome'].get('reason')}: {status['outcome'].get('message', '')}"

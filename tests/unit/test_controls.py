@@ -27,6 +27,7 @@ from durable_agents.core.controls import (
 )
 from durable_agents.core.sealing import Keyring
 from durable_agents.kubectl_list import human_duration, refusal, selected, table
+from durable_agents.shell.controls import answer_of
 from durable_agents.shell.controls_admission import check_controls, control_stamps
 
 KEYS = Keyring(keys={"k1": bytes(range(32))}, active_key_id="k1")
@@ -175,3 +176,14 @@ def test_a_refused_list_names_the_missing_verb() -> None:
     err.body = '{"message": "agentruns.durable-agents.io is forbidden: User \\"bob\\" cannot list resource"}'
     said = refusal(err, "list", "agentruns", "x")
     assert said.startswith("error: user 'bob' may not list agentruns in namespace 'x': needs verb 'list'")
+
+
+def test_what_the_system_said_is_read_from_the_record_before_and_after_asking() -> None:
+    unknown = {"status": {"state": "outcome_unknown", "attempts": 1, "reason": "HTTP503"}}
+    assert answer_of(unknown, {"status": {"state": "succeeded", "attempts": 1}})[0] == "Applied"
+    assert answer_of(unknown, unknown) == ("Unknown", "HTTP503")
+    sent_again = {"status": {"state": "succeeded", "attempts": 2}}  # not applied, sent again, applied
+    assert answer_of(unknown, sent_again) == (
+        "NotApplied",
+        "not applied: sent again with the same key (now succeeded)",
+    )

@@ -85,15 +85,19 @@ ESCALATED_RUNS = Gauge(
 )
 
 
-def _answer_of(record: dict[str, Any]) -> tuple[str, str]:
-    status = record.get("status") or {}
+def answer_of(before: dict[str, Any], after: dict[str, Any]) -> tuple[str, str]:
+    """What the system said, from the record before and after asking: sent again (more attempts)
+    after "not applied", succeeded after "applied", or still unknown."""
+    was, status = before.get("status") or {}, after.get("status") or {}
     state = status.get("state") or ActionState.INTENT.value
     message = str(status.get("message") or status.get("reason") or "")[:512]
+    if int(status.get("attempts") or 0) > int(was.get("attempts") or 0):
+        return "NotApplied", f"not applied: sent again with the same key (now {state})"
     if state == ActionState.SUCCEEDED.value:
         return "Applied", message
     if state == ActionState.OUTCOME_UNKNOWN.value:
         return "Unknown", message
-    return "NotApplied", f"sent again ({state})"
+    return "NotApplied", f"not applied ({state})"
 
 
 class Controls:
@@ -184,7 +188,7 @@ class Controls:
                 answers.append(ReconcileAnswer(action=name, answer="NoDispatcher", message=message))
             else:
                 dispatcher.pacing.forget((key[0], name))  # asked now, not after the paced wait
-                said, message = _answer_of(await dispatcher.reconcile(record))
+                said, message = answer_of(record, await dispatcher.reconcile(record))
                 answers.append(ReconcileAnswer(action=name, answer=said, message=message))
         if request.action is not None and not answers:
             message = "no ActionRecord of this run has that name"
