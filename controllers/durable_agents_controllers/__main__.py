@@ -16,6 +16,7 @@ from types import FrameType
 
 import kopf
 
+from durable_agents.shell.json_logs import configure_logging
 from durable_agents_controllers import (
     actionrecord,
     agentpolicy,
@@ -66,7 +67,7 @@ def main() -> None:
     if config.tracemalloc:
         tracemalloc.start(6)
     signal.signal(signal.SIGUSR1, _memory_report)
-    logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(config.log_level, config.log_format)  # DURABLE_AGENTS_LOG_FORMAT: text or json
     # kopf logs every handler call at INFO; our own log says what matters per run.
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     manager = Manager(config)

@@ -81,6 +81,7 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("DISPATCH_TIMEOUT", "5", "seconds before a dispatch's answer is an unknown outcome"),
     Variable("METRICS_PORT", "(off)", "port of the Prometheus metrics endpoint"),
     Variable("LOG_LEVEL", "INFO", "`DEBUG`, `INFO`, `WARNING` or `ERROR`"),
+    Variable("LOG_FORMAT", "text", "`text` or `json` (one JSON object a line; the chart sets `json`)"),
     Variable("WATCH_TIMEOUT", "300", "seconds of one watch request before it is renewed"),
     Variable("LIST_CHUNK", "200", "page size of list requests (bounds the start-up memory peak)"),
     Variable("WEBHOOK_PORT", "(off)", "port of the admission webhook (stamps and approvals)"),
@@ -159,6 +160,7 @@ class OperatorConfig:
     dispatch_timeout: float = 5.0
     metrics_port: int | None = None
     log_level: str = "INFO"
+    log_format: str = "text"
     watch_timeout: int = 300
     list_chunk: int = 200
     webhook_port: int | None = None
@@ -205,6 +207,7 @@ class OperatorConfig:
             dispatch_timeout=read.number("DISPATCH_TIMEOUT", float, 5.0, minimum=0.1),
             metrics_port=read.port("METRICS_PORT"),
             log_level=read.choice("LOG_LEVEL", ("DEBUG", "INFO", "WARNING", "ERROR"), "INFO"),
+            log_format=read.choice("LOG_FORMAT", ("text", "json"), "text"),
             watch_timeout=read.number("WATCH_TIMEOUT", int, 300, minimum=1),
             list_chunk=read.number("LIST_CHUNK", int, 200, minimum=1),
             webhook_port=read.port("WEBHOOK_PORT"),

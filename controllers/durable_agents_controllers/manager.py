@@ -21,7 +21,7 @@ from durable_agents.shell.faults import install_faults
 from durable_agents.shell.kube import Kube, load_api_client
 from durable_agents.shell.reflector import RunReflector
 from durable_agents.shell.resealer import ResealConfig, Resealer
-from durable_agents.shell.tracing import configure as configure_tracing
+from durable_agents.shell.run_traces import configure as configure_run_traces
 from durable_agents.shell.worker import RunWorker, WorkerConfig
 from durable_agents_controllers.config import OperatorConfig
 
@@ -103,7 +103,8 @@ class Manager:
             start_http_server(config.metrics_port)
             self._metrics_serving = True
         initialise_metrics()  # labelled series with known label values exist, at 0, from the start
-        configure_tracing()  # off unless OTEL_TRACES_EXPORTER / OTEL_EXPORTER_OTLP_ENDPOINT say otherwise
+        # Traces: off unless OTEL_TRACES_EXPORTER / OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT say otherwise.
+        configure_run_traces(config.identity, config.shards)
         install_faults(config.faults)
         for hook in self.start_hooks:
             await hook(settings)

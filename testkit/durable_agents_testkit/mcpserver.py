@@ -136,6 +136,7 @@ class Closure:
     resolution: str
     applied_at: datetime
     seq: int
+    traceparent: str | None = None  # the call's W3C trace context (``_meta.traceparent``), if sent
 
 
 def _initial_tickets() -> dict[str, dict[str, Any]]:
@@ -156,9 +157,9 @@ class TicketSystem:
     closures: list[Closure] = field(default_factory=list)
     faults: list[Fault] = field(default_factory=list)
 
-    def close(self, key: str, ticket: str, resolution: str) -> Closure:
+    def close(self, key: str, ticket: str, resolution: str, traceparent: str | None = None) -> Closure:
         """Apply a closure, always: there is deliberately no deduplication here."""
-        closure = Closure(key, ticket, resolution, datetime.now(UTC), len(self.closures) + 1)
+        closure = Closure(key, ticket, resolution, datetime.now(UTC), len(self.closures) + 1, traceparent)
         self.closures.append(closure)
         self.applications[key] = self.applications.get(key, 0) + 1
         self.tickets[ticket].update(status="closed", resolution=resolution)
@@ -331,7 +332,8 @@ def make_server(
         mode = fault.mode
         if mode is FaultMode.ERROR_BEFORE_APPLY:
             raise _ToolFailure("injected fault: error before apply (not applied)")
-        system.close(key, ticket, resolution)
+        traceparent = (params.meta or {}).get("traceparent")
+        system.close(key, ticket, resolution, traceparent if isinstance(traceparent, str) else None)
         if mode is FaultMode.ERROR_AFTER_APPLY:
             raise MCPError(INTERNAL_ERROR, "injected fault: error after apply")
         if mode is FaultMode.DROP_AFTER_APPLY:

@@ -137,6 +137,7 @@ class ApplicationRecord:
     body: JsonValue
     applied_at: datetime
     seq: int
+    traceparent: str | None = None  # the request's W3C trace context, if it sent one
 
     def to_json(self) -> dict[str, JsonValue]:
         return {
@@ -162,10 +163,14 @@ class ReferenceSystem:
     faults: list[Fault] = field(default_factory=list)
     _last: dict[str, ApplicationRecord] = field(default_factory=dict, repr=False)
 
-    def apply(self, key: str, body: JsonValue) -> ApplicationRecord:
+    def apply(self, key: str, body: JsonValue, traceparent: str | None = None) -> ApplicationRecord:
         """Apply an effect, always: there is deliberately no deduplication here."""
         record = ApplicationRecord(
-            key=key, body=body, applied_at=datetime.now(UTC), seq=len(self.records) + 1
+            key=key,
+            body=body,
+            applied_at=datetime.now(UTC),
+            seq=len(self.records) + 1,
+            traceparent=traceparent,
         )
         self.records.append(record)
         self.applications[key] = self.applications.get(key, 0) + 1
@@ -266,7 +271,7 @@ async def _post_effect(request: web.Request) -> web.StreamResponse:
         return _error(500, "injected fault: error before apply", key=key)
     if mode is FaultMode.REJECT:
         return _error(422, "injected fault: rejected, not applied", key=key)
-    system.apply(key, body)
+    system.apply(key, body, request.headers.get("traceparent"))
     answer = {"key": key, "applied": system.applied(key), "receipt": receipt_for(key)}
 
     if mode is FaultMode.ERROR_AFTER_APPLY:

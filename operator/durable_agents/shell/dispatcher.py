@@ -47,7 +47,7 @@ from durable_agents.core.ledger import (
 from durable_agents.core.regions import DEFAULT_REGION, owning_region_of
 from durable_agents.core.sealed_values import DataKey
 from durable_agents.core.sealing import Keyring
-from durable_agents.shell import metrics
+from durable_agents.shell import metrics, run_traces
 from durable_agents.shell.actions import ActionStore, FirstClaims
 from durable_agents.shell.agents import AgentResolver
 from durable_agents.shell.census import UnknownOutcomes
@@ -220,8 +220,9 @@ class Dispatcher:
     def _track_unknown(self, key: ObjectKey, status: ActionRecordStatus) -> None:
         self._unknown.track(key, status.state is A.OUTCOME_UNKNOWN, status.outcome_unknown_since)
 
-    def _context(self, spec: ActionRecordSpec, namespace: str) -> EffectContext:
-        return EffectContext(self.kube, namespace, spec.service_account_name, self.config.timeout)
+    def _context(self, spec: ActionRecordSpec, namespace: str, run: dict[str, Any] | None) -> EffectContext:
+        extra = run_traces.effect_extra(run, spec.run_ref.name, namespace, self.config)
+        return EffectContext(self.kube, namespace, spec.service_account_name, self.config.timeout, extra)
 
     async def _claim_and_dispatch(
         self, body: dict[str, Any], status: ActionRecordStatus, *, first: bool = False
@@ -265,7 +266,7 @@ class Dispatcher:
                 body, status, UNDECRYPTABLE, f"not dispatched: {err}", first_started is not None
             )
         name, namespace = body["metadata"]["name"], body["metadata"]["namespace"]
-        ctx = self._context(spec, namespace)
+        ctx = self._context(spec, namespace, run_body)
         try:  # read as the run's ServiceAccount, right before the send; never stored
             action, references = await resolve_references(ctx, action, data_key)
         except UnresolvedReference as err:
@@ -298,16 +299,9 @@ class Dispatcher:
         process_faults().before_send()
         if not self._claim_holds(claimed_at):
             return await self._claim_lapsed(claimed, spec)
-        result = await effect.dispatch(ctx, action)
+        result = await run_traces.dispatched(effect, ctx, action)
         metrics.ACTION_DISPATCHES.labels(spec.effect, type(result).__name__).inc()
-        log.info(
-            "%s/%s %s attempt %d: %s",
-            namespace,
-            claimed["metadata"]["name"],
-            spec.effect,
-            claimed_status.attempts,
-            type(result).__name__,
-        )
+        run_traces.log_dispatch(ctx, claimed, spec.effect, claimed_status.attempts, result)
         if isinstance(result, Applied):
             outcome = sealed_outcome(result.outcome, data_key, name)
             out = await self._write(
@@ -442,7 +436,7 @@ class Dispatcher:
         send meets the same system, and its answer (definite, or unknown and then reconciled) is
         what the record keeps. The restore guarantee therefore needs a system that answers queries.
         """
-        answer = await effect.query(ctx, action)
+        answer = await run_traces.queried(effect, ctx, action)
         metrics.ACTION_QUERIES.labels(spec.effect, type(answer).__name__).inc()
         if isinstance(answer, Unknown):
             log.warning(
@@ -504,7 +498,7 @@ class Dispatcher:
             run_body = await self.runs.get(body["metadata"]["namespace"], spec.run_ref.name)
         except Gone:
             run_body = None
-        ctx = self._context(spec, body["metadata"]["namespace"])
+        ctx = self._context(spec, body["metadata"]["namespace"], run_body)
         try:
             action = action_of(spec, run_body, self.config.keyring)
             data_key = data_key_of(run_body, self.config.keyring)
@@ -515,7 +509,7 @@ class Dispatcher:
             self.queue.wake_at(self._key(body), self.pacing.asked(self._key(body), status.queries))
             return None
         said = await self.people.said(body, status, run_body)  # a person's, stamped, first
-        said = said or system_said(await effect.query(ctx, action), spec)
+        said = said or system_said(await run_traces.queried(effect, ctx, action), spec)
         answer, why, told = said.result, said.reason, said.message
         if isinstance(answer, Applied):
             observe_unknown_duration(status)

@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING, Any, cast
 import httpx2
 
 from durable_agents.core.digest import canonical_digest
+from durable_agents.shell import tracing
 
 # The SDK is imported on first use: building its pydantic models takes seconds of CPU, which every
 # operator start (a takeover, a restarted Pod) would pay, MCP servers or not.
@@ -265,10 +266,12 @@ async def call_tool(
     """
     from mcp_types import RequestParamsMeta
 
-    meta: RequestParamsMeta | None = None
+    # The W3C traceparent of the current span (a dispatch's, a tool call's): the server may join it.
+    items: dict[str, Any] = tracing.traceparent()
     if idempotency_key is not None:
-        # RequestParamsMeta is an open TypedDict (PEP 728 extra items), which mypy cannot express.
-        meta = cast(RequestParamsMeta, {IDEMPOTENCY_META_KEY: idempotency_key})
+        items[IDEMPOTENCY_META_KEY] = idempotency_key
+    # RequestParamsMeta is an open TypedDict (PEP 728 extra items), which mypy cannot express.
+    meta = cast(RequestParamsMeta, items) if items else None
     listed = sent = False
     answer: CallToolResult | None = None
     try:

@@ -17,7 +17,7 @@ from durable_agents.api.v1alpha1.states import RunState
 from durable_agents.core.engine import Commit
 from durable_agents.core.engine.commits import REQUEST_REFUSED, Refusal
 from durable_agents.core.statemachine import RunEvent
-from durable_agents.shell import metrics
+from durable_agents.shell import metrics, run_traces
 from durable_agents.shell.commit_metrics import observe_commit
 from durable_agents.shell.events import NOTABLE, EventRecorder, reason_of
 
@@ -46,6 +46,7 @@ class CommitReporter:
             body["metadata"]["name"],
             commit.event.value,
             message,
+            extra=run_traces.committed(body, before, commit),  # its span; the JSON line's fields
         )
         if not self.all_events and commit.event.value not in NOTABLE:
             return

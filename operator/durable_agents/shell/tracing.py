@@ -5,10 +5,11 @@ MCP tool call.
 Off unless configured (the API's no-op tracer then costs next to nothing), with the standard
 OpenTelemetry variables rather than one of our own: ``OTEL_TRACES_EXPORTER=console`` prints each
 span as JSON on stderr (the SDK's ConsoleSpanExporter behind a BatchSpanProcessor), and
-``OTEL_EXPORTER_OTLP_ENDPOINT`` (or ``OTEL_TRACES_EXPORTER=otlp``) sends them over OTLP when the
-optional ``opentelemetry-exporter-otlp`` package is installed (it is not a dependency: it brings
-gRPC and protobuf). ``OTEL_SERVICE_NAME``, ``OTEL_RESOURCE_ATTRIBUTES`` and ``OTEL_BSP_*`` keep
-their SDK meaning.
+``OTEL_EXPORTER_OTLP_ENDPOINT`` / ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` (or
+``OTEL_TRACES_EXPORTER=otlp``) sends them over OTLP/HTTP (``opentelemetry-exporter-otlp-proto-http``,
+a dependency; gRPC only when its optional package is installed). ``OTEL_SERVICE_NAME``,
+``OTEL_RESOURCE_ATTRIBUTES`` and ``OTEL_BSP_*`` keep their SDK meaning. Each process names itself
+with ``service.instance.id`` (its worker identity) and ``process.pid``.
 
 Spans carry what a call was (model, tokens, finish reasons, endpoint, run and step, the failure's
 reason), never what was said: prompts, replies, tool arguments and results are sealed data and
@@ -29,6 +30,7 @@ from urllib.parse import urlsplit
 
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from durable_agents import __version__
 
@@ -80,7 +82,7 @@ def _otlp_exporter(env: Mapping[str, str]) -> SpanExporter | None:
     return cast("SpanExporter", module.OTLPSpanExporter())
 
 
-def configure(env: Mapping[str, str] | None = None) -> TracerProvider | None:
+def configure(env: Mapping[str, str] | None = None, *, instance: str | None = None) -> TracerProvider | None:
     """Install the SDK's tracer provider when tracing is configured (see the module); once per
     process. Returns the provider, or None when tracing stays off."""
     global _provider
@@ -106,9 +108,14 @@ def configure(env: Mapping[str, str] | None = None) -> TracerProvider | None:
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
     # Ours first, then what OTEL_SERVICE_NAME / OTEL_RESOURCE_ATTRIBUTES say (they win).
-    resource = Resource.create({"service.name": SERVICE_NAME, "service.version": __version__}).merge(
-        OTELResourceDetector().detect()
-    )
+    ours: dict[str, Any] = {
+        "service.name": SERVICE_NAME,
+        "service.version": __version__,
+        "process.pid": os.getpid(),
+    }
+    if instance:
+        ours["service.instance.id"] = instance  # tells the processes of one run's trace apart
+    resource = Resource.create(ours).merge(OTELResourceDetector().detect())
     provider = TracerProvider(resource=resource)  # flushed and shut down at exit
     for exporter in exporters:
         provider.add_span_processor(BatchSpanProcessor(exporter))
@@ -116,6 +123,14 @@ def configure(env: Mapping[str, str] | None = None) -> TracerProvider | None:
     _provider = provider
     log.info("tracing: exporting spans to %s", ", ".join(type(e).__name__ for e in exporters))
     return provider
+
+
+def traceparent() -> dict[str, str]:
+    """The W3C ``traceparent`` (and ``tracestate``) of the current span, for an outgoing request;
+    empty when no span is current."""
+    carrier: dict[str, str] = {}
+    TraceContextTextMapPropagator().inject(carrier)
+    return carrier
 
 
 def server_attributes(url: str) -> dict[str, Any]:

@@ -59,7 +59,7 @@ from durable_agents.core.engine.quarantine import INTERNAL_ERROR, internal_error
 from durable_agents.core.planner import Planner
 from durable_agents.core.regions import DEFAULT_REGION, owning_region, with_region_epoch
 from durable_agents.core.sealing import Keyring
-from durable_agents.shell import metrics
+from durable_agents.shell import metrics, run_traces
 from durable_agents.shell.actions import ActionStore, FirstClaims
 from durable_agents.shell.agents import AgentResolver, model_calls_per_boundary
 from durable_agents.shell.batches import Batch, BatchWriter
@@ -436,7 +436,8 @@ class RunWorker:
                     return
             self.ownership.wrote(key, right)
         try:
-            await self._advance(key, right, body, actions, children)
+            work = self._advance(key, right, body, actions, children)
+            await run_traces.unit(self.identity, self.config.region, snap, right, work)  # its span
         except Lost:
             log.info("epoch of %s/%s moved on; this process stops touching it", *key)
             self.ownership.forget(key)

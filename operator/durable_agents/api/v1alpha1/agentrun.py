@@ -519,6 +519,16 @@ class AgentRunStatus(ApiModel):
             "its keys and the authoritative system recognises what it already applied."
         ),
     )
+    trace_id: str | None = Field(
+        default=None,
+        min_length=32,
+        max_length=32,
+        pattern="^[0-9a-f]{32}$",
+        description=(
+            "The run's OpenTelemetry trace ID (32 lowercase hex), set with its first commit and kept: "
+            "every process that works on the run puts its spans in this one trace."
+        ),
+    )
     waiting_for: str | None = Field(default=None, max_length=253)
     observed_generation: int | None = Field(default=None, ge=0)
     outcome: Outcome | None = None

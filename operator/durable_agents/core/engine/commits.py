@@ -35,7 +35,7 @@ from durable_agents.core.checkpoint import (
     stamp_checkpoint,
 )
 from durable_agents.core.engine.decisions import Commit
-from durable_agents.core.engine.snapshot import RunSnapshot, Settings
+from durable_agents.core.engine.snapshot import RunSnapshot, Settings, run_traceparent
 from durable_agents.core.statemachine import Position as MachinePosition
 from durable_agents.core.statemachine import RunEvent, transition
 
@@ -80,6 +80,7 @@ class CommitBuilder:
                 "fencing": self.epoch,
                 "timestamps": timestamps,
                 "runtime_config": runtime,
+                "trace_link": run_traceparent(run.trace_id),  # the root of the run's one trace
             }
         )
         # Last, over the finished checkpoint: the proof that this operator committed its decisive
@@ -165,6 +166,7 @@ def status_after(
         state_version=version,
         state_since=now if state is not old.state or old.state_since is None else old.state_since,
         run_id=run.run_id,
+        trace_id=run.trace_id,
         waiting_for=waiting_for,
         observed_generation=run.generation,
         outcome=outcome if outcome is not None else old.outcome,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +20,19 @@ from durable_agents.core.agent.exchange import ModelReply
 from durable_agents.core.checkpoint import KubernetesEvidenceRef
 from durable_agents.core.sealed_values import DATA_KEY_ANNOTATION
 from durable_agents.core.sealing import Keyring
+
+
+def run_trace_id(run_id: str) -> str:
+    """A trace ID for a run: 128 bits of a hash of its run ID (never all zeros, which is invalid)."""
+    digest = hashlib.sha256(f"durable-agents/trace/{run_id}".encode()).hexdigest()[:32]
+    return digest if int(digest, 16) else "1".rjust(32, "0")
+
+
+def run_traceparent(trace_id: str) -> str:
+    """The W3C traceparent of a run's trace root: its trace ID and a span ID derived from it, the
+    same in every process (the remote parent each process's spans of the run hang off)."""
+    span_id = hashlib.sha256(bytes.fromhex(trace_id)).hexdigest()[:16]
+    return f"00-{trace_id}-{span_id if int(span_id, 16) else '1'.rjust(16, '0')}-01"
 
 
 @dataclass(frozen=True)
@@ -62,6 +76,12 @@ class RunSnapshot:
         """The identity effects are keyed by: recorded at the first commit, so it survives a
         restore from backup (which gives the object a new uid); the uid until then."""
         return self.status.run_id or self.uid
+
+    @property
+    def trace_id(self) -> str:
+        """The run's trace ID (32 lowercase hex): recorded at the first commit, derived from the
+        run ID until then (the same in every process, so a unit before that commit agrees)."""
+        return self.status.trace_id or run_trace_id(self.run_id)
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from durable_agents.api.v1alpha1 import ActionTier
+from durable_agents.shell import tracing
 from durable_agents.shell.effects.base import (
     Action,
     Applied,
@@ -62,6 +63,11 @@ async def _json(resp: aiohttp.ClientResponse) -> Any:
         return None
 
 
+def _headers(key: str) -> dict[str, str]:
+    # The W3C traceparent of the dispatch's span: the receiver may join the run's trace.
+    return {"Idempotency-Key": key, **tracing.traceparent()}
+
+
 class HttpPost:
     name = "http.post"
     tier = ActionTier.CONSEQUENTIAL
@@ -77,7 +83,7 @@ class HttpPost:
         try:
             async with (
                 aiohttp.ClientSession(timeout=timeout) as session,
-                session.post(url, json=action.arguments, headers={"Idempotency-Key": action.key}) as resp,
+                session.post(url, json=action.arguments, headers=_headers(action.key)) as resp,
             ):
                 body = await _json(resp)
                 if 200 <= resp.status < 300:
