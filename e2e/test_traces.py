@@ -183,7 +183,9 @@ def test_a_model_runs_spans_say_nothing_and_its_effect_carries_the_trace(
         assert not [t for t in shown if text in t], f"a span shows what was said: {text!r}"
 
     # JSON log lines: one object a line; transitions and the dispatch with the run's fields.
-    lines = [json.loads(line) for line in op.log_path.read_text().splitlines() if line.startswith("{")]
+    text = [line for line in op.log_path.read_text().splitlines() if line.strip()]
+    assert not [line for line in text if not line.startswith("{")], "every line is a JSON object"
+    lines = [json.loads(line) for line in text]
     ours = [line for line in lines if line.get("run") == name]
     transitions = [line for line in ours if line.get("stateVersion") and line.get("event") != "Dispatched"]
     assert [line["stateVersion"] for line in transitions] == [
