@@ -25,6 +25,7 @@ from durable_agents.core.controls import (
     pending,
     with_condition,
 )
+from durable_agents.core.key_use import keys_in_use
 from durable_agents.core.sealing import Keyring
 from durable_agents.kubectl_list import human_duration, refusal, selected, table
 from durable_agents.shell.controls import answer_of
@@ -187,3 +188,11 @@ def test_what_the_system_said_is_read_from_the_record_before_and_after_asking() 
         "NotApplied",
         "not applied: sent again with the same key (now succeeded)",
     )
+
+
+def test_a_control_stamp_keeps_its_key_in_use_until_acted_on() -> None:
+    spec = {"escalation": {"token": "e1", "reason": "r", "stamp": "old:AAAA"}}
+    waiting = {"spec": spec, "status": {"state": "waiting_input"}}
+    assert "spec.escalation stamp" in keys_in_use(waiting).get("old", [])
+    acted_on = {"spec": spec, "status": {"state": "waiting_input", "escalation": {"token": "e1"}}}
+    assert "old" not in keys_in_use(acted_on)

@@ -12,7 +12,7 @@ run uses it. What "uses" means, by key ID (:func:`keys_in_use`):
   not been accepted (no checkpoint yet, or ``pending``), every ``spec.approvals[*].stamp``,
   ``spec.cancellations[*].stamp``, ``spec.reconciliations[*].stamp``,
   ``spec.retryQuarantineRequest.stamp`` and the child stamp annotation, while the run is not
-  terminal.
+  terminal; ``spec.reconcileNow.stamp`` and ``spec.escalation.stamp`` until they are acted on.
 
 Terminal runs count for their data key and checkpoint: their sealed values and ledger must stay
 readable and verifiable for audit, so a key is in use as long as any run that names it exists.
