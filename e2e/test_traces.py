@@ -125,6 +125,13 @@ def test_a_run_two_processes_died_on_is_one_trace_with_spans_of_all_three(
     root = done["status"]["checkpoint"]["traceLink"]  # the checkpoint's link: 00-<trace>-<root span>-01
     assert {f"00-{s.trace_id}-{s.parent_span_id}-01" for s in units} == {root}
     assert {s.attributes["durable_agents.holder"] for s in units} == {op.identity for op in ops}
+    # A takeover shows: the second's and the third's first units name the process that died.
+    takeovers = {
+        (s.attributes.get("durable_agents.previous_holder"), s.instance)
+        for s in units
+        if s.attributes["durable_agents.takeover"]
+    }
+    assert takeovers == {(first.identity, second.identity), (second.identity, third.identity)}
     # Every committed transition is a span, a child of its process's unit.
     transitions = sorted(
         (s for s in spans if s.name.startswith("transition ")),
@@ -183,9 +190,9 @@ def test_a_model_runs_spans_say_nothing_and_its_effect_carries_the_trace(
         assert not [t for t in shown if text in t], f"a span shows what was said: {text!r}"
 
     # JSON log lines: one object a line; transitions and the dispatch with the run's fields.
-    text = [line for line in op.log_path.read_text().splitlines() if line.strip()]
-    assert not [line for line in text if not line.startswith("{")], "every line is a JSON object"
-    lines = [json.loads(line) for line in text]
+    logged = [line for line in op.log_path.read_text().splitlines() if line.strip()]
+    assert not [line for line in logged if not line.startswith("{")], "every line is a JSON object"
+    lines = [json.loads(line) for line in logged]
     ours = [line for line in lines if line.get("run") == name]
     transitions = [line for line in ours if line.get("stateVersion") and line.get("event") != "Dispatched"]
     assert [line["stateVersion"] for line in transitions] == [

@@ -107,6 +107,7 @@ async def test_a_unit_and_its_transitions_are_spans_of_the_runs_trace(exporter: 
         "durable_agents.attempt": 0,
         "durable_agents.holder": "worker-a",
         "durable_agents.epoch": 4,
+        "durable_agents.takeover": False,  # a new run: nobody held it
         "durable_agents.region": "eu",
         "durable_agents.shard": 5,
     }

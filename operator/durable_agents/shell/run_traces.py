@@ -6,8 +6,9 @@ parents its spans on a *remote* parent made from that ID (the span ID derived fr
 spans of a process that died and of the one that took over land in the same trace:
 
 - ``run unit``: one per unit of work that advances the run (the worker's ``_advance``), with the
-  run ID, state version, attempt, policy version, parent run, holder, region and shard; the model
-  planner's ``chat``/``execute_tool`` spans are its children;
+  run ID, state version, attempt, policy version, parent run, holder (and the previous one: a
+  ``takeover`` when another process held it), region and shard; the model planner's
+  ``chat``/``execute_tool`` spans are its children;
 - ``transition {event}``: one per committed transition, a child of its unit (event, from, to,
   state version);
 - ``dispatch {effect}`` and ``query {effect}``: one per effect dispatch and per reconciliation
@@ -108,6 +109,8 @@ async def unit(identity: str, region: str, snap: RunSnapshot, right: Right, work
     raw_policy = checkpoint.get("policy")
     policy: Mapping[str, Any] = raw_policy if isinstance(raw_policy, dict) else {}
     parent = snap.spec.parent_ref
+    fencing = checkpoint.get("fencing")
+    previous = fencing.get("holder") if isinstance(fencing, dict) else None
     fields = {
         "run": snap.name,
         "namespace": snap.namespace,
@@ -127,6 +130,9 @@ async def unit(identity: str, region: str, snap: RunSnapshot, right: Right, work
         "durable_agents.parent_run": parent.uid if parent is not None else None,
         "durable_agents.holder": identity,
         "durable_agents.epoch": right.epoch.lease_transitions,
+        # Who held the run before (its checkpoint's fencing, as read): another process's is a takeover.
+        "durable_agents.previous_holder": previous,
+        "durable_agents.takeover": previous is not None and previous != identity,
         "durable_agents.region": region,
         "durable_agents.shard": right.hold.shard,
     }
