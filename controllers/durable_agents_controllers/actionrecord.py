@@ -20,6 +20,8 @@ def register(registry: kopf.OperatorRegistry, manager: Manager) -> None:
         ledger = manager.dispatcher
         if ledger is not None:
             ledger.observe(event.get("type"), body)
+        if manager.stuck is not None:  # an unknown outcome nobody can query makes its run stuck
+            manager.stuck.observe_action(event.get("type"), body)
         status: dict[str, Any] = body.get("status") or {}
         if status.get("state") in TERMINAL:
             spec: dict[str, Any] = body.get("spec") or {}

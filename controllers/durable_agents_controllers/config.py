@@ -113,6 +113,8 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("RESEAL_INTERVAL", "10m", "how often the key rotation pass runs (also once at start-up)"),
     Variable("RESEAL_WRITES_PER_SECOND", "20", "most writes per second of the key rotation pass"),
     Variable("TRACEMALLOC", "0", "`1`: SIGUSR1 also logs where live memory was allocated"),
+    Variable("STUCK_CHECK_SECONDS", "10", "seconds between passes of the stuck-run check over owned runs"),
+    Variable("STUCK_AFTER", "24h", "how long a wait without expiry may last before the run is Stuck"),
     Variable("TEST_KILL_AT", "(off)", "`before:N`/`after:N`: SIGKILL at the Nth write", FAULTS),
     Variable("TEST_STOP_AT", "(off)", "`before:N`/`after:N`: SIGSTOP at the Nth write", FAULTS),
     Variable("TEST_STOP_BEFORE_SEND", "0", "`1`: SIGSTOP before the first effect request", FAULTS),
@@ -175,6 +177,8 @@ class OperatorConfig:
     reseal_interval: float = 600.0
     reseal_writes_per_second: float = 20.0
     tracemalloc: bool = False
+    stuck_check_seconds: float = 10.0
+    stuck_after: float = 86400.0
     region: str = DEFAULT_REGION
     shards: int = 16
     lease_namespace: str = "default"
@@ -222,6 +226,8 @@ class OperatorConfig:
             reseal_interval=read.duration("RESEAL_INTERVAL", 600.0),
             reseal_writes_per_second=read.number("RESEAL_WRITES_PER_SECOND", float, 20.0, minimum=0.1),
             tracemalloc=read.choice("TRACEMALLOC", ("0", "1"), "0") == "1",
+            stuck_check_seconds=read.number("STUCK_CHECK_SECONDS", float, 10.0, minimum=0.1),
+            stuck_after=read.duration("STUCK_AFTER", 86400.0),
             faults=read.faults(),
             region=read.region("REGION"),
             shards=read.number("SHARDS", int, 16, minimum=1),

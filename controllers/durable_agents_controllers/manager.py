@@ -22,6 +22,7 @@ from durable_agents.shell.kube import Kube, load_api_client
 from durable_agents.shell.reflector import RunReflector
 from durable_agents.shell.resealer import ResealConfig, Resealer
 from durable_agents.shell.run_traces import configure as configure_run_traces
+from durable_agents.shell.stuck import StuckCheck, StuckConfig
 from durable_agents.shell.worker import RunWorker, WorkerConfig
 from durable_agents_controllers.config import OperatorConfig
 
@@ -37,6 +38,7 @@ class Manager:
         self._reflector: RunReflector | None = None
         self._resealer: Resealer | None = None
         self._failovers: Failovers | None = None
+        self.stuck: StuckCheck | None = None  # the Stuck condition of the runs this replica owns
         self._census: RunCensus | None = None  # the gauges over this replica's waiting runs
         self._metrics_serving = False
         # Run at start-up, in order, before the worker starts (the admission webhook's set-up).
@@ -75,6 +77,8 @@ class Manager:
             self._census.observe(event_type, body)
         if self._dispatcher is not None:
             self._dispatcher.observe_run(event_type, body)
+        if self.stuck is not None:
+            self.stuck.observe_run(event_type, body)
 
     @property
     def dispatcher(self) -> Dispatcher | None:
@@ -143,6 +147,10 @@ class Manager:
             config.keyring,
         )
         self._census.start()
+        if config.workers > 0:  # before the reflector: it judges the runs the first list delivers
+            stuck = StuckConfig(interval=config.stuck_check_seconds, threshold=config.stuck_after)
+            self.stuck = StuckCheck(self.kube, self._worker, stuck)
+            self.stuck.start()
         self._reflector = RunReflector(
             self.kube,
             self._observe_run,
@@ -185,6 +193,9 @@ class Manager:
         log.info("durable-agents worker %s started (lease %ss)", config.identity, config.lease_duration)
 
     async def stop(self, **_: object) -> None:
+        if self.stuck is not None:
+            await self.stuck.stop()
+            self.stuck = None
         if self._failovers is not None:
             await self._failovers.stop()
             self._failovers = None

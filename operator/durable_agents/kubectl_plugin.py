@@ -6,6 +6,7 @@
     kubectl agentrun retry   NAME [-n NS]     (a quarantined run, e.g. after an upgrade)
     kubectl agentrun status  NAME [-n NS] [--reveal]
     kubectl agentrun history NAME [-n NS]
+    kubectl agentrun why     NAME [-n NS] [-o json|yaml]   (what it waits for, what would wake it)
     kubectl agentrun region failover FROM --to TO [--reason TEXT] [--wait] [--timeout SECONDS]
     kubectl agentrun reconcile NAME --action RECORD (--applied | --not-applied) [--reason TEXT]
     kubectl agentrun reconcile NAME [--action RECORD] [--wait 10s]   (ask the system now)
@@ -56,7 +57,7 @@ from typing import Any, Final
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
-from durable_agents import kubectl_controls, kubectl_list, kubectl_reconcile, kubectl_region
+from durable_agents import kubectl_controls, kubectl_list, kubectl_reconcile, kubectl_region, kubectl_why
 from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents.core.disclosure import DisclosureError, new_reader_key, open_as_reader
 from durable_agents.core.sealed_values import is_sealed
@@ -363,6 +364,8 @@ def main(argv: list[str] | None = None) -> int:
         return kubectl_controls.main("reconcile", args_given[1:])  # no answer given: ask the system now
     if args_given[:1] == ["reconcile"]:  # an action's unknown outcome: its own options
         return kubectl_reconcile.main(args_given[1:])
+    if args_given[:1] == ["why"]:  # what the run waits for, what would wake it: -o json|yaml
+        return kubectl_why.main(args_given[1:])
     if args_given[:1] == ["list"]:  # the queue (durable_agents.kubectl_list)
         return kubectl_list.main(args_given[1:])
     if args_given[:1] == ["escalate"]:  # mark for a person (durable_agents.kubectl_controls)

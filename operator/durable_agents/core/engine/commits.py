@@ -183,7 +183,7 @@ def status_after(
 
 # Conditions no transition decides, written between transitions: kept as they are by every
 # commit (Escalated: durable_agents.shell.controls).
-CARRIED_CONDITIONS = frozenset({"Escalated"})
+CARRIED_CONDITIONS = frozenset({"Escalated", "Stuck"})
 
 
 def conditions_for(
