@@ -206,11 +206,16 @@ class StuckCheck:
             if seen is None:
                 continue
             spec, status = seen
-            verdict = await self.verdict(key, spec, status, now)
-            if verdict is not None:
-                counts[verdict.reason] += 1
-            if core.conditions_with(status.conditions, verdict, now, status.observed_generation) is not None:
-                await self._update(key, now)
+            try:  # one run's failed read or write waits for the next pass; the others go on
+                verdict = await self.verdict(key, spec, status, now)
+                if verdict is not None:
+                    counts[verdict.reason] += 1
+                if core.conditions_with(status.conditions, verdict, now, status.observed_generation):
+                    await self._update(key, now)
+            except ApiException as err:
+                log.warning(
+                    "stuck check of run %s/%s failed (%s %s); next pass", *key, err.status, err.reason
+                )
         for reason, count in counts.items():
             STUCK_RUNS.labels(reason).set(count)
         self.passes += 1
