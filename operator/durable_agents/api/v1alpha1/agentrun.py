@@ -528,6 +528,7 @@ class AgentRunStatus(ApiModel):
             "The run's OpenTelemetry trace ID (32 lowercase hex), set with its first commit and kept: "
             "every process that works on the run puts its spans in this one trace."
         ),
+        json_schema_extra={"x-kubernetes-validations": [cel("self == oldSelf", "traceId never changes")]},
     )
     waiting_for: str | None = Field(default=None, max_length=253)
     observed_generation: int | None = Field(default=None, ge=0)
