@@ -62,13 +62,17 @@ def start_operator(
     unless it runs other code than this checkout's (``PYTHONPATH``): then it is exec'd."""
     started: list[OperatorProcess] = []
 
-    def start(name: str = "op", lease_duration: int = 3, **env: str) -> OperatorProcess:
+    def start(
+        name: str = "op", lease_duration: int = 3, *, identity: str | None = None, **env: str
+    ) -> OperatorProcess:
         env.setdefault("DURABLE_AGENTS_NAMESPACE", namespace)
         where = (operator_kubeconfig, tmp_path / "operators")
         op = (
-            WarmOperator(fork_server, *where, name=name, lease_duration=lease_duration, env=env)
+            WarmOperator(
+                fork_server, *where, name=name, lease_duration=lease_duration, env=env, identity=identity
+            )
             if runs_this_checkout(env)
-            else OperatorProcess(*where, name=name, lease_duration=lease_duration, env=env)
+            else OperatorProcess(*where, name=name, lease_duration=lease_duration, env=env, identity=identity)
         )
         started.append(op)
         return op.start()

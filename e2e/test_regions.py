@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -117,17 +118,30 @@ def test_failover_verifies_adopts_and_the_paused_former_owner_commits_nothing(
     # The east replica that freezes: its first `many` commits take each run to its question; the
     # next (an answered run's answer + intent) is prepared and then frozen, never sent.
     frozen_port = free_port()
+    # Both east identities are chosen first, so that the runs can be named for where rendezvous
+    # hashing puts their shards: half stay with the replica to freeze once the other joins (the
+    # victim is one of them), half move to the other (left to chance, all six moved now and then).
+    frozen_id, other_id = (f"east-{role}-{uuid.uuid4().hex[:6]}" for role in ("frozen", "other"))
+
+    def stays(name: str) -> bool:
+        return desired_owner(shard_of(runs.namespace, name, 16), [frozen_id, other_id]) == frozen_id
+
+    candidates = [f"east-pay-{i}" for i in range(200)]
+    staying = [n for n in candidates if stays(n)][: many // 2]
+    moving = [n for n in candidates if not stays(n)][: many - many // 2]
+    assert len(staying) + len(moving) == many, "200 names, and not enough on one side of the hash"
     frozen = start_operator(
         "east-frozen",
         LEASE,
+        identity=frozen_id,
         DURABLE_AGENTS_REGION="east",
         DURABLE_AGENTS_TEST_STOP_AT=f"before:{many + 1}",
         DURABLE_AGENTS_METRICS_PORT=str(frozen_port),
     )
-    names = [runs.create(payment("east", refsystem.url), f"east-pay-{i}") for i in range(many)]
+    names = [runs.create(payment("east", refsystem.url), name) for name in sorted(staying + moving)]
     for name in names:
         runs.wait_state(name, "waiting_input", timeout=Within.RUN)
-    other = start_operator("east-other", LEASE, DURABLE_AGENTS_REGION="east")
+    other = start_operator("east-other", LEASE, identity=other_id, DURABLE_AGENTS_REGION="east")
     west = [
         start_operator(
             "west0", LEASE, DURABLE_AGENTS_REGION="west", DURABLE_AGENTS_WEBHOOK_PORT=str(free_port())

@@ -24,8 +24,9 @@ class OperatorProcess:
         name: str = "operator",
         lease_duration: int = 3,
         env: dict[str, str] | None = None,
+        identity: str | None = None,
     ) -> None:
-        self.identity = f"{name}-{uuid.uuid4().hex[:6]}"
+        self.identity = identity or f"{name}-{uuid.uuid4().hex[:6]}"
         self.kubeconfig = kubeconfig
         self.log_path = log_dir / f"{self.identity}.log"
         self.lease_duration = lease_duration
