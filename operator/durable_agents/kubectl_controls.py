@@ -26,7 +26,8 @@ from kubernetes.client.rest import ApiException
 
 from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents.core.durations import InvalidDuration, parse_duration
-from durable_agents.kubectl_list import api_message, refusal
+from durable_agents.kubectl_errors import api_message
+from durable_agents.kubectl_list import refusal
 from durable_agents.kubectl_reconcile import ReconcileError, _record, unknown_actions
 
 RUN = f"agentrun.{GROUP}"

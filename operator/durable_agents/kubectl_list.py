@@ -29,16 +29,10 @@ from kubernetes.client.rest import ApiException
 from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents.api.v1alpha1.states import RunState
 from durable_agents.core.durations import InvalidDuration, parse_duration
+from durable_agents.kubectl_errors import api_message
 
 STATES = [state.value for state in RunState]
 _FORBIDDEN_USER = re.compile(r'[Uu]ser "([^"]*)" cannot')
-
-
-def api_message(err: ApiException) -> str:
-    message = err.body
-    with contextlib.suppress(TypeError, ValueError, AttributeError):
-        message = json.loads(err.body).get("message", err.body)
-    return str(message or err.reason)
 
 
 def refusal(err: ApiException, verb: str, resource: str, namespace: str | None, also: str = "") -> str:

@@ -21,8 +21,6 @@ unless a SubjectAccessReview gives you the run's policy approver verb (default `
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
 import sys
 from typing import Any
 
@@ -31,6 +29,7 @@ from kubernetes.client.rest import ApiException
 
 from durable_agents.api.v1alpha1 import GROUP, VERSION, ActionState
 from durable_agents.core.reconciliations import FIELD, key_for
+from durable_agents.kubectl_errors import api_message
 from durable_agents.shell.leases import RUN_LABEL, run_label
 
 RUN = f"agentrun.{GROUP}"
@@ -39,13 +38,6 @@ UNKNOWN = ActionState.OUTCOME_UNKNOWN.value
 
 class ReconcileError(Exception):
     """What went wrong, said for people (printed after "error: ")."""
-
-
-def _message(err: ApiException) -> str:
-    message = err.body
-    with contextlib.suppress(TypeError, ValueError, AttributeError):
-        message = json.loads(err.body).get("message", err.body)
-    return str(message or err.reason)
 
 
 def unknown_actions(api: client.CustomObjectsApi, ns: str, run: str) -> list[str]:
@@ -98,7 +90,7 @@ def reconcile(
             GROUP, VERSION, ns, "agentruns", run, {"spec": {FIELD: {key: entry}}}
         )
     except ApiException as err:
-        raise ReconcileError(f"the API server refused the reconciliation: {_message(err)}") from None
+        raise ReconcileError(f"the API server refused the reconciliation: {api_message(err)}") from None
     answer = "applied (it will not be sent again)" if applied else "not applied (it will be sent again)"
     return f"{RUN}/{run}: action {action} attempt {attempt} reconciled as {answer}"
 
@@ -125,6 +117,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 1
     except ApiException as err:
-        print(f"error: {err.status} {err.reason}: {_message(err)}", file=sys.stderr)
+        print(f"error: {err.status} {err.reason}: {api_message(err)}", file=sys.stderr)
         return 1
     return 0

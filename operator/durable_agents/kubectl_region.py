@@ -16,8 +16,6 @@ Exit codes: 0 completed with every run adopted; 2 completed with runs left behin
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
 import secrets
 import sys
 import time
@@ -37,6 +35,7 @@ from durable_agents.api.v1alpha1 import (
     RegionFailoverStatus,
 )
 from durable_agents.core.regions import InvalidRegion, validate_region
+from durable_agents.kubectl_errors import api_message
 
 RESOURCE = f"regionfailover.{GROUP}"
 DEFAULT_TIMEOUT = 300.0
@@ -63,13 +62,6 @@ def failover_body(name: str, from_region: str, to: str, reason: str | None) -> d
     return {"apiVersion": API_VERSION, "kind": FAILOVER_KIND, "metadata": {"name": name}, "spec": spec}
 
 
-def _message(err: ApiException) -> str:
-    message = err.body
-    with contextlib.suppress(TypeError, ValueError, AttributeError):
-        message = json.loads(err.body).get("message", err.body)
-    return str(message or err.reason)
-
-
 def create(api: client.CustomObjectsApi, from_region: str, to: str, reason: str | None) -> dict[str, Any]:
     """The RegionFailover as the API server stored it (a new name if one is taken)."""
     for attempt in range(_NAME_ATTEMPTS):
@@ -79,7 +71,7 @@ def create(api: client.CustomObjectsApi, from_region: str, to: str, reason: str 
         except ApiException as err:
             if err.status == 409 and attempt + 1 < _NAME_ATTEMPTS:
                 continue  # the random name is taken: another one
-            raise FailoverError(f"the API server refused the failover: {_message(err)}") from None
+            raise FailoverError(f"the API server refused the failover: {api_message(err)}") from None
         return made
     raise AssertionError("unreachable")  # the last attempt returns or raises
 
@@ -203,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 1
     except ApiException as err:
-        print(f"error: {err.status} {err.reason}: {_message(err)}", file=sys.stderr)
+        print(f"error: {err.status} {err.reason}: {api_message(err)}", file=sys.stderr)
         return 1
     if not _finished(done):
         phase = (done.get("status") or {}).get("phase") or "not yet taken up by the operator serving it"

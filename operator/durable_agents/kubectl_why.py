@@ -24,18 +24,12 @@ from pydantic import ValidationError
 
 from durable_agents.api.v1alpha1 import GROUP, VERSION, AgentRunSpec, AgentRunStatus
 from durable_agents.core.stuck import STUCK, wait_expiry
+from durable_agents.kubectl_errors import api_message
 from durable_agents.kubectl_reconcile import unknown_actions
 
 
 class WhyError(Exception):
     """What went wrong, said for people (printed after "error: ")."""
-
-
-def _message(err: ApiException) -> str:
-    message = err.body
-    with contextlib.suppress(TypeError, ValueError, AttributeError):
-        message = json.loads(err.body).get("message", err.body)
-    return str(message or err.reason)
 
 
 def _unknown_actions(api: client.CustomObjectsApi, ns: str, run: str) -> list[str] | None:
@@ -209,7 +203,7 @@ def why(api: client.CustomObjectsApi, ns: str, name: str) -> dict[str, Any]:
         if err.status == 404:
             raise WhyError(f"agentrun {name!r} not found in namespace {ns!r}") from None
         raise WhyError(
-            f"the API server refused to read agentrun {ns}/{name}: {err.status} {_message(err)}"
+            f"the API server refused to read agentrun {ns}/{name}: {err.status} {api_message(err)}"
         ) from None
     waiting_for = (run.get("status") or {}).get("waitingFor") or ""
     unknown = _unknown_actions(api, ns, name) if waiting_for.startswith("action:") else None
