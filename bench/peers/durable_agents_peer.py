@@ -15,6 +15,19 @@ The workload, mapped to what the scripted planner has (it has no pure-computatio
   replayable and need no commit, so they are left out; the run is the approval-gated POST and
   ``complete``. This is what committing only at semantic boundaries would cost; it is a model of
   a planner that computes in memory, not a feature the operator has.
+* ``model`` mapping (system ``durable-agents-model``): what a user of this operator writes for this
+  workload: the model planner (``spec.agent``) driven by the reference model server
+  (:mod:`durable_agents_testkit.modelserver`, a child process of this worker, scripted by
+  :func:`model_script`), the computations being model calls between semantic boundaries. Two tools:
+  ``read_input`` (a ``read`` of a ConfigMap by name, non-consequential) and ``post_result`` (the
+  ``http.post`` effect, consequential by the same AgentPolicy). Eight model calls per run, where
+  the eight computations stand: calls 1-3 read ``peer-step-1..3``, call 4 proposes the POST (the run
+  parks in ``waiting_approval``, the approval bound to that POST's digest, as above), and after its
+  outcome calls 5-7 read ``peer-step-6``, ``-7``, ``-9`` and call 8 is the final answer (the run
+  completes). A model call is no commit of its own: what the model proposed is written with the
+  next boundary, or once the policy's bound of model calls between two writes (default 4) is
+  reached. The model server's calls are counted (``GET /calls``) and its CPU is reported apart,
+  not in the system's CPU: it stands in for a remote model.
 
 The driver (20 threads) creates each run as the admin, waits (a watch on all AgentRuns) until it is
 parked in ``waiting_approval``, patches ``spec.approvals[requestId]`` with the request's digest as
@@ -32,8 +45,12 @@ from __future__ import annotations
 
 import contextlib
 import importlib.metadata
+import itertools
+import json
 import os
 import ssl
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -66,8 +83,25 @@ APPROVERS_GROUP = "agentrun-approvers"
 POLICY = "peer"
 CONFIGMAP = "peer-input"
 POST = "approve-and-post"
-MAPPINGS = ("reads", "boundaries")
+MAPPINGS = ("reads", "boundaries", "model")
 RUN_TIMEOUT = 180.0
+# The model mapping: the model planner and the reference model server.
+MODEL = "peer-model"
+MODEL_PROMPT = "peer-agent-prompt"
+MODEL_SECRET = "peer-model-key"
+MODEL_API_KEY = "sk-peer-bench"
+MODEL_SERVER = "reference model server"  # its label in cpu_by_process
+READ_TOOL = "read_input"
+POST_TOOL = "post_result"
+READS_BEFORE, READS_AFTER = (1, 2, 3), (6, 7, 9)  # the workload steps the model's reads stand for
+# 3 reads, the POST proposed, 3 reads after its outcome, the final answer.
+MODEL_CALLS = len(READS_BEFORE) + 1 + len(READS_AFTER) + 1
+MODEL_TURNS = [READ_TOOL] * len(READS_BEFORE) + [POST_TOOL] + [READ_TOOL] * len(READS_AFTER)
+PROMPT = (
+    "You run the peer workload. Read the inputs peer-step-1, peer-step-2 and peer-step-3 one at a "
+    "time with read_input, then post the result with post_result (a person approves it first). "
+    "Once it is posted, read peer-step-6, peer-step-7 and peer-step-9, then say that you are done."
+)
 
 
 def api_client(kubeconfig: Path, pool: int = 40) -> client.ApiClient:
@@ -78,8 +112,101 @@ def api_client(kubeconfig: Path, pool: int = 40) -> client.ApiClient:
     return client.ApiClient(configuration)
 
 
-def run_spec(refsystem_url: str, mapping: str) -> tuple[dict[str, Any], int]:
-    """The AgentRun spec of the workload and the index of its effect step."""
+def _input(step: int) -> str:
+    """The ConfigMap the model reads for the workload's step ``step`` (model mapping)."""
+    return f"peer-step-{step}"
+
+
+def model_script() -> dict[str, Any]:
+    """The reference model server's script (model mapping). The first rule whose condition holds
+    answers, and the conditions see only the run's own conversation (the tools called so far, the
+    last tool result), so one script serves every run at once: each read names the next input,
+    and the POST's outcome leads to the reads after it."""
+
+    def call(tool: str, arguments: dict[str, Any], when: dict[str, Any], content: str) -> dict[str, Any]:
+        return {"when": when, "content": content, "toolCalls": [{"name": tool, "arguments": arguments}]}
+
+    def read(step: int, when: dict[str, Any]) -> dict[str, Any]:
+        return call(READ_TOOL, {"name": _input(step)}, when, f"Next, the input of step {step}.")
+
+    before, after = {"notCalled": [POST_TOOL]}, {"called": [POST_TOOL]}
+    first, last = READS_BEFORE[-1], READS_AFTER[-1]
+    return {
+        "model": MODEL,
+        "rules": [
+            read(READS_BEFORE[0], {"notCalled": [READ_TOOL]}),
+            *[
+                read(n, {**before, "lastToolResultContains": _input(p)})
+                for p, n in itertools.pairwise(READS_BEFORE)
+            ],
+            call(
+                POST_TOOL,
+                {"workloadStep": 8},
+                {**before, "lastToolResultContains": _input(first)},
+                "The inputs are read: post the result.",
+            ),
+            *[
+                read(n, {**after, "lastToolResultContains": _input(p)})
+                for p, n in itertools.pairwise(READS_AFTER)
+            ],
+            {
+                "when": {**after, "lastToolResultContains": _input(last)},
+                "content": "Done: the result is posted.",
+            },
+            # The POST's outcome (the last tool result): the reads after it begin.
+            read(READS_AFTER[0], {**after, "lastToolResultContains": '"outcome":"succeeded"'}),
+        ],
+    }
+
+
+def agent_spec(refsystem_url: str, model_url: str) -> dict[str, Any]:
+    """The model mapping's AgentRun spec: the model planner, a read tool and the POST tool."""
+    post = {
+        "effect": "http.post",
+        "target": _target(refsystem_url),
+        "parameters": {
+            "type": "object",
+            "properties": {"workloadStep": {"type": "integer"}},
+            "required": ["workloadStep"],
+            "additionalProperties": False,
+        },
+    }
+    tools = [
+        {
+            "name": READ_TOOL,
+            "description": "Read one of the workload's input ConfigMaps by name.",
+            "read": {"apiVersion": "v1", "kind": "ConfigMap"},
+        },
+        {"name": POST_TOOL, "description": "POST the result. A person approves it first.", "effect": post},
+    ]
+    endpoint = {
+        "baseUrl": model_url,
+        "credentialsSecretRef": {"name": MODEL_SECRET, "key": "apiKey"},
+        "timeout": "30s",
+    }
+    return {
+        "taskType": "peer-bench",
+        "objective": "the peer workload: 10 steps, an approval, one POST",
+        "policyRef": {"name": POLICY},
+        "agent": {
+            "planner": "model",
+            "model": MODEL,
+            "endpoint": endpoint,
+            "systemPrompt": {"name": MODEL_PROMPT, "key": "v1"},
+            "tools": tools,
+        },
+    }
+
+
+def _target(refsystem_url: str) -> dict[str, str]:
+    return {"url": f"{refsystem_url}/effects", "queryUrl": f"{refsystem_url}/effects"}
+
+
+def run_spec(refsystem_url: str, mapping: str, model_url: str = "") -> tuple[dict[str, Any], int | None]:
+    """The AgentRun spec of the workload and the index of its effect step (None for the model
+    mapping: the model's call decides which step it is)."""
+    if mapping == "model":
+        return agent_spec(refsystem_url, model_url), None
 
     def read(step: int) -> dict[str, Any]:
         ref = {"apiVersion": "v1", "kind": "ConfigMap", "name": CONFIGMAP}
@@ -87,11 +214,7 @@ def run_spec(refsystem_url: str, mapping: str) -> tuple[dict[str, Any], int]:
 
     post = {
         "name": POST,
-        "effect": {
-            "effect": "http.post",
-            "target": {"url": f"{refsystem_url}/effects", "queryUrl": f"{refsystem_url}/effects"},
-            "arguments": {"workloadStep": 8},
-        },
+        "effect": {"effect": "http.post", "target": _target(refsystem_url), "arguments": {"workloadStep": 8}},
     }
     done = {"name": "done", "complete": {"result": "ok"}}
     if mapping == "reads":
@@ -242,6 +365,82 @@ def _delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float
     return {k: v - before.get(k, 0.0) for k, v in after.items() if v - before.get(k, 0.0)}
 
 
+class ModelServerProcess:
+    """The reference model server (``python -m durable_agents_testkit.modelserver``) playing
+    :func:`model_script`, as a child process of this worker: the orchestrator measures its CPU
+    apart from the system's, since it stands in for a remote model."""
+
+    def __init__(self, work: Path) -> None:
+        work.mkdir(parents=True, exist_ok=True)
+        script = work / "model-script.json"
+        script.write_text(json.dumps(model_script(), indent=1))
+        self._log = (work / "modelserver.log").open("w")
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "durable_agents_testkit.modelserver",
+                "--script",
+                str(script),
+                "--api-key",
+                MODEL_API_KEY,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            text=True,
+        )
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline().strip()  # the one line it prints: its base URL
+        if not line.startswith("http"):
+            self.stop()
+            raise RuntimeError(f"the reference model server did not start (see {work / 'modelserver.log'})")
+        self.base_url = line
+        self.url = line.removesuffix("/v1")
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def calls(self) -> tuple[int, int]:
+        """(completions served, of which unmatched by the script), from ``GET /calls``."""
+        with urllib.request.urlopen(f"{self.url}/calls", timeout=30) as response:
+            calls = json.load(response)
+        return int(calls["total"]), int(calls["unmatched"])
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(10)
+        self.proc.kill()  # nothing once it has exited (Popen signals only a running child)
+        self.proc.wait(10)
+        self._log.close()
+
+
+def _check_model_run(done: dict[str, Any]) -> None:
+    """A model run did what the script says: its facts record every model call and tool call."""
+    facts = done["status"]["checkpoint"]["agent"]
+    turns = [turn["tool"] for turn in facts["turns"]]
+    if facts["modelCallsTotal"] != MODEL_CALLS or turns != MODEL_TURNS:
+        raise AssertionError(f"the model run recorded {facts['modelCallsTotal']} model calls, turns {turns}")
+
+
+def _model_calls(model: ModelServerProcess, before: tuple[int, int], runs: int) -> dict[str, Any]:
+    """The model calls of a repetition as the model server served them, and as the runs record them."""
+    total, unmatched = model.calls()
+    served = total - before[0]
+    return {
+        "model_calls": {
+            "served": served,
+            "per_run": round(served / runs, 2) if runs else None,
+            "unmatched_by_script": unmatched - before[1],
+            "recorded_per_run": MODEL_CALLS,
+            "note": "served: completions the reference model server answered (GET /calls) during the "
+            "repetition; recorded: status.checkpoint.agent.modelCallsTotal, checked for every completed "
+            "run. A unit of work decided again (a 409 on its write) repeats its model calls.",
+        }
+    }
+
+
 class DurableAgentsPeer(PeerSystem):
     name = "durable-agents"
 
@@ -283,6 +482,11 @@ class DurableAgentsPeer(PeerSystem):
         operator = self.operator
         eventually(lambda: operator.logged("admission webhook serving"), Within.TAKEOVER, "the webhook")
         self.watch = RunWatch(api_client(Path(self.plane.kubeconfig_path), pool=2)).start()
+        # Only when this invocation measures the model mapping (run.py says which it will).
+        self.model = (
+            ModelServerProcess(self.work / "model") if "model" in self.config.get("variants", ()) else None
+        )
+        uncounted = {str(self.model.pid): MODEL_SERVER} if self.model is not None else {}
         return {
             "versions": {
                 "durable-agents": durable_agents.__version__,
@@ -299,7 +503,22 @@ class DurableAgentsPeer(PeerSystem):
                 "operator_user": "durable-agents-operator (the chart's ClusterRole rules)",
                 "control_plane_start_seconds": round(plane_seconds, 1),
             },
-            "mapping": {m: [s.get("name") for s in run_spec("http://x", m)[0]["steps"]] for m in MAPPINGS},
+            "mapping": {
+                **{
+                    m: [s.get("name") for s in run_spec("http://x", m)[0]["steps"]]
+                    for m in MAPPINGS
+                    if m != "model"
+                },
+                "model": {
+                    "tools": {READ_TOOL: "read (ConfigMap, by name)", POST_TOOL: "http.post (consequential)"},
+                    "turns": MODEL_TURNS,
+                    "model_calls": MODEL_CALLS,
+                    "script": model_script(),
+                },
+            },
+            # Processes of this worker that stand for something remote: the orchestrator reports
+            # their CPU in cpu_by_process under this label but not in the system's cpu_seconds.
+            "uncounted_processes": uncounted,
         }
 
     def _grant_approvers(self) -> None:
@@ -323,24 +542,38 @@ class DurableAgentsPeer(PeerSystem):
             }
         )
 
-    def _prepare_namespace(self, ns: str) -> None:
-        self.core.create_namespace({"metadata": {"name": ns}})
-        self.core.create_namespaced_config_map(ns, {"metadata": {"name": CONFIGMAP}, "data": {"x": "1"}})
-        rule = {
-            "apiGroups": [""],
-            "resources": ["configmaps"],
-            "verbs": ["get"],
-            "resourceNames": [CONFIGMAP],
-        }
-        self.rbac.create_namespaced_role(ns, {"metadata": {"name": "peer-read"}, "rules": [rule]})
+    def _grant_run(self, ns: str, role: str, resource: str, names: list[str]) -> None:
+        """The run's ServiceAccount (``default``) may get exactly these objects."""
+        rule = {"apiGroups": [""], "resources": [resource], "verbs": ["get"], "resourceNames": names}
+        self.rbac.create_namespaced_role(ns, {"metadata": {"name": role}, "rules": [rule]})
         self.rbac.create_namespaced_role_binding(
             ns,
             {
-                "metadata": {"name": "peer-read"},
-                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "peer-read"},
+                "metadata": {"name": role},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role},
                 "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": ns}],
             },
         )
+
+    def _prepare_agent(self, ns: str) -> None:
+        """What the model planner needs besides: the inputs the model reads, the prompt, the key."""
+        inputs = [_input(step) for step in (*READS_BEFORE, *READS_AFTER)]
+        for name in inputs:
+            self.core.create_namespaced_config_map(ns, {"metadata": {"name": name}, "data": {"input": name}})
+        self.core.create_namespaced_config_map(
+            ns, {"metadata": {"name": MODEL_PROMPT}, "data": {"v1": PROMPT}}
+        )
+        secret = {"metadata": {"name": MODEL_SECRET}, "stringData": {"apiKey": MODEL_API_KEY}}
+        self.core.create_namespaced_secret(ns, secret)
+        self._grant_run(ns, "peer-agent", "configmaps", [MODEL_PROMPT, *inputs])
+        self._grant_run(ns, "peer-agent-key", "secrets", [MODEL_SECRET])
+
+    def _prepare_namespace(self, ns: str, mapping: str) -> None:
+        self.core.create_namespace({"metadata": {"name": ns}})
+        self.core.create_namespaced_config_map(ns, {"metadata": {"name": CONFIGMAP}, "data": {"x": "1"}})
+        self._grant_run(ns, "peer-read", "configmaps", [CONFIGMAP])
+        if mapping == "model":
+            self._prepare_agent(ns)
         policy = {
             "apiVersion": f"{GROUP}/{VERSION}",
             "kind": "AgentPolicy",
@@ -353,7 +586,8 @@ class DurableAgentsPeer(PeerSystem):
         }
         self.custom.create_namespaced_custom_object(GROUP, VERSION, ns, "agentpolicies", policy)
 
-    def _one(self, ns: str, name: str, spec: dict[str, Any], post_index: int) -> RunTiming:
+    def _one(self, ns: str, name: str, spec: dict[str, Any], post_index: int | None) -> RunTiming:
+        """One run; ``post_index`` None: a model run, whose POST is the step the model proposed."""
         timing = RunTiming(run_id=f"{ns}/{name}")
         key = (ns, name)
         try:
@@ -363,7 +597,9 @@ class DurableAgentsPeer(PeerSystem):
             created = self.custom.create_namespaced_custom_object(
                 GROUP, VERSION, ns, "agentruns", {**body, "spec": spec}
             )
-            timing.key = idempotency_key(created["metadata"]["uid"], post_index, POST)
+            uid = created["metadata"]["uid"]
+            if post_index is not None:
+                timing.key = idempotency_key(uid, post_index, POST)
             parked = self.watch.wait(
                 key, lambda o: _state(o) in ("waiting_approval", "failed", "completed"), RUN_TIMEOUT
             )
@@ -371,6 +607,9 @@ class DurableAgentsPeer(PeerSystem):
                 raise AssertionError(f"expected waiting_approval, got {_state(parked)}")
             timing.paused = self.watch.first_seen(key, _version(parked))
             request = parked["status"]["approvalRequest"]
+            if post_index is None:  # the model's call is step agent-<index>
+                step = request["step"]
+                timing.key = idempotency_key(uid, int(step.rsplit("-", 1)[1]), step)
             decision = {"digest": request["digest"], "decision": "approve", "reason": "bench"}
             self.approver.patch_namespaced_custom_object(
                 GROUP,
@@ -396,6 +635,8 @@ class DurableAgentsPeer(PeerSystem):
             decided = done["spec"]["approvals"][request["requestId"]]
             if (decided.get("approver") or {}).get("username") != APPROVER:
                 raise AssertionError(f"the approval was not stamped by the webhook: {decided}")
+            if post_index is None:
+                _check_model_run(done)
             timing.ok = True
         except Exception as err:
             timing.finished = timing.finished or time.time()
@@ -411,8 +652,14 @@ class DurableAgentsPeer(PeerSystem):
         mapping = variant or "reads"
         system = self.name if mapping == "reads" else f"{self.name}-{mapping}"
         ns = f"peers-{mapping[:5]}-r{rep}-{uuid.uuid4().hex[:5]}"
-        self._prepare_namespace(ns)
-        spec, post_index = run_spec(self.refsystem_url, mapping)
+        self._prepare_namespace(ns, mapping)
+        model = self.model if mapping == "model" else None
+        if mapping == "model" and model is None:
+            raise RuntimeError(
+                "the model mapping needs the model server: start the worker with variants [model]"
+            )
+        spec, post_index = run_spec(self.refsystem_url, mapping, model.base_url if model is not None else "")
+        calls_before = model.calls() if model is not None else (0, 0)
         operator_url = f"http://127.0.0.1:{self.metrics_port}/metrics"
         etcd_url = f"{self.plane.etcd_url}/metrics"
         op_before = _metrics(
@@ -434,6 +681,7 @@ class DurableAgentsPeer(PeerSystem):
             operator_url, ("durable_agents_api_writes_total", "durable_agents_transitions_total")
         )
         etcd_after = _metrics(etcd_url, ETCD_METRICS, self.plane.etcd_ssl_context())
+        extra = _model_calls(model, calls_before, runs) if model is not None else {}
         ok = [e for e in writes if 200 <= e.code < 300]
         # The region's shard and member Leases (in the operator's Lease namespace) are renewed
         # whatever the runs do: their writes in this window are counted too, shared by its runs.
@@ -455,7 +703,8 @@ class DurableAgentsPeer(PeerSystem):
             "namespace": ns,
         }
         self.watch.forget(ns)
-        return RepResult.from_timings(system, rep, timings, in_flight, float(len(ok) + len(region)), detail)
+        commits = float(len(ok) + len(region))
+        return RepResult.from_timings(system, rep, timings, in_flight, commits, detail, extra)
 
     def _settled_writes(self, ns: str, since: datetime, offset: int) -> list[AuditEntry]:
         """The namespace's write requests since ``since``, once their number stops growing."""
@@ -472,6 +721,9 @@ class DurableAgentsPeer(PeerSystem):
         return entries
 
     def teardown(self) -> None:
+        if self.model is not None:
+            with contextlib.suppress(Exception):
+                self.model.stop()
         with contextlib.suppress(Exception):
             self.watch.stop()
         with contextlib.suppress(Exception):

@@ -1,20 +1,23 @@
-"""The peer comparison: one workload, five systems, same machine, same invocation.
+"""The peer comparison: one workload, six systems, same machine, same invocation.
 
     .venv/bin/python -m bench.peers.run --out bench/results/peers.json
 
 Systems (``--systems``, default all): ``durable-agents`` (the workload mapped onto the step kinds
 the scripted planner has: every computation a committed ``read`` step), ``durable-agents-boundaries``
-(computations left uncommitted: only the semantic boundaries), ``dbos-postgres``,
-``langgraph-sqlite`` and ``langgraph-postgres``. See :mod:`bench.peers.workload` for the workload
-and each system's module for its mapping and for what "delivered", "resumed" and "durable commit"
-mean there.
+(computations left uncommitted: only the semantic boundaries), ``durable-agents-model`` (the model
+planner driven by the reference model server: the computations are model calls between semantic
+boundaries), ``dbos-postgres``, ``langgraph-sqlite`` and ``langgraph-postgres``. See
+:mod:`bench.peers.workload` for the workload and each system's module for its mapping and for what
+"delivered", "resumed" and "durable commit" mean there.
 
 Each system runs in a worker process of its own; after a warm-up, the repetitions are interleaved
 (the order rotates every repetition), so slow drifts of a shared machine's load hit every system
 alike. Per repetition: runs per second in steady state with ``--in-flight`` runs in flight,
 approval-to-resume p50/p99, durable commits per run and CPU seconds per run (the system's processes
-only; the machine's other load is reported next to it). Every run must complete, and the counting
-server must have seen every run's idempotency key exactly once: otherwise the exit status is 1.
+only; the machine's other load is reported next to it; a process that stands in for a remote
+service, the reference model server, is reported by itself and not counted). Every run must
+complete, and the counting server must have seen every run's idempotency key exactly once:
+otherwise the exit status is 1.
 """
 
 from __future__ import annotations
@@ -36,10 +39,13 @@ import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from bench.peers import procstat
 from bench.peers.workload import IN_FLIGHT, RESULT_MARK, percentile, summary
+
+if TYPE_CHECKING:
+    from bench.peers.postgres import ThrowawayPostgres
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = REPO / "bench" / "results" / "peers.json"
@@ -74,6 +80,9 @@ SYSTEMS: dict[str, SystemSpec] = {
             "durable_agents_peer",
             variant="boundaries",
             peer=False,
+        ),
+        SystemSpec(
+            "durable-agents-model", "durable-agents", "durable_agents_peer", variant="model", peer=False
         ),
         SystemSpec("dbos-postgres", "dbos", "dbos_peer", uses_postgres=True),
         SystemSpec("langgraph-sqlite", "langgraph-sqlite", "langgraph_peer", {"variant": "sqlite"}),
@@ -208,7 +217,9 @@ def run_one_rep(
     timeout: float,
 ) -> dict[str, Any]:
     roots = [worker.pid] + ([postmaster] if spec.uses_postgres and postmaster else [])
-    labels = {worker.pid: "driver"}
+    # Processes standing in for a remote service (the reference model server): not the system's CPU.
+    uncounted = {int(pid): label for pid, label in (worker.info.get("uncounted_processes") or {}).items()}
+    labels = {worker.pid: "driver", **uncounted}
     cpu_before = procstat.tree_cpu(roots, labels)
     busy_before = procstat.machine_busy_seconds()
     self_before = sum(os.times()[:2])
@@ -228,7 +239,9 @@ def run_one_rep(
         for k in cpu_after
         if cpu_after[k] - cpu_before.get(k, 0.0) > 0
     }
-    ours = sum(cpu.values())
+    measured = sum(cpu.values())
+    not_counted = {label: cpu[label] for label in uncounted.values() if label in cpu}
+    ours = measured - sum(not_counted.values())
     counts = refsystem.counts()
     keys: list[str] = result.pop("keys")
     wrong = {k: counts.get(k, 0) for k in keys if counts.get(k, 0) != 1}
@@ -264,12 +277,24 @@ def run_one_rep(
         "cpu_seconds": round(ours, 3),
         "cpu_seconds_per_run": round(ours / runs, 4),
         "cpu_by_process": dict(sorted(cpu.items(), key=lambda kv: -kv[1])),
+        **(
+            {
+                "cpu_not_counted": {
+                    label: "stands in for a remote model: in cpu_by_process, NOT included in "
+                    "cpu_seconds or cpu_seconds_per_run"
+                    for label in sorted(not_counted)
+                }
+            }
+            if not_counted
+            else {}
+        ),
         "machine": {
             "window_seconds": round(elapsed, 3),
             "busy_fraction": round(busy / capacity, 3),
-            "others_fraction": round(max(0.0, busy - ours - self_cpu) / capacity, 3),
+            "others_fraction": round(max(0.0, busy - measured - self_cpu) / capacity, 3),
             "loadavg": procstat.loadavg(),
         },
+        **(result.get("extra") or {}),  # the model mapping's model calls
     }
 
 
@@ -300,6 +325,11 @@ def summarize(reps: list[dict[str, Any]]) -> dict[str, Any]:
             for name in sorted({n for r in reps for n in r["cpu_by_process"]})
         },
         "others_cpu_fraction": metric(lambda r: r["machine"]["others_fraction"]),
+        **(
+            {"model_calls_per_run": metric(lambda r: r["model_calls"]["per_run"])}
+            if any("model_calls" in r for r in reps)
+            else {}
+        ),
     }
 
 
@@ -425,7 +455,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from bench.peers.postgres import ThrowawayPostgres
     from durable_agents_testkit.refsystem import ReferenceSystemThread
 
     began = time.monotonic()
@@ -457,6 +486,9 @@ def main(argv: list[str] | None = None) -> int:
     with ReferenceSystemThread() as refsystem:
         try:
             if any(s.uses_postgres for s in specs):
+                # Imported here: the durable-agents rows alone need no PostgreSQL driver (bench extra).
+                from bench.peers.postgres import ThrowawayPostgres
+
                 pg = ThrowawayPostgres().start()
                 record["postgres"] = pg.facts()
                 print(
@@ -466,9 +498,11 @@ def main(argv: list[str] | None = None) -> int:
             for spec in specs:
                 if spec.worker in workers:
                     continue
+                variants = [s.variant for s in specs if s.worker == spec.worker and s.variant]
                 config = {
                     "refsystem_url": refsystem.url,
                     "work_dir": str(work / spec.worker),
+                    **({"variants": variants} if variants else {}),
                     **({"postgres": pg.descriptor()} if pg is not None and spec.uses_postgres else {}),
                     **spec.config,
                 }
@@ -514,12 +548,14 @@ def main(argv: list[str] | None = None) -> int:
                     systems[spec.name]["reps"].append(result)
                     ok &= result["ok"]
                     lat = result["approval_to_resume_ms"]
+                    calls = result.get("model_calls")
                     print(
                         f"  rep {rep} {spec.name:<26} {result['runs_per_second'] or 0:7.2f} runs/s  "
                         f"p50 {lat['p50'] or 0:7.1f} ms  p99 {lat['p99'] or 0:7.1f} ms  "
                         f"{result['durable_commits_per_run']} commits/run  "
                         f"{result['cpu_seconds_per_run']:.4f} CPU s/run  "
-                        f"others {result['machine']['others_fraction']:.0%}  ok={result['ok']}",
+                        + (f"{calls['per_run']} model calls/run  " if calls else "")
+                        + f"others {result['machine']['others_fraction']:.0%}  ok={result['ok']}",
                         flush=True,
                     )
             for spec in specs if args.unloaded_runs > 0 else []:
@@ -571,7 +607,9 @@ def main(argv: list[str] | None = None) -> int:
     for data in systems.values():
         data["summary"] = summarize(data["reps"])
         # The headline figures also at the top of each record (bench/figure.py reads runs_per_second).
-        data.update({k: data["summary"][k] for k in HEADLINE})
+        data.update(
+            {k: data["summary"][k] for k in (*HEADLINE, "model_calls_per_run") if k in data["summary"]}
+        )
         for r in data["reps"]:
             r.pop("latencies_ms")
     record["systems"] = systems
@@ -580,12 +618,14 @@ def main(argv: list[str] | None = None) -> int:
         "python": platform.python_version(),
         "postgresql": (record.get("postgres") or {}).get("server_version"),
         "sqlite": sqlite3.sqlite_version,
-        "control_plane": (
-            (systems.get("durable-agents") or systems.get("durable-agents-boundaries") or {}).get("info")
-            or {}
-        )
-        .get("versions", {})
-        .get("control plane binaries"),
+        "control_plane": next(
+            (
+                s["info"].get("versions", {}).get("control plane binaries")
+                for name, s in systems.items()
+                if not SYSTEMS[name].peer and s["info"]
+            ),
+            None,
+        ),
         "packages": package_versions(),
     }
     record["loadavg"] = {"start": load_start, "end": procstat.loadavg()}
@@ -644,7 +684,19 @@ def workload_description() -> dict[str, Any]:
             "complete.",
             "durable-agents-boundaries": "the replayable computations need no commit and are left out: the "
             "run is the approval-gated http.post step and complete: what a user of this operator writes for "
-            "the workload (with the model planner, the computations are model calls between boundaries).",
+            "the workload (with the model planner, the computations are model calls between boundaries: "
+            "durable-agents-model).",
+            "durable-agents-model": (
+                "what a user of this operator writes: the model planner (spec.agent) driven by the "
+                "reference model server (a scripted OpenAI-compatible server, run as its own process; its "
+                "CPU is reported apart and not counted: it stands in for a remote model). Tools: "
+                "read_input (a ConfigMap read by name, non-consequential) and post_result (http.post, "
+                "consequential by the same AgentPolicy). 8 model calls per run where the 8 computations "
+                "stand: 3 reads, the POST proposed (the run waits for an approval bound to its digest), "
+                "after its outcome 3 reads and the final answer. Model calls are no commits of their own: "
+                "what the model proposed is written with the next boundary, or when the policy's bound "
+                "of model calls between two writes (default 4) is reached."
+            ),
             "dbos-postgres": "@DBOS.workflow with 10 @DBOS.step steps (step 8 the POST); DBOS.recv before "
             "step 5, DBOS.send from the driver",
             "langgraph": "a linear StateGraph of 10 nodes, durability='sync'; interrupt() in node 5, resumed "
