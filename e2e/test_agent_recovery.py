@@ -88,8 +88,9 @@ TURNS = [  # the checkpoint's turns: (tool, outcome); the final answer is no tur
 # (a run status commit, an ActionRecord created, its status written by the dispatcher) and, for a
 # run write, the model calls committed by then (its checkpoint's modelCallsTotal).
 WRITES: list[tuple[str, int | None]] = [
-    ("run", 2),  # accepted; read_limits proposed and read; read_order proposed: the bound of 2
-    ("run", 4),  # the order read; lookup_ticket proposed and asked (MCP); the bad refund refused
+    ("run", 2),  # accepted; read_limits proposed and read; read_order proposed and read: a third
+    # call would pass the bound of 2, so the write comes first
+    ("run", 4),  # lookup_ticket proposed and asked (MCP); the bad refund refused
     ("run", 5),  # the refund proposed: approval_requested (a wait)
     ("run", 5),  # approval_decided, revalidated, the refund's intent (external_awaited)
     ("record", None),  # the refund's ActionRecord, created under the dispatcher's first claim

@@ -48,7 +48,9 @@ class OperatorProcess:
 
     def await_ready(self, timeout: float) -> None:
         eventually(self._ready_or_dead, timeout, f"operator {self.identity} to start")
-        if not self.alive:
+        # Dead before the ready line is a failed start. Dead after it is a started process that
+        # ended (a chaos victim's kill hook may fire before this poll runs): the caller judges it.
+        if not self.alive and not self._was_ready():
             raise RuntimeError(f"operator {self.identity} exited at start:\n{self.log_tail()}")
 
     def start(self, timeout: float = Within.TAKEOVER) -> OperatorProcess:
@@ -65,8 +67,11 @@ class OperatorProcess:
         self.await_ready(timeout)
         return self
 
+    def _was_ready(self) -> bool:
+        return self.log_path.exists() and READY_LINE in self.log_path.read_text()
+
     def _ready_or_dead(self) -> bool:
-        return not self.alive or (self.log_path.exists() and READY_LINE in self.log_path.read_text())
+        return not self.alive or self._was_ready()
 
     @property
     def pid(self) -> int:

@@ -536,6 +536,16 @@ class RunWorker:
                 fresh = {ref.id: await self.reader.reread(snap, ref, now) for ref in decision.refs}
                 continue
             if isinstance(decision, NeedModelTurn):
+                # The bound is on calls a crash would repeat: commit before the call past it, so a
+                # wait or an intent the last call led to shares that write instead of its own.
+                if batch and model_calls >= model_calls_per_boundary(self.settings_for(snap)):
+                    out = await self._write_batch(key, right, written, body, batch)
+                    if out is None:
+                        self.enqueue(key)
+                        return
+                    self.failures.at(key, "after commit", snap, batch[-1][1].event.value)
+                    written, body, batch, model_calls = out, out, [], 0
+                    continue
                 model = await self.model_turns.answer(snap, decision)
                 model_calls += 1
                 continue
@@ -551,8 +561,7 @@ class RunWorker:
             read, actions, fresh, children, model = None, None, None, None, None
             batch.append((snap.state, decision))
             body = {**body, "status": decision.wire_status()}  # the next decision starts here
-            bound = model_calls_per_boundary(self.settings_for(snap))
-            if not (decision.intents or decision.children or model_calls >= bound):
+            if not (decision.intents or decision.children):
                 continue
             out = await self._write_batch(key, right, written, body, batch)
             if out is None:
