@@ -25,8 +25,8 @@ The workload, mapped to what the scripted planner has (it has no pure-computatio
   parks in ``waiting_approval``, the approval bound to that POST's digest, as above), and after its
   outcome calls 5-7 read ``peer-step-6``, ``-7``, ``-9`` and call 8 is the final answer (the run
   completes). A model call is no commit of its own: what the model proposed is written with the
-  next boundary, or once the policy's bound of model calls between two writes (default 4) is
-  reached. The model server's calls are counted (``GET /calls``) and its CPU is reported apart,
+  next boundary, or before a call that would pass the policy's bound of calls between two writes
+  (default 4). The model server's calls are counted (``GET /calls``) and its CPU is reported apart,
   not in the system's CPU: it stands in for a remote model.
 
 The driver (20 threads) creates each run as the admin, waits (a watch on all AgentRuns) until it is

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
+import signal
 import subprocess
 import sys
 import threading
@@ -39,6 +41,7 @@ class ForkServer:
             bufsize=1,
         )
         self.exits: dict[int, int] = {}
+        self._spawned: set[int] = set()
         self._started: queue.Queue[int] = queue.Queue()
         self._spawning = threading.Lock()  # one request and its answer at a time
         self._changed = threading.Condition()  # exits, recorded by the reader thread
@@ -65,7 +68,13 @@ class ForkServer:
         with self._spawning:
             self.proc.stdin.write(Request(env, log).encode())
             self.proc.stdin.flush()
-            return self._started.get(timeout=SPAWN_TIMEOUT)
+            pid = self._started.get(timeout=SPAWN_TIMEOUT)
+        with self._changed:
+            # The kernel reuses pids: an exit recorded under this one was an earlier child's (its
+            # Exited line is always read before this Started line), not this child's.
+            self.exits.pop(pid, None)
+            self._spawned.add(pid)
+            return pid
 
     def wait(self, pid: int, timeout: float) -> int:
         """The exit code of ``pid`` once it has ended (negative: the signal that killed it)."""
@@ -75,6 +84,12 @@ class ForkServer:
             return self.exits[pid]
 
     def close(self) -> None:
+        # A child not stopped by its test would outlive the server (reparented), retrying against
+        # an API server that is gone and taking CPU from the tests after it: each child leads its
+        # own session (setsid), so its group is killed.
+        for pid in self._spawned - set(self.exits):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
         if self.proc.stdin is not None:
             self.proc.stdin.close()
         try:
