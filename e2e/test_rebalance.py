@@ -17,7 +17,6 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
 
 import pytest
 
@@ -31,6 +30,7 @@ from durable_agents_testkit.runs import (
     EXPECTED_EVENTS,
     Runs,
     assert_history_is_gapless,
+    assert_one_holder_at_a_time,
     read_ask_await_complete,
 )
 
@@ -133,19 +133,9 @@ def test_scaling_one_to_three_to_one_under_load(
     for name, run in done.items():
         history = assert_history_is_gapless(run)
         assert [h["event"] for h in history] == EXPECTED_EVENTS, f"{name}: a step repeated"
-        per_epoch: dict[int, set[str]] = {}
-        for h in history:
-            per_epoch.setdefault(h["epoch"], set()).add(h["holder"])
-        assert all(len(v) == 1 for v in per_epoch.values()), f"{name}: two holders in one epoch: {per_epoch}"
-        epochs = [h["epoch"] for h in history]
-        assert epochs == sorted(epochs), f"{name}: an epoch went back: {_holders(history)}"
-        holders = {h["holder"] for h in history}
+        holders = assert_one_holder_at_a_time(run)
         handed_over += len(holders) > 1
         seen |= holders
     print(f"{len(names)} runs, {handed_over} handed over mid-flight, advanced by {sorted(seen)}")
     assert seen == set(ids.values()), f"every replica must have advanced runs: {sorted(seen)}"
     assert handed_over, "no run was handed over mid-flight: the steps did not happen under load"
-
-
-def _holders(history: list[dict[str, Any]]) -> list[tuple[str, int]]:
-    return [(h["holder"], h["epoch"]) for h in history]

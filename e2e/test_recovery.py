@@ -21,6 +21,7 @@ from durable_agents_testkit.runs import (
     EXPECTED_EVENTS,
     Runs,
     assert_history_is_gapless,
+    assert_one_holder_at_a_time,
     read_ask_await_complete,
 )
 
@@ -222,15 +223,8 @@ def test_two_operators_one_holder_at_a_time_and_takeover(
     for run in done.values():
         history = assert_history_is_gapless(run)
         assert [h["event"] for h in history] == EXPECTED_EVENTS
-        # One holder per epoch, and epochs never go back: exactly one holder at a time.
-        per_epoch: dict[int, set[str]] = {}
-        for h in history:
-            per_epoch.setdefault(h["epoch"], set()).add(h["holder"])
-        assert all(len(v) == 1 for v in per_epoch.values()), holders(history)
-        epochs = [h["epoch"] for h in history]
-        assert epochs == sorted(epochs), holders(history)
+        holders_seen |= assert_one_holder_at_a_time(run)
         assert run["status"]["checkpoint"]["fencing"]["holder"] == history[-1]["holder"]
-        holders_seen |= {h["holder"] for h in history}
     assert holders_seen == {a.identity, b.identity}, (
         "both operators must have advanced runs",
         held_by_a,

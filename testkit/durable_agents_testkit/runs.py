@@ -207,3 +207,17 @@ def assert_history_is_gapless(run: dict[str, Any]) -> list[dict[str, Any]]:
     assert run["status"]["stateVersion"] == len(history)
     assert run["status"]["checkpoint"]["position"]["stateVersion"] == len(history)
     return list(history)
+
+
+def assert_one_holder_at_a_time(run: dict[str, Any]) -> set[str]:
+    """Each fencing epoch in the run's history names one holder, and epochs never go back: no two
+    holders advanced the run at once. Returns the holders seen."""
+    pairs = [(h["holder"], h["epoch"]) for h in run["status"]["history"]]
+    per_epoch: dict[int, set[str]] = {}
+    for holder, epoch in pairs:
+        per_epoch.setdefault(epoch, set()).add(holder)
+    name = run["metadata"]["name"]
+    assert all(len(v) == 1 for v in per_epoch.values()), f"{name}: two holders in one epoch: {pairs}"
+    epochs = [epoch for _, epoch in pairs]
+    assert epochs == sorted(epochs), f"{name}: an epoch went back: {pairs}"
+    return {holder for holder, _ in pairs}
