@@ -333,6 +333,9 @@ class Checkpoint(_Contract):
     agent: AgentFacts | None = None
     """The model planner's turns (sealed, bounded); None for other planners. Added within version 3:
     absent in older checkpoints, and omitted when None, so their stamps are unchanged."""
+    position_stamped: Literal[True] | None = None
+    """True: its committer stamps every position in ``status.positionStamp``
+    (:mod:`durable_agents.core.positions`). Added within version 3, omitted when None."""
     integrity: Stamp | None = None
     """The operator's stamp over :func:`integrity_payload`; None only where no keyring stamps."""
 

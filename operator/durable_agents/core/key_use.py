@@ -68,6 +68,7 @@ def keys_in_use(run: Mapping[str, Any]) -> dict[str, list[str]]:
         add(stamp_key_id(_text(checkpoint.get("integrity"))), CHECKPOINT_INTEGRITY)
         for name, sealed in sorted(_mapping(checkpoint.get("sealed")).items()):
             add(_text(_mapping(sealed).get("keyId")), f"checkpoint sealed field {name!r}")
+    add(stamp_key_id(_text(status.get("positionStamp"))), "status position stamp")
     state = status.get("state")
     if _terminal(state):
         return uses

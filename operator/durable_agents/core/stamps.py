@@ -38,6 +38,7 @@ class Purpose(StrEnum):
     SERVICE_ACCOUNT = "service-account"  # the run's creator may act as its ServiceAccount
     CHECKPOINT = "checkpoint"  # the fields that decide what a run does next
     CHILD = "child"  # a child run created by the operator for its parent's step
+    POSITION = "position"  # a run's state, state version and outcome, as the operator committed them
 
 
 def _key(keyring: Keyring, key_id: str, purpose: Purpose) -> bytes:

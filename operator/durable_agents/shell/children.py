@@ -32,6 +32,7 @@ from durable_agents.core.engine.children import (
     foreign_child,
     stamp_child,
 )
+from durable_agents.core.engine.loading import forged_object
 from durable_agents.core.sealed_values import DATA_KEY_ANNOTATION, open_data_key, wrap_data_key
 from durable_agents.core.sealing import Keyring, UndecryptableError
 from durable_agents.shell import metrics
@@ -85,6 +86,7 @@ class ChildRuns:
         self.faults = faults or process_faults()
         self._reported: set[str] = set()  # uids of foreign children already reported by an Event
         self._refusals: set[tuple[str, str, str]] = set()  # (parent uid, child, reason) reported
+        self._forged: set[tuple[str, str]] = set()  # (child uid, its stateVersion) reported as forged
 
     def _resource(self) -> Any:
         return self.kube.dynamic().resources.get(api_version=API_VERSION, kind="AgentRun")
@@ -204,6 +206,13 @@ class ChildRuns:
                 await self._report_foreign(parent, child, why)
                 seen[name] = ChildObservation(RunState.FAILED, FOREIGN_CHILD)
                 continue
+            forged = forged_object(child, self.keyring)
+            if forged is not None:
+                # Not the operator's word on the child: the parent waits (its own worker
+                # quarantines the child, IntegrityFailed) and never proceeds on a forged outcome.
+                await self._report_forged(parent, child, forged)
+                seen[name] = ChildObservation(RunState.QUARANTINED, "IntegrityFailed")
+                continue
             status = AgentRunStatus.model_validate(
                 {k: v for k, v in (child.get("status") or {}).items() if k != "checkpoint"}
             )
@@ -212,6 +221,20 @@ class ChildRuns:
             reason = status.outcome.reason if status.outcome else None
             seen[name] = ChildObservation(status.state, reason)
         return seen
+
+    async def _report_forged(self, parent: RunSnapshot, child: dict[str, Any], why: str) -> None:
+        """A Warning Event on the parent: its child's status is not believed, once per child state."""
+        meta = child["metadata"]
+        seen = (str(meta.get("uid")), str((child.get("status") or {}).get("stateVersion")))
+        log.warning(
+            "run %s/%s: child %s is not believed: %s", parent.namespace, parent.name, meta["name"], why
+        )
+        if seen in self._forged:
+            return
+        self._forged.add(seen)
+        ref = {"metadata": {"name": parent.name, "namespace": parent.namespace, "uid": parent.uid}}
+        message = f"child run {meta['namespace']}/{meta['name']} is not believed ({why}): waiting for it"
+        await self.events.record(ref, "ChildIntegrityFailed", message[:1024], warning=True)
 
     async def _report_foreign(self, parent: RunSnapshot, child: dict[str, Any], why: str) -> None:
         """A Warning Event on the parent naming the foreign object, once per object."""

@@ -42,7 +42,7 @@ from durable_agents.api.v1alpha1.regionfailover import (
 )
 from durable_agents.core.authority import failover_verifies
 from durable_agents.core.engine import RunSnapshot, Settings
-from durable_agents.core.engine.loading import load_stored
+from durable_agents.core.engine.loading import forged_position, load_stored
 from durable_agents.core.ledger import Claim, WaitUntil, next_dispatch_step
 from durable_agents.core.regions import stamp_adoption, with_region_epoch
 from durable_agents.core.sealing import Keyring
@@ -226,8 +226,8 @@ class Failovers:
                 if ((run.get("spec") or {}).get("region") or "default") == region:
                     out.append(run)  # its checks say why it cannot be adopted
                 continue
-            if snap.state.terminal:
-                continue
+            if snap.state.terminal and forged_position(snap, self.settings_for(snap)) is None:
+                continue  # ended, as the operator wrote it (a forged end is adopted, then quarantined)
             owned = snap.status.ownership
             ours = owned is not None and owned.failover == failover
             if self.region_of(snap) == region or (ours and self.region_of(snap) == self.region):

@@ -30,8 +30,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kubernetes.client.rest import ApiException
+from pydantic import ValidationError
 
+from durable_agents.api.v1alpha1 import AgentRunStatus
 from durable_agents.core.key_use import needs_restamp, restamp_stored
+from durable_agents.core.positions import restamped_position
 from durable_agents.core.sealed_values import DATA_KEY_ANNOTATION, data_key_id, rewrap
 from durable_agents.core.sealing import Keyring, UndecryptableError
 from durable_agents.shell import metrics
@@ -190,16 +193,20 @@ class Resealer:
     async def _restamp(self, run: dict[str, Any], report: PassReport) -> None:
         status = run.get("status") or {}
         checkpoint = status.get("checkpoint")
-        if not isinstance(checkpoint, dict):
-            return
-        if not needs_restamp(checkpoint, self.keyring.active_key_id):
-            return
         run_id = status.get("runId") or run["metadata"]["uid"]
-        restamped = restamp_stored(checkpoint, self.keyring, run_id)
-        if restamped is None:
-            raise _Skip("unverified")  # left as it is: the engine quarantines what does not verify
+        out = dict(status)
+        if isinstance(checkpoint, dict) and needs_restamp(checkpoint, self.keyring.active_key_id):
+            restamped = restamp_stored(checkpoint, self.keyring, run_id)
+            if restamped is None:
+                raise _Skip("unverified")  # left as it is: the engine quarantines what does not verify
+            out["checkpoint"] = restamped
+        position = _restamped_position(self.keyring, run_id, status)
+        if position is not None:
+            out["positionStamp"] = position
+        if out == status:
+            return
         await self._pace()
-        await self.store.commit_status(run, {**status, "checkpoint": restamped})
+        await self.store.commit_status(run, out)
         report.wrote("checkpoint")
 
     async def _pace(self) -> None:
@@ -217,6 +224,15 @@ class PassFailed(Exception):
 
 class _Skip(Exception):
     """This run is left for a later pass (or for the engine); the message is the reason."""
+
+
+def _restamped_position(keyring: Keyring, run_id: str, status: dict[str, Any]) -> str | None:
+    """The status's position stamp under the active key, if it verifies under an older one."""
+    try:
+        parsed = AgentRunStatus.model_validate({k: v for k, v in status.items() if k != "checkpoint"})
+    except ValidationError:
+        return None  # the engine's to quarantine
+    return restamped_position(keyring, run_id, parsed)
 
 
 def _key(run: dict[str, Any]) -> str:

@@ -37,6 +37,7 @@ from kubernetes.client.rest import ApiException
 
 from durable_agents.api.v1alpha1 import Retention
 from durable_agents.core.engine.children import PARENT_LABEL
+from durable_agents.core.engine.loading import forged_object
 from durable_agents.core.retention import (
     DELETION_REQUEST_ID,
     FINALIZER,
@@ -198,6 +199,12 @@ class RetentionController:
         run = await self._get("agentruns", *key)
         if run is None:
             return
+        if is_terminal(run):
+            forged = forged_object(run, self.keyring)
+            if forged is not None:  # never recorded or deleted as an end the operator did not write
+                log.warning("retention: %s is not believed finished: %s", _key(run), forged)
+                self.later(key, self.config.retry)  # its worker quarantines it; then it is a live run
+                return
         step = next_step(run, ())
         if step is Next.ADD_FINALIZER:
             await self._add_finalizer(run)

@@ -327,7 +327,9 @@ class RunWorker:
             self.failures.forget(key)
             return
         epoch = right.epoch
-        commit = internal_error(snap, now, epoch, where, f"{error} ({attempts} attempts)")
+        commit = internal_error(
+            snap, now, epoch, where, f"{error} ({attempts} attempts)", keyring=self.config.keyring
+        )
         if commit is not None:
             status = commit.wire_status()
             view = self.shard_leases.region_view

@@ -303,10 +303,13 @@ def test_the_initial_checkpoint_a_fencing_write_stores_is_stamped() -> None:
 
 
 def as_legacy(obj: dict[str, Any]) -> dict[str, Any]:
-    """The same run as the previous operator version stored it: schemaVersion 2, no stamp."""
+    """The same run as the previous operator version stored it: schemaVersion 2, no stamp (and
+    no position stamp, which came later still)."""
     out = copy.deepcopy(obj)
     cp = out["status"]["checkpoint"]
     cp.pop("integrity", None)
+    cp.pop("positionStamped", None)
+    out["status"].pop("positionStamp", None)
     cp["schemaVersion"] = 2
     return out
 

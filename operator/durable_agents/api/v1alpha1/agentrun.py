@@ -547,6 +547,16 @@ class AgentRunStatus(ApiModel):
         ),
         json_schema_extra={"items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
     )
+    position_stamp: str | None = Field(
+        default=None,
+        max_length=512,
+        description=(
+            "The operator's stamp over the run ID, state, stateVersion and the outcome's reason, "
+            "written with every commit. A status whose stamp does not verify was written by someone "
+            "other than the operator: the run is quarantined (IntegrityFailed), never acted on, and "
+            "no one (a parent run, retention) takes its state for a fact."
+        ),
+    )
     approval_request: ApprovalRequest | None = None
     cancellation: CancellationStatus | None = None
     retry_at: datetime | None = Field(default=None, description="When a run in waiting_retry tries again.")

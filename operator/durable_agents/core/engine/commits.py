@@ -36,6 +36,8 @@ from durable_agents.core.checkpoint import (
 )
 from durable_agents.core.engine.decisions import Commit
 from durable_agents.core.engine.snapshot import RunSnapshot, Settings, run_traceparent
+from durable_agents.core.positions import stamp_position
+from durable_agents.core.sealing import Keyring
 from durable_agents.core.statemachine import Position as MachinePosition
 from durable_agents.core.statemachine import RunEvent, transition
 
@@ -81,6 +83,8 @@ class CommitBuilder:
                 "timestamps": timestamps,
                 "runtime_config": runtime,
                 "trace_link": run_traceparent(run.trace_id),  # the root of the run's one trace
+                # Its committer stamps every position: a status without a stamp is then forged.
+                "position_stamped": True if self.keyring is not None else cp.position_stamped,
             }
         )
         # Last, over the finished checkpoint: the proof that this operator committed its decisive
@@ -100,6 +104,7 @@ class CommitBuilder:
             waiting_for=waiting_for if after.state.waiting else None,
             outcome=outcome,
             detail=detail,
+            keyring=self.keyring,
         )
         return Commit(event, status, dump_checkpoint(cp), detail, migrated_from=self.migrated_from)
 
@@ -112,6 +117,8 @@ def commit_untouched(
     outcome: Outcome | None,
     history: str,
     detail: str = "",
+    *,
+    keyring: Keyring | None,
 ) -> Commit:
     """A transition that leaves the stored checkpoint exactly as it is (it may be unreadable here)."""
     after = transition(MachinePosition(run.state, run.status.state_version), event)
@@ -125,9 +132,35 @@ def commit_untouched(
         waiting_for=None,
         outcome=outcome,
         detail=history,
+        keyring=keyring,
     )
     raw = dict(run.raw_checkpoint) if run.raw_checkpoint is not None else None
     return Commit(event, status, raw, detail=detail or history)
+
+
+def commit_forged(
+    run: RunSnapshot, now: datetime, epoch: Fencing, problem: str, *, keyring: Keyring | None
+) -> Commit:
+    """Quarantine a run whose status names a position the operator did not write (its position
+    stamp does not verify): ``IntegrityFailed``, the checkpoint untouched. The state machine has
+    no transition out of a forged state (it may claim to be terminal): the run's real position is
+    unknown here, so the quarantine follows the claimed version and a retry resumes from the
+    verified checkpoint (resume validation), never from the forged claim."""
+    outcome = Outcome(reason="IntegrityFailed", message=problem[:4000])
+    status = status_after(
+        run,
+        RunState.QUARANTINED,
+        run.status.state_version + 1,
+        RunEvent.QUARANTINE,
+        now,
+        epoch,
+        waiting_for=None,
+        outcome=outcome,
+        detail=f"IntegrityFailed: {problem}"[:512],
+        keyring=keyring,
+    )
+    raw = dict(run.raw_checkpoint) if run.raw_checkpoint is not None else None
+    return Commit(RunEvent.QUARANTINE, status, raw, detail=problem[:512])
 
 
 def status_after(
@@ -141,8 +174,10 @@ def status_after(
     waiting_for: str | None,
     outcome: Outcome | None,
     detail: str,
+    keyring: Keyring | None = None,
 ) -> AgentRunStatus:
-    """The run's status once ``event`` moved it to ``state``: one more history entry, fresh conditions."""
+    """The run's status once ``event`` moved it to ``state``: one more history entry, fresh
+    conditions, and (with a keyring) the position stamp over what it now claims."""
     old = run.status
     entry = HistoryEntry(
         state_version=version,
@@ -161,7 +196,7 @@ def status_after(
         # a transition keeps them.
         *(c for c in old.conditions if c.type in CARRIED_CONDITIONS),
     ]
-    return AgentRunStatus(
+    status = AgentRunStatus(
         state=state,
         state_version=version,
         state_since=now if state is not old.state or old.state_since is None else old.state_since,
@@ -179,6 +214,9 @@ def status_after(
         reconcile_now=old.reconcile_now,
         escalation=old.escalation,
     )
+    if keyring is not None:
+        status.position_stamp = stamp_position(keyring, run.run_id, status)
+    return status
 
 
 # Conditions no transition decides, written between transitions: kept as they are by every

@@ -27,9 +27,14 @@ from durable_agents.core.engine.cancellation import (
     next_cancellation,
 )
 from durable_agents.core.engine.children import reconcile_children, running_children
-from durable_agents.core.engine.commits import CommitBuilder, commit_untouched, refuse
+from durable_agents.core.engine.commits import CommitBuilder, commit_forged, commit_untouched, refuse
 from durable_agents.core.engine.decisions import Commit, Decision, Idle
-from durable_agents.core.engine.loading import initial_checkpoint, load_stored
+from durable_agents.core.engine.loading import (
+    UNBOUND_STATES,
+    forged_position,
+    initial_checkpoint,
+    load_stored,
+)
 from durable_agents.core.engine.plan import plan
 from durable_agents.core.engine.quarantine import cancel_unreadable, enter_quarantine, quarantine_controls
 from durable_agents.core.engine.retries import retry_when_due
@@ -68,10 +73,9 @@ def decide(
     """
     settings = settings or Settings()
     state = run.state
-    if state.terminal:
-        return Idle(reason=f"run is {state.value}")
-    if state is RunState.QUARANTINED:
-        return quarantine_controls(run, now, epoch, settings)
+    parked = _unbound(run, now, epoch, settings)
+    if parked is not None:
+        return parked
     # A cancellation in progress finishes reconciling even past the deadline: no new work starts.
     past_deadline = (
         run.spec.deadline is not None and now >= run.spec.deadline and state is not RunState.CANCEL_REQUESTED
@@ -85,7 +89,13 @@ def decide(
     if unauthorized is not None and state is not RunState.PENDING:
         # No checkpoint, yet not pending: a status the operator did not write. Nothing runs.
         return commit_untouched(
-            run, now, epoch, RunEvent.QUARANTINE, _not_authorized(unauthorized), "ServiceAccountNotAuthorized"
+            run,
+            now,
+            epoch,
+            RunEvent.QUARANTINE,
+            _not_authorized(unauthorized),
+            "ServiceAccountNotAuthorized",
+            keyring=settings.keyring,
         )
     if state is RunState.PENDING and run.raw_checkpoint is None and not past_deadline:
         return _accept(run, now, epoch, settings, unauthorized)
@@ -97,8 +107,11 @@ def decide(
     )
     if isinstance(loaded, Quarantine):
         if state is RunState.CANCEL_REQUESTED:
-            return cancel_unreadable(run, now, epoch, loaded)
-        return enter_quarantine(run, now, epoch, loaded)
+            return cancel_unreadable(run, now, epoch, loaded, settings.keyring)
+        return enter_quarantine(run, now, epoch, loaded, settings.keyring)
+    forged = forged_position(run, settings)
+    if forged is not None:
+        return enter_quarantine(run, now, epoch, forged, settings.keyring)
     builder = CommitBuilder(run, loaded, now, epoch, settings)
     if past_deadline:
         assert run.spec.deadline is not None
@@ -115,6 +128,20 @@ def decide(
         return _by_state(builder, planner, settings, read, actions, fresh_evidence, children, model)
     except InvalidDuration as err:
         return _invalid_duration(builder, err)
+
+
+def _unbound(run: RunSnapshot, now: datetime, epoch: Fencing, settings: Settings) -> Decision | None:
+    """A state the checkpoint need not bind (an end, a quarantine, a cancellation) is verified
+    before anything acts on it (any other is bound to the checkpoint once that is loaded); an end
+    is idle and a quarantine moves only on a person's control. None: decide by the checkpoint."""
+    forged = forged_position(run, settings) if run.state in UNBOUND_STATES else None
+    if forged is not None:
+        return commit_forged(run, now, epoch, forged.message, keyring=settings.keyring)
+    if run.state.terminal:
+        return Idle(reason=f"run is {run.state.value}")
+    if run.state is RunState.QUARANTINED:
+        return quarantine_controls(run, now, epoch, settings)
+    return None
 
 
 def _invalid_duration(builder: CommitBuilder, err: InvalidDuration) -> Commit:

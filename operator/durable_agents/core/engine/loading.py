@@ -3,8 +3,11 @@ verified: its sealed values still unseal, and its integrity stamp proves this op
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
+
+from pydantic import ValidationError
 
 from durable_agents.api.v1alpha1 import ActionTier
 from durable_agents.api.v1alpha1.states import RunState
@@ -25,11 +28,13 @@ from durable_agents.core.checkpoint import (
     verify_sealed,
 )
 from durable_agents.core.engine.snapshot import RunSnapshot, Settings
+from durable_agents.core.positions import describe, position_verifies, stamps_positions
+from durable_agents.core.sealing import Keyring
 
 # States whose status may name another position than the checkpoint: entered by a commit that
 # leaves the stored checkpoint untouched (quarantine; a cancellation from quarantine; a cancel of
 # an unreadable checkpoint), or terminal.
-_UNBOUND_STATES = frozenset(
+UNBOUND_STATES = frozenset(
     {RunState.QUARANTINED, RunState.CANCEL_REQUESTED} | {state for state in RunState if state.terminal}
 )
 
@@ -91,7 +96,7 @@ def _bound_to_status(run: RunSnapshot, loaded: Loaded) -> Loaded | Quarantine:
     """The engine acts by ``status.state``: it must be the stamped position (else the status was
     moved by someone other than the operator, e.g. into ``resume_validation``)."""
     position = loaded.checkpoint.position
-    if run.state in _UNBOUND_STATES or (position.state, position.state_version) == (
+    if run.state in UNBOUND_STATES or (position.state, position.state_version) == (
         run.state.value,
         run.status.state_version,
     ):
@@ -152,3 +157,58 @@ def _uncorroborated(run: RunSnapshot, cp: Checkpoint, settings: Settings) -> str
                 "and names no approved request"
             )
     return None
+
+
+def forged_position(run: RunSnapshot, settings: Settings) -> Quarantine | None:
+    """Why the position ``run``'s status claims (its state, state version and outcome) was not
+    written by the operator, or None when it was (or when nothing here can tell: no keyring).
+
+    Checked before anything acts on the state, terminal states included: a status that claims
+    ``completed`` must not be believed by the engine, a parent or retention. A status with a
+    position stamp must verify; one without must come from before position stamps (its checkpoint
+    does not say ``positionStamped``), and then a terminal state must be the verified checkpoint's
+    own position. A run never committed (``pending``, no checkpoint) claims nothing yet."""
+    keyring = settings.keyring
+    if keyring is None or (run.raw_checkpoint is None and run.state is RunState.PENDING):
+        return None
+    claim = describe(run.status)
+    if run.status.position_stamp is not None:
+        if position_verifies(keyring, run.run_id, run.status):
+            return None
+        return Quarantine(
+            "IntegrityFailed",
+            f"the status says {claim}, but its position stamp does not verify for run {run.run_id!r}: "
+            "the status was written by someone other than the operator",
+        )
+    if stamps_positions(run.raw_checkpoint):
+        return Quarantine(
+            "IntegrityFailed",
+            f"the status says {claim} with no position stamp, but its checkpoint was committed by an "
+            "operator that stamps every position: the status was written by someone other than the operator",
+        )
+    if not run.state.terminal:
+        return None  # from before position stamps: load_stored binds the state to the checkpoint
+    loaded = load_stored(run, settings)
+    if isinstance(loaded, Quarantine):
+        return Quarantine("IntegrityFailed", f"the status says {claim}, and {loaded.message}")
+    position = loaded.checkpoint.position
+    if (position.state, position.state_version) == (run.state.value, run.status.state_version):
+        return None
+    return Quarantine(
+        "IntegrityFailed",
+        f"the status says {claim} with no position stamp, but the stamped checkpoint says "
+        f"{position.state} at stateVersion {position.state_version}: the status was written by "
+        "someone other than the operator",
+    )
+
+
+def forged_object(obj: Mapping[str, Any], keyring: Keyring | None) -> str | None:
+    """:func:`forged_position` for an AgentRun as the API returns it (for its readers: a parent,
+    retention, failover): why its claimed position is not to be believed, or None. A run whose
+    spec or status does not even parse claims nothing to be believed either."""
+    try:
+        run = RunSnapshot.from_object(obj)
+    except (ValidationError, KeyError, TypeError, ValueError) as err:
+        return f"it does not parse: {type(err).__name__}"
+    forged = forged_position(run, Settings(keyring=keyring))
+    return forged.message if forged is not None else None

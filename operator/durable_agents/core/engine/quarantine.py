@@ -28,21 +28,26 @@ from durable_agents.core.engine.commits import (
 from durable_agents.core.engine.decisions import Commit, Decision, Idle
 from durable_agents.core.engine.loading import initial_checkpoint, load_stored
 from durable_agents.core.engine.snapshot import RunSnapshot, Settings
+from durable_agents.core.sealing import Keyring
 from durable_agents.core.statemachine import RunEvent
 
 
-def enter_quarantine(run: RunSnapshot, now: datetime, epoch: Fencing, problem: Quarantine) -> Commit:
+def enter_quarantine(
+    run: RunSnapshot, now: datetime, epoch: Fencing, problem: Quarantine, keyring: Keyring | None = None
+) -> Commit:
     """Quarantine the run; the checkpoint is left byte-for-byte as stored (a newer operator may read it)."""
     outcome = Outcome(reason=problem.reason, message=problem.message[:4000])
     return commit_untouched(
-        run, now, epoch, RunEvent.QUARANTINE, outcome, problem.reason, problem.message[:512]
+        run, now, epoch, RunEvent.QUARANTINE, outcome, problem.reason, problem.message[:512], keyring=keyring
     )
 
 
 INTERNAL_ERROR = "InternalError"
 
 
-def internal_error(run: RunSnapshot, now: datetime, epoch: Fencing, where: str, error: str) -> Commit | None:
+def internal_error(
+    run: RunSnapshot, now: datetime, epoch: Fencing, where: str, error: str, keyring: Keyring | None = None
+) -> Commit | None:
     """Quarantine a run the operator failed on again and again (``where``: the stage and the
     transition it was at; ``error``: the exception's type and message), leaving its checkpoint as
     stored. None when there is nothing to quarantine (ended, or quarantined already)."""
@@ -54,7 +59,7 @@ def internal_error(run: RunSnapshot, now: datetime, epoch: Fencing, where: str, 
     )
     outcome = Outcome(reason=INTERNAL_ERROR, message=message[:4000])
     return commit_untouched(
-        run, now, epoch, RunEvent.QUARANTINE, outcome, f"{INTERNAL_ERROR}: {message}"[:512]
+        run, now, epoch, RunEvent.QUARANTINE, outcome, f"{INTERNAL_ERROR}: {message}"[:512], keyring=keyring
     )
 
 
@@ -73,7 +78,7 @@ def quarantine_controls(run: RunSnapshot, now: datetime, epoch: Fencing, setting
     if pending:
         request = spec.cancellations[pending[0]]
         commit = commit_untouched(
-            run, now, epoch, RunEvent.CANCEL_REQUESTED, None, f"cancellation {pending[0]}"
+            run, now, epoch, RunEvent.CANCEL_REQUESTED, None, f"cancellation {pending[0]}", keyring=keyring
         )
         commit.status.cancellation = CancellationStatus(
             request_id=pending[0],
@@ -122,7 +127,9 @@ def _accept_anew(run: RunSnapshot, now: datetime, epoch: Fencing, settings: Sett
     return Loaded(Checkpoint.model_validate(initial_checkpoint(run, now, epoch, settings)))
 
 
-def cancel_unreadable(run: RunSnapshot, now: datetime, epoch: Fencing, problem: Quarantine) -> Commit:
+def cancel_unreadable(
+    run: RunSnapshot, now: datetime, epoch: Fencing, problem: Quarantine, keyring: Keyring | None = None
+) -> Commit:
     """Finish a cancellation whose checkpoint cannot be read."""
     # Nothing can be reconciled from an unreadable checkpoint; say so rather than assume anything.
     outcome = Outcome(
@@ -130,6 +137,8 @@ def cancel_unreadable(run: RunSnapshot, now: datetime, epoch: Fencing, problem: 
         message=f"canceled with an unreadable checkpoint ({problem.reason}): in-flight actions of this run "
         "were not reconciled by it; see its ActionRecords",
     )
-    commit = commit_untouched(run, now, epoch, RunEvent.CANCEL_FINISHED, outcome, problem.reason)
+    commit = commit_untouched(
+        run, now, epoch, RunEvent.CANCEL_FINISHED, outcome, problem.reason, keyring=keyring
+    )
     commit.status.cancellation = run.status.cancellation
     return commit
