@@ -41,6 +41,7 @@ from durable_agents.core.agent_facts import (
 )
 from durable_agents.core.digest import canonical_json
 from durable_agents.core.disclosure import DisclosureError, seal_for_reader
+from durable_agents.core.engine.loading import unverified_record
 from durable_agents.core.sealed_values import (
     DATA_KEY_ANNOTATION,
     DataKey,
@@ -325,6 +326,9 @@ async def revealed_patch(
     refusal = await admission.refused_verb(kube, user, rule.verb, rule.resource, namespace, name)
     if refusal is not None:
         raise RevealRefused(f"{refusal}: only who may approve a run sees its sealed values")
+    unverified = unverified_record(old_run, keyring)
+    if unverified is not None:  # never show an approver what the operator did not write
+        raise RevealRefused(f"run {namespace}/{name} does not verify, nothing revealed: {unverified}")
     records = await run_records(kube, namespace, name)
     document = revealed_document(old_run, records, _data_key(keyring, old_run, namespace, name))
     document["run"] = f"{namespace}/{name}"

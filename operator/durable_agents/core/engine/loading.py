@@ -212,3 +212,28 @@ def forged_object(obj: Mapping[str, Any], keyring: Keyring | None) -> str | None
         return f"it does not parse: {type(err).__name__}"
     forged = forged_position(run, Settings(keyring=keyring))
     return forged.message if forged is not None else None
+
+
+def unverified_record(obj: Mapping[str, Any], keyring: Keyring | None) -> str | None:
+    """Why what a person would be shown of ``obj`` (an AgentRun as the API returns it: its
+    position, checkpoint and approval request) is not what the operator wrote, or None. For a
+    reveal: an approver must never be shown a request the run does not hold."""
+    forged = forged_object(obj, keyring)
+    if forged is not None:
+        return forged
+    run = RunSnapshot.from_object(obj)
+    if keyring is None or run.raw_checkpoint is None:
+        return None
+    loaded = load_stored(run, Settings(keyring=keyring))
+    if isinstance(loaded, Quarantine):
+        return loaded.message
+    request = run.status.approval_request
+    if request is not None:
+        pending = [approval for approval in loaded.checkpoint.approvals if approval.decision is None]
+        held = (pending[-1].request_id, pending[-1].digest) if pending else None
+        if held != (request.request_id, request.digest):
+            return (
+                f"status.approvalRequest {request.request_id!r} ({request.digest}) is not the request "
+                "the run's stamped checkpoint holds"
+            )
+    return None
