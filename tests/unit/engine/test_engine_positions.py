@@ -5,6 +5,7 @@ untouched, and a retry resumes from the verified checkpoint, not from the claim.
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -19,17 +20,19 @@ from tests.unit.builders import (
     commit_of,
     decide_on,
     drive,
+    effect,
     expect,
     new_run,
     patch_spec,
     retry_request,
+    settings_with,
     walk,
 )
 
-from durable_agents.api.v1alpha1 import AgentRunStatus
+from durable_agents.api.v1alpha1 import ActionTier, AgentRunStatus
 from durable_agents.api.v1alpha1.states import RunState
 from durable_agents.core.engine import Idle, Settings
-from durable_agents.core.engine.loading import forged_object, forged_position
+from durable_agents.core.engine.loading import forged_object, forged_position, unverified_record
 from durable_agents.core.key_use import keys_in_use
 from durable_agents.core.positions import position_verifies, restamped_position
 from durable_agents.core.sealing import Keyring
@@ -175,3 +178,20 @@ def _snap(obj: dict[str, Any]) -> Any:
     from durable_agents.core.engine import RunSnapshot
 
     return RunSnapshot.from_object(obj)
+
+
+def test_a_reveal_is_answered_only_for_a_record_the_operator_wrote() -> None:
+    """What an approver is shown (``status --reveal``) must be the run's own: its position, its
+    checkpoint and its approval request, the one the stamped checkpoint holds."""
+    settings = replace(settings_with(tier=ActionTier.CONSEQUENTIAL), keyring=KEYRING)
+    obj = walk(new_run(steps=[effect("pay"), DONE]), RunState.WAITING_APPROVAL, settings=settings)
+    assert unverified_record(obj, KEYRING) is None
+    other = copy.deepcopy(obj)
+    other["status"]["approvalRequest"]["digest"] = "sha256:" + "0" * 64
+    assert "is not the request the run's stamped checkpoint holds" in (
+        unverified_record(other, KEYRING) or ""
+    )
+    assert "does not verify" in (unverified_record(forge(obj, "completed"), KEYRING) or "")
+    tampered = copy.deepcopy(obj)
+    tampered["status"]["checkpoint"]["approvals"][0]["expiresAt"] = "2099-01-01T00:00:00Z"
+    assert "integrity stamp does not verify" in (unverified_record(tampered, KEYRING) or "")
