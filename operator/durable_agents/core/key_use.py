@@ -57,7 +57,7 @@ def keys_in_use(run: Mapping[str, Any]) -> dict[str, list[str]]:
     uses: dict[str, list[str]] = {}
 
     def add(key_id: str | None, what: str) -> None:
-        if key_id:
+        if key_id and what not in uses.get(key_id, []):
             uses.setdefault(key_id, []).append(what)
 
     annotations = _mapping(_mapping(run.get("metadata")).get("annotations"))
@@ -68,7 +68,8 @@ def keys_in_use(run: Mapping[str, Any]) -> dict[str, list[str]]:
         add(stamp_key_id(_text(checkpoint.get("integrity"))), CHECKPOINT_INTEGRITY)
         for name, sealed in sorted(_mapping(checkpoint.get("sealed")).items()):
             add(_text(_mapping(sealed).get("keyId")), f"checkpoint sealed field {name!r}")
-    add(stamp_key_id(_text(status.get("positionStamp"))), "status position stamp")
+    # The status's position stamp is the other half of a run's integrity (core/positions.py).
+    add(stamp_key_id(_text(status.get("positionStamp"))), CHECKPOINT_INTEGRITY)
     state = status.get("state")
     if _terminal(state):
         return uses

@@ -17,6 +17,7 @@ from tests.unit.builders import (
     apply,
     ask,
     at,
+    cancel,
     commit_of,
     decide_on,
     drive,
@@ -107,8 +108,14 @@ def test_a_forged_outcome_on_a_real_end_is_not_believed() -> None:
 
 
 @pytest.mark.parametrize("state", ["quarantined", "cancel_requested"])
-def test_a_forged_quarantine_or_cancellation_is_not_acted_on(state: str) -> None:
-    forged = forge(waiting(), state, outcome=None)
+@pytest.mark.parametrize("keep_stamp", [True, False], ids=["old-stamp", "stamp-removed"])
+def test_a_forged_quarantine_or_cancellation_is_not_acted_on(state: str, keep_stamp: bool) -> None:
+    forged = forge(waiting(), state, outcome=None, keep_stamp=keep_stamp)
+    if state == "quarantined" and not keep_stamp:
+        # Unstamped, a quarantine is believed (an older operator's, after a downgrade): it only
+        # parks the run, which a person's stamped retry resumes from the checkpoint.
+        assert isinstance(decide_on(forged, at(5), settings=KEYED), Idle)
+        return
     commit = commit_of(decide_on(forged, at(5), settings=KEYED))
     assert commit.state is RunState.QUARANTINED
     assert commit.status.outcome is not None
@@ -153,7 +160,10 @@ def test_key_rotation_restamps_a_position_and_keeps_a_forged_one_unblessed() -> 
     rotated = Keyring(keys={**KEYRING.keys, "k2031": bytes(range(1, 33))}, active_key_id="k2031")
     status = AgentRunStatus.model_validate({k: v for k, v in obj["status"].items() if k != "checkpoint"})
     assert "k2030" in keys_in_use(obj)
-    assert "status position stamp" in keys_in_use(obj)["k2030"]
+    assert keys_in_use(obj)["k2030"].count("checkpoint integrity") == 1, "both integrity stamps, once"
+    unstamped = copy.deepcopy(obj)
+    unstamped["status"]["checkpoint"].pop("integrity")
+    assert "checkpoint integrity" in keys_in_use(unstamped)["k2030"], "the position stamp still needs it"
     again = restamped_position(rotated, UID, status)
     assert again is not None
     assert again.startswith("k2031:")
@@ -195,3 +205,18 @@ def test_a_reveal_is_answered_only_for_a_record_the_operator_wrote() -> None:
     tampered = copy.deepcopy(obj)
     tampered["status"]["checkpoint"]["approvals"][0]["expiresAt"] = "2099-01-01T00:00:00Z"
     assert "integrity stamp does not verify" in (unverified_record(tampered, KEYRING) or "")
+
+
+def test_an_unstamped_cancellation_counts_only_with_the_stamped_request_it_names() -> None:
+    """An operator from before position stamps (a downgrade) cancels a quarantined run without a
+    position stamp: believed, since a person's stamped request asked for it; the same state
+    written without such a request is not."""
+    obj = waiting()
+    asked = cancel(obj, {"stop": {"scope": "task", "reason": "downgraded"}})
+    unstamped = forge(asked, "canceled", outcome="Canceled", keep_stamp=False)
+    unstamped["status"]["cancellation"] = {"requestId": "stop", "scope": "task", "reason": "downgraded"}
+    assert forged_position(_snap(unstamped), KEYED) is None
+    unstamped["status"]["cancellation"]["requestId"] = "nobody-asked"
+    problem = forged_position(_snap(unstamped), KEYED)
+    assert problem is not None
+    assert "no position stamp" in problem.message

@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from durable_agents.api.v1alpha1 import ActionTier
 from durable_agents.api.v1alpha1.states import RunState
+from durable_agents.core.authority import cancellation_unproven
 from durable_agents.core.checkpoint import (
     FIRST_STAMPED_SCHEMA_VERSION,
     Checkpoint,
@@ -180,6 +181,12 @@ def forged_position(run: RunSnapshot, settings: Settings) -> Quarantine | None:
             f"the status says {claim}, but its position stamp does not verify for run {run.run_id!r}: "
             "the status was written by someone other than the operator",
         )
+    # Without a stamp: an operator from before position stamps wrote it (a downgraded one writes
+    # only these states over a newer checkpoint: it cannot read it), or someone forged it. A
+    # quarantine only parks the run (a person's stamped control moves it on, from the checkpoint);
+    # a cancellation counts only with the stamped request it names.
+    if run.state is RunState.QUARANTINED or _stamped_cancellation(run, keyring):
+        return None
     if stamps_positions(run.raw_checkpoint):
         return Quarantine(
             "IntegrityFailed",
@@ -237,3 +244,15 @@ def unverified_record(obj: Mapping[str, Any], keyring: Keyring | None) -> str | 
                 "the run's stamped checkpoint holds"
             )
     return None
+
+
+def _stamped_cancellation(run: RunSnapshot, keyring: Keyring) -> bool:
+    """A cancellation in progress or done whose request in ``spec.cancellations`` is stamped."""
+    handled = run.status.cancellation
+    if run.state not in (RunState.CANCEL_REQUESTED, RunState.CANCELED) or handled is None:
+        return False
+    request = run.spec.cancellations.get(handled.request_id)
+    return (
+        request is not None
+        and cancellation_unproven(keyring, run.run_id, handled.request_id, request) is None
+    )
