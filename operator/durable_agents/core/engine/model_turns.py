@@ -38,6 +38,8 @@ from durable_agents.core.engine.snapshot import ModelAnswer, ReadResult, RunSnap
 from durable_agents.core.sealed_values import ValueSealingError, is_sealed, unseal_value
 from durable_agents.core.statemachine import RunEvent
 
+EMPTY_REPLY = "ModelReplyEmpty"
+
 
 def _facts(cp: Checkpoint, planner: ModelPlanner) -> AgentFacts:
     if cp.agent is not None:
@@ -82,6 +84,9 @@ def model_turn(
             )
         return attempt_failed(builder, settings, reason, answer.failure_message, "model call failed")
     reply = answer.reply
+    if reply.is_empty:  # the shell names the endpoint first; no reply without either completes a run
+        message = "the model answered with no content and no tool calls"
+        return attempt_failed(builder, settings, EMPTY_REPLY, message, "model call failed")
     usage = TokenUsage(input_tokens=reply.usage.input_tokens, output_tokens=reply.usage.output_tokens)
     proposal = interpret(reply, inputs.tools, step_index=step_index)
     if isinstance(proposal, FinalAnswer):
