@@ -123,14 +123,19 @@ async def test_a_bad_key_is_retryable_and_never_named(client: ModelClient, serve
     assert failed.value.reason == "ModelAuthFailed"
     assert failed.value.retryable is True
     assert failed.value.message == (
-        f'AuthenticationError (HTTP 401) from {server.base_url}: a JSON error (application/json): "Incorrect API key provided."'
+        f"AuthenticationError (HTTP 401) from {server.base_url}: "
+        'a JSON error (application/json): "Incorrect API key provided."'
     )
 
 
 @pytest.mark.parametrize(
     ("fault", "reason", "kind"),
     [
-        ("html", "ModelReplyNotJson", 'HTTP 200 with an HTML page (text/html): "Sign in to continue - Example Proxy"'),
+        (
+            "html",
+            "ModelReplyNotJson",
+            'HTTP 200 with an HTML page (text/html): "Sign in to continue - Example Proxy"',
+        ),
         (
             "not_json",
             "ModelReplyNotJson",

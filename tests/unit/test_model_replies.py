@@ -55,7 +55,9 @@ def test_a_chat_completion_is_the_cores_reply() -> None:
 def test_arguments_sent_as_an_object_and_content_as_parts_are_read() -> None:
     call = {"id": "c", "function": {"name": "read", "arguments": {"a": 1}}}
     parts = [{"type": "text", "text": "one "}, {"type": "text", "text": "two"}, {"type": "image_url"}]
-    reply = reply_of(URL, 200, JSON, json.dumps(completion({"content": parts, "tool_calls": [call]})).encode(), KEY)
+    reply = reply_of(
+        URL, 200, JSON, json.dumps(completion({"content": parts, "tool_calls": [call]})).encode(), KEY
+    )
     assert reply.content == "one two"
     assert json.loads(reply.tool_calls[0].arguments_text) == {"a": 1}
 
@@ -64,7 +66,10 @@ def test_an_html_page_is_named_by_its_title() -> None:
     page = b"<!doctype html><html><head><title>502 Bad\nGateway</title></head><body>" + b"x" * 5000
     failed = failure(page, {"content-type": "text/html; charset=utf-8"})
     assert failed.reason == "ModelReplyNotJson"
-    assert failed.message == f'{URL} answered HTTP 200 with an HTML page (text/html): "502 Bad Gateway", not a chat completion'
+    assert (
+        failed.message
+        == f'{URL} answered HTTP 200 with an HTML page (text/html): "502 Bad Gateway", not a chat completion'
+    )
 
 
 def test_a_json_content_type_with_another_body_says_so_with_a_bounded_excerpt() -> None:
@@ -72,7 +77,8 @@ def test_a_json_content_type_with_another_body_says_so_with_a_bounded_excerpt() 
     assert failed.reason == "ModelReplyNotJson"
     assert "a body that is not JSON although its content type is application/json" in failed.message
     excerpt = failed.message.split('"')[1]
-    assert len(excerpt) == EXCERPT_MAX and excerpt.endswith("…")
+    assert len(excerpt) == EXCERPT_MAX
+    assert excerpt.endswith("…")
 
 
 @pytest.mark.parametrize(
@@ -84,11 +90,26 @@ def test_a_json_content_type_with_another_body_says_so_with_a_bounded_excerpt() 
         ({"choices": [{"message": None}]}, "choices[0].message is NoneType, not dict"),
         (completion({"content": 7}), "choices[0].message.content is int, not str or list"),
         (completion({"tool_calls": {"a": 1}}), "choices[0].message.tool_calls is dict, not list"),
-        (completion({"tool_calls": [{"function": {"name": 3}}]}), "tool_calls[0].function.name is int, not str"),
-        (completion({"content": "a"}, usage={"prompt_tokens": -1}), "usage.prompt_tokens is not a token count"),
-        (completion({"content": "a"}, usage={"prompt_tokens": 2**60}), "usage.prompt_tokens is not a token count"),
-        (completion({"content": "a"}, usage={"completion_tokens": True}), "usage.completion_tokens is bool, not int"),
-        (completion({"content": "a"}, usage={"completion_tokens": "5"}), "usage.completion_tokens is str, not int"),
+        (
+            completion({"tool_calls": [{"function": {"name": 3}}]}),
+            "tool_calls[0].function.name is int, not str",
+        ),
+        (
+            completion({"content": "a"}, usage={"prompt_tokens": -1}),
+            "usage.prompt_tokens is not a token count",
+        ),
+        (
+            completion({"content": "a"}, usage={"prompt_tokens": 2**60}),
+            "usage.prompt_tokens is not a token count",
+        ),
+        (
+            completion({"content": "a"}, usage={"completion_tokens": True}),
+            "usage.completion_tokens is bool, not int",
+        ),
+        (
+            completion({"content": "a"}, usage={"completion_tokens": "5"}),
+            "usage.completion_tokens is str, not int",
+        ),
         (completion({"content": "a"}, model=["m"]), "model is list, not str"),
     ],
 )
@@ -107,10 +128,16 @@ def test_no_content_and_no_tool_calls_is_an_empty_reply_not_a_final_answer(conte
 
 
 def test_an_error_body_quotes_its_message_without_the_key_or_credentials() -> None:
-    error = {"error": {"message": f"Incorrect API key provided: {KEY}. Authorization: Bearer abc.def token=xyz"}}
+    error = {
+        "error": {"message": f"Incorrect API key provided: {KEY}. Authorization: Bearer abc.def token=xyz"}
+    }
     kind = reply_kind(JSON, json.dumps(error).encode(), KEY)
-    assert KEY not in kind and "abc.def" not in kind and "xyz" not in kind
-    assert kind == f'a JSON error (application/json): "Incorrect API key provided: {REDACTED}. Authorization: {REDACTED} {REDACTED}"'
+    for secret in (KEY, "abc.def", "xyz"):
+        assert secret not in kind
+    assert (
+        kind == "a JSON error (application/json): "
+        f'"Incorrect API key provided: {REDACTED}. Authorization: {REDACTED} {REDACTED}"'
+    )
     assert reply_kind({}, b"", KEY) == "an empty body (no content type)"
 
 
@@ -132,23 +159,32 @@ def test_the_endpoint_is_shown_without_userinfo_or_query() -> None:
         st.binary(max_size=512),
         st.recursive(
             st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
-            lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
+            lambda inner: (
+                st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4)
+            ),
             max_leaves=20,
         ).map(lambda v: json.dumps(v).encode()),
         st.builds(
             lambda message: json.dumps(completion(message)).encode(),
             st.dictionaries(
                 st.sampled_from(["content", "tool_calls", "role"]),
-                st.none() | st.text(max_size=8) | st.lists(st.dictionaries(st.text(max_size=8), st.text(max_size=8))),
+                st.none()
+                | st.text(max_size=8)
+                | st.lists(st.dictionaries(st.text(max_size=8), st.text(max_size=8))),
             ),
         ),
     ),
     ctype=st.sampled_from(["application/json", "text/html", "text/plain", ""]),
 )
-def test_whatever_the_endpoint_sends_only_a_reply_or_a_model_error_comes_back(body: bytes, ctype: str) -> None:
+def test_whatever_the_endpoint_sends_only_a_reply_or_a_model_error_comes_back(
+    body: bytes, ctype: str
+) -> None:
+    failed: ModelCallFailed | None = None
     try:
         reply_of(URL, 200, {"content-type": ctype}, body, KEY)
-    except ModelCallFailed as failed:
+    except ModelCallFailed as err:  # anything else escapes: the test fails
+        failed = err
+    if failed is not None:
         assert failed.retryable
         assert len(failed.message) <= MESSAGE_MAX
         assert failed.message.startswith(f"{URL} answered HTTP 200 with ")

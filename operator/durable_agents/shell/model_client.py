@@ -22,7 +22,13 @@ if TYPE_CHECKING:  # imported when the first model call is made: the client cost
     import openai
 
 from durable_agents.core.agent.exchange import ModelReply, ModelRequest
-from durable_agents.shell.model_replies import ModelCallFailed, reply_kind, reply_of, sanitized, shown_endpoint
+from durable_agents.shell.model_replies import (
+    ModelCallFailed,
+    reply_kind,
+    reply_of,
+    sanitized,
+    shown_endpoint,
+)
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +95,7 @@ class ModelClient:
         response = raw.http_response
         try:  # read already (not streamed); should it be cut now, that is the endpoint's failure too
             body = await response.aread()
-        except Exception as err:  # noqa: BLE001 - the transport's own classes are the SDK's internals
+        except Exception as err:  # the transport's own classes are the SDK's internals
             message = f"{type(err).__name__} while reading the reply of {shown_endpoint(endpoint.base_url)}"
             raise ModelCallFailed("ModelUnreachable", message, True) from None
         return reply_of(endpoint.base_url, response.status_code, response.headers, body, endpoint.api_key)

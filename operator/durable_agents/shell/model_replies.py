@@ -97,7 +97,9 @@ def reply_kind(headers: Mapping[str, str], body: bytes, api_key: str | None) -> 
         value = json.loads(body)
     except (ValueError, RecursionError):
         if ctype.endswith("json"):
-            return f'a body that is not JSON although its content type is {ctype}: "{sanitized(text, api_key)}"'
+            return (
+                f'a body that is not JSON although its content type is {ctype}: "{sanitized(text, api_key)}"'
+            )
         return f'a {ctype} body: "{sanitized(text, api_key)}"'
     error = _json_error(value)
     if error is not None:
@@ -112,7 +114,7 @@ class _NotACompletion(Exception):
 def _field(value: Any, where: str, kind: type | tuple[type, ...], *, optional: bool = True) -> Any:
     if value is None and optional:
         return None
-    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
         names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
         raise _NotACompletion(f"{where} is {type(value).__name__}, not {names}")
     return value
@@ -173,7 +175,9 @@ def completion_of(value: Any) -> ModelReply:
     )
 
 
-def reply_of(base_url: str, status: int, headers: Mapping[str, str], body: bytes, api_key: str | None) -> ModelReply:
+def reply_of(
+    base_url: str, status: int, headers: Mapping[str, str], body: bytes, api_key: str | None
+) -> ModelReply:
     """The chat completion an endpoint answered with ``status`` (2xx) and ``body``; else
     :class:`ModelCallFailed` naming the endpoint and the kind of reply. Never another exception."""
     where = f"{shown_endpoint(base_url)} answered HTTP {status} with"

@@ -129,6 +129,7 @@ def _record(
             step_index=step_index,
             usage=usage,
             refusal=proposal.message,
+            dropped_tools=proposal.dropped,
         )
         facts = with_turn(facts, turn)
         if facts.tool_errors >= limits.max_consecutive_tool_errors:
@@ -141,7 +142,10 @@ def _record(
         return builder.commit(
             RunEvent.STEP_COMPLETED,
             checkpoint=cp.model_copy(update={"agent": facts}),
-            detail=f"model call {proposal.call_id} refused: {proposal.message}"[:512],
+            detail=(
+                f"model call {proposal.call_id} refused: {proposal.message}"[:256]
+                + _not_executed(proposal.dropped)
+            ),
         )
     assert isinstance(proposal, ProposedCall)
     turn = new_turn(
@@ -153,12 +157,19 @@ def _record(
         reason=proposal.reason,
         step_index=step_index,
         usage=usage,
+        dropped_tools=proposal.dropped,
     )
     return builder.commit(
         RunEvent.STEP_COMPLETED,
         checkpoint=cp.model_copy(update={"agent": with_turn(facts, turn)}),
-        detail=f"model proposed {proposal.tool.name} ({proposal.call_id}) at step {step_index}",
+        detail=f"model proposed {proposal.tool.name} ({proposal.call_id}) at step {step_index}"
+        + _not_executed(proposal.dropped),
     )
+
+
+def _not_executed(dropped: tuple[str, ...]) -> str:
+    """What the history says about a reply's further calls (the model is told in its next request)."""
+    return f"; not executed (one call per turn): {', '.join(dropped)}"[:256] if dropped else ""
 
 
 def settle_read(builder: CommitBuilder, planner: ModelPlanner, read: ReadResult) -> Checkpoint:
