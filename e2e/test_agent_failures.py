@@ -410,3 +410,52 @@ def test_a_model_endpoint_that_stays_broken_is_shown_waiting_for_its_retry_then_
     assert any(model.base_url in m and "HTTP 401" in m for m in events), events
     assert all(API_KEY not in m for m in events), "the API key is in an Event"
     assert_no_internal_error(op, failed)
+
+
+# Two calls in one reply (as a server that ignores parallel_tool_calls false sends them): the read,
+# and a refund. Told that the refund was not executed, the model answers without it.
+TWO_CALLS_AT_ONCE = {
+    "model": MODEL,
+    "rules": [
+        {
+            "when": {"notCalled": ["read_limits"]},
+            "content": "I will read the limits and refund at once.",
+            "toolCalls": [READ_LIMITS, {"name": "refund", "arguments": {"orderId": "A-1042", "amount": 120}}],
+        },
+        {"when": {"lastToolResultContains": "not executed"}, "content": ANSWER},
+    ],
+}
+
+
+def test_a_second_tool_call_in_one_reply_is_told_to_the_model_as_not_executed_and_never_runs(
+    start_operator: Callable[..., OperatorProcess],
+    runs: Runs,
+    agent_namespace: str,
+    models: Callable[[dict[str, Any]], ModelServerThread],
+    refsystem: ReferenceSystemThread,
+) -> None:
+    """Issue 30 (6): the calls after the first used to be dropped silently (the model could believe
+    its refund was done). The first runs; the refund is answered "not executed" and never reaches
+    the system."""
+    op = start_operator("agent-failures", lease_duration=LEASE)
+    model = models(TWO_CALLS_AT_ONCE)
+    name = runs.create(agent_spec(model, refsystem, policy(runs, "default-policy")))
+
+    done = runs.wait_state(name, "completed", "failed", timeout=90)
+    assert done["status"]["outcome"]["reason"] == "Completed", done["status"]["outcome"]
+    assert unsealed(done, done["status"]["outcome"]["result"], ANSWER_LABEL) == ANSWER
+    first, second = distinct(model)
+    assert tool_results(first) == []
+    read, refund = tool_results(second)
+    assert "maxAmount" in read
+    assert json.loads(refund)["status"] == "not executed", refund
+    (call,) = [m for m in second["messages"] if m["role"] == "assistant"]
+    assert [c["function"]["name"] for c in call["tool_calls"]] == ["read_limits", "refund"]
+    (turn,) = done["status"]["checkpoint"]["agent"]["turns"]
+    assert (turn["tool"], turn["droppedTools"]) == ("read_limits", ["refund"])
+    assert any(
+        "not executed (one call per turn): refund" in (h.get("detail") or "")
+        for h in done["status"]["history"]
+    )
+    assert refsystem.counts() == {}, "the refund never reached the system"
+    assert not op.logged("Traceback")

@@ -11,6 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from durable_agents.core.agent_facts import sealed_answer
+from durable_agents.core.sealed_values import new_data_key
 from durable_agents.shell.model_replies import (
     EXCERPT_MAX,
     MESSAGE_MAX,
@@ -62,6 +64,19 @@ def test_arguments_sent_as_an_object_and_content_as_parts_are_read() -> None:
     assert json.loads(reply.tool_calls[0].arguments_text) == {"a": 1}
 
 
+def test_lone_surrogates_are_replaced_so_sealing_never_meets_them() -> None:
+    """JSON lets a reply write a lone surrogate; sealing the answer or the model's reason would
+    raise deep in the core (the operator's internal error). They are replaced where they enter."""
+    call = {"id": "c", "function": {"name": "read\ud800", "arguments": '{"a": "\ud800"}'}}
+    body = b'{"choices": [{"message": {"content": "a\\ud800b", "tool_calls": [CALL]}}]}'
+    reply = reply_of(URL, 200, JSON, body.replace(b"CALL", json.dumps(call).encode()), KEY)
+    assert reply.content == "a?b"
+    assert reply.tool_calls[0].name == "read?"
+    for text in (reply.content, reply.tool_calls[0].name, reply.tool_calls[0].arguments_text):
+        text.encode("utf-8")  # would raise on a surrogate
+    sealed_answer(new_data_key(), reply.content)
+
+
 def test_an_html_page_is_named_by_its_title() -> None:
     page = b"<!doctype html><html><head><title>502 Bad\nGateway</title></head><body>" + b"x" * 5000
     failed = failure(page, {"content-type": "text/html; charset=utf-8"})
@@ -99,7 +114,7 @@ def test_a_json_content_type_with_another_body_says_so_with_a_bounded_excerpt() 
             "usage.prompt_tokens is not a token count",
         ),
         (
-            completion({"content": "a"}, usage={"prompt_tokens": 2**60}),
+            completion({"content": "a"}, usage={"prompt_tokens": 2**32}),
             "usage.prompt_tokens is not a token count",
         ),
         (

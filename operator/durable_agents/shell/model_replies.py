@@ -25,7 +25,9 @@ from durable_agents.core.agent.exchange import ModelReply, ToolCall, Usage
 EXCERPT_MAX: Final = 120
 """The most characters of a reply a message quotes."""
 MESSAGE_MAX: Final = 1024
-COUNT_MAX: Final = 2**53 - 1
+TOKENS_MAX: Final = 2**32 - 1
+"""The most tokens one reply may claim (no model spends that many; it keeps the run's totals,
+summed over its calls, far within their bound)."""
 REDACTED: Final = "[redacted]"
 # Bearer tokens, OpenAI-style keys (sk-..., also masked "sk-ab***yz"), key=value credentials.
 _CREDENTIAL = re.compile(
@@ -117,12 +119,18 @@ def _field(value: Any, where: str, kind: type | tuple[type, ...], *, optional: b
     if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
         names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
         raise _NotACompletion(f"{where} is {type(value).__name__}, not {names}")
-    return value
+    return _unicode(value) if isinstance(value, str) else value
+
+
+def _unicode(text: str) -> str:
+    """``text`` with lone surrogates (JSON lets a reply write "\\ud800") replaced: they are not
+    Unicode text, and sealing or canonical JSON would refuse them deep in the core."""
+    return text.encode("utf-8", "replace").decode("utf-8")
 
 
 def _count(usage: Mapping[str, Any], key: str) -> int:
     value = _field(usage.get(key), f"usage.{key}", int)
-    if value is not None and not 0 <= value <= COUNT_MAX:
+    if value is not None and not 0 <= value <= TOKENS_MAX:
         raise _NotACompletion(f"usage.{key} is not a token count")
     return value or 0
 
@@ -135,7 +143,7 @@ def _tool_call(call: Any, index: int) -> ToolCall | None:
     function = _field(call.get("function"), f"{where}.function", dict, optional=False)
     arguments = function.get("arguments")
     if isinstance(arguments, dict):  # some servers send the object itself
-        arguments = json.dumps(arguments, ensure_ascii=False)
+        arguments = json.dumps(arguments)  # ASCII: escapes even a lone surrogate, as JSON text
     return ToolCall(
         id=_field(call.get("id"), f"{where}.id", str) or "",
         name=_field(function.get("name"), f"{where}.function.name", str) or "",
@@ -149,7 +157,7 @@ def _content(content: Any) -> str | None:
     if not isinstance(parts, list):
         return parts
     texts = [p.get("text") for p in parts if isinstance(p, dict) and p.get("type", "text") == "text"]
-    return "".join(t for t in texts if isinstance(t, str)) or None
+    return _unicode("".join(t for t in texts if isinstance(t, str))) or None
 
 
 def completion_of(value: Any) -> ModelReply:
