@@ -112,8 +112,8 @@ def failure_of(err: openai.OpenAIError, endpoint: ModelEndpoint) -> ModelCallFai
     import openai
 
     reason, retryable = "ModelError", True
-    for kind, known, may_retry in _failures():
-        if isinstance(err, kind):
+    for cls, known, may_retry in _failures():
+        if isinstance(err, cls):
             reason, retryable = known, may_retry
             break
     where = shown_endpoint(endpoint.base_url)

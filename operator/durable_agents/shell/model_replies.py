@@ -154,7 +154,7 @@ def _tool_call(call: Any, index: int) -> ToolCall | None:
 def _content(content: Any) -> str | None:
     """The message's text; a list of content parts gives its text parts, joined."""
     parts = _field(content, "choices[0].message.content", (str, list))
-    if not isinstance(parts, list):
+    if isinstance(parts, str) or parts is None:
         return parts
     texts = [p.get("text") for p in parts if isinstance(p, dict) and p.get("type", "text") == "text"]
     return _unicode("".join(t for t in texts if isinstance(t, str))) or None
