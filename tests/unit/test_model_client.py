@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from durable_agents.core.agent.exchange import ModelRequest
+from durable_agents.shell.agents import Unresolvable, _api_key
 from durable_agents.shell.model_client import ModelCallFailed, ModelClient, ModelEndpoint
 from durable_agents_testkit.modelserver import ModelServerThread
 
@@ -175,3 +176,21 @@ async def test_an_unknown_model_is_named(client: ModelClient, server: ModelServe
         await client.complete(endpoint(server), request)
     assert failed.value.reason == "ModelNotFound"
     assert failed.value.retryable is False
+
+
+async def test_a_key_no_header_can_carry_is_a_model_error_not_an_exception(
+    client: ModelClient, server: ModelServerThread
+) -> None:
+    """The SDK raised UnicodeEncodeError (no OpenAIError) for a non-ASCII key: an internal error."""
+    with pytest.raises(ModelCallFailed) as failed:
+        await client.complete(endpoint(server, key="ключ-секрет"), REQUEST)
+    assert failed.value.reason == "ModelEndpointInvalid"
+    assert failed.value.message == f"the request to {server.base_url} cannot be sent: UnicodeEncodeError"
+    assert server.calls()["total"] == 0
+
+
+@pytest.mark.parametrize("raw", ["ключ".encode(), b"\xff\xfe", b"sk-a\nb", b"sk-a\x00"])
+def test_the_resolver_refuses_a_secret_that_is_no_api_key(raw: bytes) -> None:
+    with pytest.raises(Unresolvable, match=r"^Secret ns/keys key 'k' is not printable ASCII"):
+        _api_key(raw, "Secret ns/keys key 'k'")
+    assert _api_key(b"  sk-good\n", "here") == "sk-good"

@@ -92,6 +92,11 @@ class ModelClient:
             raw = await self._client(endpoint).chat.completions.with_raw_response.create(**sent)
         except openai.OpenAIError as err:
             raise failure_of(err, endpoint) from None
+        except ValueError as err:  # a header it cannot encode (a key the resolver would refuse now)
+            message = (
+                f"the request to {shown_endpoint(endpoint.base_url)} cannot be sent: {type(err).__name__}"
+            )
+            raise ModelCallFailed("ModelEndpointInvalid", message, True) from None
         response = raw.http_response
         try:  # read already (not streamed); should it be cut now, that is the endpoint's failure too
             body = await response.aread()
