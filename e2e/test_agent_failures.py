@@ -21,6 +21,7 @@ from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents.core.agent_facts import ANSWER_LABEL
 from durable_agents_testkit.agent_sample import API_KEY, install_sample, sample_of
 from durable_agents_testkit.cluster import KubeEnv
+from durable_agents_testkit.eventually import eventually
 from durable_agents_testkit.keys import unsealed
 from durable_agents_testkit.modelserver import ModelServerThread
 from durable_agents_testkit.operator_process import OperatorProcess
@@ -406,8 +407,12 @@ def test_a_model_endpoint_that_stays_broken_is_shown_waiting_for_its_retry_then_
         f"2 attempts failed; last: ModelAuthFailed: AuthenticationError (HTTP 401) from {model.base_url}: "
     ), message
     assert model.calls()["total"] == 2, "one call per attempt"
-    events = [e.message or "" for e in runs.events(name)]
-    assert any(model.base_url in m and "HTTP 401" in m for m in events), events
+
+    def failed_event() -> list[str] | None:  # Events are written after the commit, in the background
+        events = [e.message or "" for e in runs.events(name)]
+        return events if any(model.base_url in m and "HTTP 401" in m for m in events) else None
+
+    events = eventually(failed_event, 30, "the AttemptFailed Event naming the endpoint and the 401")
     assert all(API_KEY not in m for m in events), "the API key is in an Event"
     assert_no_internal_error(op, failed)
 
