@@ -16,10 +16,12 @@ from typing import Any
 
 import pytest
 
+from durable_agents import kubectl_why
 from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents.core.agent_facts import ANSWER_LABEL
 from durable_agents_testkit.agent_sample import API_KEY, install_sample, sample_of
 from durable_agents_testkit.cluster import KubeEnv
+from durable_agents_testkit.eventually import eventually
 from durable_agents_testkit.keys import unsealed
 from durable_agents_testkit.modelserver import ModelServerThread
 from durable_agents_testkit.operator_process import OperatorProcess
@@ -73,6 +75,21 @@ CALLS_AN_UNKNOWN_TOOL = {
 # again, and a one-shot fault of the model server would then be used up by the first try).
 LEASE = 15
 FAST_RETRY = {"initialBackoff": "300ms", "maxBackoff": "1s", "jitter": 0}
+# A broken endpoint (the reference server's faults), the run's reason, and how the reply is named.
+BROKEN_REPLIES = {
+    "html": (
+        "ModelReplyNotJson",
+        'HTTP 200 with an HTML page (text/html): "Sign in to continue - Example Proxy"',
+    ),
+    "not_json": (
+        "ModelReplyNotJson",
+        "HTTP 200 with a body that is not JSON although its content type is application/json:"
+        ' "upstream connect error',
+    ),
+    "unauthorized": ("ModelAuthFailed", "AuthenticationError (HTTP 401) from "),
+    "error": ("ModelError", "InternalServerError (HTTP 500) from "),
+    "empty": ("ModelReplyEmpty", "HTTP 200 with a chat completion with no content and no tool calls"),
+}
 
 
 @pytest.fixture
@@ -311,4 +328,139 @@ def test_a_run_over_its_token_budget_fails_without_calling_the_model_again(
     assert retries(failed) == [], "a spent budget is not retried"
     assert len(distinct(model)) == 1, "the model is not called once the budget is spent"
     assert [t["tool"] for t in failed["status"]["checkpoint"]["agent"]["turns"]] == ["read_limits"]
+    assert not op.logged("Traceback")
+
+
+def assert_no_internal_error(op: OperatorProcess, run: dict[str, Any]) -> None:
+    """The endpoint's failure stayed the endpoint's: no traceback, no quarantine, no key anywhere."""
+    history = assert_history_is_gapless(run)
+    assert all(h["to"] != "quarantined" for h in history), [h["event"] for h in history]
+    assert API_KEY not in json.dumps(run), "the API key is in the run"
+    assert not op.logged("Traceback")
+    assert not op.logged("InternalError")
+    assert not op.logged(API_KEY), "the API key is in the operator's log"
+
+
+def test_a_broken_model_endpoint_is_a_named_model_error_retried_per_the_policy_then_the_run_completes(
+    start_operator: Callable[..., OperatorProcess],
+    runs: Runs,
+    agent_namespace: str,
+    models: Callable[[dict[str, Any]], ModelServerThread],
+    refsystem: ReferenceSystemThread,
+) -> None:
+    """Issue 30 (6): an HTML page or a non-JSON body with 200 used to be the operator's internal
+    error (five tracebacks, then quarantined, naming neither the endpoint nor the reply). Each
+    broken reply, once, is now a model error naming the endpoint and the kind of reply: a retry
+    window of the policy, after which the fixed endpoint answers and the run completes."""
+    op = start_operator("agent-failures", lease_duration=LEASE)
+    three = policy(runs, "three-attempts", retry={"maxAttempts": 3, **FAST_RETRY})
+    servers = {fault: models(READS_THEN_ANSWERS) for fault in BROKEN_REPLIES}
+    names = {}
+    for fault, model in servers.items():
+        model.inject(fault, times=1)
+        names[fault] = runs.create(agent_spec(model, refsystem, three))
+
+    for fault, (reason, kind) in BROKEN_REPLIES.items():
+        done = runs.wait_state(names[fault], "completed", "failed", "quarantined", timeout=120)
+        assert done["status"]["outcome"]["reason"] == "Completed", (fault, done["status"]["outcome"])
+        (window,) = retries(done)
+        assert window.startswith(f"model call failed: {reason}: "), window
+        assert servers[fault].base_url in window, "the endpoint is named"
+        assert kind in window, window
+        assert "attempt 2/3 at " in window, window
+        assert unsealed(done, done["status"]["outcome"]["result"], ANSWER_LABEL) == ANSWER
+        assert servers[fault].calls()["total"] >= 3, "the broken reply, then the two calls of a good run"
+        assert_no_internal_error(op, done)
+    assert refsystem.counts() == {}
+
+
+def test_a_model_endpoint_that_stays_broken_is_shown_waiting_for_its_retry_then_fails_naming_it(
+    start_operator: Callable[..., OperatorProcess],
+    runs: Runs,
+    agent_namespace: str,
+    models: Callable[[dict[str, Any]], ModelServerThread],
+    refsystem: ReferenceSystemThread,
+) -> None:
+    """A 401 that echoes the key it was given (as careless servers do), every time: the run waits
+    out its retry window (``kubectl agentrun why`` says why), then fails RetriesExhausted with the
+    endpoint and the kind of reply named in its outcome and its Event, and the key in none of them."""
+    op = start_operator("agent-failures", lease_duration=LEASE)
+    slow = policy(runs, "two-slow-attempts", retry={"maxAttempts": 2, "initialBackoff": "8s", "jitter": 0})
+    model = models(READS_THEN_ANSWERS)
+    model.inject("unauthorized", times=10)
+    name = runs.create(agent_spec(model, refsystem, slow))
+
+    waiting = runs.wait_state(name, "waiting_retry", "failed", timeout=90)
+    assert waiting["status"]["state"] == "waiting_retry"
+    said = kubectl_why.text(kubectl_why.why(runs.custom, runs.namespace, name))
+    expected = (
+        f"the last attempt failed: ModelAuthFailed: AuthenticationError (HTTP 401) from {model.base_url}"
+    )
+    assert expected in said, said
+    assert 'a JSON error (application/json): "Incorrect API key provided: [redacted]."' in said, said
+    assert API_KEY not in said
+
+    failed = runs.wait_state(name, "failed", timeout=90)
+    state, reason, message = outcome(failed)
+    assert (state, reason) == ("failed", "RetriesExhausted")
+    assert message.startswith(
+        f"2 attempts failed; last: ModelAuthFailed: AuthenticationError (HTTP 401) from {model.base_url}: "
+    ), message
+    assert model.calls()["total"] == 2, "one call per attempt"
+
+    def failed_event() -> list[str] | None:  # Events are written after the commit, in the background
+        events = [e.message or "" for e in runs.events(name)]
+        return events if any(model.base_url in m and "HTTP 401" in m for m in events) else None
+
+    events = eventually(failed_event, 30, "the AttemptFailed Event naming the endpoint and the 401")
+    assert all(API_KEY not in m for m in events), "the API key is in an Event"
+    assert_no_internal_error(op, failed)
+
+
+# Two calls in one reply (as a server that ignores parallel_tool_calls false sends them): the read,
+# and a refund. Told that the refund was not executed, the model answers without it.
+TWO_CALLS_AT_ONCE = {
+    "model": MODEL,
+    "rules": [
+        {
+            "when": {"notCalled": ["read_limits"]},
+            "content": "I will read the limits and refund at once.",
+            "toolCalls": [READ_LIMITS, {"name": "refund", "arguments": {"orderId": "A-1042", "amount": 120}}],
+        },
+        {"when": {"lastToolResultContains": "not executed"}, "content": ANSWER},
+    ],
+}
+
+
+def test_a_second_tool_call_in_one_reply_is_told_to_the_model_as_not_executed_and_never_runs(
+    start_operator: Callable[..., OperatorProcess],
+    runs: Runs,
+    agent_namespace: str,
+    models: Callable[[dict[str, Any]], ModelServerThread],
+    refsystem: ReferenceSystemThread,
+) -> None:
+    """Issue 30 (6): the calls after the first used to be dropped silently (the model could believe
+    its refund was done). The first runs; the refund is answered "not executed" and never reaches
+    the system."""
+    op = start_operator("agent-failures", lease_duration=LEASE)
+    model = models(TWO_CALLS_AT_ONCE)
+    name = runs.create(agent_spec(model, refsystem, policy(runs, "default-policy")))
+
+    done = runs.wait_state(name, "completed", "failed", timeout=90)
+    assert done["status"]["outcome"]["reason"] == "Completed", done["status"]["outcome"]
+    assert unsealed(done, done["status"]["outcome"]["result"], ANSWER_LABEL) == ANSWER
+    first, second = distinct(model)
+    assert tool_results(first) == []
+    read, refund = tool_results(second)
+    assert "maxAmount" in read
+    assert json.loads(refund)["status"] == "not executed", refund
+    (call,) = [m for m in second["messages"] if m["role"] == "assistant"]
+    assert [c["function"]["name"] for c in call["tool_calls"]] == ["read_limits", "refund"]
+    (turn,) = done["status"]["checkpoint"]["agent"]["turns"]
+    assert (turn["tool"], turn["droppedTools"]) == ("read_limits", ["refund"])
+    assert any(
+        "not executed (one call per turn): refund" in (h.get("detail") or "")
+        for h in done["status"]["history"]
+    )
+    assert refsystem.counts() == {}, "the refund never reached the system"
     assert not op.logged("Traceback")

@@ -70,9 +70,11 @@ def wakes(run: dict[str, Any], unknown: list[str] | None = None) -> list[dict[st
         body = json.dumps({"spec": {"events": {what: "<payload>"}}})
         return [{"what": f"the external event {what} (verb answer)", "commands": [f"{patch} '{body}'"]}]
     if kind == "retry" or state == "waiting_retry":
+        retry = (status.get("checkpoint") or {}).get("retry") or {}
+        failed = f"; the last attempt failed: {retry['lastFailure']}" if retry.get("lastFailure") else ""
         return [
             {
-                "what": f"the retry time {status.get('retryAt') or what}: the operator retries then",
+                "what": f"the retry time {status.get('retryAt') or what}: the operator retries then{failed}",
                 "commands": [],
             }
         ]

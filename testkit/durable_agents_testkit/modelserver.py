@@ -28,9 +28,13 @@ an API key configured, ``/v1/*`` needs ``Authorization: Bearer <key>``, else 401
 ``POST /faults``
     ``{"mode", "times": N (default 1), "delay": seconds (default 5), "match": substring of the last
     message's content}``. A valid completion request consumes a unit of the first matching fault:
-    ``slow`` sleeps, then answers; ``error`` answers 500; ``drop`` closes the connection (these two
-    use no rule); ``malformed`` cuts the first tool call's arguments short; ``unknown_tool`` names
-    a tool not offered (these two add a tool call if there is none); ``none`` answers normally.
+    ``slow`` sleeps, then answers; ``malformed`` cuts the first tool call's arguments short;
+    ``unknown_tool`` names a tool not offered (these two add a tool call if there is none);
+    ``none`` answers normally. A broken endpoint, using no rule: ``error`` answers 500; ``drop``
+    closes the connection; ``html`` answers 200 with an HTML page; ``not_json`` 200 with an
+    ``application/json`` body that is not JSON; ``not_a_completion`` 200 with JSON that has no
+    choices; ``unauthorized`` 401, echoing the key it was given; ``empty`` 200 with a completion
+    that has no content and no tool calls.
     ``GET /faults`` lists pending faults, ``DELETE /faults`` clears them.
 ``GET /calls``
     ``{"total", "unmatched", "byRule": {"<index>": n}, "requests": [the last 200 bodies]}``.
@@ -184,6 +188,22 @@ class FaultMode(enum.StrEnum):
     MALFORMED = "malformed"
     UNKNOWN_TOOL = "unknown_tool"
     NONE = "none"
+    # A broken endpoint (or what stands in front of it); these use no rule:
+    HTML = "html"  # 200, text/html: a proxy's sign-in page
+    NOT_JSON = "not_json"  # 200, application/json, a body that is not JSON
+    NOT_A_COMPLETION = "not_a_completion"  # 200, JSON without choices
+    UNAUTHORIZED = "unauthorized"  # 401, echoing the key it was given (as careless servers do)
+    EMPTY = "empty"  # 200, a completion with no content and no tool calls
+
+
+# The modes that answer without a rule, with what they answer.
+BROKEN = frozenset({FaultMode.ERROR, FaultMode.DROP, FaultMode.HTML, FaultMode.NOT_JSON})
+BROKEN |= {FaultMode.NOT_A_COMPLETION, FaultMode.UNAUTHORIZED, FaultMode.EMPTY}
+PROXY_PAGE = (
+    "<!DOCTYPE html>\n<html><head><title>Sign in to continue - Example Proxy</title></head>"
+    "<body><h1>Authentication required</h1><p>Your session has expired.</p></body></html>"
+)
+NOT_JSON_BODY = "upstream connect error or disconnect/reset before headers. reset reason: overflow"
 
 
 @pydantic.dataclasses.dataclass(config=ConfigDict(extra="forbid", allow_inf_nan=False))
@@ -251,7 +271,9 @@ class ModelServer:
             fault.times -= 1
             self.faults[:] = [f for f in self.faults if f.times > 0]
         mode = fault.mode if fault is not None else FaultMode.NONE
-        if mode in (FaultMode.ERROR, FaultMode.DROP):
+        if mode is FaultMode.EMPTY:
+            return fault, self._completion(canonical, None, [])
+        if mode in BROKEN:
             return fault, None
         rule = self._choose(messages)
         calls = [(c.name, c.text) for c in rule.tool_calls]
@@ -351,8 +373,9 @@ async def _post_completion(request: web.Request) -> web.StreamResponse:
 
     # From here to the answer there is no await: taking the fault and the rule use is atomic.
     fault, completion = server.complete(body, canonical)
-    if fault is not None and fault.mode is FaultMode.ERROR:
-        return _error(500, "injected fault: the server had an error")
+    broken = _broken(fault.mode, request.headers.get("Authorization", "")) if fault is not None else None
+    if broken is not None:
+        return broken
     if fault is not None and fault.mode is FaultMode.DROP:
         # Close without writing anything: the client sees a server disconnect. aiohttp then fails
         # to write the response below (a ConnectionError it handles quietly).
@@ -362,6 +385,22 @@ async def _post_completion(request: web.Request) -> web.StreamResponse:
     if fault is not None and fault.mode is FaultMode.SLOW:
         await asyncio.sleep(fault.delay)
     return web.json_response(completion)
+
+
+def _broken(mode: FaultMode, authorization: str) -> web.Response | None:
+    """The reply of a broken endpoint for ``mode``; None for the modes handled in line."""
+    if mode is FaultMode.ERROR:
+        return _error(500, "injected fault: the server had an error")
+    if mode is FaultMode.HTML:
+        return web.Response(text=PROXY_PAGE, content_type="text/html")
+    if mode is FaultMode.NOT_JSON:
+        return web.Response(text=NOT_JSON_BODY, content_type="application/json")
+    if mode is FaultMode.NOT_A_COMPLETION:
+        return web.json_response({"object": "list", "data": [], "note": "this is not a chat completion"})
+    if mode is FaultMode.UNAUTHORIZED:
+        given = authorization.removeprefix("Bearer ")
+        return _error(401, f"Incorrect API key provided: {given}.", code="invalid_api_key")
+    return None
 
 
 async def _get_models(request: web.Request) -> web.Response:

@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from durable_agents.core.agent.context import (
+    NOT_EXECUTED,
     TRUNCATION_NOTE,
     ContextMismatch,
     build_request,
@@ -47,6 +48,7 @@ from durable_agents.core.checkpoint import (
 from durable_agents.core.digest import canonical_json
 from durable_agents.core.sealed_values import DataKey, ValueSealingError
 from durable_agents.core.sealing import Keyring
+from durable_agents_testkit.modelserver import _conversation_problem
 
 pytestmark = pytest.mark.unit
 
@@ -255,6 +257,39 @@ def test_a_refused_call_shows_why_and_replays_no_invalid_json() -> None:
         "reason": "the arguments are not valid JSON",
     }
     assert facts.tool_errors == 1
+
+
+def test_further_calls_of_a_reply_are_replayed_each_answered_not_executed() -> None:
+    """Issue 30 (6): a reply with several calls had all but the first dropped silently; the model
+    believed they ran. Each is now replayed with a result that says it was not executed, in a
+    conversation a chat-completions server accepts (each call answered, IDs unique)."""
+    facts = start_facts(model=MODEL, system_prompt=PROMPT, tools=TOOLS)
+    turn = new_turn(
+        KEY,
+        index=0,
+        call_id="call_0",
+        tool="read_configmap",
+        arguments={"name": "settings"},
+        reason="look first",
+        step_index=0,
+        dropped_tools=("notify", "notify"),
+    )
+    facts = settle_last(with_turn(facts, turn), KEY, outcome="succeeded", result={"data": {}})
+    messages = json.loads(_request(facts))["messages"]
+    _, _, call, result, *told = messages
+    ids = [c["id"] for c in call["tool_calls"]]
+    assert [c["function"]["name"] for c in call["tool_calls"]] == ["read_configmap", "notify", "notify"]
+    assert ids == ["call_0", "drop00000", "drop00001"]
+    assert [c["function"]["arguments"] for c in call["tool_calls"][1:]] == ["{}", "{}"]
+    assert result == {"role": "tool", "tool_call_id": "call_0", "content": '{"data":{}}'}
+    assert told == [{"role": "tool", "tool_call_id": i, "content": NOT_EXECUTED} for i in ids[1:]]
+    assert json.loads(NOT_EXECUTED)["status"] == "not executed"
+    assert _conversation_problem(messages) is None, "the reference server (as the real API) accepts it"
+
+
+def test_a_turn_with_one_call_records_no_dropped_tools_so_older_digests_hold() -> None:
+    facts = _facts([("notify", {"text": "hi"}, "tell them", "succeeded", {"status": 200})])
+    assert "droppedTools" not in json.dumps(dump_checkpoint(_checkpoint(facts)))
 
 
 def test_a_large_result_is_truncated_bounded_and_marked() -> None:

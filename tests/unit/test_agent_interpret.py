@@ -27,7 +27,7 @@ from durable_agents.core.agent.tools import (
     mcp_tool,
     read_tool,
 )
-from durable_agents.core.agent_facts import ARGUMENTS_DIGEST_LABEL, ARGUMENTS_MAX_BYTES
+from durable_agents.core.agent_facts import ARGUMENTS_DIGEST_LABEL, ARGUMENTS_MAX_BYTES, DROPPED_MAX
 from durable_agents.core.digest import canonical_digest
 from durable_agents.core.planner import AskHuman, AwaitEvent, PerformEffect, ReadObject
 from durable_agents.core.sealed_values import keyed_digest, new_data_key
@@ -176,6 +176,16 @@ def test_only_the_first_of_several_calls_is_taken() -> None:
     assert isinstance(call.step, ReadObject)
     assert call.step.ref.name == "first"
     assert call.call_id == "call_abc"
+    assert call.dropped == ("notify",), "the second call is not executed, and is remembered to be told"
+
+
+def test_further_calls_are_named_bounded_and_kept_with_a_refused_first_call() -> None:
+    bad_name = "no such tool!"
+    reply = _reply(("missing", "{}"), ("notify", "{}"), (bad_name, "{}"), *[("read_configmap", "{}")] * 5)
+    error = _error(interpret(reply, TOOLS, step_index=0))
+    assert error.dropped == ("notify", INVALID_TOOL_NAME, "read_configmap", "read_configmap")
+    assert len(error.dropped) == DROPPED_MAX
+    assert _call(interpret(_reply(("notify", '{"text": "x"}')), TOOLS, step_index=0)).dropped == ()
 
 
 def test_a_read_becomes_a_read_object_of_the_declared_kind() -> None:

@@ -103,3 +103,18 @@ def test_a_wait_without_expiry_and_an_ended_run() -> None:
     ended = kubectl_why.explain(run("completed", outcome={"reason": "Completed"}))
     assert ended["expiresAt"] is None
     assert ended["wakeBy"] == [{"what": "nothing: the run has ended (Completed)", "commands": []}]
+
+
+def test_a_retry_window_says_why_the_last_attempt_failed() -> None:
+    failure = "ModelReplyNotJson: http://m.example/v1 answered HTTP 200 with an HTML page (text/html): ..."
+    waiting = run(
+        "waiting_retry",
+        "retry:2026-12-01T12:00:05+00:00",
+        retryAt="2026-12-01T12:00:05Z",
+        checkpoint={"retry": {"attempts": 1, "lastFailure": failure}},
+    )
+    said = kubectl_why.text(kubectl_why.explain(waiting), NOW)
+    assert (
+        f"the retry time 2026-12-01T12:00:05Z: the operator retries then; the last attempt failed: {failure}"
+        in said
+    )

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from durable_agents.core.agent.exchange import ModelRequest
+from durable_agents.shell.agents import Unresolvable, _api_key
 from durable_agents.shell.model_client import ModelCallFailed, ModelClient, ModelEndpoint
 from durable_agents_testkit.modelserver import ModelServerThread
 
@@ -114,11 +115,59 @@ async def test_a_failed_call_is_a_reasoned_failure_and_is_not_retried(
         assert f"({server.base_url}, timeout 0.3s)" in failed.value.message
 
 
-async def test_a_bad_key_is_not_retryable(client: ModelClient, server: ModelServerThread) -> None:
+async def test_a_bad_key_is_retryable_and_never_named(client: ModelClient, server: ModelServerThread) -> None:
+    """A wrong key is fixed in its Secret (the resolver reads it again): the run's retry windows
+    give that a chance, bounded by its policy; the message never holds the key."""
+    wrong = "sk-wrong-key-0123456789abcdef"
     with pytest.raises(ModelCallFailed) as failed:
-        await client.complete(endpoint(server, key="wrong"), REQUEST)
+        await client.complete(endpoint(server, key=wrong), REQUEST)
     assert failed.value.reason == "ModelAuthFailed"
-    assert failed.value.retryable is False
+    assert failed.value.retryable is True
+    assert failed.value.message == (
+        f"AuthenticationError (HTTP 401) from {server.base_url}: "
+        'a JSON error (application/json): "Incorrect API key provided."'
+    )
+
+
+@pytest.mark.parametrize(
+    ("fault", "reason", "kind"),
+    [
+        (
+            "html",
+            "ModelReplyNotJson",
+            'HTTP 200 with an HTML page (text/html): "Sign in to continue - Example Proxy"',
+        ),
+        (
+            "not_json",
+            "ModelReplyNotJson",
+            "HTTP 200 with a body that is not JSON although its content type is application/json:"
+            ' "upstream connect error or disconnect/reset before headers. reset reason: overflow"',
+        ),
+        (
+            "not_a_completion",
+            "ModelReplyInvalid",
+            "HTTP 200 with a JSON dict (application/json) that is not a chat completion: it has no choices",
+        ),
+        ("empty", "ModelReplyEmpty", "HTTP 200 with a chat completion with no content and no tool calls"),
+        ("unauthorized", "ModelAuthFailed", "(HTTP 401) from"),
+        ("error", "ModelError", "InternalServerError (HTTP 500) from"),
+    ],
+)
+async def test_every_broken_reply_is_a_retryable_model_error_naming_the_endpoint_and_the_kind(
+    client: ModelClient, server: ModelServerThread, fault: str, reason: str, kind: str
+) -> None:
+    """Issue 30 (6): an HTML page or a non-JSON body with 200 used to escape the client as a
+    JSONDecodeError or an AttributeError (the operator's internal error, quarantined after five
+    tracebacks). Each is now the endpoint's failure, named, retryable, without the key."""
+    server.inject(fault)
+    with pytest.raises(ModelCallFailed) as failed:
+        await client.complete(endpoint(server), REQUEST)
+    assert failed.value.reason == reason
+    assert failed.value.retryable is True
+    assert server.base_url in failed.value.message
+    assert kind in failed.value.message, failed.value.message
+    assert KEY not in failed.value.message, "the 401 fault echoes the key it was given"
+    assert len(failed.value.message) <= 400, "a bounded excerpt, never the whole body"
 
 
 async def test_an_unknown_model_is_named(client: ModelClient, server: ModelServerThread) -> None:
@@ -127,3 +176,21 @@ async def test_an_unknown_model_is_named(client: ModelClient, server: ModelServe
         await client.complete(endpoint(server), request)
     assert failed.value.reason == "ModelNotFound"
     assert failed.value.retryable is False
+
+
+async def test_a_key_no_header_can_carry_is_a_model_error_not_an_exception(
+    client: ModelClient, server: ModelServerThread
+) -> None:
+    """The SDK raised UnicodeEncodeError (no OpenAIError) for a non-ASCII key: an internal error."""
+    with pytest.raises(ModelCallFailed) as failed:
+        await client.complete(endpoint(server, key="ключ-секрет"), REQUEST)
+    assert failed.value.reason == "ModelEndpointInvalid"
+    assert failed.value.message == f"the request to {server.base_url} cannot be sent: UnicodeEncodeError"
+    assert server.calls()["total"] == 0
+
+
+@pytest.mark.parametrize("raw", ["ключ".encode(), b"\xff\xfe", b"sk-a\nb", b"sk-a\x00"])
+def test_the_resolver_refuses_a_secret_that_is_no_api_key(raw: bytes) -> None:
+    with pytest.raises(Unresolvable, match=r"^Secret ns/keys key 'k' is not printable ASCII"):
+        _api_key(raw, "Secret ns/keys key 'k'")
+    assert _api_key(b"  sk-good\n", "here") == "sk-good"

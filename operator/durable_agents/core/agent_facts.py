@@ -19,7 +19,7 @@ This module does not import :mod:`durable_agents.core.checkpoint`, which imports
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Final, Literal, Self
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
@@ -46,6 +46,9 @@ SEALED_TOKEN_MAX: Final = 24 * 1024
 """A sealed token of RESULT_MAX_BYTES of plaintext is 21,894 characters (base64 of nonce,
 ciphertext and tag, plus its prefix); the rest is margin."""
 MODEL_CALLS_MAX: Final = 1024
+DROPPED_MAX: Final = 4
+"""The most further tool calls of one reply a turn records (each is told to the model as not
+executed); a reply with more has the rest neither recorded nor replayed."""
 TRUNCATED_KEY: Final = "truncated"
 VALUE_KEY: Final = "value"
 WRITTEN_BY_MODEL: Final = "model"
@@ -127,6 +130,10 @@ class ModelTurn(_Facts):
     """Tokens of the model call(s) that produced this turn."""
     model_calls: Annotated[int, Field(ge=1, le=MODEL_CALLS_MAX)] = 1
     """Model calls since the last boundary that led to this turn."""
+    dropped_tools: Annotated[list[ToolName], Field(min_length=1, max_length=DROPPED_MAX)] | None = None
+    """The names of the further tool calls in the reply, in order: a turn is one call, so these
+    were not executed, and the model is told so (a tool result each) when its context is rebuilt.
+    None (absent) when the reply had one call, so older checkpoints keep their digest."""
 
     @model_validator(mode="after")
     def _result_matches_outcome(self) -> Self:
@@ -248,6 +255,7 @@ def new_turn(
     usage: TokenUsage | None = None,
     model_calls: int = 1,
     refusal: str | None = None,
+    dropped_tools: Sequence[str] = (),
 ) -> ModelTurn:
     """A turn for a call the model just proposed: ``pending``, or ``refused`` (with the refusal
     sealed as its result) when ``refusal`` says why the call was not accepted."""
@@ -269,6 +277,7 @@ def new_turn(
         step_index=step_index,
         usage=usage or TokenUsage(),
         model_calls=model_calls,
+        dropped_tools=list(dropped_tools[:DROPPED_MAX]) or None,
     )
     if refusal is None:
         return turn

@@ -234,5 +234,17 @@ class AgentResolver:
         if key not in data:
             raise Unresolvable(f"{kind} {run.namespace}/{name} has no key {key!r}")
         if kind == "Secret":
-            return base64.b64decode(data[key]).decode("utf-8").strip()
+            return _api_key(base64.b64decode(data[key]), f"Secret {run.namespace}/{name} key {key!r}")
         return data[key]
+
+
+def _api_key(raw: bytes, where: str) -> str:
+    """A Secret's value as an API key: printable ASCII, as an HTTP header carries it (anything
+    else made the model client raise before a byte was sent: an internal error, not a reason)."""
+    try:
+        text = raw.decode("ascii").strip()
+    except UnicodeDecodeError:
+        raise Unresolvable(f"{where} is not printable ASCII, so it cannot be sent as an API key") from None
+    if not text.isprintable():
+        raise Unresolvable(f"{where} is not printable ASCII, so it cannot be sent as an API key")
+    return text

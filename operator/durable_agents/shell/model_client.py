@@ -4,19 +4,31 @@ Retries are off in the client: a failed call is a failed attempt of the run, and
 policy decides when (and whether) to call again, so a model endpoint that times out or fails is a
 retry window, never a silent failure and never a hidden loop of paid calls. The client is built
 once per endpoint and credential and kept (its connection pool is the expensive part).
+
+The reply is read raw and classified here (:mod:`.model_replies`), not parsed by the SDK: the
+SDK hands back an HTML page as a string and lets a JSON content type with another body raise a
+``JSONDecodeError``, which used to escape as the operator's internal error. Every failure of the
+endpoint is a :class:`ModelCallFailed` that names the endpoint and the kind of reply (never the
+key): retried under the run's policy, never an internal-error quarantine.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # imported when the first model call is made: the client costs ~1 s and ~16 MB
     import openai
 
-from durable_agents.core.agent.exchange import ModelReply, ModelRequest, ToolCall, Usage
+from durable_agents.core.agent.exchange import ModelReply, ModelRequest
+from durable_agents.shell.model_replies import (
+    ModelCallFailed,
+    reply_kind,
+    reply_of,
+    sanitized,
+    shown_endpoint,
+)
 
 log = logging.getLogger(__name__)
 
@@ -32,17 +44,6 @@ class ModelEndpoint:
     timeout_seconds: float = 60.0
 
 
-class ModelCallFailed(Exception):
-    """The model did not answer usably. ``reason`` is a run outcome reason; ``retryable`` says
-    whether the run's retry policy may try again (a refused request or a bad key will not heal)."""
-
-    def __init__(self, reason: str, message: str, retryable: bool) -> None:
-        super().__init__(f"{reason}: {message}")
-        self.reason = reason
-        self.message = message[:1024]
-        self.retryable = retryable
-
-
 def _failures() -> tuple[tuple[type[openai.OpenAIError], str, bool], ...]:
     """The client's exception classes, most specific first, and what each means for the run."""
     import openai
@@ -51,8 +52,9 @@ def _failures() -> tuple[tuple[type[openai.OpenAIError], str, bool], ...]:
         (openai.APITimeoutError, "ModelTimeout", True),
         (openai.APIConnectionError, "ModelUnreachable", True),
         (openai.RateLimitError, "ModelRateLimited", True),
-        (openai.AuthenticationError, "ModelAuthFailed", False),
-        (openai.PermissionDeniedError, "ModelAuthFailed", False),
+        # A wrong key is fixed in its Secret (re-read within the resolver's TTL): retryable.
+        (openai.AuthenticationError, "ModelAuthFailed", True),
+        (openai.PermissionDeniedError, "ModelAuthFailed", True),
         (openai.BadRequestError, "ModelRequestRefused", False),
         (openai.UnprocessableEntityError, "ModelRequestRefused", False),
         (openai.NotFoundError, "ModelNotFound", False),
@@ -85,18 +87,23 @@ class ModelClient:
         """One model call; :class:`ModelCallFailed` when it brought no usable answer."""
         import openai
 
-        try:
-            completion = await self._client(endpoint).chat.completions.create(**request.body())
+        sent = request.body()
+        try:  # the SDK wraps every transport error (a URL it refuses too) in APIConnectionError
+            raw = await self._client(endpoint).chat.completions.with_raw_response.create(**sent)
         except openai.OpenAIError as err:
-            failed = failure_of(err)
-            if failed.reason in ("ModelTimeout", "ModelUnreachable"):  # say which endpoint, what limit
-                failed = ModelCallFailed(
-                    failed.reason,
-                    f"{failed.message} ({endpoint.base_url}, timeout {endpoint.timeout_seconds:g}s)",
-                    failed.retryable,
-                )
-            raise failed from err
-        return reply_of(completion.model_dump(mode="json"))
+            raise failure_of(err, endpoint) from None
+        except ValueError as err:  # a header it cannot encode (a key the resolver would refuse now)
+            message = (
+                f"the request to {shown_endpoint(endpoint.base_url)} cannot be sent: {type(err).__name__}"
+            )
+            raise ModelCallFailed("ModelEndpointInvalid", message, True) from None
+        response = raw.http_response
+        try:  # read already (not streamed); should it be cut now, that is the endpoint's failure too
+            body = await response.aread()
+        except Exception as err:  # the transport's own classes are the SDK's internals
+            message = f"{type(err).__name__} while reading the reply of {shown_endpoint(endpoint.base_url)}"
+            raise ModelCallFailed("ModelUnreachable", message, True) from None
+        return reply_of(endpoint.base_url, response.status_code, response.headers, body, endpoint.api_key)
 
     async def close(self) -> None:
         for client in self._clients.values():
@@ -104,39 +111,27 @@ class ModelClient:
         self._clients.clear()
 
 
-def failure_of(err: openai.OpenAIError) -> ModelCallFailed:
-    for kind, reason, retryable in _failures():
-        if isinstance(err, kind):
-            status = getattr(err, "status_code", None)
-            where = f" (HTTP {status})" if status else ""
-            return ModelCallFailed(reason, f"{type(err).__name__}{where}: {err}", retryable)
-    return ModelCallFailed("ModelError", f"{type(err).__name__}: {err}", True)
+def failure_of(err: openai.OpenAIError, endpoint: ModelEndpoint) -> ModelCallFailed:
+    """The run's reason for the client's exception, with the endpoint and the kind of reply named
+    (a status error's body described, bounded and sanitized; never the key)."""
+    import openai
+
+    reason, retryable = "ModelError", True
+    for cls, known, may_retry in _failures():
+        if isinstance(err, cls):
+            reason, retryable = known, may_retry
+            break
+    where = shown_endpoint(endpoint.base_url)
+    if isinstance(err, openai.APIStatusError):
+        response = err.response
+        kind = reply_kind(response.headers, response.content, endpoint.api_key)
+        message = f"{type(err).__name__} (HTTP {response.status_code}) from {where}: {kind}"
+    elif isinstance(err, openai.APIConnectionError):  # a timeout is one too: say which limit
+        text = sanitized(str(err), endpoint.api_key)
+        message = f"{type(err).__name__}: {text} ({where}, timeout {endpoint.timeout_seconds:g}s)"
+    else:
+        message = f"{type(err).__name__} from {where}: {sanitized(str(err), endpoint.api_key)}"
+    return ModelCallFailed(reason, message, retryable)
 
 
-def reply_of(completion: Mapping[str, Any]) -> ModelReply:
-    """The core's view of a chat completion (its first choice); refuses a reply without one."""
-    choices = completion.get("choices") or []
-    if not choices:
-        raise ModelCallFailed("ModelReplyInvalid", "the reply has no choices", True)
-    choice = choices[0]
-    message = choice.get("message") or {}
-    calls = tuple(
-        ToolCall(
-            id=str(call.get("id") or ""),
-            name=str((call.get("function") or {}).get("name") or ""),
-            arguments_text=str((call.get("function") or {}).get("arguments") or ""),
-        )
-        for call in message.get("tool_calls") or ()
-        if call.get("type", "function") == "function"
-    )
-    usage = completion.get("usage") or {}
-    return ModelReply(
-        model=str(completion.get("model") or ""),
-        content=message.get("content"),
-        tool_calls=calls,
-        finish_reason=choice.get("finish_reason"),
-        usage=Usage(
-            input_tokens=int(usage.get("prompt_tokens") or 0),
-            output_tokens=int(usage.get("completion_tokens") or 0),
-        ),
-    )
+__all__ = ["ModelCallFailed", "ModelClient", "ModelEndpoint", "failure_of"]

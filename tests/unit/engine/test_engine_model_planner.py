@@ -281,3 +281,30 @@ def test_a_read_the_run_may_not_make_is_told_to_the_model_not_a_failure_of_the_r
     assert tool_message["role"] == "tool"
     assert "Forbidden" in tool_message["content"]
     assert why in tool_message["content"]
+
+
+@pytest.mark.parametrize("content", [None, "", " \n"])
+def test_an_empty_reply_is_a_retryable_model_error_never_the_runs_answer(content: str | None) -> None:
+    """Issue 30 (6): a reply with no content and no tool call used to complete the run with an
+    empty answer. It is no answer at all: a retry window under the policy (the shell names the
+    endpoint before this; the core refuses it whoever hands it over)."""
+    plan = planner()
+    obj = new_run(objective=OBJECTIVE)
+    obj = apply(obj, commit_of(decide(snap(obj), now=T0, epoch=EPOCH, planner=plan, settings=RETRY_3)))
+    need = decide(snap(obj), now=at(1), epoch=EPOCH, planner=plan, settings=RETRY_3)
+    assert isinstance(need, NeedModelTurn)
+    empty = ModelAnswer(need.request.digest(), reply=reply(content=content))
+    out = commit_of(decide(snap(obj), now=at(1), epoch=EPOCH, planner=plan, settings=RETRY_3, model=empty))
+    assert (out.event, out.state) == (RunEvent.RETRY_SCHEDULED, RunState.WAITING_RETRY)
+    assert out.detail.startswith("model call failed: ModelReplyEmpty: the model answered with no content")
+
+
+def test_further_calls_of_a_reply_are_recorded_on_the_turn_and_in_the_history() -> None:
+    plan = planner()
+    obj = accepted(plan)
+    several = reply(("read_config", '{"name": "settings"}'), ("pay", '{"amount": 5}'), ("pay", "{}"))
+    out = commit_of(answered(obj, plan, at(1), several))
+    assert out.event is RunEvent.STEP_COMPLETED
+    (turn,) = out.checkpoint["agent"]["turns"]
+    assert (turn["tool"], turn["droppedTools"]) == ("read_config", ["pay", "pay"])
+    assert out.detail.endswith("; not executed (one call per turn): pay, pay")

@@ -7,7 +7,9 @@ exactly what an uninterrupted one would have, and a request can be audited by it
 
 Messages: the system prompt, the objective (as the user's message), then per turn the model's
 call (its reason as ``content``, one ``tool_calls`` entry) and the call's result (a ``tool``
-message). Sealed values are opened here, with the run's data key, and only in the request.
+message); a reply that had further calls has them replayed too (arguments ``{}``, IDs derived from
+the turn), each answered "not executed", so the model never believes they ran. Sealed values are
+opened here, with the run's data key, and only in the request.
 """
 
 from __future__ import annotations
@@ -30,6 +32,11 @@ from durable_agents.core.agent_facts import (
 from durable_agents.core.digest import canonical_json
 from durable_agents.core.sealed_values import DataKey
 
+
+def _text_of(value: Any) -> str:
+    return canonical_json(value).decode("utf-8")
+
+
 TRUNCATION_NOTE: Final = f"\n[truncated: the result was longer than {RESULT_MAX_BYTES} bytes]"
 # What a turn without a result shows the model (fixed texts: nothing from outside the facts).
 _NO_RESULT: Final = {
@@ -38,6 +45,15 @@ _NO_RESULT: Final = {
     "failed": {"status": "failed"},
     "refused": {"status": "refused"},
 }
+
+
+NOT_EXECUTED: Final = _text_of(
+    {
+        "status": "not executed",
+        "reason": "only the first tool call of a reply is executed (one call per turn); this one was not."
+        " Call it again, on its own, if it is still needed.",
+    }
+)
 
 
 class ContextMismatch(ValueError):
@@ -84,21 +100,38 @@ def _result(turn: ModelTurn, data_key: DataKey) -> str:
     return text + TRUNCATION_NOTE if turn.result_truncated else text
 
 
-def turn_messages(turn: ModelTurn, data_key: DataKey) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The model's call and the call's result, as chat-completions messages."""
-    call = {
-        "role": "assistant",
-        "content": turn_reason(turn, data_key),
-        "tool_calls": [
+def dropped_call_id(turn: ModelTurn, position: int) -> str:
+    """The ID a dropped call is replayed under: derived from the turn (the model's own may be
+    unusable or repeated), nine alphanumerics like a derived call ID (see interpret)."""
+    return f"drop{turn.index % 10_000:04d}{position % 10}"
+
+
+def turn_messages(turn: ModelTurn, data_key: DataKey) -> tuple[dict[str, Any], ...]:
+    """The model's call and the call's result, as chat-completions messages; then, for each
+    further call of the same reply, a result saying it was not executed."""
+    dropped = turn.dropped_tools or []
+    calls = [
+        {
+            "id": turn.call_id,
+            "type": "function",
+            "function": {"name": turn.tool, "arguments": _call_arguments(turn, data_key)},
+        },
+        *(
             {
-                "id": turn.call_id,
+                "id": dropped_call_id(turn, n),
                 "type": "function",
-                "function": {"name": turn.tool, "arguments": _call_arguments(turn, data_key)},
+                "function": {"name": tool, "arguments": "{}"},
             }
-        ],
-    }
+            for n, tool in enumerate(dropped)
+        ),
+    ]
+    call = {"role": "assistant", "content": turn_reason(turn, data_key), "tool_calls": calls}
     result = {"role": "tool", "tool_call_id": turn.call_id, "content": _result(turn, data_key)}
-    return call, result
+    not_executed = [
+        {"role": "tool", "tool_call_id": dropped_call_id(turn, n), "content": NOT_EXECUTED}
+        for n in range(len(dropped))
+    ]
+    return call, result, *not_executed
 
 
 def build_request(

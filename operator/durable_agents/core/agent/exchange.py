@@ -60,3 +60,8 @@ class ModelReply:
     tool_calls: tuple[ToolCall, ...] = ()
     finish_reason: str | None = None
     usage: Usage = field(default_factory=Usage)
+
+    @property
+    def is_empty(self) -> bool:
+        """No text and no tool call: no answer at all, never a final one (a model error)."""
+        return not self.tool_calls and not (self.content or "").strip()

@@ -28,7 +28,12 @@ from referencing.exceptions import Unresolvable
 from durable_agents.api.v1alpha1 import ObjectReference
 from durable_agents.core.agent.exchange import ModelReply, ToolCall
 from durable_agents.core.agent.tools import NAME_PATTERN, ToolDeclaration, ToolDeclarationError, by_name
-from durable_agents.core.agent_facts import ARGUMENTS_DIGEST_LABEL, ARGUMENTS_MAX_BYTES, CALL_ID_PATTERN
+from durable_agents.core.agent_facts import (
+    ARGUMENTS_DIGEST_LABEL,
+    ARGUMENTS_MAX_BYTES,
+    CALL_ID_PATTERN,
+    DROPPED_MAX,
+)
 from durable_agents.core.checkpoint import ActionTier
 from durable_agents.core.digest import canonical_json
 from durable_agents.core.planner import AskHuman, AwaitEvent, PerformEffect, PlannedStep, ReadObject
@@ -70,6 +75,8 @@ class ProposedCall:
     reason: str | None
     """What the model said alongside the call: its own account, advisory only."""
     step: AgentStep
+    dropped: tuple[str, ...] = ()
+    """The names of the reply's further calls, not executed (see :func:`dropped_calls`)."""
 
     def arguments_digest(self, data_key: DataKey) -> str:
         """As the turn records it: keyed, so the status says nothing about guessable arguments."""
@@ -87,6 +94,8 @@ class ToolError:
     """The arguments object, or the model's raw text when it was not a JSON object."""
     reason: str | None
     message: str
+    dropped: tuple[str, ...] = ()
+    """The names of the reply's further calls, not executed (see :func:`dropped_calls`)."""
 
 
 @dataclass(frozen=True)
@@ -196,13 +205,23 @@ def _offered(tools: Sequence[ToolDeclaration]) -> str:
     return names or "(none)"
 
 
+def _shown_name(name: str) -> str:
+    return name if NAME_PATTERN.match(name) else INVALID_TOOL_NAME
+
+
+def dropped_calls(reply: ModelReply) -> tuple[str, ...]:
+    """The names of the calls after the first (at most DROPPED_MAX): not executed, and told so."""
+    return tuple(_shown_name(call.name) for call in reply.tool_calls[1 : 1 + DROPPED_MAX])
+
+
 def interpret(reply: ModelReply, tools: Sequence[ToolDeclaration], *, step_index: int) -> Proposal:
     """What ``reply`` proposes. Pure; never raises for anything the model wrote.
 
     Only the first tool call is taken: a turn is one call (the request sets
     ``parallel_tool_calls`` false), because each call is its own step, committed and possibly
-    approved before the next is even asked for. A server that returns several anyway is asked
-    again next turn, having seen only the first one's result.
+    approved before the next is even asked for. A server that returns several anyway is told, in
+    the next request, that the others were not executed (``dropped``: a tool result each), never
+    left to believe they ran.
     """
     if not reply.tool_calls:
         text = reply.content or ""
@@ -213,15 +232,16 @@ def interpret(reply: ModelReply, tools: Sequence[ToolDeclaration], *, step_index
     call_id = _call_id(call, step_index)
     declarations = by_name(tools)
     declaration = declarations.get(call.name)
+    dropped = dropped_calls(reply)
     if declaration is None:
-        shown = call.name if NAME_PATTERN.match(call.name) else INVALID_TOOL_NAME
         message = f"unknown tool {call.name[:64]!r}; the tools offered are: {_offered(tools)}"
-        return ToolError(call_id, shown, _recorded(call.arguments_text), reply.content, _bounded(message))
+        recorded = _recorded(call.arguments_text)
+        return ToolError(call_id, _shown_name(call.name), recorded, reply.content, _bounded(message), dropped)
     try:
         arguments = _parse(call.arguments_text)
         _check(declaration, arguments)
     except _Refused as refused:
         recorded = _recorded(call.arguments_text)
-        return ToolError(call_id, call.name, recorded, reply.content, _bounded(refused.message))
+        return ToolError(call_id, call.name, recorded, reply.content, _bounded(refused.message), dropped)
     step = step_for(declaration, arguments, step_index=step_index)
-    return ProposedCall(call_id, declaration, arguments, reply.content, step)
+    return ProposedCall(call_id, declaration, arguments, reply.content, step, dropped)

@@ -38,6 +38,8 @@ from durable_agents.core.engine.snapshot import ModelAnswer, ReadResult, RunSnap
 from durable_agents.core.sealed_values import ValueSealingError, is_sealed, unseal_value
 from durable_agents.core.statemachine import RunEvent
 
+EMPTY_REPLY = "ModelReplyEmpty"
+
 
 def _facts(cp: Checkpoint, planner: ModelPlanner) -> AgentFacts:
     if cp.agent is not None:
@@ -82,6 +84,9 @@ def model_turn(
             )
         return attempt_failed(builder, settings, reason, answer.failure_message, "model call failed")
     reply = answer.reply
+    if reply.is_empty:  # the shell names the endpoint first; no reply without either completes a run
+        message = "the model answered with no content and no tool calls"
+        return attempt_failed(builder, settings, EMPTY_REPLY, message, "model call failed")
     usage = TokenUsage(input_tokens=reply.usage.input_tokens, output_tokens=reply.usage.output_tokens)
     proposal = interpret(reply, inputs.tools, step_index=step_index)
     if isinstance(proposal, FinalAnswer):
@@ -124,6 +129,7 @@ def _record(
             step_index=step_index,
             usage=usage,
             refusal=proposal.message,
+            dropped_tools=proposal.dropped,
         )
         facts = with_turn(facts, turn)
         if facts.tool_errors >= limits.max_consecutive_tool_errors:
@@ -136,7 +142,10 @@ def _record(
         return builder.commit(
             RunEvent.STEP_COMPLETED,
             checkpoint=cp.model_copy(update={"agent": facts}),
-            detail=f"model call {proposal.call_id} refused: {proposal.message}"[:512],
+            detail=(
+                f"model call {proposal.call_id} refused: {proposal.message}"[:256]
+                + _not_executed(proposal.dropped)
+            ),
         )
     assert isinstance(proposal, ProposedCall)
     turn = new_turn(
@@ -148,12 +157,19 @@ def _record(
         reason=proposal.reason,
         step_index=step_index,
         usage=usage,
+        dropped_tools=proposal.dropped,
     )
     return builder.commit(
         RunEvent.STEP_COMPLETED,
         checkpoint=cp.model_copy(update={"agent": with_turn(facts, turn)}),
-        detail=f"model proposed {proposal.tool.name} ({proposal.call_id}) at step {step_index}",
+        detail=f"model proposed {proposal.tool.name} ({proposal.call_id}) at step {step_index}"
+        + _not_executed(proposal.dropped),
     )
+
+
+def _not_executed(dropped: tuple[str, ...]) -> str:
+    """What the history says about a reply's further calls (the model is told in its next request)."""
+    return f"; not executed (one call per turn): {', '.join(dropped)}"[:256] if dropped else ""
 
 
 def settle_read(builder: CommitBuilder, planner: ModelPlanner, read: ReadResult) -> Checkpoint:

@@ -49,7 +49,7 @@ def attempt_failed(
         RunEvent.ATTEMPT_FAILED,
         checkpoint=cp.model_copy(update={"retry": cp.retry.model_copy(update={"last_failure": failure})}),
         outcome=Outcome(reason=reason, message=message),
-        detail=detail,
+        detail=f"{detail}: {failure}",  # the Event says why, not only that (cut to the history's bound)
     )
 
 
