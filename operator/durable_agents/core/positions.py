@@ -7,8 +7,9 @@ position the checkpoint records, but some commits leave the checkpoint untouched
 cancellation from quarantine or of an unreadable checkpoint), so the status may legitimately name
 another position than the checkpoint. Every commit therefore also stamps, in
 ``status.positionStamp`` (purpose ``POSITION``), what a reader takes for a fact: the run ID, the
-state, the state version and the outcome's reason. A status whose stamp does not verify was
-written by someone other than the operator.
+state, the state version, the outcome's reason, and the controls recorded as handled (the
+cancellation, the quarantine retry token). A status whose stamp does not verify was written by
+someone other than the operator.
 
 A checkpoint committed by an operator that writes position stamps says so
 (``positionStamped``, covered by the checkpoint's own stamp), so removing the position stamp from
@@ -37,6 +38,10 @@ def position_payload(run_id: str, status: AgentRunStatus) -> dict[str, Any]:
         "state": status.state.value,
         "stateVersion": status.state_version,
         "outcome": status.outcome.reason if status.outcome is not None else None,
+        # The controls a commit records as handled: a forged one would make a person's request
+        # look handled already (a cancellation of a quarantined run, a quarantine retry).
+        "cancellation": status.cancellation.request_id if status.cancellation is not None else None,
+        "quarantineRetried": status.quarantine_retried,
     }
 
 

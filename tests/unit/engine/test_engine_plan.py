@@ -39,7 +39,8 @@ def test_a_forbidden_read_fails_the_run_with_its_reason_and_message() -> None:
     assert (failed.event, failed.state) == (RunEvent.ATTEMPT_FAILED, RunState.FAILED)
     assert failed.status.outcome is not None
     assert (failed.status.outcome.reason, failed.status.outcome.message) == ("Forbidden", message)
-    assert failed.detail == "read ConfigMap/kube-root-ca.crt failed"
+    # The history entry (and so the AttemptFailed Event) says why, not only that.
+    assert failed.detail == f"read ConfigMap/kube-root-ca.crt failed: Forbidden: {message}"
     cp = checkpoint_of(failed)
     assert (cp.evidence, cp.tool_calls) == ([], [])
     assert cp.position.step == 0

@@ -50,6 +50,7 @@ from durable_agents.core.engine.snapshot import (
 from durable_agents.core.engine.validation import resume_validation
 from durable_agents.core.engine.waits import leave_external_wait, leave_input_wait
 from durable_agents.core.planner import Planner
+from durable_agents.core.positions import stamp_position
 from durable_agents.core.statemachine import RunEvent
 
 
@@ -70,8 +71,27 @@ def decide(
 
     ``read``, ``actions``, ``fresh_evidence`` and ``children`` are what the shell observed after an
     earlier answer asked for them; each is ignored unless the run is at the point that needs it.
+    A commit leaves here with its position stamp over its final status (:mod:`..positions`).
     """
     settings = settings or Settings()
+    decision = _decide(run, now, epoch, planner, settings, read, actions, fresh_evidence, children, model)
+    if isinstance(decision, Commit) and settings.keyring is not None:
+        decision.status.position_stamp = stamp_position(settings.keyring, run.run_id, decision.status)
+    return decision
+
+
+def _decide(
+    run: RunSnapshot,
+    now: datetime,
+    epoch: Fencing,
+    planner: Planner,
+    settings: Settings,
+    read: ReadResult | None,
+    actions: Mapping[str, ActionObservation] | None,
+    fresh_evidence: Mapping[str, KubernetesEvidenceRef | None] | None,
+    children: Mapping[str, ChildObservation] | None,
+    model: ModelAnswer | None,
+) -> Decision:
     state = run.state
     parked = _unbound(run, now, epoch, settings)
     if parked is not None:
