@@ -25,6 +25,7 @@ from typing import Annotated, Any, Final, Literal, Self
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
 from pydantic.alias_generators import to_camel
 
+from durable_agents.api.v1alpha1.meta import ActionTier
 from durable_agents.core.digest import canonical_digest, canonical_json
 from durable_agents.core.sealed_values import (
     SEALED_KEY,
@@ -127,6 +128,9 @@ class ModelTurn(_Facts):
     """Tokens of the model call(s) that produced this turn."""
     model_calls: Annotated[int, Field(ge=1, le=MODEL_CALLS_MAX)] = 1
     """Model calls since the last boundary that led to this turn."""
+    tier: ActionTier | None = None
+    """An MCP call's tier, fixed when the proposal was recorded (see :mod:`.agent.mcp_trust`): no
+    later listing or policy lowers it. None for other tools (and turns recorded before it was)."""
 
     @model_validator(mode="after")
     def _result_matches_outcome(self) -> Self:
@@ -248,6 +252,7 @@ def new_turn(
     usage: TokenUsage | None = None,
     model_calls: int = 1,
     refusal: str | None = None,
+    tier: ActionTier | None = None,
 ) -> ModelTurn:
     """A turn for a call the model just proposed: ``pending``, or ``refused`` (with the refusal
     sealed as its result) when ``refusal`` says why the call was not accepted."""
@@ -269,6 +274,7 @@ def new_turn(
         step_index=step_index,
         usage=usage or TokenUsage(),
         model_calls=model_calls,
+        tier=tier,
     )
     if refusal is None:
         return turn

@@ -15,7 +15,7 @@ from typing import Any
 from durable_agents.api.v1alpha1 import Outcome
 from durable_agents.core.agent.context import start_facts
 from durable_agents.core.agent.exchange import ModelRequest
-from durable_agents.core.agent.interpret import FinalAnswer, ProposedCall, ToolError, interpret
+from durable_agents.core.agent.interpret import CallMcpTool, FinalAnswer, ProposedCall, ToolError, interpret
 from durable_agents.core.agent.limits import AgentLimits, exceeded
 from durable_agents.core.agent.planner import ModelPlanner
 from durable_agents.core.agent_facts import (
@@ -139,6 +139,9 @@ def _record(
             detail=f"model call {proposal.call_id} refused: {proposal.message}"[:512],
         )
     assert isinstance(proposal, ProposedCall)
+    # An MCP call's tier is fixed now, with the proposal: no later listing lowers it.
+    step = proposal.step
+    tier = planner.proposed_tier(step, builder.run.spec) if isinstance(step, CallMcpTool) else None
     turn = new_turn(
         inputs.data_key,
         index=index,
@@ -148,6 +151,7 @@ def _record(
         reason=proposal.reason,
         step_index=step_index,
         usage=usage,
+        tier=tier,
     )
     return builder.commit(
         RunEvent.STEP_COMPLETED,
