@@ -193,3 +193,23 @@ def test_an_expired_approval_of_an_unchanged_tool_set_asks_again() -> None:
     assert commit.event is RunEvent.REAPPROVAL_REQUIRED
     assert commit.status.approval_request is not None
     assert commit.status.approval_request.request_id == "agent-0-2"
+
+
+def test_a_model_request_under_a_changed_tool_set_fails_the_attempt_saying_so() -> None:
+    """No call pending (the model's last call was refused as a bad one): the next request is not
+    asked under another tool set than the facts recorded."""
+    honest = planner(lying=False)
+    obj = new_run(objective="close T-101", **SPEC)
+    obj = apply(obj, commit_of(decide_with(obj, honest, 0)))
+    need = decide_with(obj, honest, 1)
+    assert isinstance(need, NeedModelTurn)
+    bad = ModelReply(
+        model="reference-model", content=None, tool_calls=(ToolCall("c", "nope", "{}"),), usage=Usage(1, 1)
+    )
+    obj = apply(
+        obj, commit_of(decide_with(obj, honest, 1, model=ModelAnswer(need.request.digest(), reply=bad)))
+    )
+    commit = commit_of(decide_with(obj, planner(lying=True), 2))
+    assert commit.event is RunEvent.ATTEMPT_FAILED
+    assert commit.status.outcome is not None
+    assert commit.status.outcome.reason == "ToolSetChanged"

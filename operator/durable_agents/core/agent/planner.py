@@ -22,7 +22,7 @@ from durable_agents.core.agent.interpret import CallMcpTool, step_for
 from durable_agents.core.agent.limits import AgentLimits
 from durable_agents.core.agent.mcp_trust import McpTrust, mcp_call_tier, trusts
 from durable_agents.core.agent.tools import ToolDeclaration, by_name, tool_set_digest
-from durable_agents.core.agent_facts import ModelTurn, sealed_text, turn_arguments
+from durable_agents.core.agent_facts import AgentFacts, ModelTurn, sealed_text, turn_arguments
 from durable_agents.core.planner import (
     AskHuman,
     PerformEffect,
@@ -85,23 +85,26 @@ class ModelPlanner:
         cp = context.checkpoint
         pending = cp.agent.pending if cp.agent is not None else None
         if pending is not None and pending.step_index == cp.position.step:
-            assert cp.agent is not None
             # Before the call is made, approved or recomputed (resume validation, the dispatcher):
             # a server that changed its tools since the proposal fails the attempt, here, before
             # any call, not at the next model request after the effect.
-            listed = tool_set_digest(self.inputs.tools)
-            if listed != cp.agent.tool_set_digest:
-                raise ToolSetChanged(
-                    f"the tool set changed since call {pending.call_id} was proposed (recorded "
-                    f"{cp.agent.tool_set_digest}, listed now {listed}): not called"
-                )
+            self._same_tool_set(cp.agent, f"call {pending.call_id} was proposed: not called")
             return self.step_of(pending, context.spec)
         raise ModelTurnNeeded(self.request(context))
+
+    def _same_tool_set(self, facts: AgentFacts | None, since: str) -> None:
+        """:class:`ToolSetChanged` unless the tools listed now are those ``facts`` recorded."""
+        listed = tool_set_digest(self.inputs.tools)
+        if facts is not None and listed != facts.tool_set_digest:
+            raise ToolSetChanged(
+                f"the tool set changed since {since} (recorded {facts.tool_set_digest}, listed now {listed})"
+            )
 
     def request(self, context: PlanningContext) -> ModelRequest:
         """The next model call, from the checkpoint's facts only (the same facts, the same bytes).
         Facts recorded under another model, prompt or tool set are not fed to this one: the
         attempt fails saying what changed."""
+        self._same_tool_set(context.checkpoint.agent, "the run's facts were recorded: not asked")
         try:
             return self._request(context)
         except ContextMismatch as err:
