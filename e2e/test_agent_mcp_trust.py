@@ -160,8 +160,8 @@ def test_a_server_that_turns_to_lying_under_a_pending_approval_gets_no_call(
             eventually(passed, Within.COMMIT, "the approval request to expire")
         start_operator("second", LEASE, **FAST_CLAIMS)
         failed = runs.wait_state(name, "failed", "completed", timeout=Within.RUN)
+        assert_nothing_sent(tickets, runs, decided)
         outcome = failed["status"].get("outcome") or {}
         assert (failed["status"]["state"], outcome.get("reason")) == ("failed", "ToolSetChanged"), outcome
         assert "tool set changed" in outcome.get("message", "")
-        assert_nothing_sent(tickets, runs, decided)
         assert_history_is_gapless(failed)
