@@ -131,6 +131,15 @@ def mcp_spec(
     return spec
 
 
+def trust_lookups(runs: Runs, tickets: McpServerThread) -> None:
+    """The sample policy trusts the ticket server's word that lookup_ticket is read-only (an
+    untrusted server's tools are all consequential, see e2e/test_agent_mcp_trust.py)."""
+    trusted = {"trustedServers": [{"url": tickets.url, "tools": ["lookup_ticket"]}]}
+    runs.custom.patch_namespaced_custom_object(
+        GROUP, VERSION, runs.namespace, "agentpolicies", "refunds", {"spec": {"mcp": trusted}}
+    )
+
+
 def test_mcp_tools_a_read_is_called_freely_a_consequential_call_is_approved_and_applied_once(
     start_operator: Callable[..., OperatorProcess],
     runs: Runs,
@@ -139,6 +148,7 @@ def test_mcp_tools_a_read_is_called_freely_a_consequential_call_is_approved_and_
     refsystem: ReferenceSystemThread,
 ) -> None:
     with McpServerThread() as tickets:
+        trust_lookups(runs, tickets)
         start_operator("agent-mcp")
         name = runs.create(mcp_spec(model, refsystem, tickets))
         request = approve(runs, name)
@@ -174,6 +184,7 @@ def test_an_mcp_call_whose_answer_was_lost_is_reconciled_by_the_servers_query_to
     asks the tool the server declared as its query by key, and does not send the call again."""
     with McpServerThread() as tickets:
         tickets.inject("drop_after_apply")
+        trust_lookups(runs, tickets)
         start_operator("agent-mcp-query")
         spec = mcp_spec(model, refsystem, tickets, queryTools={"close_ticket": "ticket_closure_status"})
         name = runs.create(spec)
@@ -203,6 +214,7 @@ def test_an_mcp_call_whose_answer_was_lost_waits_for_a_person_to_reconcile_it(
     (asked again, paced) until someone who may approve says what happened."""
     with McpServerThread() as tickets:
         tickets.inject("drop_after_apply")
+        trust_lookups(runs, tickets)
         webhook_operator("agent-mcp-reconcile")
         name = runs.create(mcp_spec(model, refsystem, tickets))
         approve(runs, name)

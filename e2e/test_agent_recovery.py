@@ -130,6 +130,9 @@ def install(kube: KubeEnv, runs: Runs, namespace: str) -> None:
             rbac.create_namespaced_role_binding(namespace, body)
         elif kind == "AgentPolicy":
             body["spec"]["agentLimits"] = {"maxModelCallsPerBoundary": PER_BOUNDARY}
+            # The ticket server is not trusted (its URL is per scenario): the policy's own tier
+            # makes its lookup a read, called between commits.
+            body["spec"]["tiers"]["mcp:tickets/lookup_ticket"] = "read-only"
             runs.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "agentpolicies", body)
 
 

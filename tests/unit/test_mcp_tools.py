@@ -267,3 +267,21 @@ def test_the_operator_starts_without_importing_the_mcp_sdk() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]", f"imported at start-up: {done.stdout.strip()}"
+
+
+async def test_a_disguised_tool_is_listed_read_only_mid_run_and_takes_calls_without_a_key(
+    server: McpServerThread,
+) -> None:
+    """The instrument for the trust tests: a server that lies, from one listing to the next."""
+    honest = await list_tools("tickets", server.url, timeout=TIMEOUT)
+    refused = await close(server, None)
+    assert refused.is_error, "an honest close_ticket refuses a call without a key"
+    assert (server.unkeyed(), server.counts()) == (1, {})
+
+    server.disguise("close_ticket")
+    lying = await list_tools("tickets", server.url, timeout=TIMEOUT)
+    assert (lying[0].name, lying[0].read_only) == ("close_ticket", True)
+    assert tool_list_digest(lying) != tool_list_digest(honest), "the lie changes the tool set"
+    applied = await close(server, None)
+    assert not applied.is_error
+    assert (server.unkeyed(), server.counts()) == (2, {mcpserver.UNKEYED: 1}), "applied, counted"

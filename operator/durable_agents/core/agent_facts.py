@@ -25,6 +25,7 @@ from typing import Annotated, Any, Final, Literal, Self
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
 from pydantic.alias_generators import to_camel
 
+from durable_agents.api.v1alpha1.meta import ActionTier
 from durable_agents.core.digest import canonical_digest, canonical_json
 from durable_agents.core.sealed_values import (
     SEALED_KEY,
@@ -134,6 +135,9 @@ class ModelTurn(_Facts):
     """The names of the further tool calls in the reply, in order: a turn is one call, so these
     were not executed, and the model is told so (a tool result each) when its context is rebuilt.
     None (absent) when the reply had one call, so older checkpoints keep their digest."""
+    tier: ActionTier | None = None
+    """An MCP call's tier, fixed when the proposal was recorded (see :mod:`.agent.mcp_trust`): no
+    later listing or policy lowers it. None for other tools (and turns recorded before it was)."""
 
     @model_validator(mode="after")
     def _result_matches_outcome(self) -> Self:
@@ -256,6 +260,7 @@ def new_turn(
     model_calls: int = 1,
     refusal: str | None = None,
     dropped_tools: Sequence[str] = (),
+    tier: ActionTier | None = None,
 ) -> ModelTurn:
     """A turn for a call the model just proposed: ``pending``, or ``refused`` (with the refusal
     sealed as its result) when ``refusal`` says why the call was not accepted."""
@@ -278,6 +283,7 @@ def new_turn(
         usage=usage or TokenUsage(),
         model_calls=model_calls,
         dropped_tools=list(dropped_tools[:DROPPED_MAX]) or None,
+        tier=tier,
     )
     if refusal is None:
         return turn

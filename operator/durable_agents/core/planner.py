@@ -90,7 +90,10 @@ class PlanningContext:
 
 
 class PlannerError(Exception):
-    """The planner cannot name a next step: a defined attempt that cannot continue."""
+    """The planner cannot name a next step: a defined attempt that cannot continue. ``reason`` is
+    the outcome's reason when the attempt fails on it."""
+
+    reason: str = "PlannerError"
 
 
 class Planner(Protocol):

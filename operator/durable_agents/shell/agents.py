@@ -30,6 +30,7 @@ from kubernetes.client.rest import ApiException
 from durable_agents.api.v1alpha1 import ActionTier, AgentConfig
 from durable_agents.core.agent.declared import declared_tools
 from durable_agents.core.agent.limits import AgentLimits
+from durable_agents.core.agent.mcp_trust import McpTrust, hinted_tier, mcp_trust
 from durable_agents.core.agent.planner import AgentInputs, ModelPlanner
 from durable_agents.core.agent.tools import DESCRIPTION_MAX, ToolDeclaration, ToolDeclarationError, mcp_tool
 from durable_agents.core.checkpoint import ActionTier as TierName
@@ -70,6 +71,7 @@ class Resolved:
     why: str | None  # why inputs is None
     at: float
     mcp_tiers: Mapping[str, ActionTier] = field(default_factory=dict)
+    mcp_trust: McpTrust = field(default_factory=dict)
 
 
 def model_calls_per_boundary(settings: Settings) -> int:
@@ -87,10 +89,9 @@ def _mcp_tiers(settings: Settings) -> dict[str, ActionTier]:
 
 
 def _tier_of(tool: McpTool) -> TierName:
-    """The server's hints: read-only, else destructive (the MCP default) is consequential."""
-    if tool.read_only:
-        return "read-only"
-    return "consequential" if tool.destructive else "reversible"
+    """What the server's hints claim (a claim: only a policy that trusts the server believes it,
+    see :mod:`durable_agents.core.agent.mcp_trust`)."""
+    return hinted_tier(read_only=tool.read_only, destructive=tool.destructive).value
 
 
 class AgentResolver:
@@ -115,21 +116,22 @@ class AgentResolver:
             return
         key = (run.namespace, run.name)
         held, tiers = self._resolved.get(key), _mcp_tiers(settings)
+        trust = mcp_trust(settings.policy)  # the policy's, at every unit of work: never stale
         if held is not None and time.monotonic() - held.at < self.ttl:
-            if held.mcp_tiers != tiers:
-                self._resolved[key] = replace(held, mcp_tiers=tiers)
+            if (held.mcp_tiers, held.mcp_trust) != (tiers, trust):
+                self._resolved[key] = replace(held, mcp_tiers=tiers, mcp_trust=trust)
             return
         try:
             inputs, endpoint = await self._resolve(run)
         except Unresolvable as err:
             if held is not None and held.inputs is not None and isinstance(err.__cause__, McpError):
                 log.warning("run %s/%s: %s; keeping the tools listed before", *key, err)
-                self._resolved[key] = replace(held, at=time.monotonic(), mcp_tiers=tiers)
+                self._resolved[key] = replace(held, at=time.monotonic(), mcp_tiers=tiers, mcp_trust=trust)
                 return
             log.warning("run %s/%s: the model planner's inputs cannot be resolved: %s", *key, err)
-            self._resolved[key] = Resolved(None, None, str(err), time.monotonic(), tiers)
+            self._resolved[key] = Resolved(None, None, str(err), time.monotonic(), tiers, trust)
             return
-        self._resolved[key] = Resolved(inputs, endpoint, None, time.monotonic(), tiers)
+        self._resolved[key] = Resolved(inputs, endpoint, None, time.monotonic(), tiers, trust)
 
     def planner_for(self, run: RunSnapshot) -> Planner:
         if not is_model_run(run):
@@ -140,7 +142,7 @@ class AgentResolver:
             return RefusingPlanner("the model planner's inputs were not resolved before planning")
         if held.inputs is None:
             return RefusingPlanner(f"the model planner cannot start: {held.why}")
-        return ModelPlanner(replace(held.inputs, mcp_tiers=held.mcp_tiers))
+        return ModelPlanner(replace(held.inputs, mcp_tiers=held.mcp_tiers, mcp_trust=held.mcp_trust))
 
     def endpoint(self, run: RunSnapshot) -> ModelEndpoint | None:
         held = self._resolved.get((run.namespace, run.name))

@@ -104,7 +104,8 @@ class AgentTool(ApiModel):
 
 
 class McpServer(ApiModel):
-    """An MCP server (streamable HTTP): its tool list is digested; readOnlyHint gives a tool's tier."""
+    """An MCP server (streamable HTTP): its tool list is digested (a change fails a pending call);
+    its annotations give a tool's tier only when the policy trusts it (spec.mcp.trustedServers)."""
 
     name: str = Field(max_length=32, pattern=NAME_PATTERN)
     url: str = Field(max_length=2048, pattern=r"^https?://[^\s]+$")

@@ -141,6 +141,39 @@ class AgentLimitsSpec(ApiModel):
     )
 
 
+class TrustedMcpServer(ApiModel):
+    """An MCP server whose tool annotations this policy believes (``readOnlyHint``,
+    ``destructiveHint``), named by the URL the operator calls: the name a run gives a server is the
+    run author's, the URL is where the call lands."""
+
+    url: str = Field(
+        max_length=2048,
+        pattern=r"^https?://[^\s]+$",
+        description="The server's endpoint, exactly as runs name it in spec.agent.mcpServers[].url.",
+    )
+    tools: list[Annotated[str, Field(max_length=64)]] = Field(
+        default_factory=list,
+        max_length=64,
+        description="The tools whose annotations are believed (empty: every tool of this server).",
+    )
+
+
+class McpPolicy(ApiModel):
+    """How far an MCP server's word about its own tools counts."""
+
+    trusted_servers: list[TrustedMcpServer] = Field(
+        default_factory=list,
+        max_length=32,
+        description=(
+            "Servers whose annotations may lower a tool below consequential (readOnlyHint: read-only, "
+            "called between commits without approval; destructiveHint false: reversible). An MCP "
+            "tool with no tier in `tiers` (mcp:<server>/<tool>) on a server not listed here is "
+            "consequential whatever it says about itself: approved, ledgered, sent with an "
+            "idempotency key. A tier is fixed when the call is proposed; no later listing lowers it."
+        ),
+    )
+
+
 class AgentPolicySpec(ApiModel):
     """GitOps-owned: the operator reads it and records ``version`` in every run it governs."""
 
@@ -175,6 +208,10 @@ class AgentPolicySpec(ApiModel):
     agent_limits: AgentLimitsSpec = Field(
         default_factory=lambda: AgentLimitsSpec(),
         description="Bounds on runs driven by the model planner (model calls, tokens, tool calls).",
+    )
+    mcp: McpPolicy = Field(
+        default_factory=lambda: McpPolicy(),
+        description="MCP servers whose tool annotations are trusted (none by default).",
     )
     default_region: str | None = Field(
         default=None,

@@ -15,13 +15,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from durable_agents.api.v1alpha1 import ActionTier, AgentRunSpec
+from durable_agents.api.v1alpha1 import ActionTier, AgentRunSpec, McpServer
 from durable_agents.core.agent.context import ContextMismatch, build_request
 from durable_agents.core.agent.exchange import ModelRequest
 from durable_agents.core.agent.interpret import CallMcpTool, step_for
 from durable_agents.core.agent.limits import AgentLimits
-from durable_agents.core.agent.tools import ToolDeclaration, by_name
-from durable_agents.core.agent_facts import ModelTurn, sealed_text, turn_arguments
+from durable_agents.core.agent.mcp_trust import McpTrust, mcp_call_tier, trusts
+from durable_agents.core.agent.tools import ToolDeclaration, by_name, tool_set_digest
+from durable_agents.core.agent_facts import AgentFacts, ModelTurn, sealed_text, turn_arguments
 from durable_agents.core.planner import (
     AskHuman,
     PerformEffect,
@@ -44,6 +45,8 @@ class AgentInputs:
     limits: AgentLimits = field(default_factory=AgentLimits)
     mcp_tiers: Mapping[str, ActionTier] = field(default_factory=dict)
     """The policy's tiers of MCP tools, by :func:`mcp_tier_key`: they override the server's hints."""
+    mcp_trust: McpTrust = field(default_factory=dict)
+    """The servers (by URL) whose hints the policy believes; any other's tools are consequential."""
 
 
 MCP_EFFECT = "mcp.call"
@@ -64,6 +67,13 @@ class ModelTurnNeeded(PlannerError):
         self.request = request
 
 
+class ToolSetChanged(PlannerError):
+    """The tools listed now are not the tool set the run's facts (and its pending call) were
+    recorded under: the call is not made on the strength of a listing nobody proposed it under."""
+
+    reason = "ToolSetChanged"
+
+
 class ModelPlanner:
     name = "model"
 
@@ -75,13 +85,26 @@ class ModelPlanner:
         cp = context.checkpoint
         pending = cp.agent.pending if cp.agent is not None else None
         if pending is not None and pending.step_index == cp.position.step:
+            # Before the call is made, approved or recomputed (resume validation, the dispatcher):
+            # a server that changed its tools since the proposal fails the attempt, here, before
+            # any call, not at the next model request after the effect.
+            self._same_tool_set(cp.agent, f"call {pending.call_id} was proposed: not called")
             return self.step_of(pending, context.spec)
         raise ModelTurnNeeded(self.request(context))
+
+    def _same_tool_set(self, facts: AgentFacts | None, since: str) -> None:
+        """:class:`ToolSetChanged` unless the tools listed now are those ``facts`` recorded."""
+        listed = tool_set_digest(self.inputs.tools)
+        if facts is not None and listed != facts.tool_set_digest:
+            raise ToolSetChanged(
+                f"the tool set changed since {since} (recorded {facts.tool_set_digest}, listed now {listed})"
+            )
 
     def request(self, context: PlanningContext) -> ModelRequest:
         """The next model call, from the checkpoint's facts only (the same facts, the same bytes).
         Facts recorded under another model, prompt or tool set are not fed to this one: the
         attempt fails saying what changed."""
+        self._same_tool_set(context.checkpoint.agent, "the run's facts were recorded: not asked")
         try:
             return self._request(context)
         except ContextMismatch as err:
@@ -121,11 +144,8 @@ class ModelPlanner:
         """A read-only MCP call is performed by the shell like a read; any other goes through the
         action ledger as an ``mcp.call`` effect (intent, approval if the policy says so, the
         idempotency key in the call's ``_meta``), its arguments kept sealed."""
-        servers = {server.name: server for server in (spec.agent.mcp_servers if spec.agent else [])}
-        server = servers.get(step.server)
-        if server is None:
-            raise PlannerError(f"MCP server {step.server!r} of call {turn.call_id} is not in spec.agent")
-        tier = ActionTier(self.inputs.mcp_tiers.get(mcp_tier_key(step.server, step.tool), step.tier))
+        server = _server_of(spec, step, turn.call_id)
+        tier = self.mcp_tier(step, server.url, recorded=turn.tier)
         if tier == ActionTier.READ_ONLY:
             return ReadTool(step.name, step.server, server.url, step.tool, step.arguments)
         target = {"server": step.server, "url": server.url, "tool": step.tool}
@@ -133,3 +153,31 @@ class ModelPlanner:
             target["queryTool"] = server.query_tools[step.tool]
         arguments = dict(turn.arguments) if isinstance(turn.arguments, dict) else {}
         return PerformEffect(step.name, MCP_EFFECT, target, arguments, tool=turn.tool, tier=tier)
+
+    def mcp_tier(self, step: CallMcpTool, url: str, *, recorded: ActionTier | None = None) -> ActionTier:
+        """The call's tier: the policy's, else the hint of a server the policy trusts, else
+        consequential; never below ``recorded`` (fixed when the proposal was recorded)."""
+        configured = self.inputs.mcp_tiers.get(mcp_tier_key(step.server, step.tool))
+        return mcp_call_tier(
+            policy_tier=ActionTier(configured) if configured is not None else None,
+            hinted=ActionTier(step.tier),
+            trusted=trusts(self.inputs.mcp_trust, url, step.tool),
+            recorded=recorded,
+        )
+
+    def proposed_tier(self, step: CallMcpTool, spec: AgentRunSpec) -> ActionTier | None:
+        """The tier a proposed MCP call is recorded with (None: its server is not in the spec; the
+        call then fails when it is planned)."""
+        try:
+            server = _server_of(spec, step, "proposed")
+        except PlannerError:
+            return None
+        return self.mcp_tier(step, server.url)
+
+
+def _server_of(spec: AgentRunSpec, step: CallMcpTool, call_id: str) -> McpServer:
+    servers = {server.name: server for server in (spec.agent.mcp_servers if spec.agent else [])}
+    server = servers.get(step.server)
+    if server is None:
+        raise PlannerError(f"MCP server {step.server!r} of call {call_id} is not in spec.agent")
+    return server

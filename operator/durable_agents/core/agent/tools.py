@@ -117,7 +117,8 @@ class ToolDeclaration:
     read_only: bool = False
     """mcp: the server says the tool changes nothing (readOnlyHint); advisory, the tier decides."""
     tier: ActionTier | None = None
-    """mcp: the action tier the policy gives the tool."""
+    """mcp: the tier the server's hints claim; a claim, believed only for a server the policy
+    trusts (see :mod:`.mcp_trust`)."""
 
     def __post_init__(self) -> None:
         if not NAME_PATTERN.match(self.name):

@@ -237,9 +237,7 @@ def revalidate_approval(
     try:
         step = planner.next_step(PlanningContext(run.spec, cp))
     except PlannerError as err:
-        return builder.commit(
-            RunEvent.ATTEMPT_FAILED, outcome=Outcome(reason="PlannerError", message=str(err))
-        )
+        return builder.commit(RunEvent.ATTEMPT_FAILED, outcome=Outcome(reason=err.reason, message=str(err)))
     if not isinstance(step, PerformEffect) or policy is None:
         return builder.commit(RunEvent.REVALIDATED, detail="the approved step no longer needs approval")
     spec = action_spec(run, cp.position.step, step, settings, cp.retry.attempts)

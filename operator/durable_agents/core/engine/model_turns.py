@@ -15,7 +15,7 @@ from typing import Any
 from durable_agents.api.v1alpha1 import Outcome
 from durable_agents.core.agent.context import start_facts
 from durable_agents.core.agent.exchange import ModelRequest
-from durable_agents.core.agent.interpret import FinalAnswer, ProposedCall, ToolError, interpret
+from durable_agents.core.agent.interpret import CallMcpTool, FinalAnswer, ProposedCall, ToolError, interpret
 from durable_agents.core.agent.limits import AgentLimits, exceeded
 from durable_agents.core.agent.planner import ModelPlanner
 from durable_agents.core.agent_facts import (
@@ -148,6 +148,9 @@ def _record(
             ),
         )
     assert isinstance(proposal, ProposedCall)
+    # An MCP call's tier is fixed now, with the proposal: no later listing lowers it.
+    step = proposal.step
+    tier = planner.proposed_tier(step, builder.run.spec) if isinstance(step, CallMcpTool) else None
     turn = new_turn(
         inputs.data_key,
         index=index,
@@ -158,6 +161,7 @@ def _record(
         step_index=step_index,
         usage=usage,
         dropped_tools=proposal.dropped,
+        tier=tier,
     )
     return builder.commit(
         RunEvent.STEP_COMPLETED,

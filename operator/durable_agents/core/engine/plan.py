@@ -47,9 +47,7 @@ def plan(
     try:
         step = planner.next_step(PlanningContext(run.spec, builder.cp))
     except PlannerError as err:
-        return builder.commit(
-            RunEvent.ATTEMPT_FAILED, outcome=Outcome(reason="PlannerError", message=str(err))
-        )
+        return builder.commit(RunEvent.ATTEMPT_FAILED, outcome=Outcome(reason=err.reason, message=str(err)))
     return _carry_out(builder, run, step, settings, read)
 
 
@@ -70,9 +68,7 @@ def _plan_model(
     except ModelTurnNeeded as need:
         return model_turn(builder, planner, settings, need.request, model)
     except PlannerError as err:
-        return builder.commit(
-            RunEvent.ATTEMPT_FAILED, outcome=Outcome(reason="PlannerError", message=str(err))
-        )
+        return builder.commit(RunEvent.ATTEMPT_FAILED, outcome=Outcome(reason=err.reason, message=str(err)))
     index = builder.cp.position.step
     if isinstance(step, ReadTool):
         if read is None or read.step_index != index:
