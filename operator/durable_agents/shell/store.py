@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Any
 
 from kubernetes.client.rest import ApiException
@@ -25,6 +26,15 @@ class Conflict(Exception):
 
 class Gone(Exception):
     """The record no longer exists."""
+
+
+class Outdated(Conflict):
+    """Not written: what the write carries was decided from facts that changed before it (its
+    precondition said why). Like a refused write: thrown away, decided again."""
+
+
+Precondition = Callable[[], str | None]
+"""Checked right before the write (after any wait for it): why it must not happen, or None."""
 
 
 class StatusStore:
@@ -48,8 +58,11 @@ class StatusStore:
             raise
         return obj
 
-    async def commit_status(self, current: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
-        """Replace ``status`` iff the record is still at ``current``'s resourceVersion."""
+    async def commit_status(
+        self, current: dict[str, Any], status: dict[str, Any], precondition: Precondition | None = None
+    ) -> dict[str, Any]:
+        """Replace ``status`` iff the record is still at ``current``'s resourceVersion (and
+        ``precondition`` holds at the last moment: :class:`Outdated` if not)."""
         meta = current["metadata"]
         body = {
             "apiVersion": f"{GROUP}/{VERSION}",
@@ -66,6 +79,10 @@ class StatusStore:
             await asyncio.sleep(self.faults.delay)
         label = f"{self.plural}/status"
         async with self.faults.serialized():
+            # Checked with no await before the request is handed to the client: last moment here.
+            why = precondition() if precondition is not None else None
+            if why is not None:
+                raise Outdated(f"{meta['namespace']}/{meta['name']}: {why}")
             self.faults.before()
             started = time.perf_counter()
             try:
