@@ -9,6 +9,7 @@ precondition).
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -18,6 +19,8 @@ from kubernetes.client.rest import ApiException
 from durable_agents.shell import metrics
 from durable_agents.shell.faults import FaultPoints, process_faults
 from durable_agents.shell.kube import GROUP, VERSION, Kube
+
+log = logging.getLogger(__name__)
 
 
 class Conflict(Exception):
@@ -75,7 +78,10 @@ class StatusStore:
             "spec": current["spec"],
             "status": status,
         }
-        if self.faults.delay:
+        if self.faults.delay:  # the test hook (inert otherwise): a test awaits this line
+            log.info(
+                "test hook: commit to %s/%s held %.1fs", meta["namespace"], meta["name"], self.faults.delay
+            )
             await asyncio.sleep(self.faults.delay)
         label = f"{self.plural}/status"
         async with self.faults.serialized():

@@ -1,0 +1,90 @@
+"""A revalidation holds at the write that carries it: a policy change that lands after an
+approval's revalidation was decided, but before the (batched) status write that carries it and
+its intent, makes the run ask again under the new version, and nothing is sent meanwhile.
+
+The window is made deterministic with the commit-delay test hook: every run status write waits
+3 s first, and the policy changes while the write carrying the approval waits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from e2e.test_approvals import decide, payment, pending, people, policy, policy_known, webhook_operator
+from kubernetes import client
+
+from durable_agents.api.v1alpha1 import GROUP, VERSION
+from durable_agents_testkit.eventually import Within, eventually
+from durable_agents_testkit.operator_process import OperatorProcess
+from durable_agents_testkit.refsystem import ReferenceSystemThread
+from durable_agents_testkit.runs import Runs, assert_history_is_gapless
+
+__all__ = ["people", "webhook_operator"]  # fixtures, shared with test_approvals
+
+HELD = "3"  # seconds each status write waits (DURABLE_AGENTS_TEST_COMMIT_DELAY)
+
+
+def action_records(runs: Runs) -> list[str]:
+    listed = runs.custom.list_namespaced_custom_object(GROUP, VERSION, runs.namespace, "actionrecords")
+    return [item["metadata"]["name"] for item in listed["items"]]
+
+
+def test_a_policy_change_between_the_revalidation_and_its_write_asks_again(
+    webhook_operator: Callable[..., OperatorProcess],
+    runs: Runs,
+    people: dict[str, client.ApiClient],
+    refsystem: ReferenceSystemThread,
+) -> None:
+    policy(runs, version="v1")  # policyChanged: reapprove
+    # Batching on (the default: up to 16 transitions per write); each write held 3 s.
+    op = webhook_operator(DURABLE_AGENTS_TEST_COMMIT_DELAY=HELD)
+    name = runs.create(payment(refsystem.url), name="late-change")
+    request = pending(runs, name)
+    assert request["policyVersion"] == "v1"
+    held = f"test hook: commit to {runs.namespace}/{name} held"
+    writes_before = op.log_path.read_text().count(held)
+
+    decide(people["alice"], runs, name, request["requestId"], request["digest"])
+    # The worker has decided the batch from the approval (taken in, revalidated under v1, the
+    # intent) and its one write is being held: now the policy changes.
+    eventually(
+        lambda: op.logged(held, times=writes_before + 1),
+        Within.COMMIT,
+        "the batch carrying the approval to be decided and its write held",
+    )
+    policy(runs, version="v2")
+    policy_known(op, runs, "v2")
+    eventually(
+        lambda: op.logged(f"for {runs.namespace}/{name} thrown away: "),
+        Within.COMMIT,
+        "the batch decided under v1 to be thrown away right before its write",
+    )
+    assert op.logged("before its write the policy is version v2"), op.log_tail()
+
+    second = eventually(
+        lambda: (
+            (runs.get(name)["status"].get("approvalRequest") or {}).get("policyVersion") == "v2"
+            and runs.get(name)["status"]["approvalRequest"]
+        ),
+        Within.COMMIT,
+        "a new approval request under policy v2",
+    )
+    assert second["requestId"] == "pay-2"
+    assert "policy changed from v1 to v2" in second["policyReason"]
+    assert refsystem.counts() == {}, "nothing is sent under the approval given for v1"
+    assert action_records(runs) == [], "not even intended"
+    run = runs.get(name)
+    assert run["status"]["state"] == "waiting_approval"
+    assert [a["policyVersion"] for a in run["status"]["checkpoint"]["approvals"]] == ["v1", "v2"]
+
+    decide(people["alice"], runs, name, second["requestId"], second["digest"])
+    done = runs.wait_state(name, "completed", timeout=Within.RUN)
+    assert list(refsystem.counts().values()) == [1], "sent once, after the approval under v2"
+    events = [h["event"] for h in assert_history_is_gapless(done)]
+    assert events.count("approval_decided") == 2
+    assert events.count("reapproval_required") == 1
+    approvals = done["status"]["checkpoint"]["approvals"]
+    assert [(a["requestId"], a["decision"]) for a in approvals] == [
+        ("pay-1", "approved"),
+        ("pay-2", "approved"),
+    ]
