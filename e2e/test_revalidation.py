@@ -9,6 +9,7 @@ The window is made deterministic with the commit-delay test hook: every run stat
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from e2e.test_approvals import decide, payment, pending, people, policy, policy_known, webhook_operator
 from kubernetes import client
@@ -88,3 +89,63 @@ def test_a_policy_change_between_the_revalidation_and_its_write_asks_again(
         ("pay-1", "approved"),
         ("pay-2", "approved"),
     ]
+
+
+def test_the_dispatcher_does_not_send_an_intent_whose_approval_the_current_policy_no_longer_accepts(
+    webhook_operator: Callable[..., OperatorProcess],
+    start_operator: Callable[..., OperatorProcess],
+    runs: Runs,
+    people: dict[str, client.ApiClient],
+    refsystem: ReferenceSystemThread,
+) -> None:
+    """The second line: an intent committed under v1 (its write's own check passed), and the policy
+    moves to v2 before the dispatcher looks at it. The dispatcher reads the policy fresh: nothing
+    is sent; the record fails ``PolicyChanged`` (not applied); the retry asks for approval again."""
+    policy(runs, version="v1")
+    retry = {"spec": {"retry": {"maxAttempts": 2, "initialBackoff": "1s"}}}
+    runs.custom.patch_namespaced_custom_object(
+        GROUP, VERSION, runs.namespace, "agentpolicies", "payments", retry
+    )
+    # The worker (and webhook) without a dispatcher: the intent waits in the ledger, unsent.
+    worker = webhook_operator(DURABLE_AGENTS_DISPATCHER="off")
+    policy_known(worker, runs, "v1")
+    name = runs.create(payment(refsystem.url), name="sent-late")
+    request = pending(runs, name)
+    decide(people["alice"], runs, name, request["requestId"], request["digest"])
+    runs.wait_state(name, "waiting_external", timeout=Within.COMMIT)
+    (record,) = eventually(lambda: action_records(runs), Within.COMMIT, "the intent's ActionRecord")
+
+    policy(runs, version="v2")  # after the intent's write, before any send
+    start_operator("dispatcher", 2, DURABLE_AGENTS_WORKERS="0")
+    refused = eventually(
+        lambda: (
+            (got := actionrecord(runs, record)).get("status", {}).get("state") == "failed" and got["status"]
+        ),
+        Within.COMMIT,
+        "the dispatcher to refuse the intent approved under v1",
+    )
+    assert refused["reason"] == "PolicyChanged", refused
+    assert "approval pay-1 no longer binds: policy changed from v1 to v2" in refused["message"]
+    assert refsystem.counts() == {}, "nothing sent under the approval given for v1"
+
+    second = eventually(
+        lambda: (
+            (runs.get(name)["status"].get("approvalRequest") or {}).get("policyVersion") == "v2"
+            and runs.get(name)["status"]["approvalRequest"]
+        ),
+        Within.COMMIT,
+        "the retry to ask for approval under v2",
+    )
+    assert second["requestId"] == "pay-2"
+    assert refsystem.counts() == {}
+    decide(people["alice"], runs, name, second["requestId"], second["digest"])
+    done = runs.wait_state(name, "completed", timeout=Within.RUN)
+    assert list(refsystem.counts().values()) == [1], "sent once, after the approval under v2"
+    assert [c["outcome"] for c in done["status"]["checkpoint"]["toolCalls"]] == ["failed", "succeeded"]
+
+
+def actionrecord(runs: Runs, name: str) -> dict[str, Any]:
+    got: dict[str, Any] = runs.custom.get_namespaced_custom_object(
+        GROUP, VERSION, runs.namespace, "actionrecords", name
+    )
+    return got
