@@ -19,10 +19,37 @@ from durable_agents_testkit.eventually import Within, eventually
 from durable_agents_testkit.operator_process import OperatorProcess
 from durable_agents_testkit.refsystem import ReferenceSystemThread
 from durable_agents_testkit.runs import Runs, assert_history_is_gapless
+from durable_agents_testkit.scrape import free_port, metric, scrape_when
 
 __all__ = ["people", "webhook_operator"]  # fixtures, shared with test_approvals
 
 HELD = "3"  # seconds each status write waits (DURABLE_AGENTS_TEST_COMMIT_DELAY)
+
+
+def test_the_check_before_the_write_costs_no_write(
+    webhook_operator: Callable[..., OperatorProcess],
+    runs: Runs,
+    people: dict[str, client.ApiClient],
+    refsystem: ReferenceSystemThread,
+) -> None:
+    """An approved payment with the policy unchanged: the same status writes as without the check
+    (a cache lookup and a comparison before each write that carries a policy decision)."""
+    policy(runs, version="v1")
+    port = free_port()
+    op = webhook_operator(DURABLE_AGENTS_METRICS_PORT=str(port))
+    policy_known(op, runs, "v1")
+    name = runs.create(payment(refsystem.url), name="unchanged")
+    request = pending(runs, name)
+    decide(people["alice"], runs, name, request["requestId"], request["digest"])
+    done = runs.wait_state(name, "completed", timeout=Within.RUN)
+    transitions = len(assert_history_is_gapless(done))
+    # Three writes: accepted + the approval request; the approval taken in + revalidated + the
+    # intent; the outcome taken in + revalidated + succeeded.
+    text = scrape_when(port, {"durable_agents_transitions_per_write_count": 3})
+    assert metric(text, 'durable_agents_api_writes_total{resource="agentruns/status",verb="update"}') == 3
+    assert metric(text, "durable_agents_transitions_per_write_sum") == transitions
+    assert metric(text, "durable_agents_batches_outdated_total") == 0
+    assert list(refsystem.counts().values()) == [1]
 
 
 def action_records(runs: Runs) -> list[str]:
