@@ -15,6 +15,7 @@ from e2e.test_approvals import decide, payment, pending, people, policy, policy_
 from kubernetes import client
 
 from durable_agents.api.v1alpha1 import GROUP, VERSION
+from durable_agents_testkit.cluster import KubeEnv
 from durable_agents_testkit.eventually import Within, eventually
 from durable_agents_testkit.operator_process import OperatorProcess
 from durable_agents_testkit.refsystem import ReferenceSystemThread
@@ -24,6 +25,48 @@ from durable_agents_testkit.scrape import free_port, metric, scrape_when
 __all__ = ["people", "webhook_operator"]  # fixtures, shared with test_approvals
 
 HELD = "3"  # seconds each status write waits (DURABLE_AGENTS_TEST_COMMIT_DELAY)
+
+
+def test_evidence_that_changes_between_the_revalidation_and_its_write_asks_again(
+    kube: KubeEnv,
+    webhook_operator: Callable[..., OperatorProcess],
+    runs: Runs,
+    people: dict[str, client.ApiClient],
+    refsystem: ReferenceSystemThread,
+    readable_configmap: str,
+) -> None:
+    """The same window for the evidence the approver was shown (evidenceChanged: reapprove): the
+    ConfigMap changes while the write carrying the approved intent is held."""
+    policy(runs, version="v1")
+    op = webhook_operator(DURABLE_AGENTS_TEST_COMMIT_DELAY=HELD)
+    name = runs.create(payment(refsystem.url, read=readable_configmap), name="late-evidence")
+    request = pending(runs, name)
+    held = f"test hook: commit to {runs.namespace}/{name} held"
+    writes_before = op.log_path.read_text().count(held)
+    decide(people["alice"], runs, name, request["requestId"], request["digest"])
+    eventually(
+        lambda: op.logged(held, times=writes_before + 1),
+        Within.COMMIT,
+        "the batch carrying the approval to be decided and its write held",
+    )
+    client.CoreV1Api(kube.api).patch_namespaced_config_map(
+        readable_configmap, runs.namespace, {"data": {"maxSurge": "90%"}}
+    )
+    second = eventually(
+        lambda: (
+            (runs.get(name)["status"].get("approvalRequest") or {}).get("requestId") == "pay-2"
+            and runs.get(name)["status"]["approvalRequest"]
+        ),
+        Within.COMMIT,
+        "a new approval request after the evidence changed",
+    )
+    assert op.logged("evidence the approval was revalidated against changed before its write"), op.log_tail()
+    assert "evidence changed during the wait: ConfigMap/settings" in second["policyReason"]
+    assert refsystem.counts() == {}, "nothing is sent on the evidence the first approval saw"
+    assert action_records(runs) == []
+    decide(people["alice"], runs, name, second["requestId"], second["digest"])
+    runs.wait_state(name, "completed", timeout=Within.RUN)
+    assert list(refsystem.counts().values()) == [1]
 
 
 def test_the_check_before_the_write_costs_no_write(

@@ -10,25 +10,29 @@ anything that delayed it), a batch that makes a policy decision binding (an inte
 revalidation, an approval request) is checked against the policy as the watch cache knows it
 now: decided under another one, it is thrown away like a 409 and decided again from what is
 stored (:func:`durable_agents.core.engine.currency.batch_outdated`). A dictionary lookup and a
-comparison: no extra API call.
+comparison: no extra API call. A batch carrying an approved intent also reads the Kubernetes
+evidence its revalidation relied on once more (a read per reference, once per approval): changed,
+the batch is thrown away the same way and the revalidation does what the policy says.
 """
 
 from __future__ import annotations
 
 import logging
+from datetime import UTC, datetime
 from typing import Any
 
 from durable_agents.api.v1alpha1 import AgentPolicySpec
 from durable_agents.api.v1alpha1.states import RunState
 from durable_agents.core.engine import Commit, RunSnapshot
-from durable_agents.core.engine.currency import batch_outdated
+from durable_agents.core.engine.currency import batch_outdated, evidence_outdated, evidence_to_recheck
 from durable_agents.shell import metrics
+from durable_agents.shell.evidence import EvidenceReader
 from durable_agents.shell.failures import Failures
 from durable_agents.shell.faults import inject_internal_error
 from durable_agents.shell.kube import ObjectKey
 from durable_agents.shell.policies import PolicyCache
 from durable_agents.shell.reporting import CommitReporter
-from durable_agents.shell.store import Conflict, Outdated, Precondition, RunStore
+from durable_agents.shell.store import Conflict, Outdated, Precondition, Recheck, RunStore
 
 log = logging.getLogger("durable_agents.shell.worker")
 
@@ -49,6 +53,7 @@ class BatchWriter:
         self.store, self.reporter, self.failures = store, reporter, failures
         self.versions = versions  # the worker's newest state version per run, kept current here
         self.policies = policies  # the watch cache the batch's decisions read their policy from
+        self.reader = EvidenceReader(store.kube)  # an approved intent's evidence, read again
 
     async def write(
         self,
@@ -68,7 +73,10 @@ class BatchWriter:
         if not quarantine:  # the InternalError quarantine itself is not the injected bug's victim
             inject_internal_error(key[1], "commit")  # a test's stand-in for a bug (inert otherwise)
         try:
-            out = await self.store.commit_status(written, status, self._still_current(key, written, batch))
+            current = self._still_current(key, written, batch)
+            out = await self.store.commit_status(
+                written, status, current, self._evidence_recheck(written, batch)
+            )
         except Outdated as err:
             metrics.BATCHES_OUTDATED.inc()
             log.info("batch of %d transition(s) for %s/%s thrown away: %s", len(batch), *key, err)
@@ -93,3 +101,18 @@ class BatchWriter:
             return batch_outdated(commits, decided_under, current, name)
 
         return outdated
+
+    def _evidence_recheck(self, written: dict[str, Any], batch: Batch) -> Recheck | None:
+        """For a batch carrying an approved intent: its evidence read again right before the
+        write (a read per reference, once per approval; None, no read, for any other batch)."""
+        refs = evidence_to_recheck([commit for _, commit, _ in batch])
+        if not refs:
+            return None
+        run, policy = RunSnapshot.from_object(written), batch[-1][2]
+
+        async def recheck() -> str | None:
+            now = datetime.now(UTC)
+            fresh = {ref.id: await self.reader.reread(run, ref, now) for ref in refs}
+            return evidence_outdated(refs, fresh, policy)
+
+        return recheck

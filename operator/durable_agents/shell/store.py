@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from kubernetes.client.rest import ApiException
@@ -38,6 +38,8 @@ class Outdated(Conflict):
 
 Precondition = Callable[[], str | None]
 """Checked right before the write (after any wait for it): why it must not happen, or None."""
+Recheck = Callable[[], Awaitable[str | None]]
+"""Reads done again right before the write (after any wait for it): why it must not happen, or None."""
 
 
 class StatusStore:
@@ -62,10 +64,14 @@ class StatusStore:
         return obj
 
     async def commit_status(
-        self, current: dict[str, Any], status: dict[str, Any], precondition: Precondition | None = None
+        self,
+        current: dict[str, Any],
+        status: dict[str, Any],
+        precondition: Precondition | None = None,
+        recheck: Recheck | None = None,
     ) -> dict[str, Any]:
         """Replace ``status`` iff the record is still at ``current``'s resourceVersion (and
-        ``precondition`` holds at the last moment: :class:`Outdated` if not)."""
+        ``recheck``, then ``precondition``, hold at the last moment: :class:`Outdated` if not)."""
         meta = current["metadata"]
         body = {
             "apiVersion": f"{GROUP}/{VERSION}",
@@ -83,6 +89,9 @@ class StatusStore:
                 "test hook: commit to %s/%s held %.1fs", meta["namespace"], meta["name"], self.faults.delay
             )
             await asyncio.sleep(self.faults.delay)
+        why = await recheck() if recheck is not None else None
+        if why is not None:
+            raise Outdated(f"{meta['namespace']}/{meta['name']}: {why}")
         label = f"{self.plural}/status"
         async with self.faults.serialized():
             # Checked with no await before the request is handed to the client: last moment here.

@@ -16,6 +16,7 @@ from tests.unit.builders import (
     cp_of,
     decision,
     effect,
+    evidence_for,
     expect,
     new_run,
     patch_spec,
@@ -28,7 +29,13 @@ from durable_agents.api.v1alpha1 import ActionTier, AgentPolicySpec
 from durable_agents.api.v1alpha1.states import RunState
 from durable_agents.core.engine import Commit, Settings
 from durable_agents.core.engine.actions import POLICY_CHANGED, Refused, intent_refusal
-from durable_agents.core.engine.currency import batch_outdated, intent_outdated, policy_moved
+from durable_agents.core.engine.currency import (
+    batch_outdated,
+    evidence_outdated,
+    evidence_to_recheck,
+    intent_outdated,
+    policy_moved,
+)
 from durable_agents.core.ledger import action_record_name
 from durable_agents.core.statemachine import RunEvent
 
@@ -177,3 +184,41 @@ def test_an_intent_without_an_approval_is_refused_once_the_policy_requires_one()
     assert intent_outdated(cp, pending, spec, V1) is None
     no_approval_needed = replace(V1, policy=V1.policy.model_copy(update={"approval_required_tiers": []}))  # type: ignore[union-attr]
     assert intent_outdated(cp, unapproved, spec, no_approval_needed) is None
+
+
+# --- evidence_to_recheck / evidence_outdated: the approved intent's evidence, read before the write --
+
+
+def test_only_a_batch_with_an_approved_intent_reads_its_evidence_again() -> None:
+    commits, _ = the_batch()
+    assert evidence_to_recheck(commits) == (), "no evidence recorded: nothing to read"
+    with_evidence = replace(
+        commits[-1],
+        checkpoint={
+            **(commits[-1].checkpoint or {}),
+            "evidence": [evidence_for(0, "limits").model_dump(by_alias=True, mode="json")],
+        },
+    )
+    (ref,) = evidence_to_recheck([commits[0], with_evidence])
+    assert (ref.kind, ref.name, ref.resource_version) == ("ConfigMap", "settings", "4711")
+    cp = checkpoint_of(with_evidence)
+    (pending,) = cp.pending_actions
+    unapproved = cp.model_copy(
+        update={"pending_actions": [pending.model_copy(update={"approval_request_id": None})]}
+    )
+    plain = replace(with_evidence, checkpoint=unapproved.model_dump(by_alias=True, mode="json"))
+    assert evidence_to_recheck([plain]) == (), "an intent without an approval reads nothing"
+
+
+def test_evidence_that_changed_before_the_write_outdates_the_batch_unless_immaterial() -> None:
+    ref = evidence_for(0, "limits")
+    policy = V1.policy
+    assert evidence_outdated([ref], {ref.id: ref}, policy) is None
+    moved = ref.model_copy(update={"resource_version": "4712"})
+    why = evidence_outdated([ref], {ref.id: moved}, policy)
+    assert why == (
+        "evidence the approval was revalidated against changed before its write: ConfigMap/settings@4711"
+    )
+    assert evidence_outdated([ref], {ref.id: None}, policy) is not None, "gone counts as changed"
+    lenient = under("v1", evidenceChanged="immaterial").policy
+    assert evidence_outdated([ref], {ref.id: moved}, lenient) is None

@@ -10,10 +10,16 @@ that carries it (:func:`batch_outdated`, the worker) and right before the effect
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from durable_agents.api.v1alpha1 import ActionRecordSpec, AgentPolicySpec, ChangeResponse
-from durable_agents.core.checkpoint import Checkpoint, PendingAction
+from durable_agents.core.checkpoint import (
+    Checkpoint,
+    KubernetesEvidenceRef,
+    Loaded,
+    PendingAction,
+    load_checkpoint,
+)
 from durable_agents.core.engine.decisions import Commit
 from durable_agents.core.engine.snapshot import Settings
 from durable_agents.core.statemachine import RunEvent
@@ -69,6 +75,44 @@ def batch_outdated(
             f"before its write the policy is {now}"
         )
     return None
+
+
+def evidence_to_recheck(commits: Sequence[Commit]) -> tuple[KubernetesEvidenceRef, ...]:
+    """The evidence an approved intent in the batch was revalidated against (the Kubernetes
+    evidence of the intent's checkpoint), to be read again right before the write; () when the
+    batch carries no approved intent (nothing to read: the normal write costs no read)."""
+    for commit in commits:
+        if not commit.intents or commit.checkpoint is None:
+            continue
+        loaded = load_checkpoint(commit.checkpoint)
+        if not isinstance(loaded, Loaded):
+            continue
+        cp, keys = loaded.checkpoint, {intent.idempotency_key for intent in commit.intents}
+        if any(p.approval_request_id for p in cp.pending_actions if p.idempotency_key in keys):
+            return tuple(ref for ref in cp.evidence if isinstance(ref, KubernetesEvidenceRef))
+    return ()
+
+
+def evidence_outdated(
+    refs: Sequence[KubernetesEvidenceRef],
+    fresh: Mapping[str, KubernetesEvidenceRef | None],
+    policy: AgentPolicySpec | None,
+) -> str | None:
+    """Why a batch whose approved intent relied on ``refs`` must not be written now that they read
+    as ``fresh`` (one changed or is gone, and the policy does not call that immaterial), or None.
+    Decided again, the revalidation does what ``freshness.evidenceChanged`` says."""
+    if policy is None or policy.freshness.evidence_changed is ChangeResponse.IMMATERIAL:
+        return None
+    changed = [
+        ref
+        for ref in refs
+        if (now := fresh.get(ref.id)) is None
+        or (now.resource_version, now.content_digest) != (ref.resource_version, ref.content_digest)
+    ]
+    if not changed:
+        return None
+    names = ", ".join(f"{ref.kind}/{ref.name}@{ref.resource_version}" for ref in changed)
+    return f"evidence the approval was revalidated against changed before its write: {names}"
 
 
 def intent_outdated(
