@@ -4,7 +4,8 @@ An approval is revalidated against the policy when the run leaves the wait. With
 batched into one status write, that revalidation and the intent it allows are decided from the
 policy as the worker knew it, and written later; the policy may change in between. So the
 decision is checked again at the two points that make it binding: right before the status write
-that carries it (:func:`batch_outdated`, the worker) and right before the effect is sent
+that carries it (:func:`batch_outdated`, the worker; with :func:`evidence_outdated` for the
+evidence an approved intent was revalidated against) and right before the effect is sent
 (:func:`intent_outdated`, the dispatcher, which reads the policy fresh).
 """
 
