@@ -3,7 +3,9 @@ approval's revalidation was decided, but before the (batched) status write that 
 its intent, makes the run ask again under the new version, and nothing is sent meanwhile.
 
 The window is made deterministic with the commit-delay test hook: every run status write waits
-3 s first, and the policy changes while the write carrying the approval waits.
+3 s first, and the policy (or the evidence) changes while the write carrying the approval waits.
+Also: the dispatcher's second line (a change after the intent's write: nothing sent), and the
+normal case's cost (the same status writes as without the check).
 """
 
 from __future__ import annotations
@@ -25,79 +27,6 @@ from durable_agents_testkit.scrape import free_port, metric, scrape_when
 __all__ = ["people", "webhook_operator"]  # fixtures, shared with test_approvals
 
 HELD = "3"  # seconds each status write waits (DURABLE_AGENTS_TEST_COMMIT_DELAY)
-
-
-def test_evidence_that_changes_between_the_revalidation_and_its_write_asks_again(
-    kube: KubeEnv,
-    webhook_operator: Callable[..., OperatorProcess],
-    runs: Runs,
-    people: dict[str, client.ApiClient],
-    refsystem: ReferenceSystemThread,
-    readable_configmap: str,
-) -> None:
-    """The same window for the evidence the approver was shown (evidenceChanged: reapprove): the
-    ConfigMap changes while the write carrying the approved intent is held."""
-    policy(runs, version="v1")
-    op = webhook_operator(DURABLE_AGENTS_TEST_COMMIT_DELAY=HELD)
-    name = runs.create(payment(refsystem.url, read=readable_configmap), name="late-evidence")
-    request = pending(runs, name)
-    held = f"test hook: commit to {runs.namespace}/{name} held"
-    writes_before = op.log_path.read_text().count(held)
-    decide(people["alice"], runs, name, request["requestId"], request["digest"])
-    eventually(
-        lambda: op.logged(held, times=writes_before + 1),
-        Within.COMMIT,
-        "the batch carrying the approval to be decided and its write held",
-    )
-    client.CoreV1Api(kube.api).patch_namespaced_config_map(
-        readable_configmap, runs.namespace, {"data": {"maxSurge": "90%"}}
-    )
-    second = eventually(
-        lambda: (
-            (runs.get(name)["status"].get("approvalRequest") or {}).get("requestId") == "pay-2"
-            and runs.get(name)["status"]["approvalRequest"]
-        ),
-        Within.COMMIT,
-        "a new approval request after the evidence changed",
-    )
-    assert op.logged("evidence the approval was revalidated against changed before its write"), op.log_tail()
-    assert "evidence changed during the wait: ConfigMap/settings" in second["policyReason"]
-    assert refsystem.counts() == {}, "nothing is sent on the evidence the first approval saw"
-    assert action_records(runs) == []
-    decide(people["alice"], runs, name, second["requestId"], second["digest"])
-    runs.wait_state(name, "completed", timeout=Within.RUN)
-    assert list(refsystem.counts().values()) == [1]
-
-
-def test_the_check_before_the_write_costs_no_write(
-    webhook_operator: Callable[..., OperatorProcess],
-    runs: Runs,
-    people: dict[str, client.ApiClient],
-    refsystem: ReferenceSystemThread,
-) -> None:
-    """An approved payment with the policy unchanged: the same status writes as without the check
-    (a cache lookup and a comparison before each write that carries a policy decision)."""
-    policy(runs, version="v1")
-    port = free_port()
-    op = webhook_operator(DURABLE_AGENTS_METRICS_PORT=str(port))
-    policy_known(op, runs, "v1")
-    name = runs.create(payment(refsystem.url), name="unchanged")
-    request = pending(runs, name)
-    decide(people["alice"], runs, name, request["requestId"], request["digest"])
-    done = runs.wait_state(name, "completed", timeout=Within.RUN)
-    transitions = len(assert_history_is_gapless(done))
-    # Three writes: accepted + the approval request; the approval taken in + revalidated + the
-    # intent; the outcome taken in + revalidated + succeeded.
-    text = scrape_when(port, {"durable_agents_transitions_per_write_count": 3})
-    assert metric(text, 'durable_agents_api_writes_total{resource="agentruns/status",verb="update"}') == 3
-    assert metric(text, "durable_agents_transitions_per_write_sum") == transitions
-    assert metric(text, "durable_agents_batches_outdated_total") == 0
-    assert list(refsystem.counts().values()) == [1]
-
-
-def action_records(runs: Runs) -> list[str]:
-    listed = runs.custom.list_namespaced_custom_object(GROUP, VERSION, runs.namespace, "actionrecords")
-    return [item["metadata"]["name"] for item in listed["items"]]
 
 
 def test_a_policy_change_between_the_revalidation_and_its_write_asks_again(
@@ -161,6 +90,48 @@ def test_a_policy_change_between_the_revalidation_and_its_write_asks_again(
     ]
 
 
+def test_evidence_that_changes_between_the_revalidation_and_its_write_asks_again(
+    kube: KubeEnv,
+    webhook_operator: Callable[..., OperatorProcess],
+    runs: Runs,
+    people: dict[str, client.ApiClient],
+    refsystem: ReferenceSystemThread,
+    readable_configmap: str,
+) -> None:
+    """The same window for the evidence the approver was shown (evidenceChanged: reapprove): the
+    ConfigMap changes while the write carrying the approved intent is held."""
+    policy(runs, version="v1")
+    op = webhook_operator(DURABLE_AGENTS_TEST_COMMIT_DELAY=HELD)
+    name = runs.create(payment(refsystem.url, read=readable_configmap), name="late-evidence")
+    request = pending(runs, name)
+    held = f"test hook: commit to {runs.namespace}/{name} held"
+    writes_before = op.log_path.read_text().count(held)
+    decide(people["alice"], runs, name, request["requestId"], request["digest"])
+    eventually(
+        lambda: op.logged(held, times=writes_before + 1),
+        Within.COMMIT,
+        "the batch carrying the approval to be decided and its write held",
+    )
+    client.CoreV1Api(kube.api).patch_namespaced_config_map(
+        readable_configmap, runs.namespace, {"data": {"maxSurge": "90%"}}
+    )
+    second = eventually(
+        lambda: (
+            (runs.get(name)["status"].get("approvalRequest") or {}).get("requestId") == "pay-2"
+            and runs.get(name)["status"]["approvalRequest"]
+        ),
+        Within.COMMIT,
+        "a new approval request after the evidence changed",
+    )
+    assert op.logged("evidence the approval was revalidated against changed before its write"), op.log_tail()
+    assert "evidence changed during the wait: ConfigMap/settings" in second["policyReason"]
+    assert refsystem.counts() == {}, "nothing is sent on the evidence the first approval saw"
+    assert action_records(runs) == []
+    decide(people["alice"], runs, name, second["requestId"], second["digest"])
+    runs.wait_state(name, "completed", timeout=Within.RUN)
+    assert list(refsystem.counts().values()) == [1]
+
+
 def test_the_dispatcher_does_not_send_an_intent_whose_approval_the_current_policy_no_longer_accepts(
     webhook_operator: Callable[..., OperatorProcess],
     start_operator: Callable[..., OperatorProcess],
@@ -212,6 +183,37 @@ def test_the_dispatcher_does_not_send_an_intent_whose_approval_the_current_polic
     done = runs.wait_state(name, "completed", timeout=Within.RUN)
     assert list(refsystem.counts().values()) == [1], "sent once, after the approval under v2"
     assert [c["outcome"] for c in done["status"]["checkpoint"]["toolCalls"]] == ["failed", "succeeded"]
+
+
+def test_the_check_before_the_write_costs_no_write(
+    webhook_operator: Callable[..., OperatorProcess],
+    runs: Runs,
+    people: dict[str, client.ApiClient],
+    refsystem: ReferenceSystemThread,
+) -> None:
+    """An approved payment with the policy unchanged: the same status writes as without the check
+    (a cache lookup and a comparison before each write that carries a policy decision)."""
+    policy(runs, version="v1")
+    port = free_port()
+    op = webhook_operator(DURABLE_AGENTS_METRICS_PORT=str(port))
+    policy_known(op, runs, "v1")
+    name = runs.create(payment(refsystem.url), name="unchanged")
+    request = pending(runs, name)
+    decide(people["alice"], runs, name, request["requestId"], request["digest"])
+    done = runs.wait_state(name, "completed", timeout=Within.RUN)
+    transitions = len(assert_history_is_gapless(done))
+    # Three writes: accepted + the approval request; the approval taken in + revalidated + the
+    # intent; the outcome taken in + revalidated + succeeded.
+    text = scrape_when(port, {"durable_agents_transitions_per_write_count": 3})
+    assert metric(text, 'durable_agents_api_writes_total{resource="agentruns/status",verb="update"}') == 3
+    assert metric(text, "durable_agents_transitions_per_write_sum") == transitions
+    assert metric(text, "durable_agents_batches_outdated_total") == 0
+    assert list(refsystem.counts().values()) == [1]
+
+
+def action_records(runs: Runs) -> list[str]:
+    listed = runs.custom.list_namespaced_custom_object(GROUP, VERSION, runs.namespace, "actionrecords")
+    return [item["metadata"]["name"] for item in listed["items"]]
 
 
 def actionrecord(runs: Runs, name: str) -> dict[str, Any]:
