@@ -84,7 +84,6 @@ SEND_MARGIN = 0.5
 UNVERIFIED_RECHECK = timedelta(seconds=30)
 FOREIGN_RECHECK = timedelta(seconds=30)  # another region's intent: looked at again after this
 """How soon an intent held back (its run's checkpoint could not be verified) is looked at again."""
-NOT_IN_CHECKPOINT = "NotInCheckpoint"
 
 
 @dataclass(frozen=True)
@@ -248,7 +247,7 @@ class Dispatcher:
             self.queue.wake_at(self._key(body), datetime.now(UTC) + FOREIGN_RECHECK)
             return None
         if isinstance(verdict, Refused):
-            return await self._refuse(body, status, spec, verdict.message, first_started is not None)
+            return await self._refuse(body, status, spec, verdict, first_started is not None)
         if isinstance(verdict, Unverified):
             self._hold(body, spec, verdict)
             return None
@@ -369,23 +368,28 @@ class Dispatcher:
         return intent_refusal(run, body["metadata"]["name"], spec, planner, settings), run_body
 
     async def _refuse(
-        self, body: dict[str, Any], status: ActionRecordStatus, spec: ActionRecordSpec, why: str, direct: bool
+        self,
+        body: dict[str, Any],
+        status: ActionRecordStatus,
+        spec: ActionRecordSpec,
+        verdict: Refused,
+        direct: bool,
     ) -> dict[str, Any]:
-        """Not the run's intent: nothing is sent, ever; the record fails with the reason."""
+        """Not the run's intent (or not one its policy allows now): nothing is sent, ever; the
+        record fails with the reason."""
         namespace, name = self._key(body)
-        out = await self._fail_unsent(
-            body, status, direct, NOT_IN_CHECKPOINT, f"not dispatched: {why}"[:4096]
-        )
+        why, reason = verdict.message, verdict.reason
+        out = await self._fail_unsent(body, status, direct, reason, f"not dispatched: {why}"[:4096])
         label = spec.effect if spec.effect in self.effects else "unknown"  # no label from a forger
-        metrics.ACTION_DISPATCHES.labels(label, NOT_IN_CHECKPOINT).inc()
-        log.warning("%s/%s refused: not its run's committed intent: %s", namespace, name, why)
+        metrics.ACTION_DISPATCHES.labels(label, reason).inc()
+        log.warning("%s/%s refused (%s): %s", namespace, name, reason, why)
         message = f"{spec.effect} key={spec.idempotency_key} not dispatched: {why}"
-        await self._event(out, NOT_IN_CHECKPOINT, message, warning=True)
+        await self._event(out, reason, message, warning=True)
         try:
             run_body = await self.runs.get(namespace, spec.run_ref.name)
         except Gone:
             return out
-        await self._event(run_body, NOT_IN_CHECKPOINT, f"ActionRecord {name}: {message}", warning=True)
+        await self._event(run_body, reason, f"ActionRecord {name}: {message}", warning=True)
         return out
 
     def _hold(self, body: dict[str, Any], spec: ActionRecordSpec, verdict: Unverified) -> None:

@@ -9,7 +9,8 @@ and action status writes, counted together in the order they happen.
 is about to send its first effect request (after the claim and the query, before the last check
 that the claim still holds): a dispatcher paused mid-dispatch.
 ``DURABLE_AGENTS_TEST_COMMIT_DELAY=0.3`` makes each run commit wait that long first, like slow
-bounded work (a model call), so a test can catch a worker mid-step.
+bounded work (a model call), so a test can catch a worker mid-step; each held write logs
+``test hook: commit to NS/NAME held``, so a test can await it.
 """
 
 from __future__ import annotations

@@ -16,6 +16,10 @@ TRANSITIONS_PER_WRITE = Histogram(
 COMMIT_CONFLICTS = Counter(
     "durable_agents_commit_conflicts_total", "Status commits refused with 409 (stale read)", ["resource"]
 )
+BATCHES_OUTDATED = Counter(
+    "durable_agents_batches_outdated_total",
+    "Batches of run transitions thrown away right before their write: decided under a policy that changed",
+)
 LEASE_TAKEOVERS = Counter(
     "durable_agents_lease_takeovers_total", "Run leases taken over from an expired holder"
 )

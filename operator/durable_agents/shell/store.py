@@ -9,7 +9,9 @@ precondition).
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from kubernetes.client.rest import ApiException
@@ -18,6 +20,8 @@ from durable_agents.shell import metrics
 from durable_agents.shell.faults import FaultPoints, process_faults
 from durable_agents.shell.kube import GROUP, VERSION, Kube
 
+log = logging.getLogger(__name__)
+
 
 class Conflict(Exception):
     """The record changed since it was read; reload and decide again."""
@@ -25,6 +29,17 @@ class Conflict(Exception):
 
 class Gone(Exception):
     """The record no longer exists."""
+
+
+class Outdated(Conflict):
+    """Not written: what the write carries was decided from facts that changed before it (its
+    precondition said why). Like a refused write: thrown away, decided again."""
+
+
+Precondition = Callable[[], str | None]
+"""Checked right before the write (after any wait for it): why it must not happen, or None."""
+Recheck = Callable[[], Awaitable[str | None]]
+"""Reads done again right before the write (after any wait for it): why it must not happen, or None."""
 
 
 class StatusStore:
@@ -48,8 +63,15 @@ class StatusStore:
             raise
         return obj
 
-    async def commit_status(self, current: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
-        """Replace ``status`` iff the record is still at ``current``'s resourceVersion."""
+    async def commit_status(
+        self,
+        current: dict[str, Any],
+        status: dict[str, Any],
+        precondition: Precondition | None = None,
+        recheck: Recheck | None = None,
+    ) -> dict[str, Any]:
+        """Replace ``status`` iff the record is still at ``current``'s resourceVersion (and
+        ``recheck``, then ``precondition``, hold at the last moment: :class:`Outdated` if not)."""
         meta = current["metadata"]
         body = {
             "apiVersion": f"{GROUP}/{VERSION}",
@@ -62,10 +84,20 @@ class StatusStore:
             "spec": current["spec"],
             "status": status,
         }
-        if self.faults.delay:
+        if self.faults.delay:  # the test hook (inert otherwise): a test awaits this line
+            log.info(
+                "test hook: commit to %s/%s held %.1fs", meta["namespace"], meta["name"], self.faults.delay
+            )
             await asyncio.sleep(self.faults.delay)
+        why = await recheck() if recheck is not None else None
+        if why is not None:
+            raise Outdated(f"{meta['namespace']}/{meta['name']}: {why}")
         label = f"{self.plural}/status"
         async with self.faults.serialized():
+            # Checked with no await before the request is handed to the client: last moment here.
+            why = precondition() if precondition is not None else None
+            if why is not None:
+                raise Outdated(f"{meta['namespace']}/{meta['name']}: {why}")
             self.faults.before()
             started = time.perf_counter()
             try:

@@ -185,7 +185,7 @@ class RunWorker:
         # arrive after our own later commit, and deciding from it would only earn a 409.
         self.versions: dict[ObjectKey, int] = {}
         self.failures = Failures()  # exceptions per run and state version: retried, then quarantined
-        self.batches = BatchWriter(self.store, self.reporter, self.failures, self.versions)
+        self.batches = BatchWriter(self.store, self.reporter, self.failures, self.versions, self.policies)
         held = self.shard_leases.hold_for
         self.controls = Controls(kube, self.store, self.events, self.config.keyring, held)  # on-call controls
         self._tasks: list[asyncio.Task[None]] = []
@@ -337,7 +337,9 @@ class RunWorker:
                 status["ownership"] = with_region_epoch(
                     status.get("ownership"), self.config.region, view.epoch
                 )
-            written = await self.batches.write(key, body, status, [(snap.state, commit)], quarantine=True)
+            written = await self.batches.write(
+                key, body, status, [(snap.state, commit, None)], quarantine=True
+            )
             if written is None:
                 raise Conflict(f"{key}: the run moved while it was being quarantined")  # retried
             body = written
@@ -511,14 +513,14 @@ class RunWorker:
             epoch = _checkpoint_epoch(snap.raw_checkpoint)
             if self.ownership.lost(key, right, epoch):
                 raise Lost(f"{key} now at epoch {epoch}")
-            now = datetime.now(UTC)
+            now, settings = datetime.now(UTC), self.settings_for(snap)
             self.failures.at(key, "decide", snap)
             decision = decide(
                 snap,
                 now=now,
                 epoch=right.epoch,
                 planner=self.planner_for(snap),
-                settings=self.settings_for(snap),
+                settings=settings,
                 read=read,
                 actions=actions,
                 fresh_evidence=fresh,
@@ -540,7 +542,7 @@ class RunWorker:
             if isinstance(decision, NeedModelTurn):
                 # The bound is on calls a crash would repeat: commit before the call past it, so a
                 # wait or an intent the last call led to shares that write instead of its own.
-                if batch and model_calls >= model_calls_per_boundary(self.settings_for(snap)):
+                if batch and model_calls >= model_calls_per_boundary(settings):
                     out = await self._write_batch(key, right, written, body, batch)
                     if out is None:
                         self.enqueue(key)
@@ -561,7 +563,7 @@ class RunWorker:
                 self.queue.wake_at(key, decision.wake_at)
                 return
             read, actions, fresh, children, model = None, None, None, None, None
-            batch.append((snap.state, decision))
+            batch.append((snap.state, decision, settings.policy))  # checked again right before the write
             body = {**body, "status": decision.wire_status()}  # the next decision starts here
             if not (decision.intents or decision.children):
                 continue

@@ -17,6 +17,7 @@ from durable_agents.core.checkpoint import (
 )
 from durable_agents.core.digest import canonical_digest
 from durable_agents.core.engine.commits import CommitBuilder
+from durable_agents.core.engine.currency import intent_outdated
 from durable_agents.core.engine.decisions import Decision, Idle, NeedActions
 from durable_agents.core.engine.loading import load_stored
 from durable_agents.core.engine.snapshot import ActionObservation, RunSnapshot, Settings
@@ -190,11 +191,16 @@ class Unverified:
     problem: Quarantine
 
 
+NOT_IN_CHECKPOINT = "NotInCheckpoint"
+POLICY_CHANGED = "PolicyChanged"
+
+
 @dataclass(frozen=True)
 class Refused:
-    """The intent is not the run's: never to be dispatched."""
+    """The intent is not the run's, or not one its policy allows now: never to be dispatched."""
 
     message: str
+    reason: str = NOT_IN_CHECKPOINT
 
 
 def intent_refusal(
@@ -241,4 +247,7 @@ def intent_refusal(
             f"the requested effect (digest {asked}) differs from the intent run {run.name!r} "
             f"committed (digest {wanted})"
         )
-    return None
+    # Committed under a policy the run's approval no longer satisfies (changed after the write's
+    # own check): not sent; the attempt fails as not applied, a retry asks for approval again.
+    outdated = intent_outdated(cp, pending, expected, settings)
+    return Refused(outdated, reason=POLICY_CHANGED) if outdated is not None else None

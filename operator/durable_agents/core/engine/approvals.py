@@ -27,6 +27,7 @@ from durable_agents.core.checkpoint import ApprovalRecord, Checkpoint, Kubernete
 from durable_agents.core.durations import parse_duration
 from durable_agents.core.engine.actions import action_spec
 from durable_agents.core.engine.commits import CommitBuilder, refusal_of, refuse_in
+from durable_agents.core.engine.currency import policy_moved
 from durable_agents.core.engine.decisions import Commit, Decision, Idle, NeedEvidence
 from durable_agents.core.engine.snapshot import RunSnapshot, Settings
 from durable_agents.core.planner import PerformEffect, Planner, PlannerError, PlanningContext
@@ -271,12 +272,9 @@ def revalidate_approval(
             RunEvent.ATTEMPT_FAILED,
             outcome=Outcome(reason="EffectUnavailable", message=f"effect {step.effect!r} is not installed"),
         )
-    if (
-        settings.policy_version is not None
-        and settings.policy_version != record.policy_version
-        and policy.freshness.policy_changed is not ChangeResponse.IMMATERIAL
-    ):
-        return reapprove(f"policy changed from {record.policy_version} to {settings.policy_version}")
+    moved = policy_moved(record.policy_version, settings)
+    if moved is not None:
+        return reapprove(moved)
     return _recheck_evidence(builder, record, policy, fresh, reapprove)
 
 

@@ -11,6 +11,7 @@ from durable_agents.core.engine.actions import action_spec
 from durable_agents.core.engine.approvals import approved_for, request_approval
 from durable_agents.core.engine.children import start_child
 from durable_agents.core.engine.commits import CommitBuilder
+from durable_agents.core.engine.currency import policy_moved
 from durable_agents.core.engine.decisions import Commit, Decision, NeedRead, NeedToolCall
 from durable_agents.core.engine.model_turns import model_turn, settle_finished, settle_read
 from durable_agents.core.engine.retries import attempt_failed
@@ -171,6 +172,11 @@ def _perform_effect(
         approved = approved_for(cp, index, run, spec, step)
         if approved is None:
             return request_approval(builder, run, spec, step, settings, reason=f"{spec.tier.value} effect")
+        # Revalidated under another policy version (one write earlier, or decided before it):
+        # the intent is committed only under the version its approval still binds.
+        moved = policy_moved(approved.policy_version, settings)
+        if moved is not None:
+            return request_approval(builder, run, spec, step, settings, reason=f"{moved} since the approval")
     name = action_record_name(spec.idempotency_key)
     action = PendingAction(
         idempotency_key=spec.idempotency_key,
