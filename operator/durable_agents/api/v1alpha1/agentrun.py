@@ -472,15 +472,21 @@ class RefusedRequest(ApiModel):
     """A request in the spec that the operator did not act on: nothing proves its authority (no
     stamp of the operator's admission webhook, or one that does not verify). Recorded once."""
 
-    field: Literal["approvals", "cancellations", "retryQuarantine", "reconcileNow", "escalation"]
-    key: str = Field(max_length=128, description="The request ID (for retryQuarantine: the token).")
+    field: Literal[
+        "approvals", "cancellations", "retryQuarantine", "reconcileNow", "escalation", "reconciliations"
+    ]
+    key: str = Field(
+        max_length=128,
+        description="The request ID (for retryQuarantine: the token; for reconciliations: the key).",
+    )
     reason: str = Field(max_length=64, pattern=r"^[A-Za-z]+$")
     message: str = Field(default="", max_length=512)
     at: datetime
 
 
-# Every request the engine looks at again fits (32 decisions, 16 cancellations, a retry token), so
-# none is dropped from the record while it still matters and refused twice.
+# Every request the engine looks at again fits (the pending decision, 16 cancellations, 32
+# reconciliations, a retry token, the two control tokens), so none is dropped from the record
+# while it still matters and refused twice.
 REFUSED_LIMIT = 64
 
 

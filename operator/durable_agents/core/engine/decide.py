@@ -27,7 +27,13 @@ from durable_agents.core.engine.cancellation import (
     next_cancellation,
 )
 from durable_agents.core.engine.children import reconcile_children, running_children
-from durable_agents.core.engine.commits import CommitBuilder, commit_untouched, refuse
+from durable_agents.core.engine.commits import (
+    CommitBuilder,
+    already_refused,
+    commit_untouched,
+    refusal_of,
+    refuse,
+)
 from durable_agents.core.engine.decisions import Commit, Decision, Idle
 from durable_agents.core.engine.loading import initial_checkpoint, load_stored
 from durable_agents.core.engine.plan import plan
@@ -45,6 +51,7 @@ from durable_agents.core.engine.snapshot import (
 from durable_agents.core.engine.validation import resume_validation
 from durable_agents.core.engine.waits import leave_external_wait, leave_input_wait
 from durable_agents.core.planner import Planner
+from durable_agents.core.reconciliations import reconciliation_to_refuse
 from durable_agents.core.statemachine import RunEvent
 
 
@@ -172,6 +179,14 @@ def _by_state(
     refused = cancellation_to_refuse(run, handled, settings.keyring, builder.now)
     if refused is not None:
         return refuse(run, refused)
+    unverified = reconciliation_to_refuse(
+        run.run_id,
+        run.spec.reconciliations,
+        lambda key: already_refused(run.status, "reconciliations", key),
+        settings.keyring,
+    )
+    if unverified is not None:  # never acted on by the dispatcher; recorded once, blocks nobody
+        return refuse(run, refusal_of("reconciliations", *unverified, builder.now))
     if state is RunState.WAITING_INPUT:
         return leave_input_wait(builder)
     if state is RunState.WAITING_EXTERNAL:
