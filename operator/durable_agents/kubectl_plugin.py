@@ -137,7 +137,8 @@ def retry(api: client.CustomObjectsApi, ns: str, name: str) -> str:
     refused = {
         r.get("key") for r in status.get("refusedRequests") or [] if r.get("field") == "retryQuarantine"
     }
-    token = next(t for t in (base, *(f"{base}.{n}" for n in itertools.count(2))) if t not in refused)
+    tokens = itertools.chain([base], (f"{base}.{n}" for n in itertools.count(2)))
+    token = next(t for t in tokens if t not in refused)
     _patch(api, ns, name, {"retryQuarantine": token}, "retry")
     return f"agentrun.durable-agents.io/{name}: retry {token} requested"
 

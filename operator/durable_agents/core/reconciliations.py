@@ -249,7 +249,10 @@ def verifies(keyring: Keyring | None, run_id: str) -> Callable[[str, Any], bool]
 
 
 def reconciliation_to_refuse(
-    run_id: str, entries: Mapping[str, Reconciliation], refused: Callable[[str], bool], keyring: Keyring | None
+    run_id: str,
+    entries: Mapping[str, Reconciliation],
+    refused: Callable[[str], bool],
+    keyring: Keyring | None,
 ) -> tuple[str, Unproven] | None:
     """The first entry (in key order) whose stamp does not verify and that is not refused yet
     (``refused(key)``), and why: the run's worker records it in ``status.refusedRequests`` once."""

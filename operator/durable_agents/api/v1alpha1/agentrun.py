@@ -145,8 +145,15 @@ class Step(LeafStep):
 
 class Creator(Identity):
     """The run's creator, stamped by the admission webhook at creation. ``stamp`` is the operator's
-    proof that this creator was allowed to ``use`` the run's ServiceAccount (the run acts as it)."""
+    proof that this creator was allowed to ``use`` the run's ServiceAccount (the run acts as it),
+    for this namespace, name and ServiceAccount, made at ``stampedAt``: the operator acts on it
+    only if that is this object's ``metadata.creationTimestamp`` (within a few seconds), so a
+    ``createdBy`` copied into a run re-created under the same name proves nothing."""
 
+    stamped_at: datetime | None = Field(
+        default=None,
+        description="When the admission webhook stamped the run (set by the webhook, with the stamp).",
+    )
     stamp: str | None = _stamp()
 
 

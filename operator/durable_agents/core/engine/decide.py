@@ -85,7 +85,7 @@ def decide(
     )
     never_accepted = state is RunState.PENDING or run.raw_checkpoint is None
     unauthorized = (
-        service_account_unproven(settings.keyring, run.namespace, run.name, run.spec)
+        service_account_unproven(settings.keyring, run.namespace, run.name, run.spec, run.created_at)
         if never_accepted and not past_deadline
         else None
     )
