@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from durable_agents import kubectl_plugin
 from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents.core.authority import CREATION_SKEW
 from durable_agents_testkit.cluster import KubeEnv
@@ -610,3 +611,58 @@ def test_a_run_re_created_under_its_name_with_a_copied_created_by_is_not_acted_o
     assert records_after <= records_before, "no new action in the ledger"
     assert len(refsystem.counts()) == 1, "no effect applied by the copy"
     assert len(impersonations(kube, sa_user)) == seen_before, "nothing was done as the ServiceAccount"
+
+
+def test_a_retry_token_written_with_the_webhook_off_does_not_block_the_retry(
+    kube: KubeEnv,
+    start_operator: Callable[..., OperatorProcess],
+    webhook_operator: Callable[..., OperatorProcess],
+    runs: Runs,
+) -> None:
+    """The same shape as an unstamped reconciliation (issue 30, item 2): ``kubectl agentrun retry``
+    writes ``retry-<stateVersion>``; a token written by hand under that name (the webhook off) is
+    refused, and the webhook stamps only a token that changes, so the same token again would be no
+    request at all, and the run would stay quarantined for good. The plugin takes the next one."""
+    op = webhook_operator("with-webhook")
+    name = runs.create(asking())
+    waiting = runs.wait_state(name, "waiting_input", timeout=Within.COMMIT)
+    good = waiting["status"]["checkpoint"]
+    status_api = client.CustomObjectsApi(kube.api)
+    # An admin's status write the operator cannot verify: quarantined, IntegrityFailed.
+    forged = {"status": {"checkpoint": {"integrity": FORGED_STAMP}}}
+    status_api.patch_namespaced_custom_object_status(
+        GROUP, VERSION, runs.namespace, "agentruns", name, forged
+    )
+    run = runs.wait_state(name, "quarantined", timeout=Within.COMMIT)
+    assert run["status"]["outcome"]["reason"] == "IntegrityFailed", run["status"]["outcome"]
+    # The admin restores the checkpoint (the run stays quarantined until a retry).
+    restored = {"status": {"checkpoint": good}}
+    status_api.patch_namespaced_custom_object_status(
+        GROUP, VERSION, runs.namespace, "agentruns", name, restored
+    )
+
+    webhook_off(kube, runs, op)
+    no_webhook = start_operator("no-webhook", LEASE)
+    token = f"retry-{runs.get(name)['status']['stateVersion']}"
+    runs.patch_spec(name, {"retryQuarantine": token}, stamped=False)  # by hand, unstamped
+
+    def refused_token() -> dict[str, Any] | None:
+        for entry in runs.get(name)["status"].get("refusedRequests") or []:
+            if (entry["field"], entry["key"]) == ("retryQuarantine", token):
+                return dict(entry)
+        return None
+
+    assert eventually(refused_token, Within.COMMIT, f"{token} to be refused")["reason"] == "Unstamped"
+    assert runs.state(name) == "quarantined"
+
+    no_webhook.stop()
+    webhook_operator("webhook-back")
+    runs.await_webhook()
+    said = kubectl_plugin.retry(status_api, runs.namespace, name)
+    released = runs.wait_state(name, "waiting_input", timeout=Within.COMMIT)  # out of quarantine
+    assert said.endswith(f"retry {token}.2 requested"), said
+    assert released["spec"]["retryQuarantine"] == f"{token}.2"
+    assert released["status"]["quarantineRetried"] == f"{token}.2"
+    assert released["spec"]["retryQuarantineRequest"]["stamp"], "stamped by the webhook"
+    refused = [(e["field"], e["key"], e["reason"]) for e in released["status"].get("refusedRequests") or []]
+    assert ("retryQuarantine", token, "Unstamped") in refused
