@@ -461,3 +461,22 @@ def test_an_unproven_reconciliation_is_refused_once_and_blocks_nothing(how: str)
     obj = patch_spec(obj, answers={"confirm": "yes"})
     moved = commit_of(decide_on(obj, at(4), settings=KEYED))
     assert [(r.field, r.key) for r in moved.status.refused_requests] == [("reconciliations", act)]
+
+
+def test_an_unproven_reconciliation_is_refused_while_a_cancellation_finishes() -> None:
+    """A cancellation waits for unknown outcomes: the run says why a hand-written answer for one is
+    not used, once, and the cancellation goes on."""
+    obj = cancel(waiting_input(), {"stop-1": {"scope": "task"}})
+    obj, _ = expect(obj, at(2), RunEvent.CANCEL_REQUESTED, RunState.CANCEL_REQUESTED, settings=KEYED)
+    act = "act-" + "c" * 40
+    obj = patch_spec(obj, reconciliations={act: {"applied": True, "attempt": 1}})
+    refused = refusal_of(decide_on(obj, at(3), settings=KEYED))
+    assert_nothing_else_moved(obj, refused)
+    assert (refused.refused.field, refused.refused.key, refused.refused.reason) == (
+        "reconciliations",
+        act,
+        "Unstamped",
+    )
+    obj = apply(obj, refused)
+    finished = commit_of(decide_on(obj, at(4), settings=KEYED))
+    assert finished.event is RunEvent.CANCEL_FINISHED

@@ -158,6 +158,18 @@ def _not_authorized(problem: Unproven) -> Outcome:
     return Outcome(reason="ServiceAccountNotAuthorized", message=f"{problem.reason}: {problem.message}")
 
 
+def _refused_reconciliation(run: RunSnapshot, settings: Settings, now: datetime) -> Decision | None:
+    """A person's answer (``spec.reconciliations``) whose stamp does not verify, not refused yet:
+    never acted on by the dispatcher; recorded once in ``status.refusedRequests``; blocks nobody."""
+    unverified = reconciliation_to_refuse(
+        run.run_id,
+        run.spec.reconciliations,
+        lambda key: already_refused(run.status, "reconciliations", key),
+        settings.keyring,
+    )
+    return None if unverified is None else refuse(run, refusal_of("reconciliations", *unverified, now))
+
+
 def _by_state(
     builder: CommitBuilder,
     planner: Planner,
@@ -170,8 +182,10 @@ def _by_state(
 ) -> Decision:
     """A readable run within its deadline: a new cancellation request first, then its state's rule."""
     run, state = builder.run, builder.run.state
-    if state is RunState.CANCEL_REQUESTED:
-        return finish_cancel(builder, run, planner, settings, actions, children)
+    if state is RunState.CANCEL_REQUESTED:  # it waits for unknown outcomes: say why an answer is not used
+        return _refused_reconciliation(run, settings, builder.now) or finish_cancel(
+            builder, run, planner, settings, actions, children
+        )
     request = next_cancellation(run, builder.cp, settings.keyring)
     if request is not None:
         return handle_cancel(builder, run, *request)
@@ -179,14 +193,9 @@ def _by_state(
     refused = cancellation_to_refuse(run, handled, settings.keyring, builder.now)
     if refused is not None:
         return refuse(run, refused)
-    unverified = reconciliation_to_refuse(
-        run.run_id,
-        run.spec.reconciliations,
-        lambda key: already_refused(run.status, "reconciliations", key),
-        settings.keyring,
-    )
-    if unverified is not None:  # never acted on by the dispatcher; recorded once, blocks nobody
-        return refuse(run, refusal_of("reconciliations", *unverified, builder.now))
+    unverified = _refused_reconciliation(run, settings, builder.now)
+    if unverified is not None:
+        return unverified
     if state is RunState.WAITING_INPUT:
         return leave_input_wait(builder)
     if state is RunState.WAITING_EXTERNAL:
