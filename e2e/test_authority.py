@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from kubernetes import client
 
+from durable_agents import kubectl_plugin
 from durable_agents.api.v1alpha1 import GROUP, VERSION
+from durable_agents.core.authority import CREATION_SKEW
 from durable_agents_testkit.cluster import KubeEnv
 from durable_agents_testkit.eventually import Within, eventually
 from durable_agents_testkit.keys import unsealed
@@ -519,3 +521,148 @@ def test_a_run_whose_service_account_is_not_proven_fails_and_does_nothing_as_it(
     assert len(records) == 1, "only the stamped run's effect is in the ledger"
     assert len(refsystem.counts()) == 1
     assert len(impersonations(kube, sa_user)) == seen_before, "nothing was done as the ServiceAccount"
+
+
+def test_a_run_re_created_under_its_name_with_a_copied_created_by_is_not_acted_on(
+    kube: KubeEnv,
+    start_operator: Callable[..., OperatorProcess],
+    webhook_operator: Callable[..., OperatorProcess],
+    runs: Runs,
+    refsystem: ReferenceSystemThread,
+    readable_configmap: str,
+    deployer: str,
+) -> None:
+    """Issue 30, item 4: someone who may delete and create runs, but not use the ServiceAccount,
+    deletes a run and, with the webhook off, creates it again under its name with its ``createdBy``
+    copied. The stamp covers the time it was made; the API server's creationTimestamp of the new
+    object is later: nothing is done as the ServiceAccount."""
+    if kube.plane is None:
+        pytest.skip("reads the local control plane's audit log")
+    sa_user = f"system:serviceaccount:{runs.namespace}:{deployer}"
+    read = {
+        "name": "read",
+        "read": {"object": {"apiVersion": "v1", "kind": "ConfigMap", "name": readable_configmap}},
+    }
+    pay = {
+        "name": "pay",
+        "effect": {
+            "effect": "http.post",
+            "target": {"url": f"{refsystem.url}/effects"},
+            "arguments": {"n": 1},
+        },
+    }
+    spec = {
+        "taskType": "e2e",
+        "objective": "read and pay as the deployer",
+        "serviceAccountName": deployer,
+        "steps": [read, pay, {"name": "done", "complete": {}}],
+    }
+    # A normal creation, stamped by the webhook itself (not the test kit): acted on.
+    op = webhook_operator("with-webhook")
+    runs.await_webhook()
+    runs.create(spec, name="payday", stamped=False)
+    original = runs.wait_state("payday", "completed")
+    copied = original["spec"]["createdBy"]
+    assert copied["stamp"]
+    assert copied["stampedAt"], "the stamp's time is stored with it"
+    assert any(call.endswith(f"configmaps/{readable_configmap}") for call in impersonations(kube, sa_user))
+    assert len(refsystem.counts()) == 1
+    records_before = {
+        r["metadata"]["name"]
+        for r in runs.custom.list_namespaced_custom_object(GROUP, VERSION, runs.namespace, "actionrecords")[
+            "items"
+        ]
+    }
+
+    runs.custom.delete_namespaced_custom_object(GROUP, VERSION, runs.namespace, "agentruns", "payday")
+
+    def gone() -> bool:
+        try:
+            runs.get("payday")
+        except client.ApiException as err:
+            return err.status == 404
+        return False
+
+    eventually(gone, Within.COMMIT, "the deleted run to be gone (its finalizer released)")
+    webhook_off(kube, runs, op)
+    start_operator("no-webhook", LEASE)
+    seen_before = len(impersonations(kube, sa_user))
+    created = datetime.fromisoformat(original["metadata"]["creationTimestamp"].replace("Z", "+00:00"))
+    eventually(
+        lambda: datetime.now(UTC) > created + CREATION_SKEW + timedelta(seconds=1),
+        Within.COMMIT,
+        "the copy to be created later than the stamp's skew after the original",
+    )
+    runs.create({**spec, "createdBy": copied}, name="payday", stamped=False)
+    status = runs.wait_state("payday", "failed", "completed")["status"]
+    assert status["outcome"]["reason"] == "ServiceAccountNotAuthorized", status["outcome"]
+    message = status["outcome"]["message"]
+    assert message.startswith("StampNotOfThisObject: "), message
+    assert f"stamped at {copied['stampedAt']}" in message
+    assert f"ServiceAccount '{deployer}'" in message
+    assert [h["event"] for h in status["history"]] == ["rejected"]
+    assert not status["checkpoint"]["evidence"]
+    records_after = {
+        r["metadata"]["name"]
+        for r in runs.custom.list_namespaced_custom_object(GROUP, VERSION, runs.namespace, "actionrecords")[
+            "items"
+        ]
+    }
+    assert records_after <= records_before, "no new action in the ledger"
+    assert len(refsystem.counts()) == 1, "no effect applied by the copy"
+    assert len(impersonations(kube, sa_user)) == seen_before, "nothing was done as the ServiceAccount"
+
+
+def test_a_retry_token_written_with_the_webhook_off_does_not_block_the_retry(
+    kube: KubeEnv,
+    start_operator: Callable[..., OperatorProcess],
+    webhook_operator: Callable[..., OperatorProcess],
+    runs: Runs,
+) -> None:
+    """The same shape as an unstamped reconciliation (issue 30, item 2): ``kubectl agentrun retry``
+    writes ``retry-<stateVersion>``; a token written by hand under that name (the webhook off) is
+    refused, and the webhook stamps only a token that changes, so the same token again would be no
+    request at all, and the run would stay quarantined for good. The plugin takes the next one."""
+    op = webhook_operator("with-webhook")
+    name = runs.create(asking())
+    waiting = runs.wait_state(name, "waiting_input", timeout=Within.COMMIT)
+    good = waiting["status"]["checkpoint"]
+    status_api = client.CustomObjectsApi(kube.api)
+    # An admin's status write the operator cannot verify: quarantined, IntegrityFailed.
+    forged = {"status": {"checkpoint": {"integrity": FORGED_STAMP}}}
+    status_api.patch_namespaced_custom_object_status(
+        GROUP, VERSION, runs.namespace, "agentruns", name, forged
+    )
+    run = runs.wait_state(name, "quarantined", timeout=Within.COMMIT)
+    assert run["status"]["outcome"]["reason"] == "IntegrityFailed", run["status"]["outcome"]
+    # The admin restores the checkpoint (the run stays quarantined until a retry).
+    restored = {"status": {"checkpoint": good}}
+    status_api.patch_namespaced_custom_object_status(
+        GROUP, VERSION, runs.namespace, "agentruns", name, restored
+    )
+
+    webhook_off(kube, runs, op)
+    no_webhook = start_operator("no-webhook", LEASE)
+    token = f"retry-{runs.get(name)['status']['stateVersion']}"
+    runs.patch_spec(name, {"retryQuarantine": token}, stamped=False)  # by hand, unstamped
+
+    def refused_token() -> dict[str, Any] | None:
+        for entry in runs.get(name)["status"].get("refusedRequests") or []:
+            if (entry["field"], entry["key"]) == ("retryQuarantine", token):
+                return dict(entry)
+        return None
+
+    assert eventually(refused_token, Within.COMMIT, f"{token} to be refused")["reason"] == "Unstamped"
+    assert runs.state(name) == "quarantined"
+
+    no_webhook.stop()
+    webhook_operator("webhook-back")
+    runs.await_webhook()
+    said = kubectl_plugin.retry(status_api, runs.namespace, name)
+    released = runs.wait_state(name, "waiting_input", timeout=Within.COMMIT)  # out of quarantine
+    assert said.endswith(f"retry {token}.2 requested"), said
+    assert released["spec"]["retryQuarantine"] == f"{token}.2"
+    assert released["status"]["quarantineRetried"] == f"{token}.2"
+    assert released["spec"]["retryQuarantineRequest"]["stamp"], "stamped by the webhook"
+    refused = [(e["field"], e["key"], e["reason"]) for e in released["status"].get("refusedRequests") or []]
+    assert ("retryQuarantine", token, "Unstamped") in refused

@@ -266,3 +266,64 @@ def test_without_the_webhook_an_answer_written_by_hand_is_never_acted_on(
     assert (status["state"], status["attempts"]) == ("outcome_unknown", 1)
     assert runs.state(run) == "waiting_external"
     assert refsystem.counts() == {key_of(runs, run): 1}
+
+
+def test_an_answer_written_with_the_webhook_off_does_not_block_the_approver(
+    kube: KubeEnv,
+    start_operator: Callable[..., OperatorProcess],
+    webhook_operator: Callable[..., OperatorProcess],
+    runs: Runs,
+    people: dict[str, client.ApiClient],
+    refsystem: ReferenceSystemThread,
+) -> None:
+    """Issue 30, item 2: with the webhook off, someone with ``patch`` answers for the action; the
+    operator refuses it (``refusedRequests``). Once the webhook is back, the approver's answer,
+    through the plugin people run, is taken, and the run settles."""
+    assert kube.plane is not None
+    policy(runs)
+    no_webhook = start_operator("no-webhook", LEASE)  # no DURABLE_AGENTS_WEBHOOK_PORT: nothing stamps
+    refsystem.inject("drop_after_apply", times=1)  # applied, and the answer is lost
+    run = runs.create(payment(refsystem.url))
+    action, _ = stuck(runs, run)
+    claimed = {"applied": False, "attempt": 1, "reason": "trust me", "reconciler": {"username": "mallory"}}
+    runs.patch_spec(run, {"reconciliations": {action: claimed}}, stamped=False)
+
+    def refused() -> dict[str, Any] | None:
+        for entry in (runs.get(run).get("status") or {}).get("refusedRequests") or []:
+            if (entry["field"], entry["key"]) == ("reconciliations", action):
+                return dict(entry)
+        return None
+
+    forged = eventually(
+        refused, Within.RUN, "the hand-written answer to be refused in status.refusedRequests"
+    )
+    assert forged["reason"] == "Unstamped"
+    assert "carries no stamp of the operator's admission webhook" in forged["message"]
+    assert record(runs, action)["status"]["state"] == "outcome_unknown", "never acted on"
+
+    no_webhook.stop()
+    webhook_operator()
+    alice = kube.plane.write_user_kubeconfig("alice", ["approvers"])
+    out = subprocess.run(
+        [*KUBECTL_AGENTRUN, "reconcile", run, "-n", runs.namespace, "--action", action, *APPLIED],
+        env={**os.environ, "KUBECONFIG": str(alice)},
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0, out.stderr
+    assert f"action {action} attempt 1 reconciled as applied" in out.stdout
+    entries = runs.get(run)["spec"]["reconciliations"]
+    assert entries[action]["reconciler"] == {"username": "mallory"}, "the hand-written entry stays"
+    assert entries[f"{action}.1"]["reconciler"]["username"] == "alice", "the answer under the next key"
+
+    done = runs.wait_state(run, "completed", timeout=Within.RUN)
+    assert refsystem.counts() == {key_of(runs, run): 1}, "reconciled as applied: never sent again"
+    settled = record(runs, action)["status"]
+    assert (settled["state"], settled["attempts"], settled["reason"]) == ("succeeded", 1, "ReconciledApplied")
+    assert "reconciled as applied by 'alice'" in settled["message"]
+    still = [
+        entry
+        for entry in done["status"].get("refusedRequests") or []
+        if (entry["field"], entry["key"]) == ("reconciliations", action)
+    ]
+    assert [(entry["reason"], entry["message"]) for entry in still] == [(forged["reason"], forged["message"])]

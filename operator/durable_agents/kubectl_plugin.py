@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import sys
 import unicodedata
@@ -114,8 +115,13 @@ def cancel(api: client.CustomObjectsApi, ns: str, name: str, scope: str, reason:
     state = (run.get("status") or {}).get("state", "pending")
     if state in ("completed", "failed", "canceled", "expired"):
         raise SystemExit(f"error: agentrun {ns}/{name} has already ended ({state})")
-    # Zero-padded: requests are handled in request-ID order.
-    request_id = f"cancel-{len(run['spec'].get('cancellations') or {}) + 1:02d}"
+    # Zero-padded: requests are handled in request-ID order. The next ID not taken: an entry
+    # written by hand (the webhook off) is refused by the operator, but keeps its ID for good.
+    taken = run["spec"].get("cancellations") or {}
+    n = len(taken) + 1
+    while f"cancel-{n:02d}" in taken:
+        n += 1
+    request_id = f"cancel-{n:02d}"
     _patch(api, ns, name, {"cancellations": {request_id: {"scope": scope, "reason": reason or ""}}}, "cancel")
     return f"agentrun.durable-agents.io/{name}: {scope} cancellation {request_id} requested"
 
@@ -125,7 +131,14 @@ def retry(api: client.CustomObjectsApi, ns: str, name: str) -> str:
     status = run.get("status") or {}
     if status.get("state") != "quarantined":
         raise SystemExit(f"error: agentrun {ns}/{name} is not quarantined (state {status.get('state')!r})")
-    token = f"retry-{status.get('stateVersion', 0)}"
+    # One token per quarantine (a second retry of the same one is the same request), unless the
+    # operator refused that token (set by hand, the webhook off): then the next one.
+    base = f"retry-{status.get('stateVersion', 0)}"
+    refused = {
+        r.get("key") for r in status.get("refusedRequests") or [] if r.get("field") == "retryQuarantine"
+    }
+    tokens = itertools.chain([base], (f"{base}.{n}" for n in itertools.count(2)))
+    token = next(t for t in tokens if t not in refused)
     _patch(api, ns, name, {"retryQuarantine": token}, "retry")
     return f"agentrun.durable-agents.io/{name}: retry {token} requested"
 

@@ -50,6 +50,7 @@ T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
 # what a test's Settings(keyring=...) verifies them with.
 KEYRING = Keyring(keys={"k2030": bytes(range(32))}, active_key_id="k2030")
 CREATOR = Identity(username="alice", groups=["editors"])
+CREATED = T0  # metadata.creationTimestamp, and when the webhook stamped createdBy
 
 EPOCH = Fencing(holder="worker-a", lease_transitions=3)
 
@@ -106,7 +107,7 @@ def new_run(**spec: Any) -> dict[str, Any]:
     body: dict[str, Any] = {"taskType": "unit", "objective": "exercise the engine", **spec}
     if "createdBy" not in body:
         sa = body.get("serviceAccountName", "default")
-        body["createdBy"] = stamp_creator(KEYRING, "team-a", "run-1", sa, CREATOR)
+        body["createdBy"] = stamp_creator(KEYRING, "team-a", "run-1", sa, CREATOR, CREATED)
     elif body["createdBy"] is None:
         del body["createdBy"]
     return {
@@ -118,6 +119,7 @@ def new_run(**spec: Any) -> dict[str, Any]:
             "namespace": "team-a",
             "generation": 1,
             "resourceVersion": "100",
+            "creationTimestamp": iso(CREATED),
         },
         "spec": body,
     }

@@ -63,8 +63,9 @@ def test_on_create_the_creator_is_stamped_for_the_service_account() -> None:
     assert (spec.created_by.username, spec.created_by.uid) == ("bob", None), (
         "nothing of the client's survives"
     )
-    assert service_account_unproven(KEYS, "team-a", "r", spec) is None
-    assert service_account_unproven(KEYS, "team-a", "other", spec) is not None
+    assert spec.created_by.stamped_at == NOW, "stamped with the time of the request that creates it"
+    assert service_account_unproven(KEYS, "team-a", "r", spec, NOW) is None
+    assert service_account_unproven(KEYS, "team-a", "other", spec, NOW) is not None
 
 
 def test_a_new_decision_is_stamped_as_the_user_and_an_old_one_left_alone() -> None:

@@ -18,7 +18,11 @@ from durable_agents.api.v1alpha1 import (
     Identity,
 )
 from durable_agents.core.authority import (
+    CREATION_SKEW,
+    STAMP_NOT_OF_THIS_OBJECT,
+    STAMP_UNTIMED,
     cancellation_unproven,
+    creation_unbound,
     decision_proof,
     decision_unproven,
     instant,
@@ -141,17 +145,84 @@ def spec(**fields: Any) -> AgentRunSpec:
 
 
 def test_a_creator_stamp_binds_namespace_run_service_account_and_creator() -> None:
-    created = stamp_creator(KEYS, "team-a", "run-1", "deployer", ALICE)
+    created = stamp_creator(KEYS, "team-a", "run-1", "deployer", ALICE, WHEN)
     good = spec(serviceAccountName="deployer", createdBy=created)
-    assert service_account_unproven(KEYS, "team-a", "run-1", good) is None
-    assert service_account_unproven(KEYS, "team-b", "run-1", good) is not None
-    assert service_account_unproven(KEYS, "team-a", "run-2", good) is not None
+    # creationTimestamp has whole seconds, rounded down: 12:00:00 for a stamp at 12:00:00.123456.
+    made = WHEN.replace(microsecond=0)
+    assert service_account_unproven(KEYS, "team-a", "run-1", good, made) is None
+    assert service_account_unproven(KEYS, "team-b", "run-1", good, made) is not None
+    assert service_account_unproven(KEYS, "team-a", "run-2", good, made) is not None
     other_sa = spec(serviceAccountName="default", createdBy=created)
-    problem = service_account_unproven(KEYS, "team-a", "run-1", other_sa)
+    problem = service_account_unproven(KEYS, "team-a", "run-1", other_sa, made)
     assert problem is not None
     assert "ServiceAccount 'default'" in problem.message
     other_creator = spec(serviceAccountName="deployer", createdBy={**created, "username": "bob"})
-    assert service_account_unproven(KEYS, "team-a", "run-1", other_creator) is not None
-    nobody = service_account_unproven(KEYS, "team-a", "run-1", spec())
+    assert service_account_unproven(KEYS, "team-a", "run-1", other_creator, made) is not None
+    nobody = service_account_unproven(KEYS, "team-a", "run-1", spec(), made)
     assert nobody is not None
     assert nobody.reason == "Unstamped"
+
+
+def test_a_creator_stamp_binds_the_time_of_the_object_s_creation() -> None:
+    """A run deleted and created again under its name, its ``createdBy`` copied (the webhook off):
+    the API server's creationTimestamp of the new object is not the stamp's time."""
+    created = stamp_creator(KEYS, "team-a", "run-1", "deployer", ALICE, WHEN)
+    assert created["stampedAt"] == "2030-01-01T12:00:00.123456Z"
+    good = spec(serviceAccountName="deployer", createdBy=created)
+    later = service_account_unproven(KEYS, "team-a", "run-1", good, WHEN + timedelta(minutes=3))
+    assert later is not None
+    assert later.reason == STAMP_NOT_OF_THIS_OBJECT
+    assert "stamped at 2030-01-01T12:00:00.123456Z" in later.message
+    assert "created at 2030-01-01T12:03:00.123456Z" in later.message
+    assert "ServiceAccount 'deployer'" in later.message
+    # Its time moved to the new object's creation: the stamp does not verify any more.
+    moved = spec(serviceAccountName="deployer", createdBy={**created, "stampedAt": "2030-01-01T12:03:00Z"})
+    problem = service_account_unproven(KEYS, "team-a", "run-1", moved, WHEN + timedelta(minutes=3))
+    assert problem is not None
+    assert problem.reason == "StampInvalid"
+    # The untimed form of an earlier release (its stamp without stampedAt) is not acted on.
+    untimed_proof = {"namespace": "team-a", "name": "run-1", "serviceAccountName": "deployer"}
+    untimed = {
+        **ALICE.wire(),
+        "stamp": stamp(KEYS, Purpose.SERVICE_ACCOUNT, {**untimed_proof, "creator": ALICE.wire()}),
+    }
+    old = service_account_unproven(
+        KEYS, "team-a", "run-1", spec(serviceAccountName="deployer", createdBy=untimed), WHEN
+    )
+    assert old is not None
+    assert old.reason == STAMP_UNTIMED
+    forged = {**ALICE.wire(), "stamp": "k1:" + "A" * 43 + "="}
+    problem = service_account_unproven(
+        KEYS, "team-a", "run-1", spec(serviceAccountName="deployer", createdBy=forged), WHEN
+    )
+    assert problem is not None
+    assert problem.reason == "StampInvalid", "a forged stamp is not called untimed"
+    # Without a keyring nothing is verified (pure tests and tools), the time included.
+    assert service_account_unproven(None, "team-a", "run-1", good, WHEN + timedelta(days=1)) is None
+
+
+@pytest.mark.parametrize(
+    ("stamped", "created", "bound"),
+    [
+        (WHEN, WHEN.replace(microsecond=0), True),  # the same request; creationTimestamp rounded down
+        (WHEN, WHEN.replace(microsecond=0) + timedelta(seconds=1), True),  # it took the request 1 s
+        (WHEN, WHEN - CREATION_SKEW, True),  # the operator's clock ahead of the API server's
+        (WHEN, WHEN + CREATION_SKEW, True),  # ... or behind it
+        (WHEN, WHEN - CREATION_SKEW - timedelta(microseconds=1), False),
+        (WHEN, WHEN + CREATION_SKEW + timedelta(microseconds=1), False),
+        (WHEN, WHEN + timedelta(hours=1), False),  # re-created an hour later, createdBy copied
+        (WHEN, WHEN - timedelta(hours=1), False),
+        (WHEN, WHEN.astimezone(timezone(timedelta(hours=2))), True),  # the same instant, written otherwise
+        (None, WHEN, False),  # no time: an untimed stamp of an earlier release
+        (WHEN, None, False),  # no creationTimestamp (never from an API server)
+    ],
+)
+def test_the_creation_binding_rule(stamped: datetime | None, created: datetime | None, bound: bool) -> None:
+    problem = creation_unbound(stamped, created)
+    assert (problem is None) is bound, problem
+    if stamped is None:
+        assert problem is not None
+        assert problem.reason == STAMP_UNTIMED
+    elif not bound:
+        assert problem is not None
+        assert problem.reason == STAMP_NOT_OF_THIS_OBJECT

@@ -17,8 +17,10 @@ from durable_agents.api.v1alpha1 import ActionRecordSpec, ActionRecordStatus, Ag
 from durable_agents.core.authority import NO_KEYRING, STAMP_INVALID, UNSTAMPED
 from durable_agents.core.key_use import keys_in_use
 from durable_agents.core.reconciliations import (
+    is_key_of,
     key_for,
     person_answer,
+    reconciliation_to_refuse,
     reconciliation_unproven,
     record_of,
     record_refusal,
@@ -244,10 +246,76 @@ def test_keys_and_records() -> None:
     assert record_of(f"{ACT}.3") == ACT
     assert key_for(ACT, 1, {}) == ACT
     assert key_for(ACT, 3, {ACT: {}}) == f"{ACT}.3"
-    taken = {ACT: {"attempt": 1, "reconciler": {"username": "carol"}}}
+    assert key_for(ACT, 1, {ACT: {}, f"{ACT}.1": {}}) == f"{ACT}.1.2"
+    assert key_for(ACT, 1, {ACT: {}, f"{ACT}.1": {}, f"{ACT}.1.2": {}}) == f"{ACT}.1.3"
+    assert record_of(f"{ACT}.1.2") == ACT
+    for key in (ACT, f"{ACT}.1", f"{ACT}.1.2", f"{ACT}.1.31"):
+        assert is_key_of(key, ACT, 1), key
+    for key in (
+        f"{ACT}.2",
+        f"{ACT}.1.1",
+        f"{ACT}.1.0",
+        f"{ACT}.1.02",
+        f"{ACT}.1.x",
+        f"{ACT}.1.",
+        f"{ACT}.2.2",
+    ):
+        assert not is_key_of(key, ACT, 1), key
     entry = AgentRunSpec.model_validate(stamped(*asked())["spec"]).reconciliations[ACT]
-    refused = record_refusal(ACT, entry, record(), "pay", taken)
+    claimed = {"applied": True, "attempt": 1, "reconciler": {"username": "carol"}}
+    # Whether an entry answered for the attempt is its stamp's to say, never its fields'.
+    assert record_refusal(f"{ACT}.1", entry, record(), "pay", {ACT: claimed}, lambda _k, _v: False) is None
+    refused = record_refusal(f"{ACT}.1", entry, record(), "pay", {ACT: claimed}, lambda _k, _v: True)
     assert "already reconciled by 'carol'" in (refused or "")
+
+
+async def test_an_entry_written_with_the_webhook_off_blocks_nobody(
+    records: dict[str, dict[str, Any]],
+) -> None:
+    """Issue 30, item 2: with the webhook off, someone with ``patch`` writes an answer (or two, to
+    take both keys); once the webhook is back, a person with the verb answers for that attempt."""
+    records[ACT] = record()
+    verbs = Verbs({("alice", "approve")})
+    claimed = {"applied": False, "attempt": 1, "reconciler": {"username": "mallory"}}
+    forged = {**claimed, "reconciledAt": "2030-01-01T12:00:00.000000Z", "stamp": FORGED_STAMP}
+    old = run(reconciliations={ACT: claimed, f"{ACT}.1": forged})
+    key = key_for(ACT, 1, old["spec"]["reconciliations"])
+    assert key == f"{ACT}.1.2"
+    new = copy.deepcopy(old)
+    new["spec"]["reconciliations"][key] = {"applied": True, "attempt": 1, "reason": "in the ledger"}
+    given = stamped(new, old)
+    assert await checked(given, old, ALICE, verbs) is None
+    # The dispatcher acts on the stamped one, and says why not on the others.
+    found, ignored = person_answer(given, ACT, 1, KEYS)
+    assert found is not None
+    assert (found.key, found.applied, found.by) == (key, True, "alice")
+    assert sorted((i.key, i.problem.reason) for i in ignored) == [
+        (ACT, UNSTAMPED),
+        (f"{ACT}.1", STAMP_INVALID),
+    ]
+    # A stamped answer does block a second one for the same attempt.
+    again = copy.deepcopy(given)
+    again["spec"]["reconciliations"][f"{ACT}.1.3"] = {"applied": False, "attempt": 1}
+    refused = await checked(stamped(again, given), given, ALICE, verbs)
+    assert f"attempt 1 of ActionRecord {ACT!r} was already reconciled by 'alice'" in (refused or "")
+
+
+def test_the_worker_refuses_each_unverified_entry_once() -> None:
+    forged = {"applied": True, "attempt": 1, "reconciler": {"username": "mallory"}}
+    body = stored_run((f"{ACT}.1", {"applied": True, "attempt": 1}))
+    body["spec"]["reconciliations"][ACT] = forged
+    entries = AgentRunSpec.model_validate(body["spec"]).reconciliations
+    first = reconciliation_to_refuse("run-id-1", entries, lambda _key: False, KEYS)
+    assert first is not None
+    assert first[0] == ACT
+    assert first[1].reason == UNSTAMPED
+    assert reconciliation_to_refuse("run-id-1", entries, lambda key: key == ACT, KEYS) is None, (
+        "the stamped one is never refused"
+    )
+    copied = reconciliation_to_refuse("another-run", entries, lambda key: key == ACT, KEYS)
+    assert copied is not None
+    assert copied[0] == f"{ACT}.1"
+    assert copied[1].reason == STAMP_INVALID
 
 
 # --- the operator: which answer it acts on (the second line) ------------------------------------

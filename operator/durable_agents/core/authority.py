@@ -13,7 +13,9 @@ request whose stamp verifies:
 - a cancellation or a quarantine retry (``Purpose.CONTROL``): run ID, request ID (the retry's
   token), scope and reason, who asked, when;
 - the run's ServiceAccount (``Purpose.SERVICE_ACCOUNT``, in ``spec.createdBy.stamp``): namespace,
-  run name, ServiceAccount, creator: the creator was allowed to ``use`` it;
+  run name, ServiceAccount, creator and the time it was stamped: the creator was allowed to
+  ``use`` it, for the object created then (:func:`creation_unbound`: the API server's
+  ``metadata.creationTimestamp``, which no client chooses, must agree with that time);
 - a region failover (``Purpose.CONTROL``, in a RegionFailover's ``spec.stamp``): the object's name,
   from, to, reason, who asked, when: they were allowed to ``failover`` the region ``from``.
 
@@ -27,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from durable_agents.api.v1alpha1 import (
@@ -96,15 +98,50 @@ def retry_proof(run_id: str, token: str, request: ControlRequest | None) -> dict
 
 
 def service_account_proof(
-    namespace: str, name: str, service_account: str, creator: Identity
+    namespace: str, name: str, service_account: str, creator: Identity, stamped_at: datetime
 ) -> dict[str, Any]:
-    """What the creator's stamp covers: this creator may act as this ServiceAccount in this run."""
+    """What the creator's stamp covers: this creator may act as this ServiceAccount in the run of
+    this name created at ``stamped_at`` (the uid is not known when a creation is stamped)."""
     return {
         "namespace": namespace,
         "name": name,
         "serviceAccountName": service_account,
         "creator": _who(creator),
+        "stampedAt": instant(stamped_at),
     }
+
+
+# How far the stamp's time and the object's creationTimestamp may be apart. The webhook stamps
+# in the request that creates the object, and the API server sets creationTimestamp (whole
+# seconds, rounded down) in that same request: they differ by the request's latency, under a
+# second, plus the clock difference between the operator's node and the API server's. A copy
+# re-created later than this after the original's creation is refused.
+CREATION_SKEW = timedelta(seconds=5)
+STAMP_UNTIMED = "StampUntimed"
+STAMP_NOT_OF_THIS_OBJECT = "StampNotOfThisObject"
+
+
+def creation_unbound(stamped_at: datetime | None, created_at: datetime | None) -> Unproven | None:
+    """Why a ``createdBy`` stamp made at ``stamped_at`` is not the one made when this object was
+    created (``metadata.creationTimestamp``), or None: within :data:`CREATION_SKEW` either way."""
+    if stamped_at is None:
+        return Unproven(
+            STAMP_UNTIMED,
+            "spec.createdBy carries no stampedAt (stamped by an operator release before creation "
+            "stamps carried their time): it cannot be bound to this object; create the run again",
+        )
+    if created_at is None:
+        return Unproven(STAMP_NOT_OF_THIS_OBJECT, "the run has no metadata.creationTimestamp")
+    apart = abs(stamped_at - created_at)
+    if apart <= CREATION_SKEW:
+        return None
+    return Unproven(
+        STAMP_NOT_OF_THIS_OBJECT,
+        f"spec.createdBy was stamped at {instant(stamped_at)}, but this object was created at "
+        f"{instant(created_at)} ({apart.total_seconds():.0f}s apart, more than "
+        f"{CREATION_SKEW.total_seconds():.0f}s): it was stamped for an earlier object of this name "
+        "(a copied createdBy)",
+    )
 
 
 def failover_proof(name: str, spec: RegionFailoverSpec) -> dict[str, Any] | None:
@@ -147,12 +184,13 @@ def stamp_failover(keyring: Keyring, name: str, spec: RegionFailoverSpec) -> str
 
 
 def stamp_creator(
-    keyring: Keyring, namespace: str, name: str, service_account: str, creator: Identity
+    keyring: Keyring, namespace: str, name: str, service_account: str, creator: Identity, at: datetime
 ) -> dict[str, Any]:
-    """``spec.createdBy`` for a run this creator may create as ``service_account``: the identity
-    and the operator's stamp over it."""
-    proof = service_account_proof(namespace, name, service_account, creator)
-    return {**_who(creator), "stamp": stamp(keyring, Purpose.SERVICE_ACCOUNT, proof)}
+    """``spec.createdBy`` for a run this creator may create as ``service_account``, in the request
+    that creates it (``at``: now): the identity, the time and the operator's stamp over them."""
+    proof = service_account_proof(namespace, name, service_account, creator, at)
+    stamped = stamp(keyring, Purpose.SERVICE_ACCOUNT, proof)
+    return {**_who(creator), "stampedAt": instant(at), "stamp": stamped}
 
 
 @dataclass(frozen=True)
@@ -225,21 +263,35 @@ def retry_unproven(
 
 
 def service_account_unproven(
-    keyring: Keyring | None, namespace: str, name: str, spec: AgentRunSpec
+    keyring: Keyring | None, namespace: str, name: str, spec: AgentRunSpec, created_at: datetime | None
 ) -> Unproven | None:
-    """Why the run may not act as its ServiceAccount, or None: its creator's stamp must verify."""
+    """Why the run may not act as its ServiceAccount, or None: its creator's stamp must verify,
+    and have been made when this object was created (``created_at``: its creationTimestamp)."""
     creator = spec.created_by
-    proof = (
-        service_account_proof(namespace, name, spec.service_account_name, creator)
-        if creator is not None
-        else None
-    )
-    what = f"the run's use of ServiceAccount {spec.service_account_name!r}"
-    found = unproven(keyring, Purpose.SERVICE_ACCOUNT, proof, creator.stamp if creator else None, what)
+    sa = spec.service_account_name
+    what = f"the run's use of ServiceAccount {sa!r}"
+    if creator is not None and creator.stamp and creator.stamped_at is None:
+        # The form before stamps carried their time: said as such if it is the operator's, but
+        # never acted on (it would verify in any object of this name).
+        untimed = {"namespace": namespace, "name": name, "serviceAccountName": sa, "creator": _who(creator)}
+        found = unproven(keyring, Purpose.SERVICE_ACCOUNT, untimed, creator.stamp, what)
+        if found is None and keyring is not None:
+            found = creation_unbound(None, created_at)
+    else:
+        proof = (
+            service_account_proof(namespace, name, sa, creator, creator.stamped_at)
+            if creator is not None and creator.stamped_at is not None
+            else None
+        )
+        found = unproven(keyring, Purpose.SERVICE_ACCOUNT, proof, creator.stamp if creator else None, what)
+        if found is None and keyring is not None and creator is not None:
+            found = creation_unbound(creator.stamped_at, created_at)
     if found is None:
         return None
     who = f" by {creator.username!r}" if creator is not None else ""
-    return Unproven(found.reason, f"{found.message}; no proof that its creator{who} may use it")
+    return Unproven(
+        found.reason, f"{found.message}; no proof that its creator{who} may use ServiceAccount {sa!r}"
+    )
 
 
 NO_KEYRING = "NoKeyring"

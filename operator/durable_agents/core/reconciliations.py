@@ -5,8 +5,8 @@ Some authoritative systems cannot be asked by idempotency key (an MCP tool has n
 query): an action they were sent whose answer was lost stays ``outcome_unknown`` until a person
 who can look (in the ticket system, the bank statement) says whether it happened, with
 ``kubectl agentrun reconcile RUN --action NAME --applied|--not-applied``: an entry of
-``spec.reconciliations`` keyed by the ActionRecord's name (``NAME.ATTEMPT`` for a later attempt
-of a record already reconciled once).
+``spec.reconciliations`` keyed by the ActionRecord's name (``NAME.ATTEMPT`` when that key is
+taken, ``NAME.ATTEMPT.N`` when both are: the map is append-only, so a key once written stays).
 
 Authority is as for an approval decision (:mod:`durable_agents.core.authority`): the admission
 webhook overwrites ``reconciler`` and ``reconciledAt`` with the authenticated user and the time,
@@ -15,12 +15,16 @@ and stamps it (``Purpose.CONTROL``, over run ID, key, record, attempt, answer, r
 when). The dispatcher acts only on an entry whose stamp verifies and whose ``attempt`` is the
 record's ``status.attempts`` now: so an answer is used once (a "not applied" sends the action
 again, which makes a new attempt) and an entry written with the webhook off, or copied from
-another run, counts for nothing. Pure: no I/O.
+another run, counts for nothing: the run's worker refuses it once (``status.refusedRequests``,
+:func:`reconciliation_to_refuse`), and it blocks nobody. As for an approval decision refused
+(which makes the run ask again under a new request ID), only an entry whose stamp verifies has
+answered for an attempt: a person with the verb answers under the next free key. Pure: no I/O.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import itertools
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,9 +44,28 @@ def record_of(key: str) -> str:
     return key.split(".", 1)[0]
 
 
+def keys_of(record: str, attempt: int) -> Iterator[str]:
+    """The keys an answer for ``record`` at ``attempt`` may be written under, in the order they
+    are used: ``NAME``, ``NAME.ATTEMPT``, then ``NAME.ATTEMPT.2``, ``.3``, ... (an entry written
+    by hand, which answers for nothing, must not take the last key a person could use)."""
+    yield record
+    yield f"{record}.{attempt}"
+    yield from (f"{record}.{attempt}.{n}" for n in itertools.count(2))
+
+
+def is_key_of(key: str, record: str, attempt: int) -> bool:
+    """Whether ``key`` is one of :func:`keys_of` ``record`` at ``attempt``."""
+    if key in (record, f"{record}.{attempt}"):
+        return True
+    prefix = f"{record}.{attempt}."
+    n = key[len(prefix) :] if key.startswith(prefix) else ""
+    return n.isascii() and n.isdigit() and not n.startswith("0") and int(n) >= 2
+
+
 def key_for(record: str, attempt: int, taken: Mapping[str, Any]) -> str:
-    """The key a new reconciliation of ``record`` at ``attempt`` is written under."""
-    return record if record not in taken else f"{record}.{attempt}"
+    """The key a new reconciliation of ``record`` at ``attempt`` is written under: the first of
+    :func:`keys_of` not taken (the map holds at most a few dozen entries)."""
+    return next(key for key in keys_of(record, attempt) if key not in taken)
 
 
 def run_id_of(run: Mapping[str, Any] | None) -> str:
@@ -169,9 +192,13 @@ def record_refusal(
     record: Mapping[str, Any] | None,
     run_name: str,
     taken: Mapping[str, Any],
+    verified: Callable[[str, Any], bool],
 ) -> str | None:
     """Why a new entry cannot reconcile the ActionRecord it names (``record`` as read, None when
-    there is none), or None: it must be this run's, its outcome unknown, at the attempt given."""
+    there is none), or None: it must be this run's, its outcome unknown, at the attempt given,
+    under one of its keys, and that attempt not answered for yet. ``verified(key, value)``: whether
+    an entry already in ``taken`` carries a stamp that verifies; one that does not (written with
+    the webhook off, or by hand) answered for nothing, and blocks nobody."""
     name = record_of(key)
     where = f"spec.reconciliations[{key!r}]"
     if record is None:
@@ -191,10 +218,48 @@ def record_refusal(
             f"{where}: it answers for attempt {entry.attempt}, but ActionRecord {name!r} is at attempt "
             f"{attempts} (it was sent again since): look again and answer for attempt {attempts}"
         )
-    if key not in (name, f"{name}.{attempts}"):
-        return f"{where}: the key must be the ActionRecord's name {name!r} (or {name}.{attempts})"
+    if not is_key_of(key, name, attempts):
+        return (
+            f"{where}: the key must be the ActionRecord's name {name!r} (or {name}.{attempts}, or "
+            f"{name}.{attempts}.N when both are taken)"
+        )
     for other, given in taken.items():
-        if record_of(str(other)) == name and isinstance(given, Mapping) and given.get("attempt") == attempts:
+        if (
+            record_of(str(other)) == name
+            and isinstance(given, Mapping)
+            and given.get("attempt") == attempts
+            and verified(str(other), given)
+        ):
             by = (given.get("reconciler") or {}).get("username")
             return f"{where}: attempt {attempts} of ActionRecord {name!r} was already reconciled by {by!r}"
+    return None
+
+
+def verifies(keyring: Keyring | None, run_id: str) -> Callable[[str, Any], bool]:
+    """``verified`` for :func:`record_refusal`: an entry of this run whose stamp verifies."""
+
+    def verified(key: str, value: Any) -> bool:
+        try:
+            entry = Reconciliation.model_validate(value)
+        except ValidationError:
+            return False
+        return reconciliation_unproven(keyring, run_id, key, entry) is None
+
+    return verified
+
+
+def reconciliation_to_refuse(
+    run_id: str,
+    entries: Mapping[str, Reconciliation],
+    refused: Callable[[str], bool],
+    keyring: Keyring | None,
+) -> tuple[str, Unproven] | None:
+    """The first entry (in key order) whose stamp does not verify and that is not refused yet
+    (``refused(key)``), and why: the run's worker records it in ``status.refusedRequests`` once."""
+    for key in sorted(entries):
+        if refused(key):
+            continue
+        problem = reconciliation_unproven(keyring, run_id, key, entries[key])
+        if problem is not None:
+            return key, problem
     return None

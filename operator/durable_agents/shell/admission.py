@@ -61,6 +61,7 @@ from durable_agents.core.authority import (
     stamp_decision,
     stamp_retry,
 )
+from durable_agents.core.engine.snapshot import creation_time
 from durable_agents.core.sealing import Keyring
 from durable_agents.shell.controls_admission import check_controls, control_stamps
 from durable_agents.shell.kube import Kube, service_account_user
@@ -149,7 +150,8 @@ def stamps(
     if operation == "CREATE":
         meta = new.get("metadata") or {}
         sa = spec.get("serviceAccountName") or "default"
-        creator = stamp_creator(keyring, meta.get("namespace") or "", meta.get("name") or "", str(sa), user)
+        namespace, name = meta.get("namespace") or "", meta.get("name") or ""
+        creator = stamp_creator(keyring, namespace, name, str(sa), user, now)
         return {"createdBy": {**creator, "uid": user.uid}}
     run_id, at = run_id_of(old), instant(now)
     out: dict[str, Any] = {}
@@ -289,7 +291,11 @@ async def check_create(kube: Kube, new: Mapping[str, Any], user: Identity, keyri
         refused = await refused_verb(kube, user, USE_VERB, "serviceaccounts", namespace, sa, group="")
         if refused is not None:
             return f"{refused}: an AgentRun acts as its ServiceAccount"
-    problem = service_account_unproven(keyring, namespace, name, AgentRunSpec.model_validate(spec))
+    # The API server has set creationTimestamp by now (validating admission follows it); a
+    # client never can. Without it (an API server that did not), the time is now.
+    created = creation_time(meta) or datetime.now(UTC)
+    spec_ = AgentRunSpec.model_validate(spec)
+    problem = service_account_unproven(keyring, namespace, name, spec_, created)
     if problem is not None:
         return (
             f"spec.createdBy is not the admission webhook's stamp for this run ({problem.message}); "

@@ -104,16 +104,21 @@ class ChildRuns:
             # ServiceAccount (a ServiceAccount may act as itself): with the webhook off, the
             # child is still provably the operator's; with it on, the webhook stamps it again.
             body = {**body, "metadata": {**body["metadata"], "namespace": parent.namespace}}
-            creator = stamps("CREATE", body, None, Identity(username=user), datetime.now(UTC), self.keyring)
-            body = {**body, "spec": {**body["spec"], **creator}}
         else:
             name = body["metadata"]["name"]
             log.error("no keyring: child run %s is created unstamped and will not be adopted", name)
+        keyring = self.keyring
 
         def create() -> None:
+            sent = body
+            if keyring is not None:
+                # Stamped in the request that creates it: the stamp's time must agree with the
+                # child's creationTimestamp (core.authority.creation_unbound).
+                creator = stamps("CREATE", body, None, Identity(username=user), datetime.now(UTC), keyring)
+                sent = {**body, "spec": {**body["spec"], **creator}}
             self.kube.dynamic().create(
                 self._resource(),
-                body=body,
+                body=sent,
                 namespace=parent.namespace,
                 header_params={"Impersonate-User": user},
             )

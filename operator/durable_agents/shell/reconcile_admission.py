@@ -7,7 +7,9 @@ whose outcome is unknown (:mod:`durable_agents.core.reconciliations`).
   the webhook's stamp; the user must hold the run's policy approver verb (``approvers.verb`` on
   ``approvers.resource``, default ``approve`` on ``agentruns``: the SubjectAccessReview approvals
   use); and the ActionRecord it names must be this run's, ``outcome_unknown``, at the attempt the
-  entry answers for, and not answered for already. Append-only is :mod:`.admission`'s rule.
+  entry answers for, and not answered for already by an entry whose stamp verifies (one written
+  with the webhook off answers for nothing, and blocks nobody: the next free key is used).
+  Append-only is :mod:`.admission`'s rule.
 
 The operator (its dispatcher) acts only on an entry whose stamp verifies: with the webhook off, an
 entry written by hand is never acted on (:mod:`durable_agents.shell.reconciling`).
@@ -26,6 +28,7 @@ from durable_agents.core.reconciliations import (
     record_refusal,
     run_id_of,
     stamped_entries,
+    verifies,
 )
 from durable_agents.core.sealing import Keyring
 from durable_agents.shell.actions import ActionStore
@@ -85,13 +88,13 @@ async def check_reconciliations(
     refused = await refused_verb(kube, user, rule.verb, rule.resource, namespace, name)
     if refused is not None:
         return f"{refused} (spec.reconciliations[{keys[0]!r}])"
-    store, taken = ActionStore(kube), dict(_entries(old))
+    store, taken, verified = ActionStore(kube), dict(_entries(old)), verifies(keyring, run_id)
     for key, entry in entries.items():
         try:
             record: dict[str, Any] | None = await store.get(namespace, record_of(key))
         except Gone:
             record = None
-        problem = record_refusal(key, entry, record, name, taken)
+        problem = record_refusal(key, entry, record, name, taken, verified)
         if problem is not None:
             return problem
         taken[key] = _entries(new)[key]  # two answers for one attempt in one patch: the second is refused

@@ -7,11 +7,12 @@ from __future__ import annotations
 import copy
 import json
 from dataclasses import replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
 from tests.unit.builders import (
+    CREATED,
     CREATOR,
     DONE,
     KEYRING,
@@ -31,6 +32,7 @@ from tests.unit.builders import (
     decision,
     effect,
     expect,
+    iso,
     new_run,
     patch_spec,
     retry_request,
@@ -46,6 +48,7 @@ from durable_agents.core.checkpoint import FIRST_STAMPED_SCHEMA_VERSION, Fencing
 from durable_agents.core.engine import Idle, NeedRead, Settings, fence
 from durable_agents.core.engine.commits import REQUEST_REFUSED, Refusal
 from durable_agents.core.sealing import Keyring
+from durable_agents.core.stamps import Purpose, stamp
 from durable_agents.core.statemachine import RunEvent
 
 pytestmark = pytest.mark.unit
@@ -54,6 +57,12 @@ KEYED = replace(SETTINGS, keyring=KEYRING)
 APPROVALS = replace(settings_with(tier=ActionTier.CONSEQUENTIAL), keyring=KEYRING)
 OTHER_KEYS = Keyring(keys={"k2030": bytes(range(1, 33))}, active_key_id="k2030")
 FORGED = "k2030:" + "A" * 43 + "="
+
+
+def untimed_stamp() -> str:
+    """The ``createdBy`` stamp of a release before stamps carried their time (no ``stampedAt``)."""
+    proof = {"namespace": "team-a", "name": "run-1", "serviceAccountName": "default"}
+    return stamp(KEYRING, Purpose.SERVICE_ACCOUNT, {**proof, "creator": CREATOR.who().wire()})
 
 
 def refusal_of(decision_: Any) -> Refusal:
@@ -70,14 +79,40 @@ def refusal_of(decision_: Any) -> Refusal:
         (None, "Unstamped"),
         ({"username": "alice", "groups": ["editors"]}, "Unstamped"),
         ({"username": "mallory", "stamp": FORGED}, "StampInvalid"),
-        (stamp_creator(KEYRING, "team-a", "run-1", "deployer", CREATOR), "StampInvalid"),  # another SA
-        (stamp_creator(KEYRING, "team-b", "run-1", "default", CREATOR), "StampInvalid"),  # another namespace
-        (stamp_creator(KEYRING, "team-a", "run-2", "default", CREATOR), "StampInvalid"),  # another run
-        (stamp_creator(OTHER_KEYS, "team-a", "run-1", "default", CREATOR), "StampInvalid"),
         (
-            {**stamp_creator(KEYRING, "team-a", "run-1", "default", CREATOR), "username": "mallory"},
+            stamp_creator(KEYRING, "team-a", "run-1", "deployer", CREATOR, CREATED),
+            "StampInvalid",
+        ),  # another SA
+        (
+            stamp_creator(KEYRING, "team-b", "run-1", "default", CREATOR, CREATED),
+            "StampInvalid",
+        ),  # another namespace
+        (
+            stamp_creator(KEYRING, "team-a", "run-2", "default", CREATOR, CREATED),
+            "StampInvalid",
+        ),  # another run
+        (stamp_creator(OTHER_KEYS, "team-a", "run-1", "default", CREATOR, CREATED), "StampInvalid"),
+        (
+            {**stamp_creator(KEYRING, "team-a", "run-1", "default", CREATOR, CREATED), "username": "mallory"},
             "StampInvalid",
         ),
+        # Copied from an earlier run of this name (re-created later): stamped a minute before.
+        (
+            stamp_creator(KEYRING, "team-a", "run-1", "default", CREATOR, CREATED - timedelta(minutes=1)),
+            "StampNotOfThisObject",
+        ),
+        # ... and its time moved to the new creation: the stamp no longer verifies.
+        (
+            {
+                **stamp_creator(
+                    KEYRING, "team-a", "run-1", "default", CREATOR, CREATED - timedelta(minutes=1)
+                ),
+                "stampedAt": iso(CREATED),
+            },
+            "StampInvalid",
+        ),
+        # Stamped by a release before creation stamps carried their time.
+        ({**CREATOR.wire(), "stamp": untimed_stamp()}, "StampUntimed"),
     ],
     ids=[
         "none",
@@ -88,6 +123,9 @@ def refusal_of(decision_: Any) -> Refusal:
         "other-run",
         "other-keys",
         "other-creator",
+        "copied-from-an-earlier-object",
+        "time-moved",
+        "untimed",
     ],
 )
 def test_a_run_whose_service_account_is_not_proven_fails_at_acceptance(
@@ -385,9 +423,60 @@ def test_an_unstamped_task_cancellation_of_a_quarantined_run_is_refused() -> Non
 
 def test_the_creator_identity_is_what_the_stamp_covers_not_its_subclass() -> None:
     """``createdBy`` carries its own stamp; the proof covers the identity only (no recursion)."""
-    created = stamp_creator(KEYRING, "team-a", "run-1", "default", Identity(username="bob", uid="u-1"))
-    assert created == {"username": "bob", "groups": [], "uid": "u-1", "stamp": created["stamp"]}
+    created = stamp_creator(
+        KEYRING, "team-a", "run-1", "default", Identity(username="bob", uid="u-1"), CREATED
+    )
+    assert created == {
+        "username": "bob",
+        "groups": [],
+        "uid": "u-1",
+        "stampedAt": "2030-01-01T12:00:00.000000Z",
+        "stamp": created["stamp"],
+    }
     commit = commit_of(
         decide_on(new_run(steps=[DONE], createdBy=created), at(0), settings=Settings(keyring=KEYRING))
     )
     assert commit.event is RunEvent.ACCEPTED
+
+
+@pytest.mark.parametrize("how", ["unstamped", "forged"])
+def test_an_unproven_reconciliation_is_refused_once_and_blocks_nothing(how: str) -> None:
+    """Written with the webhook off (issue 30, item 2): never acted on (the dispatcher's rule),
+    recorded once in ``refusedRequests`` with its reason, and the run goes on as it was."""
+    act = "act-" + "b" * 40
+    claimed: dict[str, Any] = {"applied": True, "attempt": 1, "reconciler": {"username": "mallory"}}
+    if how == "forged":
+        claimed |= {"reconciledAt": "2030-01-01T12:00:00.000000Z", "stamp": FORGED}
+    obj = patch_spec(waiting_input(), reconciliations={act: claimed})
+    refused = refusal_of(decide_on(obj, at(2), settings=KEYED))
+    assert_nothing_else_moved(obj, refused)
+    assert (refused.refused.field, refused.refused.key) == ("reconciliations", act)
+    assert refused.refused.reason == ("Unstamped" if how == "unstamped" else "StampInvalid")
+    assert refused.refused.message.startswith(f"reconciliations[{act}] refused: reconciliation {act!r}")
+    obj = apply(obj, refused)
+    idle = decide_on(obj, at(3), settings=KEYED)
+    assert isinstance(idle, Idle)
+    assert idle.reason == "waiting", "once per entry, not once per look"
+    # It stays recorded across later transitions.
+    obj = patch_spec(obj, answers={"confirm": "yes"})
+    moved = commit_of(decide_on(obj, at(4), settings=KEYED))
+    assert [(r.field, r.key) for r in moved.status.refused_requests] == [("reconciliations", act)]
+
+
+def test_an_unproven_reconciliation_is_refused_while_a_cancellation_finishes() -> None:
+    """A cancellation waits for unknown outcomes: the run says why a hand-written answer for one is
+    not used, once, and the cancellation goes on."""
+    obj = cancel(waiting_input(), {"stop-1": {"scope": "task"}})
+    obj, _ = expect(obj, at(2), RunEvent.CANCEL_REQUESTED, RunState.CANCEL_REQUESTED, settings=KEYED)
+    act = "act-" + "c" * 40
+    obj = patch_spec(obj, reconciliations={act: {"applied": True, "attempt": 1}})
+    refused = refusal_of(decide_on(obj, at(3), settings=KEYED))
+    assert_nothing_else_moved(obj, refused)
+    assert (refused.refused.field, refused.refused.key, refused.refused.reason) == (
+        "reconciliations",
+        act,
+        "Unstamped",
+    )
+    obj = apply(obj, refused)
+    finished = commit_of(decide_on(obj, at(4), settings=KEYED))
+    assert finished.event is RunEvent.CANCEL_FINISHED

@@ -21,4 +21,5 @@ from durable_agents.api.v1alpha1.identity import *
 from durable_agents.api.v1alpha1.meta import *
 from durable_agents.api.v1alpha1.regionfailover import *
 from durable_agents.api.v1alpha1.runrecord import *
+from durable_agents.api.v1alpha1.runstatus import *
 from durable_agents.api.v1alpha1.states import *

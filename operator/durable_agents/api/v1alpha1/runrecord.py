@@ -14,8 +14,9 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field
 
-from durable_agents.api.v1alpha1.agentrun import CancellationStatus, HistoryEntry, Outcome
+from durable_agents.api.v1alpha1.agentrun import HistoryEntry, Outcome
 from durable_agents.api.v1alpha1.meta import API_VERSION, ApiModel, cel
+from durable_agents.api.v1alpha1.runstatus import CancellationStatus
 
 # --- AgentRunRecord ------------------------------------------------------------------------
 

@@ -269,7 +269,9 @@ def conditions_for(
 # --- refusals --------------------------------------------------------------------------------
 
 REQUEST_REFUSED = "RequestRefused"
-RefusedField = Literal["approvals", "cancellations", "retryQuarantine", "reconcileNow", "escalation"]
+RefusedField = Literal[
+    "approvals", "cancellations", "retryQuarantine", "reconcileNow", "escalation", "reconciliations"
+]
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -27,7 +27,14 @@ from durable_agents.core.engine.cancellation import (
     next_cancellation,
 )
 from durable_agents.core.engine.children import reconcile_children, running_children
-from durable_agents.core.engine.commits import CommitBuilder, commit_forged, commit_untouched, refuse
+from durable_agents.core.engine.commits import (
+    CommitBuilder,
+    already_refused,
+    commit_forged,
+    commit_untouched,
+    refusal_of,
+    refuse,
+)
 from durable_agents.core.engine.decisions import Commit, Decision, Idle
 from durable_agents.core.engine.loading import (
     UNBOUND_STATES,
@@ -51,6 +58,7 @@ from durable_agents.core.engine.validation import resume_validation
 from durable_agents.core.engine.waits import leave_external_wait, leave_input_wait
 from durable_agents.core.planner import Planner
 from durable_agents.core.positions import stamp_position
+from durable_agents.core.reconciliations import reconciliation_to_refuse
 from durable_agents.core.statemachine import RunEvent
 
 
@@ -102,7 +110,7 @@ def _decide(
     )
     never_accepted = state is RunState.PENDING or run.raw_checkpoint is None
     unauthorized = (
-        service_account_unproven(settings.keyring, run.namespace, run.name, run.spec)
+        service_account_unproven(settings.keyring, run.namespace, run.name, run.spec, run.created_at)
         if never_accepted and not past_deadline
         else None
     )
@@ -198,6 +206,18 @@ def _not_authorized(problem: Unproven) -> Outcome:
     return Outcome(reason="ServiceAccountNotAuthorized", message=f"{problem.reason}: {problem.message}")
 
 
+def _refused_reconciliation(run: RunSnapshot, settings: Settings, now: datetime) -> Decision | None:
+    """A person's answer (``spec.reconciliations``) whose stamp does not verify, not refused yet:
+    never acted on by the dispatcher; recorded once in ``status.refusedRequests``; blocks nobody."""
+    unverified = reconciliation_to_refuse(
+        run.run_id,
+        run.spec.reconciliations,
+        lambda key: already_refused(run.status, "reconciliations", key),
+        settings.keyring,
+    )
+    return None if unverified is None else refuse(run, refusal_of("reconciliations", *unverified, now))
+
+
 def _by_state(
     builder: CommitBuilder,
     planner: Planner,
@@ -210,8 +230,10 @@ def _by_state(
 ) -> Decision:
     """A readable run within its deadline: a new cancellation request first, then its state's rule."""
     run, state = builder.run, builder.run.state
-    if state is RunState.CANCEL_REQUESTED:
-        return finish_cancel(builder, run, planner, settings, actions, children)
+    if state is RunState.CANCEL_REQUESTED:  # it waits for unknown outcomes: say why an answer is not used
+        return _refused_reconciliation(run, settings, builder.now) or finish_cancel(
+            builder, run, planner, settings, actions, children
+        )
     request = next_cancellation(run, builder.cp, settings.keyring)
     if request is not None:
         return handle_cancel(builder, run, *request)
@@ -219,6 +241,9 @@ def _by_state(
     refused = cancellation_to_refuse(run, handled, settings.keyring, builder.now)
     if refused is not None:
         return refuse(run, refused)
+    unverified = _refused_reconciliation(run, settings, builder.now)
+    if unverified is not None:
+        return unverified
     if state is RunState.WAITING_INPUT:
         return leave_input_wait(builder)
     if state is RunState.WAITING_EXTERNAL:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from durable_agents.api.v1alpha1 import (
@@ -35,6 +36,20 @@ def run_traceparent(trace_id: str) -> str:
     return f"00-{trace_id}-{span_id if int(span_id, 16) else '1'.rjust(16, '0')}-01"
 
 
+def creation_time(meta: Mapping[str, Any]) -> datetime | None:
+    """An object's ``metadata.creationTimestamp``, or None when it has none (or not a time)."""
+    value = meta.get("creationTimestamp")
+    if isinstance(value, datetime):
+        return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+    if not isinstance(value, str):
+        return None
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
+
+
 @dataclass(frozen=True)
 class RunSnapshot:
     """One read of an AgentRun, as the engine needs it."""
@@ -49,6 +64,8 @@ class RunSnapshot:
     raw_checkpoint: Mapping[str, Any] | None
     data_key: str | None = None
     """The run's wrapped data key (its sealed values' key: core/sealed_values.py), if it has one."""
+    created_at: datetime | None = None
+    """``metadata.creationTimestamp``: set by the API server, never by a client (whole seconds)."""
 
     @classmethod
     def from_object(cls, obj: Mapping[str, Any]) -> RunSnapshot:
@@ -65,6 +82,7 @@ class RunSnapshot:
             status=AgentRunStatus.model_validate(raw_status),
             raw_checkpoint=raw_checkpoint,
             data_key=(meta.get("annotations") or {}).get(DATA_KEY_ANNOTATION),
+            created_at=creation_time(meta),
         )
 
     @property
