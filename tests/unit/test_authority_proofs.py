@@ -191,6 +191,14 @@ def test_a_creator_stamp_binds_the_time_of_the_object_s_creation() -> None:
     )
     assert old is not None
     assert old.reason == STAMP_UNTIMED
+    # ... unless the run was created before this operator started (it waited across the upgrade).
+    waited = spec(serviceAccountName="deployer", createdBy=untimed)
+    assert (
+        service_account_unproven(KEYS, "team-a", "run-1", waited, WHEN, WHEN + timedelta(seconds=1)) is None
+    )
+    since = service_account_unproven(KEYS, "team-a", "run-1", waited, WHEN, WHEN)
+    assert since is not None
+    assert since.reason == STAMP_UNTIMED, "created since this operator started: maybe a copy"
     forged = {**ALICE.wire(), "stamp": "k1:" + "A" * 43 + "="}
     problem = service_account_unproven(
         KEYS, "team-a", "run-1", spec(serviceAccountName="deployer", createdBy=forged), WHEN

@@ -263,10 +263,18 @@ def retry_unproven(
 
 
 def service_account_unproven(
-    keyring: Keyring | None, namespace: str, name: str, spec: AgentRunSpec, created_at: datetime | None
+    keyring: Keyring | None,
+    namespace: str,
+    name: str,
+    spec: AgentRunSpec,
+    created_at: datetime | None,
+    untimed_before: datetime | None = None,
 ) -> Unproven | None:
     """Why the run may not act as its ServiceAccount, or None: its creator's stamp must verify,
-    and have been made when this object was created (``created_at``: its creationTimestamp)."""
+    and have been made when this object was created (``created_at``: its creationTimestamp).
+    A stamp of the release before stamps carried their time is accepted only on an object created
+    before ``untimed_before`` (this operator's start: a run that waited across the upgrade, say
+    for its policy); one created since cannot be told from a copy."""
     creator = spec.created_by
     sa = spec.service_account_name
     what = f"the run's use of ServiceAccount {sa!r}"
@@ -275,7 +283,8 @@ def service_account_unproven(
         # never acted on (it would verify in any object of this name).
         untimed = {"namespace": namespace, "name": name, "serviceAccountName": sa, "creator": _who(creator)}
         found = unproven(keyring, Purpose.SERVICE_ACCOUNT, untimed, creator.stamp, what)
-        if found is None and keyring is not None:
+        upgraded = untimed_before is not None and created_at is not None and created_at < untimed_before
+        if found is None and keyring is not None and not upgraded:
             found = creation_unbound(None, created_at)
     else:
         proof = (

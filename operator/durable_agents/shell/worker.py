@@ -119,9 +119,7 @@ def _state_version(body: dict[str, Any]) -> int:
 
 
 def _checkpoint_epoch(raw: Any) -> Fencing | None:
-    if not isinstance(raw, dict):
-        return None
-    loaded = load_checkpoint(raw)
+    loaded = load_checkpoint(raw) if isinstance(raw, dict) else None
     return loaded.checkpoint.fencing if isinstance(loaded, Loaded) else None
 
 
@@ -179,6 +177,7 @@ class RunWorker:
             available_effects=frozenset(effect_tiers),
             operator_version=self.config.operator_version,
             keyring=self.config.keyring,
+            untimed_stamps_before=datetime.now(UTC),  # runs that waited across the upgrade
         )
         self.known: set[ObjectKey] = set()  # every run seen: those of a shard we take are enqueued
         # The newest state version this process committed or saw, per run: a watch event can

@@ -110,7 +110,14 @@ def _decide(
     )
     never_accepted = state is RunState.PENDING or run.raw_checkpoint is None
     unauthorized = (
-        service_account_unproven(settings.keyring, run.namespace, run.name, run.spec, run.created_at)
+        service_account_unproven(
+            settings.keyring,
+            run.namespace,
+            run.name,
+            run.spec,
+            run.created_at,
+            settings.untimed_stamps_before,
+        )
         if never_accepted and not past_deadline
         else None
     )

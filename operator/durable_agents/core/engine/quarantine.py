@@ -121,7 +121,9 @@ def _accept_anew(run: RunSnapshot, now: datetime, epoch: Fencing, settings: Sett
     """A run quarantined before it was ever accepted (no checkpoint: e.g. an internal error while
     accepting it) starts from a new checkpoint on retry, once acceptance's own check passes
     (else: why it stays quarantined)."""
-    unproven = service_account_unproven(settings.keyring, run.namespace, run.name, run.spec, run.created_at)
+    unproven = service_account_unproven(
+        settings.keyring, run.namespace, run.name, run.spec, run.created_at, settings.untimed_stamps_before
+    )
     if unproven is not None:
         return f"not accepted on retry: ServiceAccountNotAuthorized: {unproven.message}"
     return Loaded(Checkpoint.model_validate(initial_checkpoint(run, now, epoch, settings)))

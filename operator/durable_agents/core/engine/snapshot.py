@@ -158,3 +158,6 @@ class Settings:
     operator_version: str | None = None  # None: deployment changes are not checked
     # Unseals checkpoints' sealed values; None: a checkpoint with any sealed value is quarantined.
     keyring: Keyring | None = None
+    # An untimed createdBy stamp (an earlier release's) counts on a run created before this instant
+    # (the operator's start); None: never (core/authority.py service_account_unproven).
+    untimed_stamps_before: datetime | None = None
