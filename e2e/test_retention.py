@@ -17,12 +17,14 @@ from typing import Any
 
 from kubernetes import client
 
-from durable_agents.api.v1alpha1 import GROUP, VERSION
+from durable_agents.api.v1alpha1 import GROUP, VERSION, ActionRecordStatus
 from durable_agents.core.engine import child_run_name
 from durable_agents.core.ledger import action_record_name, idempotency_key
+from durable_agents.core.outcome_stamps import stamp_outcome
 from durable_agents.core.retention import FINALIZER
 from durable_agents_testkit.cluster import KubeEnv
 from durable_agents_testkit.eventually import Within, eventually
+from durable_agents_testkit.keys import session_keyring
 from durable_agents_testkit.operator_process import OperatorProcess
 from durable_agents_testkit.refsystem import ReferenceSystemThread
 from durable_agents_testkit.runs import Runs
@@ -247,6 +249,11 @@ def test_a_run_with_an_unknown_outcome_is_not_let_go_until_it_is_settled(
         status = settled["status"]
         status.update(state="succeeded", reason="Applied", finishedAt=status["lastAttemptAt"])
         status.pop("outcomeUnknownSince", None)
+        # Written as the dispatcher writes a person's answer (kubectl agentrun reconcile --applied):
+        # with the operator's outcome stamp. A status without one is not believed (test_ledger_stamps).
+        key = settled["spec"]["idempotencyKey"]
+        parsed = ActionRecordStatus.model_validate(status)
+        status["stamp"] = stamp_outcome(session_keyring(), record_name, key, parsed)
         try:
             runs.custom.replace_namespaced_custom_object_status(
                 GROUP, VERSION, runs.namespace, "actionrecords", record_name, settled

@@ -6,6 +6,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from tests.unit.builders import KEYRING
 
 from durable_agents.api.v1alpha1 import ActionRecordStatus, ActionState
 from durable_agents.core.ledger import next_status
@@ -17,7 +18,6 @@ from durable_agents.core.outcome_stamps import (
 )
 from durable_agents.core.retention import blockers
 from durable_agents.core.sealing import Keyring
-from tests.unit.builders import KEYRING
 
 NOW = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
 NAME, KEY = "act-0123", "run-uid/0/pay"
@@ -63,7 +63,8 @@ def test_an_unstamped_settled_or_unknown_state_is_believed_unknown(state: str) -
     assert belief.status.state is ActionState.OUTCOME_UNKNOWN
     assert belief.status.reason == INTEGRITY_FAILED
     assert belief.status.outcome is None, "a forged outcome is never passed on"
-    assert belief.forged is not None and f"status {state!r}" in belief.forged
+    assert belief.forged is not None
+    assert f"status {state!r}" in belief.forged
     assert "not written by the operator" in (belief.status.message or "")
 
 
@@ -115,7 +116,8 @@ def test_records_from_before_outcome_stamps_are_believed_as_written() -> None:
     """No spec.statusStamped (created by an earlier release): its status is believed, as before."""
     legacy = {"state": "succeeded", "attempts": 1, "outcome": {"status": 201}}
     belief = believed(record(legacy, marked=False), KEYRING, NOW)
-    assert belief.forged is None and belief.status.state is ActionState.SUCCEEDED
+    assert belief.forged is None
+    assert belief.status.state is ActionState.SUCCEEDED
 
 
 def test_the_believed_unknown_is_reconciled_from_as_any_unknown_outcome() -> None:
@@ -123,9 +125,11 @@ def test_the_believed_unknown_is_reconciled_from_as_any_unknown_outcome() -> Non
     dispatching (not applied, same key); both legal transitions of the ledger."""
     status = believed(record({"state": "failed", "reason": "Boom"}), KEYRING, NOW).status
     applied = next_status(status, ActionState.SUCCEEDED, NOW, "d", DEFAULT_CLAIM_TTL, outcome={"ok": True})
-    assert applied.state is ActionState.SUCCEEDED and applied.outcome == {"ok": True}
+    assert applied.state is ActionState.SUCCEEDED
+    assert applied.outcome == {"ok": True}
     again = next_status(status, ActionState.DISPATCHING, NOW, "d", DEFAULT_CLAIM_TTL, claim=True)
-    assert again.state is ActionState.DISPATCHING and again.attempts == status.attempts + 1
+    assert again.state is ActionState.DISPATCHING
+    assert again.attempts == status.attempts + 1
 
 
 def test_retention_does_not_let_a_run_go_on_a_forged_settled_action() -> None:

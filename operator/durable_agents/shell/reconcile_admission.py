@@ -19,9 +19,11 @@ entry written by hand is never acted on (:mod:`durable_agents.shell.reconciling`
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 from durable_agents.api.v1alpha1 import AgentPolicySpec, ApproverRule, Identity, Reconciliation
+from durable_agents.core.outcome_stamps import believed_status
 from durable_agents.core.reconciliations import (
     FIELD,
     reconciliation_unproven,
@@ -96,7 +98,7 @@ async def check_reconciliations(
         except Gone:
             record = None
         if record is not None:  # its state as the operator wrote it: a forged settled one is unknown
-            record = {**record, "status": store.belief(record).status.wire()}
+            record = {**record, "status": believed_status(record, keyring, datetime.now(UTC)).wire()}
         problem = record_refusal(key, entry, record, name, taken, verified)
         if problem is not None:
             return problem
