@@ -11,21 +11,26 @@ every application: exactly one each time.
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 from e2e.test_integrity import mallory
+from e2e.test_key_rotation import SECRET, A, B, keys, operator, refused, set_keys
 from e2e.test_ledger import http_effect_run, key_of, record_of
 from kubernetes import client
 
 from durable_agents.api.v1alpha1 import GROUP, VERSION
+from durable_agents.core.stamps import stamp_key_id
+from durable_agents.shell.keyguard import KEYRING_LABEL
 from durable_agents_testkit.eventually import Within, eventually
 from durable_agents_testkit.operator_process import OperatorProcess
 from durable_agents_testkit.refsystem import ReferenceSystemThread
 from durable_agents_testkit.runs import Runs
 
-__all__ = ["mallory"]  # the fixture, shared with test_integrity
+__all__ = ["keys", "mallory", "operator"]  # fixtures, shared with test_integrity, test_key_rotation
 
 LEASE = 2
 NOT_BELIEVED = "not written by the operator, so not believed"
@@ -165,3 +170,46 @@ def test_a_succeeded_action_forged_failed_does_not_fail_the_run(
     assert settled["stamp"], "written by the operator, with its outcome stamp"
     assert settled["queries"] >= 1, "settled by asking the reference system, not by sending"
     assert [c["outcome"] for c in done["status"]["checkpoint"]["toolCalls"]] == ["succeeded"]
+
+
+def test_key_rotation_restamps_the_ledger_and_a_key_stamping_it_cannot_be_retired(
+    operator: Callable[..., tuple[OperatorProcess, int]],
+    runs: Runs,
+    namespace: str,
+    keys: dict[str, Path],
+    refsystem: ReferenceSystemThread,
+) -> None:
+    """An outcome stamp made with key A: the keyguard refuses to take A away while the record
+    carries it; the rotation pass re-stamps it under B (the same status, one write), so the record
+    still verifies once A is gone (no question to the reference system, no second send)."""
+    core = client.CoreV1Api(runs.kube.api)
+    first, _ = operator("under-a", keys["a"], A)
+    name = runs.create(http_effect_run(refsystem.url), name="rotated", stamped=False)
+    runs.wait_state(name, "completed", timeout=Within.RUN)
+    key = key_of(runs.get(name))
+    settled = record_of(runs, key)["status"]
+    assert stamp_key_id(settled["stamp"]) == A
+
+    core.create_namespaced_secret(
+        namespace,
+        {
+            "metadata": {"name": SECRET, "labels": {KEYRING_LABEL: "true"}},
+            "data": {A: base64.b64encode((keys["a"] / A).read_bytes()).decode()},
+        },
+    )
+    set_keys(core, namespace, A, B, material=keys)
+    message = refused(lambda: set_keys(core, namespace, B, material=keys))
+    assert f"1 ActionRecord(s) carry outcome stamps made with key(s) '{A}'" in message
+
+    first.stop()
+    operator("under-b", keys["ab"], B)
+    restamped = eventually(
+        lambda: (got := record_of(runs, key)["status"]) and stamp_key_id(got["stamp"]) == B and got,
+        Within.RUN,
+        "the record's outcome stamp re-made under key B",
+    )
+    assert {k: v for k, v in restamped.items() if k != "stamp"} == {
+        k: v for k, v in settled.items() if k != "stamp"
+    }, "the same status, only its stamp re-made"
+    assert refsystem.counts() == {key: 1}
+    assert "IntegrityFailed" not in [e.reason for e in runs.events(record_of(runs, key)["metadata"]["name"])]
