@@ -17,12 +17,14 @@ from typing import Any
 
 from kubernetes import client
 
-from durable_agents.api.v1alpha1 import GROUP, VERSION
+from durable_agents.api.v1alpha1 import GROUP, VERSION, ActionRecordStatus
 from durable_agents.core.engine import child_run_name
 from durable_agents.core.ledger import action_record_name, idempotency_key
+from durable_agents.core.outcome_stamps import stamp_outcome
 from durable_agents.core.retention import FINALIZER
 from durable_agents_testkit.cluster import KubeEnv
 from durable_agents_testkit.eventually import Within, eventually
+from durable_agents_testkit.keys import session_keyring
 from durable_agents_testkit.operator_process import OperatorProcess
 from durable_agents_testkit.refsystem import ReferenceSystemThread
 from durable_agents_testkit.runs import Runs
@@ -239,6 +241,32 @@ def test_a_run_with_an_unknown_outcome_is_not_let_go_until_it_is_settled(
     assert record()["status"]["state"] == "outcome_unknown"
     assert run_records(runs, name) == []
 
+    # Written settled without the operator's outcome stamp (someone with actionrecords/status):
+    # not believed. The dispatcher asks again (the system still cannot answer) and writes it
+    # unknown; retention kept the run (and its records) meanwhile.
+    def forge() -> bool:
+        forged = record()
+        status = forged["status"]
+        status.update(state="succeeded", reason="Applied", finishedAt=status["lastAttemptAt"])
+        try:
+            runs.custom.replace_namespaced_custom_object_status(
+                GROUP, VERSION, runs.namespace, "actionrecords", record_name, forged
+            )
+        except client.ApiException as err:
+            if err.status == 409:  # the dispatcher asked again in between: read again
+                return False
+            raise
+        return True
+
+    eventually(forge, Within.COMMIT, "the unstamped 'succeeded' written")
+    eventually(
+        lambda: record()["status"]["state"] == "outcome_unknown",
+        Within.RUN,
+        "the unstamped 'succeeded' not believed: asked again, still unknown",
+    )
+    assert runs.get(name)["metadata"].get("deletionTimestamp"), "held: not let go on a forged settled state"
+    assert run_records(runs, name) == []
+
     # A person settles it from the authoritative system's own record (what reconcile would find).
     assert refsystem.counts() == {record()["spec"]["idempotencyKey"]: 1}
 
@@ -247,6 +275,11 @@ def test_a_run_with_an_unknown_outcome_is_not_let_go_until_it_is_settled(
         status = settled["status"]
         status.update(state="succeeded", reason="Applied", finishedAt=status["lastAttemptAt"])
         status.pop("outcomeUnknownSince", None)
+        # Written as the dispatcher writes a person's answer (kubectl agentrun reconcile --applied):
+        # with the operator's outcome stamp. A status without one is not believed (test_ledger_stamps).
+        key = settled["spec"]["idempotencyKey"]
+        parsed = ActionRecordStatus.model_validate(status)
+        status["stamp"] = stamp_outcome(session_keyring(), record_name, key, parsed)
         try:
             runs.custom.replace_namespaced_custom_object_status(
                 GROUP, VERSION, runs.namespace, "actionrecords", record_name, settled

@@ -16,6 +16,7 @@ from durable_agents import kubectl_plugin, kubectl_reconcile
 from durable_agents.api.v1alpha1 import ActionRecordSpec, ActionRecordStatus, AgentRunSpec, Identity
 from durable_agents.core.authority import NO_KEYRING, STAMP_INVALID, UNSTAMPED
 from durable_agents.core.key_use import keys_in_use
+from durable_agents.core.outcome_stamps import stamp_outcome
 from durable_agents.core.reconciliations import (
     is_key_of,
     key_for,
@@ -150,7 +151,7 @@ def records(monkeypatch: pytest.MonkeyPatch) -> dict[str, dict[str, Any]]:
     stored: dict[str, dict[str, Any]] = {}
 
     class Store:
-        def __init__(self, kube: Any) -> None:
+        def __init__(self, kube: Any, keyring: Any = None) -> None:
             pass
 
         async def get(self, namespace: str, name: str) -> dict[str, Any]:
@@ -207,6 +208,25 @@ async def test_an_entry_for_a_record_it_cannot_reconcile_is_refused(
     new, old = asked(key=key, attempt=attempt)
     refused = await checked(stamped(new, old), old, ALICE, Verbs({("alice", "approve")}))
     assert expected in (refused or ""), refused
+
+
+async def test_a_settled_state_the_operator_did_not_write_counts_as_unknown(
+    records: dict[str, dict[str, Any]],
+) -> None:
+    """A record created by the operator (``statusStamped``) forged ``succeeded`` without its outcome
+    stamp: believed ``outcome_unknown``, so a person's answer is accepted (and a stamped one refused)."""
+    forged = record(state="succeeded")
+    forged["spec"]["statusStamped"] = True
+    records[ACT] = forged
+    new, old = asked()
+    assert await checked(stamped(new, old), old, ALICE, Verbs({("alice", "approve")})) is None
+    genuine = copy.deepcopy(forged)
+    genuine["status"]["stamp"] = stamp_outcome(
+        KEYS, ACT, "run-id-1/0/pay", ActionRecordStatus.model_validate(genuine["status"])
+    )
+    records[ACT] = genuine
+    refused = await checked(stamped(new, old), old, ALICE, Verbs({("alice", "approve")}))
+    assert "is 'succeeded': only an action whose outcome is unknown" in (refused or "")
 
 
 async def test_an_attempt_is_reconciled_once(records: dict[str, dict[str, Any]]) -> None:

@@ -11,8 +11,9 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
-from durable_agents.api.v1alpha1 import ActionRecordStatus, ActionState, FirstClaim
+from durable_agents.api.v1alpha1 import ActionRecordStatus, ActionState, FirstClaim, ResolvedReference
 
 ACTION_TRANSITIONS: dict[ActionState, frozenset[ActionState]] = {
     # From intent straight to an answer only under a first claim (its holder sends without a
@@ -118,3 +119,51 @@ def next_dispatch_step(
 def query_backoff(queries: int, base: float = 1.0, cap: float = 60.0) -> timedelta:
     """How long to wait before asking again after an answer that was itself unknown."""
     return timedelta(seconds=min(cap, base * 2 ** min(queries, 10)))
+
+
+def next_status(
+    status: ActionRecordStatus,
+    state: ActionState,
+    now: datetime,
+    identity: str,
+    claim_ttl: timedelta,
+    *,
+    claim: bool = False,
+    first: bool = False,
+    queried: bool = False,
+    outcome: dict[str, Any] | None = None,
+    reason: str | None = None,
+    message: str | None = None,
+    references: list[ResolvedReference] | None = None,
+) -> ActionRecordStatus:
+    """The status a dispatcher ``identity`` writes over ``status`` (as believed) to move it to
+    ``state``: ``claim`` takes it for a send, ``first`` records a send under a first claim with its
+    answer, ``queried`` counts a question to the authoritative system."""
+    if state is not status.state:
+        check_action_transition(status.state, state)
+    update: dict[str, Any] = {"state": state, "reason": reason, "message": message}
+    if claim:
+        update |= {
+            "attempts": status.attempts + 1,
+            "claimed_by": identity,
+            "claim_expires_at": now + claim_ttl,
+            "last_attempt_at": now,
+            "first_dispatched_at": status.first_dispatched_at or now,
+        }
+    if first:  # sent under the first claim: the attempt is recorded with its answer
+        update |= {
+            "attempts": status.attempts + 1,
+            "claimed_by": identity,
+            "last_attempt_at": now,
+            "first_dispatched_at": status.first_dispatched_at or now,
+        }
+    if queried:
+        update["queries"] = status.queries + 1
+    if references is not None:
+        update["resolved_references"] = references
+    if state is ActionState.OUTCOME_UNKNOWN:
+        update["outcome_unknown_since"] = status.outcome_unknown_since or now
+        update["claim_expires_at"] = None
+    if state in (ActionState.SUCCEEDED, ActionState.FAILED, ActionState.CANCELED):
+        update |= {"finished_at": now, "claim_expires_at": None, "outcome": outcome}
+    return status.model_copy(update=update)

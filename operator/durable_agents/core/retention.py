@@ -49,6 +49,7 @@ from durable_agents.api.v1alpha1.actionrecord import ActionState
 from durable_agents.api.v1alpha1.states import RunState
 from durable_agents.core.authority import instant, stamp_cancellation
 from durable_agents.core.durations import InvalidDuration, parse_duration
+from durable_agents.core.outcome_stamps import believed_status
 from durable_agents.core.sealing import Keyring
 
 FINALIZER = "durable-agents.io/cancel-before-delete"
@@ -160,11 +161,25 @@ def record_state(record: Mapping[str, Any]) -> str:
     return str((status or {}).get("state") or ActionState.INTENT.value)
 
 
-def blockers(records: Iterable[Mapping[str, Any]], children: Iterable[Mapping[str, Any]]) -> list[str]:
-    """Why the run may not be let go yet (empty: it may): unsettled actions, running children."""
-    out = [
-        f"action {_meta(r).get('name')} is {record_state(r)}" for r in records if record_state(r) in UNSETTLED
-    ]
+def believed_state(record: Mapping[str, Any], keyring: Keyring | None, now: datetime) -> str:
+    """The record's state as the operator wrote it: a settled state without a valid outcome stamp
+    is ``outcome_unknown`` (:mod:`durable_agents.core.outcome_stamps`)."""
+    if keyring is None:
+        return record_state(record)
+    return believed_status(record, keyring, now).state.value
+
+
+def blockers(
+    records: Iterable[Mapping[str, Any]],
+    children: Iterable[Mapping[str, Any]],
+    keyring: Keyring | None = None,
+    now: datetime | None = None,
+) -> list[str]:
+    """Why the run may not be let go yet (empty: it may): unsettled actions (as believed: a forged
+    settled state does not let a run with an action in flight go), running children."""
+    at = now or datetime.now(UTC)
+    states = [(_meta(r).get("name"), believed_state(r, keyring, at)) for r in records]
+    out = [f"action {name} is {state}" for name, state in states if state in UNSETTLED]
     out += [
         f"child {_meta(c).get('name')} is {_status(c).get('state') or 'pending'}"
         for c in children

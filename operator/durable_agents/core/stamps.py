@@ -39,6 +39,7 @@ class Purpose(StrEnum):
     CHECKPOINT = "checkpoint"  # the fields that decide what a run does next
     CHILD = "child"  # a child run created by the operator for its parent's step
     POSITION = "position"  # a run's state, state version and outcome, as the operator committed them
+    OUTCOME = "outcome"  # an ActionRecord's status: state, attempts, claim, outcome, as the operator wrote it
 
 
 def _key(keyring: Keyring, key_id: str, purpose: Purpose) -> bytes:

@@ -3,6 +3,11 @@
 The record's name derives from the idempotency key, so creating an intent twice is answered by
 the API server with AlreadyExists: counted as a suppressed duplicate, never an error. Records
 carry the run's label for listing but no ownerReference: the ledger outlives the run (retention).
+
+Every status write goes through :meth:`ActionStore.commit_status`, which stamps it (the outcome
+stamp, :mod:`durable_agents.core.outcome_stamps`); every record created here says so
+(``spec.statusStamped``), and what is read of a record's status is what
+:func:`~durable_agents.core.outcome_stamps.believed` believes of it.
 """
 
 from __future__ import annotations
@@ -24,10 +29,13 @@ from durable_agents.api.v1alpha1 import (
 from durable_agents.core.engine import ActionObservation, NeedActions, RunSnapshot
 from durable_agents.core.engine.actions import conflicting_record
 from durable_agents.core.ledger import action_record_name, check_action_transition
+from durable_agents.core.outcome_stamps import DEFAULT_CLAIM_TTL, Belief, believed, stamp_outcome
+from durable_agents.core.sealing import Keyring
 from durable_agents.shell import metrics
-from durable_agents.shell.kube import GROUP, VERSION, ObjectKey
+from durable_agents.shell.faults import FaultPoints
+from durable_agents.shell.kube import GROUP, VERSION, Kube, ObjectKey
 from durable_agents.shell.leases import RUN_LABEL, run_label
-from durable_agents.shell.store import Conflict, Gone, StatusStore
+from durable_agents.shell.store import Conflict, Gone, Precondition, Recheck, StatusStore
 
 log = logging.getLogger(__name__)
 PLURAL = "actionrecords"
@@ -63,6 +71,35 @@ class ActionStore(StatusStore):
     kind = "ActionRecord"
     plural = PLURAL
 
+    def __init__(
+        self,
+        kube: Kube,
+        keyring: Keyring | None,
+        faults: FaultPoints | None = None,
+        claim_ttl: timedelta = DEFAULT_CLAIM_TTL,
+    ) -> None:
+        super().__init__(kube, faults)
+        self.keyring = keyring  # stamps every status written here; None: tests only
+        self.claim_ttl = claim_ttl
+
+    def belief(self, record: dict[str, Any]) -> Belief:
+        """What to believe of ``record``'s status (its outcome stamp verified)."""
+        return believed(record, self.keyring, datetime.now(UTC), self.claim_ttl)
+
+    async def commit_status(
+        self,
+        current: dict[str, Any],
+        status: dict[str, Any],
+        precondition: Precondition | None = None,
+        recheck: Recheck | None = None,
+    ) -> dict[str, Any]:
+        """The status written with its outcome stamp: the one place the operator writes it."""
+        if self.keyring is not None:
+            parsed = ActionRecordStatus.model_validate(status)
+            name, key = current["metadata"]["name"], current["spec"]["idempotencyKey"]
+            status = {**status, "stamp": stamp_outcome(self.keyring, name, key, parsed)}
+        return await super().commit_status(current, status, precondition, recheck)
+
     async def ensure(
         self, namespace: str, spec: ActionRecordSpec, first_claims: FirstClaims | None = None
     ) -> dict[str, Any]:
@@ -70,6 +107,8 @@ class ActionStore(StatusStore):
         ``first_claims``, the record is created under this process's first claim (no claim write
         before its send)."""
         name = action_record_name(spec.idempotency_key)
+        if self.keyring is not None:  # every status this record gets is stamped
+            spec = spec.model_copy(update={"status_stamped": True})
         if first_claims is not None:
             spec, started = first_claims.claimed(spec)
             # Noted before the create: the record's watch event may reach the dispatcher before
@@ -123,7 +162,10 @@ class ActionStore(StatusStore):
                 log.warning("run %s/%s: %s", run.namespace, run.name, conflict.message)
                 seen[name] = conflict
                 continue
-            status = ActionRecordStatus.model_validate(record.get("status") or {})
+            belief = self.belief(record)
+            if belief.forged is not None:
+                log.warning("run %s/%s: action %s: %s", run.namespace, run.name, name, belief.forged)
+            status = belief.status
             # An intent under a first claim may be on its way: it is reconciled, never canceled.
             first_claimed = (record.get("spec") or {}).get("firstClaim") is not None
             if need.cancel and status.state is ActionState.INTENT and not first_claimed:

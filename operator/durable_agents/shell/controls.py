@@ -50,6 +50,7 @@ from durable_agents.core.controls import (
 )
 from durable_agents.core.engine.commits import REQUEST_REFUSED, already_refused, refusal_of, refuse
 from durable_agents.core.engine.snapshot import RunSnapshot
+from durable_agents.core.outcome_stamps import believed_status
 from durable_agents.core.sealing import Keyring
 from durable_agents.shell.events import EventRecorder
 from durable_agents.shell.kube import Kube
@@ -180,15 +181,16 @@ class Controls:
         dispatcher = self.dispatcher()
         for record in await self._records(key, request.action):
             name = record["metadata"]["name"]
-            if (record.get("status") or {}).get("state") != ActionState.OUTCOME_UNKNOWN.value:
-                state = (record.get("status") or {}).get("state") or ActionState.INTENT.value
+            state = self._believed(record)["status"]["state"]
+            if state != ActionState.OUTCOME_UNKNOWN.value:
                 answers.append(ReconcileAnswer(action=name, answer="NotUnknown", message=f"it is {state}"))
             elif dispatcher is None:
                 message = "this operator process runs no dispatcher: asked at the next paced query"
                 answers.append(ReconcileAnswer(action=name, answer="NoDispatcher", message=message))
             else:
                 dispatcher.pacing.forget((key[0], name))  # asked now, not after the paced wait
-                said, message = answer_of(record, await dispatcher.reconcile(record))
+                after = await dispatcher.reconcile(record)
+                said, message = answer_of(self._believed(record), self._believed(after))
                 answers.append(ReconcileAnswer(action=name, answer=said, message=message))
         if request.action is not None and not answers:
             message = "no ActionRecord of this run has that name"
@@ -227,4 +229,10 @@ class Controls:
         ]
         if action is not None:
             return [item for item in items if item["metadata"]["name"] == action]
-        return [i for i in items if (i.get("status") or {}).get("state") == ActionState.OUTCOME_UNKNOWN.value]
+        unknown = ActionState.OUTCOME_UNKNOWN.value
+        return [i for i in items if self._believed(i)["status"]["state"] == unknown]
+
+    def _believed(self, record: dict[str, Any]) -> dict[str, Any]:
+        """``record`` with its status as the operator wrote it (outcome stamp verified): a forged
+        settled state is unknown, and asked about."""
+        return {**record, "status": believed_status(record, self.keyring, datetime.now(UTC)).wire()}

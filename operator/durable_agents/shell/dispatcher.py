@@ -41,8 +41,8 @@ from durable_agents.core.ledger import (
     Query,
     SendFirst,
     WaitUntil,
-    check_action_transition,
     next_dispatch_step,
+    next_status,
 )
 from durable_agents.core.regions import DEFAULT_REGION, owning_region_of
 from durable_agents.core.sealed_values import DataKey
@@ -110,7 +110,7 @@ class Dispatcher:
     ) -> None:
         self.kube = kube
         self.config = config
-        self.store = ActionStore(kube)
+        self.store = ActionStore(kube, config.keyring, claim_ttl=config.claim_ttl)  # stamps each write
         self.events = EventRecorder(kube, config.identity)
         self.effects = effects if effects is not None else load_effects()
         self.runs = RunStore(kube)
@@ -156,7 +156,7 @@ class Dispatcher:
                 return
         spec = ActionRecordSpec.model_validate(body["spec"])
         for _ in range(8):  # bounded: a record moves through at most a few states per pass
-            status = ActionRecordStatus.model_validate(body.get("status") or {})
+            status = await self._believed(body)
             self._track_unknown(key, status)
             step = next_dispatch_step(status, datetime.now(UTC), spec.first_claim, self.config.identity)
             if isinstance(step, WaitUntil):
@@ -203,7 +203,7 @@ class Dispatcher:
         key = self._key(body)
         spec = ActionRecordSpec.model_validate(body["spec"])
         for _ in range(3):
-            status = ActionRecordStatus.model_validate(body.get("status") or {})
+            status = await self._believed(body)
             step = next_dispatch_step(status, datetime.now(UTC), spec.first_claim)
             try:
                 if isinstance(step, GiveUpClaim):
@@ -215,6 +215,15 @@ class Dispatcher:
             except Conflict:
                 body = await self.store.get(*key)
         return body
+
+    async def _believed(self, body: dict[str, Any]) -> ActionRecordStatus:
+        """The record's status as written by the operator (its outcome stamp verifies), or
+        ``outcome_unknown`` (IntegrityFailed) to be reconciled by query (:mod:`..core.outcome_stamps`)."""
+        belief = self.store.belief(body)
+        if belief.forged is not None:
+            log.warning("%s/%s: %s", *self._key(body), belief.forged)
+            await self._event(body, "IntegrityFailed", belief.forged, warning=True)
+        return belief.status
 
     def _track_unknown(self, key: ObjectKey, status: ActionRecordStatus) -> None:
         self._unknown.track(key, status.state is A.OUTCOME_UNKNOWN, status.outcome_unknown_since)
@@ -559,35 +568,20 @@ class Dispatcher:
         message: str | None = None,
         references: list[ResolvedReference] | None = None,
     ) -> dict[str, Any]:
-        if state is not status.state:
-            check_action_transition(status.state, state)
-        now = datetime.now(UTC)
-        update: dict[str, Any] = {"state": state, "reason": reason, "message": message}
-        if claim:
-            update |= {
-                "attempts": status.attempts + 1,
-                "claimed_by": self.config.identity,
-                "claim_expires_at": now + self.config.claim_ttl,
-                "last_attempt_at": now,
-                "first_dispatched_at": status.first_dispatched_at or now,
-            }
-        if first:  # sent under the first claim: the attempt is recorded with its answer
-            update |= {
-                "attempts": status.attempts + 1,
-                "claimed_by": self.config.identity,
-                "last_attempt_at": now,
-                "first_dispatched_at": status.first_dispatched_at or now,
-            }
-        if queried:
-            update["queries"] = status.queries + 1
-        if references is not None:
-            update["resolved_references"] = references
-        if state is A.OUTCOME_UNKNOWN:
-            update["outcome_unknown_since"] = status.outcome_unknown_since or now
-            update["claim_expires_at"] = None
-        if state in (A.SUCCEEDED, A.FAILED, A.CANCELED):
-            update |= {"finished_at": now, "claim_expires_at": None, "outcome": outcome}
-        new = status.model_copy(update=update)
+        new = next_status(
+            status,
+            state,
+            datetime.now(UTC),
+            self.config.identity,
+            self.config.claim_ttl,
+            claim=claim,
+            first=first,
+            queried=queried,
+            outcome=outcome,
+            reason=reason,
+            message=message,
+            references=references,
+        )
         return await self.store.commit_status(body, new.wire())
 
     async def _event(self, body: dict[str, Any], reason: str, message: str, *, warning: bool = False) -> None:

@@ -30,7 +30,7 @@ from typing import Any
 from kubernetes.client.rest import ApiException
 from pydantic import ValidationError
 
-from durable_agents.api.v1alpha1 import GROUP, VERSION, ActionRecordSpec, ActionRecordStatus, ActionState
+from durable_agents.api.v1alpha1 import GROUP, VERSION, ActionRecordSpec, ActionState
 from durable_agents.api.v1alpha1.regionfailover import (
     FAILOVER_PLURAL,
     AdoptedRun,
@@ -44,6 +44,7 @@ from durable_agents.core.authority import failover_verifies
 from durable_agents.core.engine import RunSnapshot, Settings
 from durable_agents.core.engine.loading import forged_position, load_stored
 from durable_agents.core.ledger import Claim, WaitUntil, next_dispatch_step
+from durable_agents.core.outcome_stamps import believed_status
 from durable_agents.core.regions import stamp_adoption, with_region_epoch
 from durable_agents.core.sealing import Keyring
 from durable_agents.shell import metrics
@@ -291,7 +292,7 @@ class Failovers:
         if dispatcher is None:
             return
         for record in await self._records(*key):
-            if (record.get("status") or {}).get("state", ActionState.INTENT.value) in UNSETTLED_VALUES:
+            if believed_status(record, self.keyring, datetime.now(UTC)).state.value in UNSETTLED_VALUES:
                 dispatcher.queue.add((key[0], record["metadata"]["name"]))
 
     async def _records(self, namespace: str, run: str) -> list[dict[str, Any]]:
@@ -312,7 +313,7 @@ class Failovers:
         now = datetime.now(UTC)
         for record in await self._records(snap.namespace, snap.name):
             name = record["metadata"]["name"]
-            status = ActionRecordStatus.model_validate(record.get("status") or {})
+            status = believed_status(record, self.keyring, now)  # a forged settled state: unknown
             first = ActionRecordSpec.model_validate(record["spec"]).first_claim
             step = next_dispatch_step(status, now, first)
             if isinstance(step, Claim) or step == WaitUntil(None):
@@ -329,7 +330,7 @@ class Failovers:
                     f"action {name} must be reconciled by query, and this process has no dispatcher"
                 )
             record = await dispatcher.reconcile(record)
-            status = ActionRecordStatus.model_validate(record.get("status") or {})
+            status = believed_status(record, self.keyring, datetime.now(UTC))
             if status.state is ActionState.DISPATCHING:
                 raise NotAdoptable(
                     f"action {name} could not be reconciled: still claimed by {status.claimed_by}"
@@ -348,7 +349,7 @@ class Failovers:
     async def _unknown_of(self, snap: RunSnapshot) -> list[UnknownOutcome]:
         out = []
         for record in await self._records(snap.namespace, snap.name):
-            status = ActionRecordStatus.model_validate(record.get("status") or {})
+            status = believed_status(record, self.keyring, datetime.now(UTC))
             if status.state is ActionState.OUTCOME_UNKNOWN and status.reason != "NotApplied":
                 out.append(
                     UnknownOutcome(

@@ -20,6 +20,8 @@ from typing import Any, Final
 
 from durable_agents.core.key_use import keys_in_use
 from durable_agents.core.sealing import Keyring
+from durable_agents.core.stamps import stamp_key_id
+from durable_agents.shell.actions import PLURAL as ACTION_RECORDS
 from durable_agents.shell.kube import Kube
 from durable_agents.shell.resealer import iter_runs
 
@@ -84,6 +86,15 @@ async def check_keyring_secret(
         ]
         if needs:
             users.append(f"{meta.get('namespace')}/{meta.get('name')} ({'; '.join(needs)})")
+    stamped = 0  # ActionRecords whose outcome stamp the operator will verify again
+    async for record in iter_runs(kube, namespace, page_size, ACTION_RECORDS):
+        stamped += stamp_key_id((record.get("status") or {}).get("stamp")) in removed
+    if stamped:
+        reasons.append(
+            f"{stamped} ActionRecord(s) carry outcome stamps made with key(s) "
+            f"{', '.join(repr(k) for k in sorted(removed))}: keep the key until the rotation pass has "
+            "re-stamped them under the active key (or their runs are deleted)."
+        )
     if users:
         named = ", ".join(users[:NAMED_RUNS])
         more = f", and {len(users) - NAMED_RUNS} more" if len(users) > NAMED_RUNS else ""

@@ -6,7 +6,8 @@ whose outcome is unknown (:mod:`durable_agents.core.reconciliations`).
 - Validating (:func:`check_reconciliations`): each new entry must carry this user's identity and
   the webhook's stamp; the user must hold the run's policy approver verb (``approvers.verb`` on
   ``approvers.resource``, default ``approve`` on ``agentruns``: the SubjectAccessReview approvals
-  use); and the ActionRecord it names must be this run's, ``outcome_unknown``, at the attempt the
+  use); and the ActionRecord it names must be this run's, ``outcome_unknown`` (as believed: a
+  settled state without a valid outcome stamp counts as unknown), at the attempt the
   entry answers for, and not answered for already by an entry whose stamp verifies (one written
   with the webhook off answers for nothing, and blocks nobody: the next free key is used).
   Append-only is :mod:`.admission`'s rule.
@@ -18,9 +19,11 @@ entry written by hand is never acted on (:mod:`durable_agents.shell.reconciling`
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 from durable_agents.api.v1alpha1 import AgentPolicySpec, ApproverRule, Identity, Reconciliation
+from durable_agents.core.outcome_stamps import believed_status
 from durable_agents.core.reconciliations import (
     FIELD,
     reconciliation_unproven,
@@ -88,12 +91,14 @@ async def check_reconciliations(
     refused = await refused_verb(kube, user, rule.verb, rule.resource, namespace, name)
     if refused is not None:
         return f"{refused} (spec.reconciliations[{keys[0]!r}])"
-    store, taken, verified = ActionStore(kube), dict(_entries(old)), verifies(keyring, run_id)
+    store, taken, verified = ActionStore(kube, keyring), dict(_entries(old)), verifies(keyring, run_id)
     for key, entry in entries.items():
         try:
             record: dict[str, Any] | None = await store.get(namespace, record_of(key))
         except Gone:
             record = None
+        if record is not None:  # its state as the operator wrote it: a forged settled one is unknown
+            record = {**record, "status": believed_status(record, keyring, datetime.now(UTC)).wire()}
         problem = record_refusal(key, entry, record, name, taken, verified)
         if problem is not None:
             return problem

@@ -16,6 +16,10 @@ A 409 (the worker committed in between) skips the run: the next pass picks it up
 commit stamps with the active key anyway. Writes are paced (at most ``writes_per_second``), so a
 rotation over 10,000 runs is a steady trickle, not a storm. Nothing here decides anything the
 engine decides: it only re-expresses what verifies under the old key with the new one.
+
+Then the ActionRecords: each whose outcome stamp verifies under an older key gets the same status
+written again (ONE status write, the ActionStore stamps it with the active key); one that does not
+verify is left to the dispatcher (reconciled by query), never blessed anew.
 """
 
 from __future__ import annotations
@@ -32,12 +36,16 @@ from typing import Any
 from kubernetes.client.rest import ApiException
 from pydantic import ValidationError
 
-from durable_agents.api.v1alpha1 import AgentRunStatus
+from durable_agents.api.v1alpha1 import ActionRecordStatus, AgentRunStatus
 from durable_agents.core.key_use import needs_restamp, restamp_stored
+from durable_agents.core.outcome_stamps import outcome_verifies
 from durable_agents.core.positions import restamped_position
 from durable_agents.core.sealed_values import DATA_KEY_ANNOTATION, data_key_id, rewrap
 from durable_agents.core.sealing import Keyring, UndecryptableError
+from durable_agents.core.stamps import stamp_key_id
 from durable_agents.shell import metrics
+from durable_agents.shell.actions import PLURAL as ACTION_RECORDS
+from durable_agents.shell.actions import ActionStore
 from durable_agents.shell.faults import FaultPoints
 from durable_agents.shell.kube import GROUP, VERSION, Kube
 from durable_agents.shell.store import Conflict, Gone, RunStore
@@ -47,13 +55,15 @@ log = logging.getLogger(__name__)
 RETRY_AFTER_ERRORS = 2.0  # seconds before a pass that hit errors (webhook not up yet) runs again
 
 
-async def iter_runs(kube: Kube, namespace: str | None, page_size: int) -> AsyncIterator[dict[str, Any]]:
-    """Every AgentRun (of one namespace, or all), read in pages of ``page_size``."""
+async def iter_runs(
+    kube: Kube, namespace: str | None, page_size: int, plural: str = "agentruns"
+) -> AsyncIterator[dict[str, Any]]:
+    """Every AgentRun (or other object of ``plural``; of one namespace, or all), in pages of ``page_size``."""
     custom = kube.custom
     call: Callable[..., Any] = (
-        functools.partial(custom.list_namespaced_custom_object, GROUP, VERSION, namespace, "agentruns")
+        functools.partial(custom.list_namespaced_custom_object, GROUP, VERSION, namespace, plural)
         if namespace
-        else functools.partial(custom.list_cluster_custom_object, GROUP, VERSION, "agentruns")
+        else functools.partial(custom.list_cluster_custom_object, GROUP, VERSION, plural)
     )
     token: str | None = None
     while True:
@@ -98,6 +108,7 @@ class Resealer:
         self.config = config or ResealConfig()
         # Inert fault points: the test hooks count the worker's and dispatcher's writes only.
         self.store = RunStore(kube, FaultPoints([]))
+        self.records = ActionStore(kube, keyring, FaultPoints([]))  # stamps with the active key
         self.passes = 0
         self._next_write = 0.0
         self._task: asyncio.Task[None] | None = None
@@ -136,6 +147,10 @@ class Resealer:
         async for run in iter_runs(self.kube, self.config.namespace, self.config.page_size):
             report.runs += 1
             await self.reseal(run, report)
+        async for record in iter_runs(
+            self.kube, self.config.namespace, self.config.page_size, ACTION_RECORDS
+        ):
+            await self._restamp_record(record, report)
         self.passes += 1
         if report.written or report.skipped:
             log.info(
@@ -208,6 +223,28 @@ class Resealer:
         await self._pace()
         await self.store.commit_status(run, out)
         report.wrote("checkpoint")
+
+    async def _restamp_record(self, record: dict[str, Any], report: PassReport) -> None:
+        """An ActionRecord's outcome stamp under the active key, if it verifies under an older one
+        (ONE status write of the same status: the store stamps it with the active key)."""
+        status = record.get("status") or {}
+        if stamp_key_id(status.get("stamp")) in (None, self.keyring.active_key_id):
+            return
+        try:
+            parsed = ActionRecordStatus.model_validate(status)
+            name, key = record["metadata"]["name"], record["spec"]["idempotencyKey"]
+        except (ValidationError, KeyError):
+            return
+        if not outcome_verifies(self.keyring, name, key, parsed):
+            report.skip("unverified")  # never blessed anew: the dispatcher reconciles it by query
+            return
+        await self._pace()
+        try:
+            await self.records.commit_status(record, status)
+        except (Conflict, Gone):
+            report.skip("conflict")  # the dispatcher wrote it meanwhile: stamped with the active key
+            return
+        report.wrote("action_record")
 
     async def _pace(self) -> None:
         """At most ``writes_per_second`` writes, evenly spaced."""

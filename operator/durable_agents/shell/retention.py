@@ -252,14 +252,15 @@ class RetentionController:
     async def _blocked(
         self, run: dict[str, Any], records: list[Mapping[str, Any]], children: list[dict[str, Any]]
     ) -> list[str]:
-        blocked = blockers(records, children)
+        now = datetime.now(UTC)
+        blocked = blockers(records, children, self.keyring, now)
         for child in children:
             cmeta = child["metadata"]
             theirs = records_of(
                 child,
                 await self._list("actionrecords", cmeta["namespace"], RUN_LABEL, label_value(cmeta["name"])),
             )
-            blocked += [f"{cmeta['name']}: {why}" for why in blockers(theirs, ())]
+            blocked += [f"{cmeta['name']}: {why}" for why in blockers(theirs, (), self.keyring, now)]
         return blocked
 
     async def _finalize(self, run: dict[str, Any]) -> None:
@@ -267,7 +268,9 @@ class RetentionController:
         meta = run["metadata"]
         records, children = await self._tree(run)
         blocked = (
-            await self._blocked(run, records, children) if is_terminal(run) else blockers(records, children)
+            await self._blocked(run, records, children)
+            if is_terminal(run)
+            else blockers(records, children, self.keyring)
         )
         if next_step(run, blocked) is not Next.FINALIZE:
             log.info(

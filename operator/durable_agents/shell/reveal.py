@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any, Final
 
 from pydantic import ValidationError
@@ -42,6 +43,7 @@ from durable_agents.core.agent_facts import (
 from durable_agents.core.digest import canonical_json
 from durable_agents.core.disclosure import DisclosureError, seal_for_reader
 from durable_agents.core.engine.loading import unverified_record
+from durable_agents.core.outcome_stamps import believed_status
 from durable_agents.core.sealed_values import (
     DATA_KEY_ANNOTATION,
     DataKey,
@@ -329,7 +331,11 @@ async def revealed_patch(
     unverified = unverified_record(old_run, keyring)
     if unverified is not None:  # never show an approver what the operator did not write
         raise RevealRefused(f"run {namespace}/{name} does not verify, nothing revealed: {unverified}")
-    records = await run_records(kube, namespace, name)
+    now = datetime.now(UTC)  # each action as the operator wrote it: a forged outcome is not shown
+    records = [
+        {**r, "status": believed_status(r, keyring, now).wire()}
+        for r in await run_records(kube, namespace, name)
+    ]
     document = revealed_document(old_run, records, _data_key(keyring, old_run, namespace, name))
     document["run"] = f"{namespace}/{name}"
     try:

@@ -36,6 +36,7 @@ from pydantic import ValidationError
 from durable_agents.api.v1alpha1 import ActionState, AgentPolicySpec, AgentRunSpec, AgentRunStatus
 from durable_agents.api.v1alpha1.states import RunState
 from durable_agents.core import stuck as core
+from durable_agents.core.outcome_stamps import believed_status
 from durable_agents.core.regions import owning_region_of
 from durable_agents.shell import metrics
 from durable_agents.shell.kube import GROUP, VERSION, Kube, ObjectKey
@@ -159,10 +160,11 @@ class StuckCheck:
         if not run:
             return
         key, name = (meta.get("namespace", ""), run), meta.get("name", "")
-        status = body.get("status") or {}
+        # As the operator wrote it: a settled state without a valid outcome stamp is unknown.
+        status = believed_status(body, self.worker.config.keyring, datetime.now(UTC))
         actions = self.unknown.get(key, {})
-        if event_type != "DELETED" and status.get("state") == UNKNOWN:
-            actions[name] = core.UnknownAction(name, status.get("reason"))
+        if event_type != "DELETED" and status.state.value == UNKNOWN:
+            actions[name] = core.UnknownAction(name, status.reason)
             self.unknown[key] = actions
         elif actions.pop(name, None) is not None and not actions:
             del self.unknown[key]

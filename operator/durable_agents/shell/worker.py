@@ -140,7 +140,7 @@ class RunWorker:
         self.config = config or WorkerConfig()
         self.identity = self.config.identity
         self.store = RunStore(kube)
-        self.actions = ActionStore(kube)
+        self.actions = ActionStore(kube, self.config.keyring)  # stamps its writes, verifies its reads
         self.events = EventRecorder(kube, self.identity)
         self.children = ChildRuns(kube, self.store, self.events, self.config.keyring)
         self.shard_leases = ShardLeases(

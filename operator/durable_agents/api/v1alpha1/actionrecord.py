@@ -79,6 +79,15 @@ class ActionRecordSpec(ApiModel):
     first_claim: FirstClaim | None = Field(
         default=None, description="Who sends it first without a claim write, and until when (see FirstClaim)"
     )
+    status_stamped: bool | None = Field(
+        default=None,
+        description=(
+            "Set by the operator when it creates the record: every status of this record carries"
+            " status.stamp, and a settled or unknown state (or a far claim) whose stamp does not verify"
+            " is not believed: the authoritative system is asked by key. Absent on records created"
+            " before outcome stamps (their statuses are believed as written)."
+        ),
+    )
 
 
 class ResolvedReference(ApiModel):
@@ -115,6 +124,14 @@ class ActionRecordStatus(ApiModel):
     )
     conditions: list[Condition] = Field(
         default_factory=list, max_length=16, json_schema_extra=CONDITIONS_SCHEMA_EXTRA
+    )
+    stamp: str | None = Field(
+        default=None,
+        max_length=256,
+        description=(
+            "The operator's outcome stamp (HMAC) over the record's name and idempotency key, state,"
+            " attempts, claim expiry, outcome digest and reason: proof that the operator wrote this status"
+        ),
     )
 
 
