@@ -258,6 +258,14 @@ class PendingInput(_Contract):
     question: Annotated[str, StringConstraints(min_length=1, max_length=SEALED_STRING_MAX)]
     """The step's question as the spec holds it: sealed, when the admission webhook sealed it."""
     expires_at: UtcDatetime
+    key: Identifier | None = None
+    """The ``spec.answers`` key the answer is awaited under when it is not ``request_id``: a new
+    key once an answer under the last one was refused (:mod:`durable_agents.core.deliveries`).
+    Added within version 3, omitted when None, so older stamps are unchanged."""
+
+    @property
+    def awaited_key(self) -> str:
+        return self.key or self.request_id
 
 
 class PendingExternal(_Contract):
@@ -266,6 +274,14 @@ class PendingExternal(_Contract):
     request_id: Identifier
     event: Identifier
     expires_at: UtcDatetime
+    key: Identifier | None = None
+    """The ``spec.events`` key the event is awaited under when it is not ``event``: a new key once
+    an event under the last one was refused (:mod:`durable_agents.core.deliveries`). Added within
+    version 3, omitted when None, so older stamps are unchanged."""
+
+    @property
+    def awaited_key(self) -> str:
+        return self.key or self.event
 
 
 class RetryState(_Contract):

@@ -270,7 +270,14 @@ def conditions_for(
 
 REQUEST_REFUSED = "RequestRefused"
 RefusedField = Literal[
-    "approvals", "cancellations", "retryQuarantine", "reconcileNow", "escalation", "reconciliations"
+    "approvals",
+    "cancellations",
+    "retryQuarantine",
+    "reconcileNow",
+    "escalation",
+    "reconciliations",
+    "answers",
+    "events",
 ]
 
 
