@@ -21,20 +21,30 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from kubernetes import client
+from e2e.test_authority import grant, on_runs, refusal_events, webhook_off
+from e2e.test_interruptions import ASK, DONE, pay, run_spec
 
 from durable_agents import kubectl_plugin, kubectl_why
-from e2e.test_authority import grant, on_runs, refusal_events, webhook_off, webhook_operator  # noqa: F401
-from e2e.test_interruptions import ASK, DONE, pay, run_spec
 from durable_agents_testkit.cluster import KubeEnv
 from durable_agents_testkit.eventually import Within, eventually
 from durable_agents_testkit.operator_process import OperatorProcess
 from durable_agents_testkit.refsystem import ReferenceSystemThread
 from durable_agents_testkit.runs import Runs, assert_history_is_gapless
+from durable_agents_testkit.scrape import free_port
 
 LEASE = 2
 KUBECTL_AGENTRUN = (sys.executable, "-m", "durable_agents.kubectl_plugin")
 AWAIT = {"name": "window", "await": {"event": "window"}}
+
+
+@pytest.fixture
+def webhook_operator(start_operator: Callable[..., OperatorProcess]) -> Callable[..., OperatorProcess]:
+    def start(name: str) -> OperatorProcess:
+        op = start_operator(name, LEASE, DURABLE_AGENTS_WEBHOOK_PORT=str(free_port()))
+        eventually(lambda: op.logged("admission webhook serving"), Within.COMMIT, "the admission webhook")
+        return op
+
+    return start
 
 
 @pytest.fixture

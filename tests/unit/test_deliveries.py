@@ -31,7 +31,8 @@ def test_only_a_value_sealed_for_its_own_key_is_proven(field: str) -> None:
     assert delivery_unproven(KEY, field, "confirm", proven) is None  # type: ignore[arg-type]
 
     unsealed = delivery_unproven(KEY, field, "confirm", "yes")  # type: ignore[arg-type]
-    assert unsealed is not None and unsealed.reason == UNSEALED
+    assert unsealed is not None
+    assert unsealed.reason == UNSEALED
     assert "not sealed" in unsealed.message
 
     cases = {
@@ -43,7 +44,8 @@ def test_only_a_value_sealed_for_its_own_key_is_proven(field: str) -> None:
     }
     for what, value in cases.items():
         problem = delivery_unproven(KEY, field, "confirm", value)  # type: ignore[arg-type]
-        assert problem is not None and problem.reason == SEAL_INVALID, what
+        assert problem is not None
+        assert problem.reason == SEAL_INVALID, what
         assert label in problem.message
 
 

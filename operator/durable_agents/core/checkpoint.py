@@ -259,13 +259,7 @@ class PendingInput(_Contract):
     """The step's question as the spec holds it: sealed, when the admission webhook sealed it."""
     expires_at: UtcDatetime
     key: Identifier | None = None
-    """The ``spec.answers`` key the answer is awaited under when it is not ``request_id``: a new
-    key once an answer under the last one was refused (:mod:`durable_agents.core.deliveries`).
-    Added within version 3, omitted when None, so older stamps are unchanged."""
-
-    @property
-    def awaited_key(self) -> str:
-        return self.key or self.request_id
+    """The ``spec.answers`` key awaited, once one was refused (core/deliveries.py); None: ``request_id``."""
 
 
 class PendingExternal(_Contract):
@@ -275,13 +269,7 @@ class PendingExternal(_Contract):
     event: Identifier
     expires_at: UtcDatetime
     key: Identifier | None = None
-    """The ``spec.events`` key the event is awaited under when it is not ``event``: a new key once
-    an event under the last one was refused (:mod:`durable_agents.core.deliveries`). Added within
-    version 3, omitted when None, so older stamps are unchanged."""
-
-    @property
-    def awaited_key(self) -> str:
-        return self.key or self.event
+    """The ``spec.events`` key awaited, once one was refused (core/deliveries.py); None: ``event``."""
 
 
 class RetryState(_Contract):

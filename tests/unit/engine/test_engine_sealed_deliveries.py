@@ -26,6 +26,7 @@ from tests.unit.builders import (
 from durable_agents.api.v1alpha1.states import RunState
 from durable_agents.core.engine import Idle, Settings
 from durable_agents.core.engine.commits import Refusal
+from durable_agents.core.engine.waits import awaited_key
 from durable_agents.core.sealed_values import DATA_KEY_ANNOTATION, new_data_key, seal_value, wrap_data_key
 from durable_agents.core.statemachine import RunEvent
 
@@ -59,11 +60,11 @@ def deliver(obj: dict[str, Any], field: str, key: str, value: str) -> dict[str, 
     return patch_spec(obj, **{field: {**obj["spec"].get(field, {}), key: value}})
 
 
-def awaited_key(obj: dict[str, Any], kind: str) -> str:
+def awaited_now(obj: dict[str, Any], kind: str) -> str:
     cp = checkpoint_of(obj["status"]["checkpoint"])
     pending = cp.pending_input if kind == "ask" else cp.pending_external
     assert pending is not None
-    return pending.awaited_key
+    return awaited_key(pending)
 
 
 @pytest.mark.parametrize("kind", sorted(WAITS))
@@ -86,11 +87,12 @@ def test_a_value_not_sealed_for_its_key_is_refused_and_asked_again(
     obj = deliver(obj, field, key, forged(field, key))
 
     refusal = step(obj, at(1), settings=SETTINGS)
-    assert isinstance(refusal, Refusal) and refusal.moved
+    assert isinstance(refusal, Refusal)
+    assert refusal.moved
     assert refusal.event is RunEvent.REVALIDATION_REQUIRED, "never INPUT_RECEIVED/EXTERNAL_RECEIVED"
     assert (refusal.refused.field, refusal.refused.key, refusal.refused.reason) == (field, key, reason)
     obj = apply(obj, refusal)
-    assert awaited_key(obj, kind) == f"{key}.2"
+    assert awaited_now(obj, kind) == f"{key}.2"
 
     obj, commits, idle = drive(obj, at(2), settings=SETTINGS)
     assert [c.event for c in commits] == [
@@ -98,9 +100,11 @@ def test_a_value_not_sealed_for_its_key_is_refused_and_asked_again(
     ]
     assert obj["status"]["state"] == state.value
     assert obj["status"]["waitingFor"] == f"{prefix}:{key}.2"
-    assert isinstance(idle, Idle) and idle.reason == "waiting"
+    assert isinstance(idle, Idle)
+    assert idle.reason == "waiting"
     cp = checkpoint_of(obj["status"]["checkpoint"])
-    assert cp.position.step == 0 and not cp.input_refs, "the step was not left"
+    assert cp.position.step == 0, "the step was not left"
+    assert not cp.input_refs, "no answer recorded"
     assert [(r["field"], r["key"]) for r in obj["status"]["refusedRequests"]] == [(field, key)], "once"
 
     # The real one, sealed for the new key (as the webhook does): the run moves on and completes.
@@ -147,4 +151,5 @@ def test_a_data_key_this_operator_cannot_open_quarantines_rather_than_believes()
     obj["metadata"]["annotations"][DATA_KEY_ANNOTATION] = "retired-key:AAAA"
     commit = commit_of(step(obj, at(1), settings=SETTINGS))
     assert commit.event is RunEvent.QUARANTINE
-    assert commit.status.outcome is not None and commit.status.outcome.reason == "Undecryptable"
+    assert commit.status.outcome is not None
+    assert commit.status.outcome.reason == "Undecryptable"

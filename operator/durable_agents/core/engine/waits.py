@@ -20,9 +20,9 @@ from durable_agents.core.engine.children import running_children
 from durable_agents.core.engine.commits import CommitBuilder, refusal_of, refuse_in
 from durable_agents.core.engine.decisions import Commit, Decision, Idle
 from durable_agents.core.engine.snapshot import RunSnapshot, Settings
+from durable_agents.core.planner import AskHuman, AwaitEvent
 from durable_agents.core.sealed_values import DataKey, open_data_key
 from durable_agents.core.sealing import UndecryptableError
-from durable_agents.core.planner import AskHuman, AwaitEvent
 from durable_agents.core.statemachine import RunEvent
 
 
@@ -52,6 +52,13 @@ def await_event(builder: CommitBuilder, step: AwaitEvent, settings: Settings) ->
     )
 
 
+def awaited_key(pending: PendingInput | PendingExternal) -> str:
+    """The key the answer (event) is awaited under: a new one once a value was refused."""
+    if pending.key is not None:
+        return pending.key
+    return pending.request_id if isinstance(pending, PendingInput) else pending.event
+
+
 def leave_input_wait(builder: CommitBuilder, settings: Settings) -> Decision:
     """In waiting_input: move on once the answer is in the spec (and proven), or expire."""
     asked = builder.cp.pending_input
@@ -64,7 +71,7 @@ def leave_input_wait(builder: CommitBuilder, settings: Settings) -> Decision:
         "answer",
         asked.request_id,
         "answers",
-        asked.awaited_key,
+        awaited_key(asked),
         builder.run.spec.answers,
         clear="pending_input",
         expires_at=asked.expires_at,
@@ -84,7 +91,7 @@ def leave_external_wait(builder: CommitBuilder, settings: Settings) -> Decision:
         "event",
         awaited.request_id,
         "events",
-        awaited.awaited_key,
+        awaited_key(awaited),
         builder.run.spec.events,
         clear="pending_external",
         expires_at=awaited.expires_at,
@@ -220,11 +227,11 @@ def recorded_wait(builder: CommitBuilder) -> Commit | None:
         )
     if cp.pending_input is not None:
         return builder.commit(
-            RunEvent.INPUT_REQUESTED, waiting_for=f"input:{cp.pending_input.awaited_key}", detail=detail
+            RunEvent.INPUT_REQUESTED, waiting_for=f"input:{awaited_key(cp.pending_input)}", detail=detail
         )
     if cp.pending_external is not None:
         return builder.commit(
-            RunEvent.EXTERNAL_AWAITED, waiting_for=f"event:{cp.pending_external.awaited_key}", detail=detail
+            RunEvent.EXTERNAL_AWAITED, waiting_for=f"event:{awaited_key(cp.pending_external)}", detail=detail
         )
     if cp.retry.retry_at is not None:
         commit = builder.commit(
