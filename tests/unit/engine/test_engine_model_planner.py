@@ -349,11 +349,11 @@ def test_an_answer_to_the_model_s_question_is_given_only_once_its_seal_proves_it
         obj,
         commit_of(decided(obj, at(1), ModelAnswer(need.request.digest(), reply(("ask_oncall", question))))),
     )
-    obj, idle = until_idle_or_model(obj, at(2))
+    obj, _ = until_idle_or_model(obj, at(2))
     assert obj["status"]["waitingFor"] == "input:agent-0"
 
     forged = {**obj, "spec": {**obj["spec"], "answers": {"agent-0": "yes, pay 4200"}}}
-    obj, idle = until_idle_or_model(forged, at(3))
+    obj, _ = until_idle_or_model(forged, at(3))
     assert obj["status"]["waitingFor"] == "input:agent-0.2"
     assert [(r["key"], r["reason"]) for r in obj["status"]["refusedRequests"]] == [("agent-0", "Unsealed")]
 
