@@ -153,3 +153,16 @@ def test_a_data_key_this_operator_cannot_open_quarantines_rather_than_believes()
     assert commit.event is RunEvent.QUARANTINE
     assert commit.status.outcome is not None
     assert commit.status.outcome.reason == "Undecryptable"
+
+
+def test_a_data_key_annotation_removed_by_hand_does_not_make_a_plaintext_answer_count() -> None:
+    """With the webhook off, whoever may patch the run can delete its data-key annotation; the
+    stamped checkpoint remembers that the run had one."""
+    obj = waiting(sealed_run("ask"))
+    assert checkpoint_of(obj["status"]["checkpoint"]).data_keyed
+    del obj["metadata"]["annotations"][DATA_KEY_ANNOTATION]
+    obj = deliver(obj, "answers", "confirm", "yes")
+    commit = commit_of(step(obj, at(1), settings=SETTINGS))
+    assert commit.event is RunEvent.QUARANTINE
+    assert commit.status.outcome is not None
+    assert "annotation is gone" in commit.status.outcome.message

@@ -85,6 +85,9 @@ class CommitBuilder:
                 "trace_link": run_traceparent(run.trace_id),  # the root of the run's one trace
                 # Its committer stamps every position: a status without a stamp is then forged.
                 "position_stamped": True if self.keyring is not None else cp.position_stamped,
+                # Once it had a data key, its answers must be sealed: removing the annotation (the
+                # webhook off) does not make a hand-written answer count (core/deliveries.py).
+                "data_keyed": True if run.data_key is not None else cp.data_keyed,
             }
         )
         # Last, over the finished checkpoint: the proof that this operator committed its decisive

@@ -21,7 +21,7 @@ from durable_agents.core.engine.commits import CommitBuilder, refusal_of, refuse
 from durable_agents.core.engine.decisions import Commit, Decision, Idle
 from durable_agents.core.engine.snapshot import RunSnapshot, Settings
 from durable_agents.core.planner import AskHuman, AwaitEvent
-from durable_agents.core.sealed_values import DataKey, open_data_key
+from durable_agents.core.sealed_values import DATA_KEY_ANNOTATION, DataKey, open_data_key
 from durable_agents.core.sealing import UndecryptableError
 from durable_agents.core.statemachine import RunEvent
 
@@ -123,7 +123,7 @@ def _leave_wait(
         return _expire_or_idle(builder, expires_at, expired, builder.run.spec.deadline)
     cp, run = builder.cp, builder.run
     try:
-        data_key = run_data_key(run, settings)
+        data_key = run_data_key(run, cp, settings)
     except UndecryptableError as err:  # nothing can be verified: never act on it
         return builder.commit(
             RunEvent.QUARANTINE,
@@ -153,9 +153,15 @@ def _leave_wait(
     )
 
 
-def run_data_key(run: RunSnapshot, settings: Settings) -> DataKey | None:
-    """The run's data key (None: a run without one); :class:`UndecryptableError` when it has one
-    that this operator cannot open (no keyring, or the key retired)."""
+def run_data_key(run: RunSnapshot, cp: Checkpoint, settings: Settings) -> DataKey | None:
+    """The run's data key (None: a run that never had one); :class:`UndecryptableError` when it has
+    one that this operator cannot open (no keyring, or the key retired), or had one that is gone."""
+    if run.data_key is None and cp.data_keyed:
+        raise UndecryptableError(
+            "",
+            f"the run had a data key and its {DATA_KEY_ANNOTATION} annotation is gone: removed by "
+            "someone other than the operator, so no answer or event of it can be verified",
+        )
     if run.data_key is None:
         return None
     if settings.keyring is None:
