@@ -117,7 +117,9 @@ def test_an_answer_written_with_the_webhook_off_is_refused_and_the_run_asks_agai
     assert "answers[confirm] refused: the answer is not sealed" in condition["message"]
     assert run["status"]["checkpoint"]["pendingInput"]["key"] == "confirm.2"
     assert run["status"]["checkpoint"]["pendingInput"]["requestId"] == "confirm", "the question stays"
-    eventually(lambda: refusal_events(runs, name), Within.COMMIT, "a RequestRefused Event")
+    assert "asked again as spec.answers[confirm.2]" in condition["message"]
+    events = eventually(lambda: refusal_events(runs, name), Within.COMMIT, "a RequestRefused Event")
+    assert "asked again as spec.answers[confirm.2]" in events[0], "the Event names the new key"
 
     # A sealed value copied from elsewhere in the run (the question's own seal) does not open
     # under answers/confirm.2: refused too, and asked again under the next key.

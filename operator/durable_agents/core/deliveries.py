@@ -50,8 +50,7 @@ def delivery_unproven(
         return Unproven(
             UNSEALED,
             f"the {what} is not sealed: the operator's admission webhook seals every {what} it "
-            "admits on this run, so this one was written without it (the webhook off?); "
-            "not acted on, the run asks again under a new key",
+            "admits on this run, so this one was written without it (the webhook off?); not acted on",
         )
     try:
         unseal_value(data_key, value, delivery_label(field, key))
@@ -59,8 +58,7 @@ def delivery_unproven(
         return Unproven(
             SEAL_INVALID,
             f"the {what} does not open under this run's data key for {delivery_label(field, key)}: "
-            "copied from another key or run, or tampered with; not acted on, the run asks again "
-            "under a new key",
+            "copied from another key or run, or tampered with; not acted on",
         )
     return None
 

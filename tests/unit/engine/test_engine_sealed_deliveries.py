@@ -91,6 +91,7 @@ def test_a_value_not_sealed_for_its_key_is_refused_and_asked_again(
     assert refusal.moved
     assert refusal.event is RunEvent.REVALIDATION_REQUIRED, "never INPUT_RECEIVED/EXTERNAL_RECEIVED"
     assert (refusal.refused.field, refusal.refused.key, refusal.refused.reason) == (field, key, reason)
+    assert refusal.refused.message.endswith(f"asked again as spec.{field}[{key}.2]")
     obj = apply(obj, refusal)
     assert awaited_now(obj, kind) == f"{key}.2"
 

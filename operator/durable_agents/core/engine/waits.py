@@ -204,7 +204,8 @@ def _ask_again(
         checkpoint=checkpoint,
         detail=f"spec.{field_name}[{key}] refused ({problem.reason}): asked again as {new}",
     )
-    return refuse_in(commit, refusal_of(field_name, key, problem, builder.now))
+    said = Unproven(problem.reason, f"{problem.message}; asked again as spec.{field_name}[{new}]")
+    return refuse_in(commit, refusal_of(field_name, key, said, builder.now))
 
 
 def _expire_or_idle(
