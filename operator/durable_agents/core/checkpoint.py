@@ -340,8 +340,8 @@ class Checkpoint(_Contract):
     position_stamped: Literal[True] | None = None
     """True: its committer stamps every position in ``status.positionStamp``
     (:mod:`durable_agents.core.positions`). Added within version 3, omitted when None."""
-    data_keyed: Literal[True] | None = None
-    """True: the run had a data key at a commit, so answers must be sealed (core/deliveries.py)."""
+    data_key_digest: Annotated[str, StringConstraints(max_length=80)] | None = None
+    """The run's data key's fingerprint once it had one: answers must be sealed with it (deliveries.py)."""
     integrity: Stamp | None = None
     """The operator's stamp over :func:`integrity_payload`; None only where no keyring stamps."""
 

@@ -261,3 +261,8 @@ def keyed_digest(data_key: DataKey, label: str, value: Any) -> str:
     mac = hmac.HMAC(data_key.key, hashes.SHA256())
     mac.update(_aad(label) + b"\x00" + canonical_json(value))
     return "hmac-sha256:" + mac.finalize().hex()
+
+
+def fingerprint(data_key: DataKey) -> str:
+    """What identifies a data key without revealing it (an HMAC under the key itself)."""
+    return keyed_digest(data_key, "data-key/fingerprint", "")

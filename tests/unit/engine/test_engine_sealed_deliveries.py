@@ -27,7 +27,14 @@ from durable_agents.api.v1alpha1.states import RunState
 from durable_agents.core.engine import Idle, Settings
 from durable_agents.core.engine.commits import Refusal
 from durable_agents.core.engine.waits import awaited_key
-from durable_agents.core.sealed_values import DATA_KEY_ANNOTATION, new_data_key, seal_value, wrap_data_key
+from durable_agents.core.sealed_values import (
+    DATA_KEY_ANNOTATION,
+    fingerprint,
+    new_data_key,
+    seal_value,
+    wrap_data_key,
+)
+from durable_agents.core.sealing import Keyring
 from durable_agents.core.statemachine import RunEvent
 
 pytestmark = pytest.mark.unit
@@ -160,10 +167,34 @@ def test_a_data_key_annotation_removed_by_hand_does_not_make_a_plaintext_answer_
     """With the webhook off, whoever may patch the run can delete its data-key annotation; the
     stamped checkpoint remembers that the run had one."""
     obj = waiting(sealed_run("ask"))
-    assert checkpoint_of(obj["status"]["checkpoint"]).data_keyed
+    assert checkpoint_of(obj["status"]["checkpoint"]).data_key_digest == fingerprint(DATA_KEY)
     del obj["metadata"]["annotations"][DATA_KEY_ANNOTATION]
     obj = deliver(obj, "answers", "confirm", "yes")
     commit = commit_of(step(obj, at(1), settings=SETTINGS))
     assert commit.event is RunEvent.QUARANTINE
     assert commit.status.outcome is not None
     assert "annotation is gone" in commit.status.outcome.message
+
+
+def test_a_data_key_annotation_swapped_by_hand_does_not_make_another_key_s_answer_count() -> None:
+    """An earlier run under the same name had its own data key (the annotation is bound to the
+    namespace and name only): its annotation and one of its sealed answers, copied in with the
+    webhook off, would open. The checkpoint's fingerprint says it is not this run's key."""
+    obj = waiting(sealed_run("ask"))
+    earlier = new_data_key()
+    obj["metadata"]["annotations"][DATA_KEY_ANNOTATION] = wrap_data_key(KEYRING, earlier, "team-a", "run-1")
+    obj = deliver(obj, "answers", "confirm", seal_value(earlier, "yes", "answers/confirm"))
+    commit = commit_of(step(obj, at(1), settings=SETTINGS))
+    assert commit.event is RunEvent.QUARANTINE
+    assert commit.status.outcome is not None
+    assert "another data key than the one it had" in commit.status.outcome.message
+
+
+def test_a_key_rotation_rewrap_keeps_the_fingerprint() -> None:
+    """The operator's rewrap under a new active key is the same data key: answers still count."""
+    obj = waiting(sealed_run("ask"))
+    rotated = Keyring(keys={**KEYRING.keys, "k2031": bytes(range(1, 33))}, active_key_id="k2031")
+    obj["metadata"]["annotations"][DATA_KEY_ANNOTATION] = wrap_data_key(rotated, DATA_KEY, "team-a", "run-1")
+    obj = deliver(obj, "answers", "confirm", seal_value(DATA_KEY, "yes", "answers/confirm"))
+    obj, _, _ = drive(obj, at(1), settings=Settings(keyring=rotated))
+    assert obj["status"]["state"] == "completed"

@@ -21,7 +21,7 @@ from durable_agents.core.engine.commits import CommitBuilder, refusal_of, refuse
 from durable_agents.core.engine.decisions import Commit, Decision, Idle
 from durable_agents.core.engine.snapshot import RunSnapshot, Settings
 from durable_agents.core.planner import AskHuman, AwaitEvent
-from durable_agents.core.sealed_values import DATA_KEY_ANNOTATION, DataKey, open_data_key
+from durable_agents.core.sealed_values import DATA_KEY_ANNOTATION, DataKey, fingerprint, open_data_key
 from durable_agents.core.sealing import UndecryptableError
 from durable_agents.core.statemachine import RunEvent
 
@@ -155,18 +155,25 @@ def _leave_wait(
 
 def run_data_key(run: RunSnapshot, cp: Checkpoint, settings: Settings) -> DataKey | None:
     """The run's data key (None: a run that never had one); :class:`UndecryptableError` when it has
-    one that this operator cannot open (no keyring, or the key retired), or had one that is gone."""
-    if run.data_key is None and cp.data_keyed:
+    one this operator cannot open (no keyring, the key retired), or not the one it had."""
+    if run.data_key is None and cp.data_key_digest is None:
+        return None
+    if run.data_key is None:
         raise UndecryptableError(
             "",
             f"the run had a data key and its {DATA_KEY_ANNOTATION} annotation is gone: removed by "
             "someone other than the operator, so no answer or event of it can be verified",
         )
-    if run.data_key is None:
-        return None
     if settings.keyring is None:
         raise UndecryptableError("", "this operator has no sealing keyring to open the run's data key")
-    return open_data_key(settings.keyring, run.data_key, run.namespace, run.name)
+    data_key = open_data_key(settings.keyring, run.data_key, run.namespace, run.name)
+    if cp.data_key_digest is not None and fingerprint(data_key) != cp.data_key_digest:
+        raise UndecryptableError(
+            "",
+            f"the run's {DATA_KEY_ANNOTATION} annotation holds another data key than the one it "
+            "had: replaced by someone other than the operator",
+        )
+    return data_key
 
 
 def delivery_uri(run: RunSnapshot, field_name: str, key: str) -> str:
