@@ -25,6 +25,7 @@ from e2e.test_authority import grant, on_runs, refusal_events, webhook_off
 from e2e.test_interruptions import ASK, DONE, pay, run_spec
 
 from durable_agents import kubectl_plugin, kubectl_why
+from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents_testkit.cluster import KubeEnv
 from durable_agents_testkit.eventually import Within, eventually
 from durable_agents_testkit.operator_process import OperatorProcess
@@ -187,3 +188,26 @@ def test_an_event_delivered_with_the_webhook_off_is_refused_and_awaited_again(
     assert list(refsystem.counts().values()) == [1]
     assert refused_keys(done, "events") == [("window", "Unsealed")]
     assert_history_is_gapless(done)
+
+
+def test_a_data_key_annotation_removed_with_the_webhook_off_does_not_make_an_answer_count(
+    kube: KubeEnv,
+    start_operator: Callable[..., OperatorProcess],
+    webhook_operator: Callable[..., OperatorProcess],
+    runs: Runs,
+    refsystem: ReferenceSystemThread,
+) -> None:
+    """Without its data-key annotation the run would look like one created before sealing (whose
+    answers are believed in clear); its stamped checkpoint remembers the key's fingerprint."""
+    name, _ = forged_while_webhook_off(
+        kube, start_operator, webhook_operator, runs, run_spec(ASK, pay(refsystem.url), DONE), "waiting_input"
+    )
+    assert runs.get(name)["status"]["checkpoint"]["dataKeyDigest"].startswith("hmac-sha256:")
+    remove = {"metadata": {"annotations": {"durable-agents.io/data-key": None}}}
+    runs.custom.patch_namespaced_custom_object(GROUP, VERSION, runs.namespace, "agentruns", name, remove)
+    runs.patch_spec(name, {"answers": {"confirm": "yes"}}, stamped=False)
+    run = runs.wait_state(name, "quarantined", timeout=Within.RUN)
+    assert run["status"]["outcome"]["reason"] == "Undecryptable"
+    assert "annotation is gone" in run["status"]["outcome"]["message"]
+    assert refsystem.counts() == {}, "nothing after the question ran"
+    assert not run["status"]["checkpoint"].get("inputRefs")
