@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 from e2e.test_authority import grant, on_runs, refusal_events, webhook_off
 from e2e.test_interruptions import ASK, DONE, pay, run_spec
+from kubernetes.client.rest import ApiException
 
 from durable_agents import kubectl_plugin, kubectl_why
 from durable_agents.api.v1alpha1 import GROUP, VERSION
@@ -199,7 +200,7 @@ def test_a_data_key_annotation_removed_with_the_webhook_off_does_not_make_an_ans
 ) -> None:
     """Without its data-key annotation the run would look like one created before sealing (whose
     answers are believed in clear); its stamped checkpoint remembers the key's fingerprint."""
-    name, _ = forged_while_webhook_off(
+    name, no_webhook = forged_while_webhook_off(
         kube, start_operator, webhook_operator, runs, run_spec(ASK, pay(refsystem.url), DONE), "waiting_input"
     )
     assert runs.get(name)["status"]["checkpoint"]["dataKeyDigest"].startswith("hmac-sha256:")
@@ -211,3 +212,14 @@ def test_a_data_key_annotation_removed_with_the_webhook_off_does_not_make_an_ans
     assert "annotation is gone" in run["status"]["outcome"]["message"]
     assert refsystem.counts() == {}, "nothing after the question ran"
     assert not run["status"]["checkpoint"].get("inputRefs")
+
+    # The webhook back: it gives the run no new key (it would not be the run's); an answer is
+    # refused, naming the repair.
+    no_webhook.stop()
+    webhook_operator("webhook-again")
+    runs.await_webhook()
+    with pytest.raises(ApiException) as refused:
+        runs.patch_spec(name, {"answers": {"confirm.2": "yes"}}, stamped=False)
+    assert "annotation is gone" in str(refused.value.body)
+    assert "durable-agents.io/data-key" not in (runs.get(name)["metadata"].get("annotations") or {})
+    assert refsystem.counts() == {}
