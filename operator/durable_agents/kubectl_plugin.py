@@ -4,6 +4,7 @@
     kubectl agentrun reject  NAME [-n NS] [--reason TEXT]
     kubectl agentrun cancel  NAME [-n NS] [--scope task|children|toolCall|turn] [--reason TEXT]
     kubectl agentrun retry   NAME [-n NS]     (a quarantined run, e.g. after an upgrade)
+    kubectl agentrun answer  NAME TEXT [-n NS]   (the question or event it waits for now)
     kubectl agentrun status  NAME [-n NS] [--reveal]
     kubectl agentrun history NAME [-n NS]
     kubectl agentrun why     NAME [-n NS] [-o json|yaml]   (what it waits for, what would wake it)
@@ -23,7 +24,8 @@ for each kind of request, on the run (agentruns/NAME), and a refusal names the m
                        (:mod:`durable_agents.kubectl_reconcile`)
     cancel             "cancel"
     retry              "retry"
-    answers, events    "answer"  (kubectl patch ... spec.answers / spec.events)
+    answer             "answer"  (spec.answers / spec.events, under the key waited for now:
+                       :mod:`durable_agents.kubectl_answer`)
 
 Creating a run needs verb "use" on the ServiceAccount it names (serviceaccounts/NAME, core group):
 the run acts as it. Requests are stamped by the webhook; the operator acts on nothing else, and
@@ -58,7 +60,14 @@ from typing import Any, Final
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
-from durable_agents import kubectl_controls, kubectl_list, kubectl_reconcile, kubectl_region, kubectl_why
+from durable_agents import (
+    kubectl_answer,
+    kubectl_controls,
+    kubectl_list,
+    kubectl_reconcile,
+    kubectl_region,
+    kubectl_why,
+)
 from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents.core.disclosure import DisclosureError, new_reader_key, open_as_reader
 from durable_agents.core.sealed_values import is_sealed
@@ -309,7 +318,8 @@ def describe(run: dict[str, Any], revealed: dict[str, Any] | None = None) -> str
     if pending:
         shown = (revealed or {}).get("pendingInput") or {}
         question = _shown(pending.get("question"), shown.get("question"), "question" in shown)
-        lines.append(f"Question:    {question} (answer as spec.answers[{pending.get('requestId')!r}])")
+        key = pending.get("key") or pending.get("requestId")  # a new key once an answer was refused
+        lines.append(f"Question:    {question} (answer as spec.answers[{key!r}]: kubectl agentrun answer)")
     request = status.get("approvalRequest")
     if request:
         shown = (revealed or {}).get("approvalRequest") or {}
@@ -379,6 +389,8 @@ def main(argv: list[str] | None = None) -> int:
         return kubectl_reconcile.main(args_given[1:])
     if args_given[:1] == ["why"]:  # what the run waits for, what would wake it: -o json|yaml
         return kubectl_why.main(args_given[1:])
+    if args_given[:1] == ["answer"]:  # the question or event waited for now (durable_agents.kubectl_answer)
+        return kubectl_answer.main(args_given[1:])
     if args_given[:1] == ["list"]:  # the queue (durable_agents.kubectl_list)
         return kubectl_list.main(args_given[1:])
     if args_given[:1] == ["escalate"]:  # mark for a person (durable_agents.kubectl_controls)

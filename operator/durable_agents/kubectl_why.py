@@ -65,10 +65,12 @@ def wakes(run: dict[str, Any], unknown: list[str] | None = None) -> list[dict[st
         ]
     if kind == "input":
         body = json.dumps({"spec": {"answers": {what: "<answer>"}}})
-        return [{"what": f"an answer to question {what} (verb answer)", "commands": [f"{patch} '{body}'"]}]
+        commands = [f"kubectl agentrun answer {ref} '<answer>'", f"{patch} '{body}'"]
+        return [{"what": f"an answer to question {what} (verb answer)", "commands": commands}]
     if kind == "event":
         body = json.dumps({"spec": {"events": {what: "<payload>"}}})
-        return [{"what": f"the external event {what} (verb answer)", "commands": [f"{patch} '{body}'"]}]
+        commands = [f"kubectl agentrun answer {ref} '<payload>'", f"{patch} '{body}'"]
+        return [{"what": f"the external event {what} (verb answer)", "commands": commands}]
     if kind == "retry" or state == "waiting_retry":
         retry = (status.get("checkpoint") or {}).get("retry") or {}
         failed = f"; the last attempt failed: {retry['lastFailure']}" if retry.get("lastFailure") else ""

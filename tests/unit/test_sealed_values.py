@@ -224,3 +224,37 @@ def test_a_keyed_digest_compares_within_a_run_tree_only() -> None:
     assert keyed_digest(key, "references/a", SECRET) == keyed_digest(key, "references/a", SECRET)
     assert keyed_digest(key, "references/a", SECRET) != keyed_digest(new_data_key(), "references/a", SECRET)
     assert SECRET not in keyed_digest(key, "references/a", SECRET)
+
+
+def test_a_value_stored_already_is_left_as_it_is_and_blocks_nothing(keyring: Keyring) -> None:
+    """An answer written with the webhook off (in clear, or with a seal copied from another field)
+    is neither sealed into validity nor a reason to refuse the next request through the webhook."""
+    created = sealing_changes("CREATE", _run(_spec()), None, keyring)
+    annotation = created.annotations[DATA_KEY_ANNOTATION]
+    assert annotation is not None
+    copied = created.spec["steps"][0]["ask"]["question"]  # sealed for steps/ask/question
+    forged = {**_spec(), **created.spec, "answers": {"ask": "by hand", "ask.2": copied}}
+    old = _run(forged, {DATA_KEY_ANNOTATION: annotation})
+    new = _run(
+        {**forged, "answers": {**forged["answers"], "ask.3": "the real one"}},
+        {DATA_KEY_ANNOTATION: annotation},
+    )
+    changes = sealing_changes("UPDATE", new, old, keyring)
+    answers = changes.spec["answers"]
+    assert (answers["ask"], answers["ask.2"]) == ("by hand", copied), "left exactly as stored"
+    key = open_data_key(keyring, annotation, "ns", "r1")
+    assert unseal_value(key, answers["ask.3"], "answers/ask.3") == "the real one"
+
+
+def test_a_run_whose_data_key_annotation_is_gone_gets_no_new_key(keyring: Keyring) -> None:
+    """The checkpoint holds the fingerprint of the run's key: a new key would not be the run's.
+    Nothing new is sealed; a request that brings a value to seal is refused, naming the repair;
+    one that brings none (a cancellation) passes."""
+    created = sealing_changes("CREATE", _run(_spec()), None, keyring)
+    old = _run({**_spec(), **created.spec})  # the annotation removed
+    old["status"] = {"checkpoint": {"dataKeyDigest": "hmac-sha256:" + "0" * 64}}
+    with pytest.raises(SealingRefused, match="annotation is gone"):
+        sealing_changes("UPDATE", _run({**old["spec"], "answers": {"ask": "yes"}}), old, keyring)
+    cancel = {**old["spec"], "cancellations": {"c1": {"scope": "task"}}}
+    changes = sealing_changes("UPDATE", _run(cancel), old, keyring)
+    assert (changes.spec, changes.annotations) == ({}, {})

@@ -258,6 +258,8 @@ class PendingInput(_Contract):
     question: Annotated[str, StringConstraints(min_length=1, max_length=SEALED_STRING_MAX)]
     """The step's question as the spec holds it: sealed, when the admission webhook sealed it."""
     expires_at: UtcDatetime
+    key: Identifier | None = None
+    """The ``spec.answers`` key awaited, once one was refused (core/deliveries.py); None: ``request_id``."""
 
 
 class PendingExternal(_Contract):
@@ -266,6 +268,8 @@ class PendingExternal(_Contract):
     request_id: Identifier
     event: Identifier
     expires_at: UtcDatetime
+    key: Identifier | None = None
+    """The ``spec.events`` key awaited, once one was refused (core/deliveries.py); None: ``event``."""
 
 
 class RetryState(_Contract):
@@ -336,6 +340,8 @@ class Checkpoint(_Contract):
     position_stamped: Literal[True] | None = None
     """True: its committer stamps every position in ``status.positionStamp``
     (:mod:`durable_agents.core.positions`). Added within version 3, omitted when None."""
+    data_key_digest: Annotated[str, StringConstraints(max_length=80)] | None = None
+    """The run's data key's fingerprint once it had one: answers must be sealed with it (deliveries.py)."""
     integrity: Stamp | None = None
     """The operator's stamp over :func:`integrity_payload`; None only where no keyring stamps."""
 

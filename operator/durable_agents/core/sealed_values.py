@@ -212,14 +212,20 @@ def seal_spec(
 ) -> dict[str, Any]:
     """A copy of ``spec`` with every sealable value sealed.
 
-    A plaintext value equal to what the old spec sealed in the same field keeps the old sealed
-    form (a re-applied manifest is no change); a value already sealed must be this run tree's
-    for that field, or :class:`ValueSealingError` says which is not.
+    A value exactly as the old spec stores it is left as it is, sealed or not (one written with
+    the webhook off: the engine refuses it, and it must not block later requests); a plaintext
+    value equal to what the old spec sealed in the same field keeps the old sealed form (a
+    re-applied manifest is no change); a new value already sealed must be this run tree's for
+    that field, or :class:`ValueSealingError` says which is not.
     """
     out: dict[str, Any] = json.loads(json.dumps(dict(spec)))
     old = _old_values(json.loads(json.dumps(dict(old_spec))) if old_spec is not None else None)
     for holder, key, label in spec_slots(out):
         value = holder[key]
+        if label in old and old[label] == value:
+            # Stored already, not this request's: left exactly as it is (sealing or refusing it
+            # would change or block an append-only entry; the engine judges it by its seal).
+            continue
         if is_sealed(value):
             unseal_value(data_key, value, label)  # refuses another run's or field's value
             continue
@@ -255,3 +261,8 @@ def keyed_digest(data_key: DataKey, label: str, value: Any) -> str:
     mac = hmac.HMAC(data_key.key, hashes.SHA256())
     mac.update(_aad(label) + b"\x00" + canonical_json(value))
     return "hmac-sha256:" + mac.finalize().hex()
+
+
+def fingerprint(data_key: DataKey) -> str:
+    """What identifies a data key without revealing it (an HMAC under the key itself)."""
+    return keyed_digest(data_key, "data-key/fingerprint", "")

@@ -101,6 +101,31 @@ def _data_key(
     return key_now, stored  # anyone else's change is put back
 
 
+def _data_key_lost(new: Mapping[str, Any], old: Mapping[str, Any] | None) -> bool:
+    """True for a run that had a data key (its checkpoint holds the key's fingerprint) and whose
+    annotation is gone (removed with the webhook off): a new key would not be the run's, so
+    nothing new is sealed, and a request that brings a value to seal is refused (one that does not,
+    a cancellation, passes). :class:`SealingRefused` says how to repair it."""
+    checkpoint = ((old or {}).get("status") or {}).get("checkpoint")
+    had = isinstance(checkpoint, Mapping) and checkpoint.get("dataKeyDigest") is not None
+    if not had or _annotation(old, DATA_KEY_ANNOTATION) is not None:
+        return False
+    before = {label: holder[key] for holder, key, label in spec_slots(json.loads(json.dumps(_spec_of(old))))}
+    for holder, key, label in spec_slots(json.loads(json.dumps(_spec_of(new)))):
+        if before.get(label) != holder[key]:
+            raise SealingRefused(
+                f"spec: {label}: the run's {DATA_KEY_ANNOTATION} annotation is gone (removed by "
+                "someone other than the operator): nothing can be sealed for it until the annotation "
+                "is restored (its value is in the API server's audit log, or a backup)"
+            )
+    return True
+
+
+def _spec_of(obj: Mapping[str, Any] | None) -> dict[str, Any]:
+    spec = (obj or {}).get("spec")
+    return dict(spec) if isinstance(spec, Mapping) else {}
+
+
 def _sealed_last_applied(text: str, sealed_spec: dict[str, Any]) -> str | None:
     """``last-applied-configuration`` with its sealable values replaced by the sealed ones."""
     try:
@@ -126,6 +151,8 @@ def sealing_changes(
     """What to change in ``new`` so that nothing sensitive is stored in clear."""
     changes = SealingChanges()
     if operation not in ("CREATE", "UPDATE"):
+        return changes
+    if operation == "UPDATE" and _data_key_lost(new, old):
         return changes
     data_key, annotation = _data_key(operation, new, old, keyring)
     if annotation is not None:

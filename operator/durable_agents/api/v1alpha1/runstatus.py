@@ -96,11 +96,21 @@ class RefusedRequest(ApiModel):
     stamp of the operator's admission webhook, or one that does not verify). Recorded once."""
 
     field: Literal[
-        "approvals", "cancellations", "retryQuarantine", "reconcileNow", "escalation", "reconciliations"
+        "approvals",
+        "cancellations",
+        "retryQuarantine",
+        "reconcileNow",
+        "escalation",
+        "reconciliations",
+        "answers",
+        "events",
     ]
     key: str = Field(
         max_length=128,
-        description="The request ID (for retryQuarantine: the token; for reconciliations: the key).",
+        description=(
+            "The request ID (for retryQuarantine: the token; for reconciliations, answers and "
+            "events: the key)."
+        ),
     )
     reason: str = Field(max_length=64, pattern=r"^[A-Za-z]+$")
     message: str = Field(default="", max_length=512)

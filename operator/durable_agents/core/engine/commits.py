@@ -37,7 +37,8 @@ from durable_agents.core.checkpoint import (
 from durable_agents.core.engine.decisions import Commit
 from durable_agents.core.engine.snapshot import RunSnapshot, Settings, run_traceparent
 from durable_agents.core.positions import stamp_position
-from durable_agents.core.sealing import Keyring
+from durable_agents.core.sealed_values import ValueSealingError, fingerprint, open_data_key
+from durable_agents.core.sealing import Keyring, UndecryptableError
 from durable_agents.core.statemachine import Position as MachinePosition
 from durable_agents.core.statemachine import RunEvent, transition
 
@@ -85,6 +86,9 @@ class CommitBuilder:
                 "trace_link": run_traceparent(run.trace_id),  # the root of the run's one trace
                 # Its committer stamps every position: a status without a stamp is then forged.
                 "position_stamped": True if self.keyring is not None else cp.position_stamped,
+                # Once it had a data key, its answers must be sealed with that key: removing or
+                # swapping the annotation (the webhook off) makes no hand-written answer count.
+                "data_key_digest": data_key_fingerprint(self.keyring, run) or cp.data_key_digest,
             }
         )
         # Last, over the finished checkpoint: the proof that this operator committed its decisive
@@ -107,6 +111,16 @@ class CommitBuilder:
             keyring=self.keyring,
         )
         return Commit(event, status, dump_checkpoint(cp), detail, migrated_from=self.migrated_from)
+
+
+def data_key_fingerprint(keyring: Keyring | None, run: RunSnapshot) -> str | None:
+    """The fingerprint of the run's data key, or None (no key, or none this keyring opens)."""
+    if keyring is None or run.data_key is None:
+        return None
+    try:
+        return fingerprint(open_data_key(keyring, run.data_key, run.namespace, run.name))
+    except (UndecryptableError, ValueSealingError):
+        return None
 
 
 def commit_untouched(
@@ -270,7 +284,14 @@ def conditions_for(
 
 REQUEST_REFUSED = "RequestRefused"
 RefusedField = Literal[
-    "approvals", "cancellations", "retryQuarantine", "reconcileNow", "escalation", "reconciliations"
+    "approvals",
+    "cancellations",
+    "retryQuarantine",
+    "reconcileNow",
+    "escalation",
+    "reconciliations",
+    "answers",
+    "events",
 ]
 
 

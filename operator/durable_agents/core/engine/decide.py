@@ -252,7 +252,7 @@ def _by_state(
     if unverified is not None:
         return unverified
     if state is RunState.WAITING_INPUT:
-        return leave_input_wait(builder)
+        return leave_input_wait(builder, settings)
     if state is RunState.WAITING_EXTERNAL:
         return _waiting_external(builder, planner, settings, actions, children)
     if state is RunState.WAITING_APPROVAL:
@@ -282,4 +282,4 @@ def _waiting_external(
         return reconcile_actions(builder, builder.run, planner, settings, actions, cancel=cancel)
     if running_children(cp):
         return reconcile_children(builder, builder.run, children)
-    return leave_external_wait(builder)
+    return leave_external_wait(builder, settings)

@@ -35,6 +35,7 @@ from durable_agents.core.engine.commits import CommitBuilder
 from durable_agents.core.engine.decisions import Decision, NeedModelTurn
 from durable_agents.core.engine.retries import attempt_failed
 from durable_agents.core.engine.snapshot import ModelAnswer, ReadResult, RunSnapshot, Settings
+from durable_agents.core.engine.waits import delivered_key
 from durable_agents.core.sealed_values import ValueSealingError, is_sealed, unseal_value
 from durable_agents.core.statemachine import RunEvent
 
@@ -215,7 +216,7 @@ def settle_finished(builder: CommitBuilder, run: RunSnapshot, planner: ModelPlan
     result: dict[str, Any] = {"step": pending.step_index}
     if calls:
         result.update(outcome=calls[-1].outcome, error=calls[-1].error)
-    delivered = _delivered(run, planner, pending)
+    delivered = _delivered(run, planner, pending, cp)
     if delivered is not None:
         result["delivered"] = delivered
     outcome: SettledOutcome = "failed" if failed else "succeeded"
@@ -226,15 +227,21 @@ def settle_finished(builder: CommitBuilder, run: RunSnapshot, planner: ModelPlan
     return True
 
 
-def _delivered(run: RunSnapshot, planner: ModelPlanner, turn: ModelTurn) -> Any:
-    """What a person answered the model's question (``spec.answers``, by the call's request ID), or
-    what arrived for the event it awaited (``spec.events``, by name): unsealed, for the model."""
+def _delivered(run: RunSnapshot, planner: ModelPlanner, turn: ModelTurn, cp: Checkpoint) -> Any:
+    """What a person answered the model's question (``spec.answers``, under the key the wait moved
+    on with: the call's request ID, or a new one after a refused answer), or what arrived for the
+    event it awaited (``spec.events``): unsealed, for the model. Only the value the wait proved
+    (:mod:`durable_agents.core.deliveries`) and referenced is given."""
     arguments = turn_arguments(turn, planner.inputs.data_key)
     event = arguments.get("event") if isinstance(arguments, dict) else None
     request_id = f"agent-{turn.step_index}"
+    answered = delivered_key(cp, turn.step_index, "answers")
+    arrived = delivered_key(cp, turn.step_index, "events")
+    if answered is None and arrived is None:  # a checkpoint from before keys were recorded this way
+        answered, arrived = request_id, event if isinstance(event, str) else None
     for label, value in (
-        (f"answers/{request_id}", run.spec.answers.get(request_id)),
-        (f"events/{event}", run.spec.events.get(event) if isinstance(event, str) else None),
+        (f"answers/{answered}", run.spec.answers.get(answered) if answered else None),
+        (f"events/{arrived}", run.spec.events.get(arrived) if arrived else None),
     ):
         if value is None:
             continue

@@ -1,4 +1,9 @@
-"""Waits for a human's answer or an external event: entered, left, expired, or re-entered."""
+"""Waits for a human's answer or an external event: entered, left, expired, or re-entered.
+
+An answer or event is acted on only once its seal proves the admission webhook admitted it
+(:mod:`durable_agents.core.deliveries`); one that is not is refused once and the run waits for
+the same question or event under a new key.
+"""
 
 from __future__ import annotations
 
@@ -6,14 +11,18 @@ from collections.abc import Mapping
 from datetime import datetime
 
 from durable_agents.api.v1alpha1 import Outcome
-from durable_agents.core.checkpoint import ExternalEvidenceRef, PendingExternal, PendingInput
+from durable_agents.core.authority import Unproven
+from durable_agents.core.checkpoint import Checkpoint, ExternalEvidenceRef, PendingExternal, PendingInput
+from durable_agents.core.deliveries import DeliveryField, delivery_unproven, next_key
 from durable_agents.core.digest import canonical_digest
 from durable_agents.core.durations import parse_duration
 from durable_agents.core.engine.children import running_children
-from durable_agents.core.engine.commits import CommitBuilder
+from durable_agents.core.engine.commits import CommitBuilder, refusal_of, refuse_in
 from durable_agents.core.engine.decisions import Commit, Decision, Idle
-from durable_agents.core.engine.snapshot import Settings
+from durable_agents.core.engine.snapshot import RunSnapshot, Settings
 from durable_agents.core.planner import AskHuman, AwaitEvent
+from durable_agents.core.sealed_values import DATA_KEY_ANNOTATION, DataKey, fingerprint, open_data_key
+from durable_agents.core.sealing import UndecryptableError
 from durable_agents.core.statemachine import RunEvent
 
 
@@ -43,18 +52,26 @@ def await_event(builder: CommitBuilder, step: AwaitEvent, settings: Settings) ->
     )
 
 
-def leave_input_wait(builder: CommitBuilder) -> Decision:
-    """In waiting_input: move on once the answer is in the spec, or expire."""
+def awaited_key(pending: PendingInput | PendingExternal) -> str:
+    """The key the answer (event) is awaited under: a new one once a value was refused."""
+    if pending.key is not None:
+        return pending.key
+    return pending.request_id if isinstance(pending, PendingInput) else pending.event
+
+
+def leave_input_wait(builder: CommitBuilder, settings: Settings) -> Decision:
+    """In waiting_input: move on once the answer is in the spec (and proven), or expire."""
     asked = builder.cp.pending_input
     if asked is None:
         return builder.commit(RunEvent.INPUT_RECEIVED, detail="no pending question recorded")
     return _leave_wait(
         builder,
+        settings,
         RunEvent.INPUT_RECEIVED,
         "answer",
         asked.request_id,
         "answers",
-        asked.request_id,
+        awaited_key(asked),
         builder.run.spec.answers,
         clear="pending_input",
         expires_at=asked.expires_at,
@@ -62,18 +79,19 @@ def leave_input_wait(builder: CommitBuilder) -> Decision:
     )
 
 
-def leave_external_wait(builder: CommitBuilder) -> Decision:
-    """In waiting_external on an event: move on once the event is in the spec, or expire."""
+def leave_external_wait(builder: CommitBuilder, settings: Settings) -> Decision:
+    """In waiting_external on an event: move on once the event is in the spec (and proven), or expire."""
     awaited = builder.cp.pending_external
     if awaited is None:
         return builder.commit(RunEvent.EXTERNAL_RECEIVED, detail="no pending event recorded")
     return _leave_wait(
         builder,
+        settings,
         RunEvent.EXTERNAL_RECEIVED,
         "event",
         awaited.request_id,
         "events",
-        awaited.event,
+        awaited_key(awaited),
         builder.run.spec.events,
         clear="pending_external",
         expires_at=awaited.expires_at,
@@ -83,10 +101,11 @@ def leave_external_wait(builder: CommitBuilder) -> Decision:
 
 def _leave_wait(
     builder: CommitBuilder,
+    settings: Settings,
     event: RunEvent,
     kind: str,
     request_id: str,
-    field_name: str,
+    field_name: DeliveryField,
     key: str,
     delivered: Mapping[str, str],
     *,
@@ -94,7 +113,8 @@ def _leave_wait(
     expires_at: datetime,
     expired: str,
 ) -> Decision:
-    """An answer or event arrived: record a reference to it (never its text) and move on.
+    """An answer or event arrived: once its seal proves the webhook admitted it, record a
+    reference to it (never its text) and move on; else refuse it and ask again under a new key.
 
     Nothing arrived: expire at the expiry, or stay idle until then.
     """
@@ -102,11 +122,23 @@ def _leave_wait(
     if value is None:
         return _expire_or_idle(builder, expires_at, expired, builder.run.spec.deadline)
     cp, run = builder.cp, builder.run
+    try:
+        data_key = run_data_key(run, cp, settings)
+    except UndecryptableError as err:  # nothing can be verified: never act on it
+        return builder.commit(
+            RunEvent.QUARANTINE,
+            outcome=Outcome(
+                reason="Undecryptable", message=f"spec.{field_name}[{key}] cannot be verified: {err}"
+            ),
+        )
+    problem = delivery_unproven(data_key, field_name, key, value)
+    if problem is not None:
+        return _ask_again(builder, field_name, key, delivered, clear, problem)
     ref = ExternalEvidenceRef(
         id=f"{kind}-{request_id}",
         step_index=cp.position.step,
         recorded_at=builder.now,
-        uri=f"agentrun://{run.namespace}/{run.name}/spec.{field_name}/{key}",
+        uri=delivery_uri(run, field_name, key),
         content_digest=canonical_digest(value),
     )
     checkpoint = cp.model_copy(
@@ -119,6 +151,68 @@ def _leave_wait(
     return builder.commit(
         event, checkpoint=checkpoint, detail=f"{kind} {'to ' if kind == 'answer' else ''}{key}"
     )
+
+
+def run_data_key(run: RunSnapshot, cp: Checkpoint, settings: Settings) -> DataKey | None:
+    """The run's data key (None: a run that never had one); :class:`UndecryptableError` when it has
+    one this operator cannot open (no keyring, the key retired), or not the one it had."""
+    if run.data_key is None and cp.data_key_digest is None:
+        return None
+    if run.data_key is None:
+        raise UndecryptableError(
+            "",
+            f"the run had a data key and its {DATA_KEY_ANNOTATION} annotation is gone: removed by "
+            "someone other than the operator, so no answer or event of it can be verified",
+        )
+    if settings.keyring is None:
+        raise UndecryptableError("", "this operator has no sealing keyring to open the run's data key")
+    data_key = open_data_key(settings.keyring, run.data_key, run.namespace, run.name)
+    if cp.data_key_digest is not None and fingerprint(data_key) != cp.data_key_digest:
+        raise UndecryptableError(
+            "",
+            f"the run's {DATA_KEY_ANNOTATION} annotation holds another data key than the one it "
+            "had: replaced by someone other than the operator",
+        )
+    return data_key
+
+
+def delivery_uri(run: RunSnapshot, field_name: str, key: str) -> str:
+    return f"agentrun://{run.namespace}/{run.name}/spec.{field_name}/{key}"
+
+
+def delivered_key(cp: Checkpoint, step_index: int, field_name: str) -> str | None:
+    """The ``spec.<field_name>`` key whose value the wait at ``step_index`` moved on with (its
+    reference records it), or None."""
+    marker = f"/spec.{field_name}/"
+    for ref in reversed(cp.input_refs):
+        if isinstance(ref, ExternalEvidenceRef) and ref.step_index == step_index and marker in ref.uri:
+            return ref.uri.rsplit(marker, 1)[1]
+    return None
+
+
+def _ask_again(
+    builder: CommitBuilder,
+    field_name: DeliveryField,
+    key: str,
+    delivered: Mapping[str, str],
+    clear: str,
+    problem: Unproven,
+) -> Decision:
+    """Refuse the value under ``key`` once and wait for the same question or event under a new key
+    (``key`` stays taken: the map is append-only). Through resume validation, back into the wait
+    recorded in the checkpoint (:func:`recorded_wait`), as a refused approval decision is asked again."""
+    cp = builder.cp
+    taken = {*delivered, *(r.key for r in builder.run.status.refused_requests if r.field == field_name)}
+    new = next_key(key, taken)
+    pending = getattr(cp, clear)
+    checkpoint = cp.model_copy(update={clear: pending.model_copy(update={"key": new})})
+    commit = builder.commit(
+        RunEvent.REVALIDATION_REQUIRED,
+        checkpoint=checkpoint,
+        detail=f"spec.{field_name}[{key}] refused ({problem.reason}): asked again as {new}",
+    )
+    said = Unproven(problem.reason, f"{problem.message}; asked again as spec.{field_name}[{new}]")
+    return refuse_in(commit, refusal_of(field_name, key, said, builder.now))
 
 
 def _expire_or_idle(
@@ -147,11 +241,11 @@ def recorded_wait(builder: CommitBuilder) -> Commit | None:
         )
     if cp.pending_input is not None:
         return builder.commit(
-            RunEvent.INPUT_REQUESTED, waiting_for=f"input:{cp.pending_input.request_id}", detail=detail
+            RunEvent.INPUT_REQUESTED, waiting_for=f"input:{awaited_key(cp.pending_input)}", detail=detail
         )
     if cp.pending_external is not None:
         return builder.commit(
-            RunEvent.EXTERNAL_AWAITED, waiting_for=f"event:{cp.pending_external.event}", detail=detail
+            RunEvent.EXTERNAL_AWAITED, waiting_for=f"event:{awaited_key(cp.pending_external)}", detail=detail
         )
     if cp.retry.retry_at is not None:
         commit = builder.commit(
