@@ -60,7 +60,8 @@ def test_a_cancel_on_a_run_of_the_largest_size_being_worked_is_admitted_and_the_
         GROUP, VERSION, namespace, "agentruns", name, {"spec": {"cancellations": {"stop": {"scope": "task"}}}}
     )
     entry = runs.get(name)["spec"]["cancellations"]["stop"]
-    assert entry.get("stamp") and entry["requestedBy"]["username"], "stamped by the webhook"
+    assert entry.get("stamp"), "stamped by the webhook"
+    assert entry["requestedBy"]["username"], "who asked, written by the webhook"
 
     canceled = runs.wait_state(name, "canceled", timeout=Within.TAKEOVER)
     assert canceled["status"]["outcome"]["reason"]
