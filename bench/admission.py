@@ -208,14 +208,34 @@ def webhook_mean(before: dict[str, tuple[float, float]], after: dict[str, tuple[
     return out
 
 
-def measure(env: Env, namespace: str, names: list[str], gap: float, busy: BusyRuns | None, every: int) -> Any:
+def held_runs(env: Env, namespace: str, url: str, count: int, awaits: int) -> list[str]:
+    """Runs of the largest size, worked until they wait for an event nobody gives: the baseline
+    for cancelling a large run (the same review size, nothing being worked)."""
+    runs = Runs(env.kube, namespace)
+    names = [f"held-{k}" for k in range(count)]
+    for name in names:
+        runs.create(largest_run(url, name, awaits, hold=True), name=name, stamped=False)
+
+    def holding() -> bool:
+        statuses = [runs.get(name).get("status") or {} for name in names]
+        return all(s.get("waitingFor") == "event:hold" for s in statuses)
+
+    eventually(holding, Within.TAKEOVER, f"{count} runs of the largest size waiting at their last step")
+    return names
+
+
+def measure(
+    env: Env, namespace: str, names: list[str], gap: float, busy: BusyRuns | list[str], every: int
+) -> Any:
+    """Cancel each of ``names``; every ``every``, a large run too: the busy one, or the next held one."""
     custom = env.custom
     small: list[Sample] = []
     big: list[Sample] = []
+    held = list(busy) if isinstance(busy, list) else []
     for i, name in enumerate(names):
         small.append(cancel(custom, namespace, name))
-        if busy is not None and every and (i + 1) % every == 0:
-            target = busy.wait_worked()
+        if every and (i + 1) % every == 0 and (held or isinstance(busy, BusyRuns)):
+            target = held.pop(0) if held else busy.wait_worked()  # type: ignore[union-attr]
             before = webhook_seconds(env)  # nothing else passes the webhook meanwhile (but rarely)
             sample = cancel(custom, namespace, target)
             after = webhook_seconds(env)
@@ -241,6 +261,7 @@ class Round:
     baseline: list[Sample]
     busy: list[Sample]
     busy_run: list[Sample]
+    held_run: list[Sample]
     cpu_percent: dict[str, float]
     webhook_mean: dict[str, Any]
     busy_runs: list[dict[str, Any]]
@@ -259,10 +280,11 @@ def one_round(args: argparse.Namespace, env: Env, refsystem: ReferenceSystemThre
         names = [f"small-{i}" for i in range(2 * args.samples)]
         create_runs(env, namespace, {name: small_spec() for name in names})
         await_states(env, namespace, "waiting_external", len(names), timeout=Within.TAKEOVER)
+        held = held_runs(env, namespace, refsystem.url, args.samples // args.big_every, args.awaits)
         log(f"{label} baseline: {args.samples} cancellations of small runs, the operator otherwise idle")
         _, cpu0 = proc_sample(op.pid)
         started, hooks0 = time.perf_counter(), webhook_seconds(env)
-        baseline, _ = measure(env, namespace, names[: args.samples], args.gap, None, 0)
+        baseline, idle_big = measure(env, namespace, names[: args.samples], args.gap, held, args.big_every)
         cpu["baseline"] = round(100 * (proc_sample(op.pid)[1] - cpu0) / (time.perf_counter() - started), 1)
         hooks["baseline"] = webhook_mean(hooks0, webhook_seconds(env))
         log(f"{label} busy: the same beside runs of the largest size, one cancelled every {args.big_every}")
@@ -284,7 +306,7 @@ def one_round(args: argparse.Namespace, env: Env, refsystem: ReferenceSystemThre
         timeout = webhook_timeout(env, namespace)
     finally:
         op.stop()
-    return Round(baseline, loaded, big, cpu, hooks, busy.ended, timeout)
+    return Round(baseline, loaded, big, idle_big, cpu, hooks, busy.ended, timeout)
 
 
 def side_figures(rounds: list[Round]) -> dict[str, Any]:
@@ -293,11 +315,12 @@ def side_figures(rounds: list[Round]) -> dict[str, Any]:
         "baseline": figures([s for r in rounds for s in r.baseline]),
         "busy": figures([s for r in rounds for s in r.busy]),
         "busy_run_cancellations": figures([s for r in rounds for s in r.busy_run]),
+        "held_run_cancellations": figures([s for r in rounds for s in r.held_run]),
         "operator_cpu_percent": [r.cpu_percent for r in rounds],
         "webhook_mean_seconds_api_server": [r.webhook_mean for r in rounds],
         "busy_runs": [run for r in rounds for run in r.busy_runs],
     }
-    for phase in ("baseline", "busy", "busy_run_cancellations"):
+    for phase in ("baseline", "busy", "held_run_cancellations", "busy_run_cancellations"):
         f = out[phase]
         log(
             f"  {phase}: p50 {f['p50_seconds'] * 1000:.0f} ms, p99 {f['p99_seconds'] * 1000:.0f} ms, "

@@ -253,7 +253,7 @@ class LimitedWebhookServer(ThreadedWebhookServer):
                 limits.walk(payload.get("object"))
             except limits.LimitExceeded as err:
                 return aiohttp.web.json_response(_denial(review, err))
-        return await kopf.WebhookServer._serve(fn, request)
+        return await ThreadedWebhookServer._answer(fn, review, request)
 
 
 async def announce_when_serving(
