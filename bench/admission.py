@@ -5,10 +5,14 @@ One local control plane (etcd fsync ON, as ``bench.core``), one operator process
 on (failurePolicy Fail, as installed by the operator). Small runs wait on an event; each sample is
 one cancellation (a merge patch adding ``spec.cancellations``: the mutating webhook stamps it, the
 validating webhook asks a SubjectAccessReview) on a small run, timed at the client from request
-to answer. First the baseline, with nothing else to do; then the same while runs of the largest
-admitted size (``durable_agents_testkit.large_runs``: 448 KiB as stored, five 64 KiB effects and
-awaits that commit at once) are worked one after the other, and every ``--big-every`` samples the
-busy run itself is cancelled (its latency reported apart; the next one is created at once).
+to answer. First the baseline, with nothing else to do, and every ``--big-every`` samples a
+cancellation of a run of the largest admitted size that is held, not worked (the same review
+size); then the same while runs of the largest admitted size (``durable_agents_testkit.large_runs``:
+448 KiB as stored, five 64 KiB effects and awaits that commit at once) are worked one after the
+other, every ``--big-every`` samples the busy run itself cancelled (the next one is created at
+once). For each large-run cancellation the API server's own count of time spent calling the two
+webhooks is kept beside it (``webhook_seconds_of_each``), so the webhook's share shows apart from
+the API server's and etcd's.
 
 With ``--base REV`` the operator of that revision (``git archive``, imported through
 ``PYTHONPATH`` as ``bench.ab`` does) is measured too, in rounds interleaved with the working
