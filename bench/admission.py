@@ -338,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--samples", type=int, default=100, help="cancellations per phase and round")
     parser.add_argument("--rounds", type=int, default=2, help="operator processes per build, interleaved")
     parser.add_argument("--gap", type=float, default=0.05, help="seconds between samples")
-    parser.add_argument("--big-every", type=int, default=20, help="cancel the busy run every N samples")
+    parser.add_argument("--big-every", type=int, default=10, help="cancel the busy run every N samples")
     parser.add_argument("--awaits", type=int, default=40, help="await steps of each busy run")
     parser.add_argument("--base", help="git revision measured beside the working tree (interleaved rounds)")
     parser.add_argument("--profile", type=Path, help="py-spy the operator in the busy phase (.svg or .json)")
