@@ -120,6 +120,15 @@ bench-status-shapes: $(BENCH_STAMP) binaries ## status writes/s by status and CR
 	DURABLE_AGENTS_BIN_DIR=$$(bash hack/build.sh | tail -n1) $(PY) -m bench.status_shapes --repeat $(BENCH_REPEAT) \
 		--out bench/results/status_shapes.json
 
+# A git revision measured beside the working tree by bench-admission (interleaved rounds), e.g. the
+# commit before a change to the webhook; empty: the working tree only.
+ADMISSION_BASE ?=
+
+.PHONY: bench-admission
+bench-admission: $(BENCH_STAMP) binaries ## admission latency beside a run of the largest admitted size (issue 30) -> bench/results/admission.json (ADMISSION_BASE=REV: A/B)
+	DURABLE_AGENTS_BIN_DIR=$$(bash hack/build.sh | tail -n1) $(PY) -m bench.admission --rounds $(BENCH_REPEAT) \
+		$(if $(ADMISSION_BASE),--base $(ADMISSION_BASE)) --out bench/results/admission.json $(BENCH_ARGS)
+
 # Documents the admission fuzzing test generates in e2e-chaos (make test: 100, its default).
 FUZZ_EXAMPLES ?= 1000
 

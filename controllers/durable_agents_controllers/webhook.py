@@ -2,8 +2,9 @@
 the authority of every request (the rules: :mod:`durable_agents.shell.admission`; for
 RegionFailovers, :mod:`durable_agents.shell.failover_admission`).
 
-Registered only when the configuration gives it a port. It runs in the operator's process and
-stamps with the operator's keyring, which is what the engine verifies. The operator makes its own
+Registered only when the configuration gives it a port. It runs in the operator's process (on a
+thread and event loop of its own: :mod:`.webhook_thread`) and stamps with the operator's keyring,
+which is what the engine verifies. The operator makes its own
 TLS certificate, serves on the configured host, and registers Mutating/ValidatingWebhookConfigurations
 with failurePolicy Fail: with the operator down, requests are refused, never silently accepted.
 """
@@ -30,6 +31,7 @@ from durable_agents.shell.sealing_admission import SealingRefused, sealing_chang
 from durable_agents_controllers.manager import Manager
 from durable_agents_controllers.reveal import reveal_hook
 from durable_agents_controllers.webhook_serving import WebhookServing
+from durable_agents_controllers.webhook_thread import ThreadedWebhookServer, on_loop
 
 log = logging.getLogger(__name__)
 READY_LINE = "admission webhook serving"
@@ -48,16 +50,21 @@ def invalid_spec(err: ValidationError) -> str:
     return f"{where}: {first.get('msg', 'invalid')}"
 
 
-async def home_region(manager: Manager, body: dict[str, Any]) -> str:
+async def home_region(manager: Manager, body: dict[str, Any], loop: asyncio.AbstractEventLoop) -> str:
     """A new run's home region when it names none: its AgentPolicy's ``defaultRegion``, else the
-    region this operator serves."""
+    region this operator serves. A policy not yet cached is fetched on the operator's ``loop``
+    (the cache and the queue are that loop's; the webhook serves on its own thread)."""
     ref = (body.get("spec") or {}).get("policyRef") or {}
     namespace = (body.get("metadata") or {}).get("namespace") or ""
     if isinstance(ref, dict) and isinstance(ref.get("name"), str):
         policies, key = manager.worker.policies, (namespace, ref["name"])
-        if policies.get(key) is None:
+
+        async def fetch() -> None:
             for waited in await policies.fetch(*key) or ():
                 manager.worker.enqueue(waited)  # runs that waited for this policy go on
+
+        if policies.get(key) is None:
+            await on_loop(loop, fetch())
         policy = policies.get(key)
         if policy is not None and policy.default_region:
             return policy.default_region
@@ -72,8 +79,10 @@ def register(registry: kopf.OperatorRegistry, manager: Manager) -> None:
         return
     background: set[asyncio.Task[None]] = set()
     serving = WebhookServing(manager, LimitedWebhookServer)
+    operator_loop: list[asyncio.AbstractEventLoop] = []  # the handlers run on the webhook's own
 
     async def serve(settings: kopf.OperatorSettings) -> None:
+        operator_loop[:] = [asyncio.get_running_loop()]
         configurations = await serving.configure(settings)
         # Installed before the server listens: until then every AgentRun write fails closed.
         await admission.install_webhooks(manager.kube, *configurations)
@@ -102,7 +111,7 @@ def register(registry: kopf.OperatorRegistry, manager: Manager) -> None:
         for field, value in stamped.items():
             patch.spec[field] = value
         if operation == "CREATE" and not (body.get("spec") or {}).get("region"):
-            patch.spec["region"] = await home_region(manager, dict(body))
+            patch.spec["region"] = await home_region(manager, dict(body), operator_loop[0])
         try:  # then seal what people wrote (the data-key annotation: sealing_admission)
             sealed = sealing_changes(operation, dict(body), dict(old) if old is not None else None, keyring)
         except SealingRefused as err:
@@ -220,9 +229,10 @@ def _denial(review: dict[str, Any], refused: limits.LimitExceeded) -> dict[str, 
     }
 
 
-class LimitedWebhookServer(kopf.WebhookServer):
-    """kopf's server, with room for large reviews and the limits checked before kopf (which diffs
-    old and new recursively) or any handler sees the object."""
+class LimitedWebhookServer(ThreadedWebhookServer):
+    """kopf's server on its own thread (:mod:`.webhook_thread`), with room for large reviews and
+    the limits checked before kopf (which diffs old and new recursively) or any handler sees the
+    object."""
 
     @staticmethod
     async def _serve(fn: Any, request: aiohttp.web.Request) -> aiohttp.web.Response:
@@ -243,7 +253,7 @@ class LimitedWebhookServer(kopf.WebhookServer):
                 limits.walk(payload.get("object"))
             except limits.LimitExceeded as err:
                 return aiohttp.web.json_response(_denial(review, err))
-        return await kopf.WebhookServer._serve(fn, request)
+        return await ThreadedWebhookServer._answer(fn, review, request)
 
 
 async def announce_when_serving(

@@ -10,6 +10,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from tests.unit.limits_worst_case import worst_checkpoint, worst_status
 
 from durable_agents.api.v1alpha1 import AgentRunStatus
@@ -89,6 +91,13 @@ def test_walk_measures_depth_and_the_exact_compact_json_size() -> None:
     walked = walk(value)
     assert walked.depth == 3
     assert walked.size == len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
+
+
+@given(st.dictionaries(st.text(), st.text() | st.text(alphabet=st.characters(max_codepoint=127))))
+def test_walk_sizes_every_string_as_compact_json_does(value: dict[str, str]) -> None:
+    """Plain ASCII strings are sized without json.dumps (a 64 KiB blob in each review of a large
+    run): the same number, escapes (quotes, backslashes, control characters) and UTF-8 included."""
+    assert walk(value).size == len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
 
 
 @pytest.mark.parametrize("depth", [700, 1500, 100_000])

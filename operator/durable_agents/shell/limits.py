@@ -96,6 +96,8 @@ class Walked:
 
 def _scalar_size(value: Any) -> int:
     if isinstance(value, str):
+        if value.isascii() and value.isprintable() and '"' not in value and "\\" not in value:
+            return len(value) + 2  # nothing to escape (the common case, and a 64 KiB blob's)
         return len(json.dumps(value, ensure_ascii=False).encode())
     return len(json.dumps(value)) if isinstance(value, bool | int | float) or value is None else 4
 

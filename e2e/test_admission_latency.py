@@ -1,0 +1,69 @@
+"""A cancellation of a run of the largest admitted size, sent while the operator works that run,
+passes the operator's admission webhook (failurePolicy Fail: a webhook that does not answer within
+its timeout refuses the request) and the run then cancels (issue 30).
+
+The webhook answers on its own thread and event loop, not on the loop where the worker decides
+the run's transitions (each one validates and verifies the whole 448 KiB run). How long the answer
+takes is measured by ``make bench-admission`` (bench/admission.py), never asserted here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from kubernetes import client
+
+from durable_agents.api.v1alpha1 import GROUP, VERSION
+from durable_agents.shell.limits import CREATE_BUDGET
+from durable_agents_testkit.cluster import KubeEnv
+from durable_agents_testkit.eventually import Within, eventually
+from durable_agents_testkit.large_runs import MARGIN, largest_run, size_of
+from durable_agents_testkit.operator_process import OperatorProcess
+from durable_agents_testkit.refsystem import ReferenceSystemThread
+from durable_agents_testkit.runs import Runs
+from durable_agents_testkit.scrape import free_port
+
+TERMINAL = ("completed", "canceled", "failed", "quarantined")
+
+
+def test_a_cancel_on_a_run_of_the_largest_size_being_worked_is_admitted_and_the_run_cancels(
+    kube: KubeEnv,
+    namespace: str,
+    runs: Runs,
+    refsystem: ReferenceSystemThread,
+    start_operator: Callable[..., OperatorProcess],
+) -> None:
+    op = start_operator("latency", DURABLE_AGENTS_WEBHOOK_PORT=str(free_port()))
+    eventually(lambda: op.logged("admission webhook serving"), Within.COMMIT, "the admission webhook")
+    runs.await_webhook()
+    hooks = client.AdmissionregistrationV1Api(kube.api)
+    (config,) = [
+        c for c in hooks.list_mutating_webhook_configuration().items if c.metadata.name.endswith(namespace)
+    ]
+    (webhook,) = [w for w in config.webhooks if "agentruns" in w.rules[0].resources]
+    assert webhook.failure_policy == "Fail", "a webhook that does not answer in time refuses the write"
+
+    name = "largest"
+    spec = largest_run(refsystem.url, name, hold=True)
+    assert CREATE_BUDGET - MARGIN - 4096 < size_of(name, spec) <= CREATE_BUDGET
+    runs.create(spec, name=name, stamped=False)  # through the webhook, as a user writes it
+
+    def being_worked() -> int | None:
+        status = runs.get(name).get("status") or {}
+        version = int(status.get("stateVersion") or 0)
+        return version if version >= 1 and status.get("state") not in TERMINAL else None
+
+    version = eventually(being_worked, Within.TAKEOVER, f"{name} being worked")
+    # Raises on a refusal, a webhook timeout ("failed calling webhook ... context deadline exceeded")
+    # among them.
+    runs.custom.patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, "agentruns", name, {"spec": {"cancellations": {"stop": {"scope": "task"}}}}
+    )
+    entry = runs.get(name)["spec"]["cancellations"]["stop"]
+    assert entry.get("stamp"), "stamped by the webhook"
+    assert entry["requestedBy"]["username"], "who asked, written by the webhook"
+
+    canceled = runs.wait_state(name, "canceled", timeout=Within.TAKEOVER)
+    assert canceled["status"]["outcome"]["reason"]
+    assert canceled["status"]["stateVersion"] > version
+    print(f"\ncancelled at v{version} of {canceled['status']['stateVersion']}; {size_of(name, spec)} bytes")
