@@ -95,6 +95,15 @@ class Sampler:
             self.samples += 1
             await asyncio.sleep(0.005)
 
+    async def saw(self, identity: str) -> None:
+        """Wait until a sample caught ``identity`` owning (on a loaded machine the sampling task
+        may not run between an owner's election and a test's next step)."""
+
+        async def caught() -> bool:
+            return any(owner == identity for owner, _ in self.epochs)
+
+        await eventually_async(caught, Within.COMMIT, f"the sampler to see {identity} own the region")
+
     async def close(self) -> None:
         self._task.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -108,8 +117,10 @@ async def test_one_owner_at_a_time_among_three_electors(
     sampler = Sampler(group)
     try:
         first = await sole_leader(group, "one owner among three electors")
+        await sampler.saw(first.identity)
         await first.stop()  # a graceful handover
         second = await sole_leader([e for e in group if e is not first], "an owner after a graceful stop")
+        await sampler.saw(second.identity)
         crash(second)  # a takeover after expiry
         third = await sole_leader([e for e in group if e not in (first, second)], "an owner after a crash")
         looked = first.attempts + second.attempts
