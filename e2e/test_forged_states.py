@@ -106,7 +106,9 @@ def test_a_forged_end_of_a_top_level_run_is_quarantined_and_never_recorded_as_su
     assert refsystem.total() == 0, "the effect after the question was never sent"
 
 
+@pytest.mark.parametrize("forged", ["completed", "failed", "canceled"])
 def test_a_forged_end_of_a_child_run_does_not_move_its_parent(
+    forged: str,
     kube: KubeEnv,
     namespace: str,
     mallory: client.ApiClient,  # noqa: F811
@@ -122,7 +124,7 @@ def test_a_forged_end_of_a_child_run_does_not_move_its_parent(
     runs.wait_state(child_name, "waiting_input", timeout=Within.COMMIT)
     runs.wait_state(name, "waiting_external", timeout=Within.COMMIT)
 
-    forge_state(mallory, runs, child_name, "completed")
+    forge_state(mallory, runs, child_name, forged)
     sub = quarantined(runs, child_name)
     assert sub["status"]["checkpoint"]["position"]["state"] == "waiting_input"
     # The parent was woken by the forged end: it did not believe it, and waits.
@@ -130,10 +132,12 @@ def test_a_forged_end_of_a_child_run_does_not_move_its_parent(
     assert refsystem.total() == 0
 
     # The child is canceled for real: the parent's step fails with the child's real end (never
-    # completed), and the effect after it is never sent.
+    # the forged one), and the effect after it is never sent.
     cancel(runs, child_name, "after-forgery", "task", "status was forged")
     runs.wait_state(child_name, "canceled", timeout=Within.COMMIT)
     done = runs.wait_state(name, "failed", "completed", "canceled", timeout=Within.RUN)
-    assert done["status"]["checkpoint"]["children"][0]["outcome"] == "canceled"
+    (record,) = done["status"]["checkpoint"]["children"]
+    # The real end carries the child's stamped outcome ("Canceled"); the forged state had none.
+    assert (record["outcome"], record.get("reason")) == ("canceled", "Canceled"), record
     assert done["status"]["state"] != "completed", done["status"]
     assert refsystem.total() == 0
