@@ -11,10 +11,20 @@ from kubernetes.client.rest import ApiException
 
 from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents_testkit.cluster import KubeEnv
+from durable_agents_testkit.keys import sealed
 
 
 def _never(run: dict[str, Any]) -> bool:
     return False
+
+
+def as_admitted(run: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+    """An answer or event patch with its values sealed for ``run`` as the admission webhook seals
+    them (a person answering through it): the operator acts on no value written without it."""
+    spec = run.get("spec") or {}
+    new = {**run, "spec": {**spec, **{k: {**(spec.get(k) or {}), **v} for k, v in patch["spec"].items()}}}
+    admitted = sealed("UPDATE", new, run)["spec"]
+    return {"spec": {k: {key: admitted[k][key] for key in v} for k, v in patch["spec"].items()}}
 
 
 class Responder:
@@ -89,6 +99,8 @@ class Responder:
     def _deliver(self, namespace: str, run: dict[str, Any], patch: tuple[dict[str, Any], bool]) -> None:
         body, by_approver = patch
         api = self.approver if by_approver else None
+        if not by_approver:
+            body = as_admitted(run, body)
         name = run["metadata"]["name"]
 
         def send() -> None:
