@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from tests.unit.builders import (
     DONE,
+    EPOCH,
     KEYRING,
     T0,
     UID,
@@ -220,3 +221,18 @@ def test_an_unstamped_cancellation_counts_only_with_the_stamped_request_it_names
     problem = forged_position(_snap(unstamped), KEYED)
     assert problem is not None
     assert "no position stamp" in problem.message
+
+
+def test_an_internal_error_quarantine_made_outside_decide_is_stamped() -> None:
+    """The worker quarantines a run it keeps failing on (not through decide): that status is the
+    operator's too, so it must verify, not be taken for a forgery."""
+    from durable_agents.core.engine.quarantine import internal_error
+
+    obj = waiting()
+    commit = internal_error(_snap(obj), at(5), EPOCH, "decide", "boom", keyring=KEYRING)
+    assert commit is not None
+    quarantined = apply(obj, commit)
+    assert forged_object(quarantined, KEYRING) is None
+    unstamped = internal_error(_snap(obj), at(5), EPOCH, "decide", "boom")
+    assert unstamped is not None
+    assert unstamped.status.position_stamp is None

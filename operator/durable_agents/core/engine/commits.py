@@ -36,7 +36,6 @@ from durable_agents.core.checkpoint import (
 )
 from durable_agents.core.engine.decisions import Commit
 from durable_agents.core.engine.snapshot import RunSnapshot, Settings, run_traceparent
-from durable_agents.core.positions import stamp_position
 from durable_agents.core.sealed_values import ValueSealingError, fingerprint, open_data_key
 from durable_agents.core.sealing import Keyring, UndecryptableError
 from durable_agents.core.statemachine import Position as MachinePosition
@@ -108,7 +107,6 @@ class CommitBuilder:
             waiting_for=waiting_for if after.state.waiting else None,
             outcome=outcome,
             detail=detail,
-            keyring=self.keyring,
         )
         return Commit(event, status, dump_checkpoint(cp), detail, migrated_from=self.migrated_from)
 
@@ -131,8 +129,6 @@ def commit_untouched(
     outcome: Outcome | None,
     history: str,
     detail: str = "",
-    *,
-    keyring: Keyring | None,
 ) -> Commit:
     """A transition that leaves the stored checkpoint exactly as it is (it may be unreadable here)."""
     after = transition(MachinePosition(run.state, run.status.state_version), event)
@@ -146,15 +142,12 @@ def commit_untouched(
         waiting_for=None,
         outcome=outcome,
         detail=history,
-        keyring=keyring,
     )
     raw = dict(run.raw_checkpoint) if run.raw_checkpoint is not None else None
     return Commit(event, status, raw, detail=detail or history)
 
 
-def commit_forged(
-    run: RunSnapshot, now: datetime, epoch: Fencing, problem: str, *, keyring: Keyring | None
-) -> Commit:
+def commit_forged(run: RunSnapshot, now: datetime, epoch: Fencing, problem: str) -> Commit:
     """Quarantine a run whose status names a position the operator did not write (its position
     stamp does not verify): ``IntegrityFailed``, the checkpoint untouched. The state machine has
     no transition out of a forged state (it may claim to be terminal): the run's real position is
@@ -171,7 +164,6 @@ def commit_forged(
         waiting_for=None,
         outcome=outcome,
         detail=f"IntegrityFailed: {problem}"[:512],
-        keyring=keyring,
     )
     raw = dict(run.raw_checkpoint) if run.raw_checkpoint is not None else None
     return Commit(RunEvent.QUARANTINE, status, raw, detail=problem[:512])
@@ -188,10 +180,9 @@ def status_after(
     waiting_for: str | None,
     outcome: Outcome | None,
     detail: str,
-    keyring: Keyring | None = None,
 ) -> AgentRunStatus:
     """The run's status once ``event`` moved it to ``state``: one more history entry, fresh
-    conditions, and (with a keyring) the position stamp over what it now claims."""
+    conditions (its position stamp is made over the final status, as a commit leaves :func:`decide`)."""
     old = run.status
     entry = HistoryEntry(
         state_version=version,
@@ -228,8 +219,6 @@ def status_after(
         reconcile_now=old.reconcile_now,
         escalation=old.escalation,
     )
-    if keyring is not None:
-        status.position_stamp = stamp_position(keyring, run.run_id, status)
     return status
 
 

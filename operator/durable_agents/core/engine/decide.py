@@ -130,7 +130,6 @@ def _decide(
             RunEvent.QUARANTINE,
             _not_authorized(unauthorized),
             "ServiceAccountNotAuthorized",
-            keyring=settings.keyring,
         )
     if state is RunState.PENDING and run.raw_checkpoint is None and not past_deadline:
         return _accept(run, now, epoch, settings, unauthorized)
@@ -142,11 +141,11 @@ def _decide(
     )
     if isinstance(loaded, Quarantine):
         if state is RunState.CANCEL_REQUESTED:
-            return cancel_unreadable(run, now, epoch, loaded, settings.keyring)
-        return enter_quarantine(run, now, epoch, loaded, settings.keyring)
+            return cancel_unreadable(run, now, epoch, loaded)
+        return enter_quarantine(run, now, epoch, loaded)
     forged = forged_position(run, settings)
     if forged is not None:
-        return enter_quarantine(run, now, epoch, forged, settings.keyring)
+        return enter_quarantine(run, now, epoch, forged)
     builder = CommitBuilder(run, loaded, now, epoch, settings)
     if past_deadline:
         assert run.spec.deadline is not None
@@ -171,7 +170,7 @@ def _unbound(run: RunSnapshot, now: datetime, epoch: Fencing, settings: Settings
     is idle and a quarantine moves only on a person's control. None: decide by the checkpoint."""
     forged = forged_position(run, settings) if run.state in UNBOUND_STATES else None
     if forged is not None:
-        return commit_forged(run, now, epoch, forged.message, keyring=settings.keyring)
+        return commit_forged(run, now, epoch, forged.message)
     if run.state.terminal:
         return Idle(reason=f"run is {run.state.value}")
     if run.state is RunState.QUARANTINED:

@@ -28,17 +28,16 @@ from durable_agents.core.engine.commits import (
 from durable_agents.core.engine.decisions import Commit, Decision, Idle
 from durable_agents.core.engine.loading import initial_checkpoint, load_stored
 from durable_agents.core.engine.snapshot import RunSnapshot, Settings
+from durable_agents.core.positions import stamp_position
 from durable_agents.core.sealing import Keyring
 from durable_agents.core.statemachine import RunEvent
 
 
-def enter_quarantine(
-    run: RunSnapshot, now: datetime, epoch: Fencing, problem: Quarantine, keyring: Keyring | None = None
-) -> Commit:
+def enter_quarantine(run: RunSnapshot, now: datetime, epoch: Fencing, problem: Quarantine) -> Commit:
     """Quarantine the run; the checkpoint is left byte-for-byte as stored (a newer operator may read it)."""
     outcome = Outcome(reason=problem.reason, message=problem.message[:4000])
     return commit_untouched(
-        run, now, epoch, RunEvent.QUARANTINE, outcome, problem.reason, problem.message[:512], keyring=keyring
+        run, now, epoch, RunEvent.QUARANTINE, outcome, problem.reason, problem.message[:512]
     )
 
 
@@ -58,9 +57,12 @@ def internal_error(
         f" {run.status.state_version}): {error}; retry with spec.retryQuarantine (kubectl agentrun retry)"
     )
     outcome = Outcome(reason=INTERNAL_ERROR, message=message[:4000])
-    return commit_untouched(
-        run, now, epoch, RunEvent.QUARANTINE, outcome, f"{INTERNAL_ERROR}: {message}"[:512], keyring=keyring
+    commit = commit_untouched(
+        run, now, epoch, RunEvent.QUARANTINE, outcome, f"{INTERNAL_ERROR}: {message}"[:512]
     )
+    if keyring is not None:  # made outside decide, which stamps every other commit's position
+        commit.status.position_stamp = stamp_position(keyring, run.run_id, commit.status)
+    return commit
 
 
 def quarantine_controls(run: RunSnapshot, now: datetime, epoch: Fencing, settings: Settings) -> Decision:
@@ -78,7 +80,7 @@ def quarantine_controls(run: RunSnapshot, now: datetime, epoch: Fencing, setting
     if pending:
         request = spec.cancellations[pending[0]]
         commit = commit_untouched(
-            run, now, epoch, RunEvent.CANCEL_REQUESTED, None, f"cancellation {pending[0]}", keyring=keyring
+            run, now, epoch, RunEvent.CANCEL_REQUESTED, None, f"cancellation {pending[0]}"
         )
         commit.status.cancellation = CancellationStatus(
             request_id=pending[0],
@@ -129,9 +131,7 @@ def _accept_anew(run: RunSnapshot, now: datetime, epoch: Fencing, settings: Sett
     return Loaded(Checkpoint.model_validate(initial_checkpoint(run, now, epoch, settings)))
 
 
-def cancel_unreadable(
-    run: RunSnapshot, now: datetime, epoch: Fencing, problem: Quarantine, keyring: Keyring | None = None
-) -> Commit:
+def cancel_unreadable(run: RunSnapshot, now: datetime, epoch: Fencing, problem: Quarantine) -> Commit:
     """Finish a cancellation whose checkpoint cannot be read."""
     # Nothing can be reconciled from an unreadable checkpoint; say so rather than assume anything.
     outcome = Outcome(
@@ -139,8 +139,6 @@ def cancel_unreadable(
         message=f"canceled with an unreadable checkpoint ({problem.reason}): in-flight actions of this run "
         "were not reconciled by it; see its ActionRecords",
     )
-    commit = commit_untouched(
-        run, now, epoch, RunEvent.CANCEL_FINISHED, outcome, problem.reason, keyring=keyring
-    )
+    commit = commit_untouched(run, now, epoch, RunEvent.CANCEL_FINISHED, outcome, problem.reason)
     commit.status.cancellation = run.status.cancellation
     return commit
