@@ -4,15 +4,15 @@ For one run, one unit of work is:
 
 1. decide from the latest known record whether there is work at all (a parked run has none: it
    gets a wake-up at its expiry and costs nothing else);
-2. acquire the run's Lease, or do nothing while another live holder has it; taking over an
-   *expired* holder's Lease first stamps the new epoch into the run (a fencing write), so a
-   zombie's commit prepared against the old resourceVersion is refused. Only a Lease the operator
-   made for the run is ever taken over or deleted: a foreign one under its name leaves the run
-   where it is, with a ``LeaseConflict`` condition and Event, until it is gone;
+2. check that this process holds the shard Lease covering the run
+   (:mod:`durable_agents.shell.ownership.rights`), or do nothing; the first time a run is touched
+   under a hold taken over from another holder, its checkpoint is stamped with the new epoch (a
+   fencing write), so a zombie's commit prepared against the old resourceVersion is refused. A
+   live per-run Lease of an earlier release is respected; a foreign object under its name leaves
+   the run where it is, with a ``LeaseConflict`` condition and Event, until it is gone;
 3. do bounded work: ask the engine for the next status, performing the read a step needs;
 4. commit it in ONE status write with the read resourceVersion as precondition;
-5. on 409, throw the computation away and reload;
-6. when the run waits or ends, delete the Lease.
+5. on 409, throw the computation away and reload.
 
 An exception anywhere in a unit of work is retried a bounded number of times with backoff, then
 the run is quarantined ``InternalError`` with a Warning Event (:mod:`durable_agents.shell.runs.failures`).
@@ -193,7 +193,7 @@ class RunWorker:
     # --- intake ---------------------------------------------------------------------------
 
     def observe(self, event_type: str | None, body: dict[str, Any]) -> None:
-        """A watch event for an AgentRun (from kopf)."""
+        """A watch event for an AgentRun (from the reflector's list-and-watch)."""
         meta = body.get("metadata") or {}
         key = (meta.get("namespace", ""), meta.get("name", ""))
         if event_type == "DELETED":
