@@ -47,6 +47,13 @@ lint: $(STAMP) ## ruff, mypy, the import-linter contracts (layers, no cycles) an
 	$(VENV)/bin/lint-imports
 	$(PY) hack/check_sizes.py
 
+# Material for MkDocs prints an end-of-life banner on every build; the site does not depend on it.
+export NO_MKDOCS_2_WARNING := 1
+
+.PHONY: docs
+docs: $(STAMP) ## the documentation site from docs/ (mkdocs.yml) -> site/, --strict: a broken link or a page not in the nav fails
+	$(VENV)/bin/mkdocs build --strict -d site
+
 .PHONY: test-unit
 test-unit: $(STAMP) ## pure-core tests, no cluster
 	$(VENV)/bin/pytest -m unit $(PYTEST_ARGS)
