@@ -140,7 +140,7 @@ bench-admission: $(BENCH_STAMP) binaries ## admission latency beside a run of th
 FUZZ_EXAMPLES ?= 1000
 
 .PHONY: e2e-chaos
-e2e-chaos: $(STAMP) binaries ## the recovery table of design/proofs.md at full size (>= 500 kill points, ~25 min) and the admission fuzzing at FUZZ_EXAMPLES documents; bench/results/chaos.json, fuzz.json
+e2e-chaos: $(STAMP) binaries ## the recovery proof suite (e2e/test_chaos.py) at full size (>= 500 kill points, ~25 min) and the admission fuzzing at FUZZ_EXAMPLES documents; bench/results/chaos.json, fuzz.json
 	@mkdir -p bench/results
 	DURABLE_AGENTS_BIN_DIR=$$(bash hack/build.sh | tail -n1) DURABLE_AGENTS_CHAOS_SIZE=full \
 		DURABLE_AGENTS_CHAOS_OUT=$(CURDIR)/bench/results/chaos.json \
