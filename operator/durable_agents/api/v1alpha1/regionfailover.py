@@ -17,7 +17,7 @@ from typing import Annotated, Any, Final, Literal
 
 from pydantic import ConfigDict, Field
 
-from durable_agents.api.v1alpha1.agentrun import Identity
+from durable_agents.api.v1alpha1.identity import Identity
 from durable_agents.api.v1alpha1.meta import API_VERSION, NAME_PATTERN, ApiModel, cel
 
 # --- RegionFailover ----------------------------------------------------------------------------
