@@ -341,7 +341,14 @@ class AgentRunStatus(ApiModel):
         json_schema_extra={
             "x-kubernetes-preserve-unknown-fields": True,
             "required": ["schemaVersion"],
-            "properties": {"schemaVersion": {"type": "integer", "minimum": 1}},
+            "properties": {
+                "schemaVersion": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "description": "The checkpoint's schema version: a newer one than the operator "
+                    "knows quarantines the run, the checkpoint left as stored.",
+                }
+            },
         },
     )
 

@@ -14,6 +14,7 @@ from durable_agents.api.v1alpha1.identity import stamp_field as _stamp
 from durable_agents.api.v1alpha1.meta import ApiModel
 from durable_agents.api.v1alpha1.runstatus import CancelScope
 
+
 class Creator(Identity):
     """The run's creator, stamped by the admission webhook at creation. ``stamp`` is the operator's
     proof that this creator was allowed to ``use`` the run's ServiceAccount (the run acts as it),

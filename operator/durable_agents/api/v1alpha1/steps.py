@@ -18,6 +18,7 @@ from durable_agents.api.v1alpha1.meta import (
     cel,
 )
 
+
 class ReadStep(ApiModel):
     """Read a Kubernetes object as the run's ServiceAccount; record it as an evidence reference."""
 
