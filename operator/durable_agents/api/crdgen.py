@@ -110,8 +110,9 @@ class Column:
 _STANDARD = {
     "apiVersion": "The versioned schema of this representation of an object: durable-agents.io/v1alpha1.",
     "kind": "The REST resource this object represents.",
-    "metadata": "Standard object metadata: name, namespace, labels, annotations and the like.",
 }
+# The API server refuses a CRD whose schema says more of metadata than its type (a description too):
+# metadata is the same in every kind, and kubectl explain describes it from the built-in types.
 
 
 @dataclass(frozen=True)
@@ -135,7 +136,7 @@ class Kind:
         properties: dict[str, Any] = {
             "apiVersion": {"type": "string", "description": _STANDARD["apiVersion"]},
             "kind": {"type": "string", "description": _STANDARD["kind"]},
-            "metadata": {"type": "object", "description": _STANDARD["metadata"]},
+            "metadata": {"type": "object"},
             "spec": openapi_schema(self.spec),
         }
         version: dict[str, Any] = {
