@@ -117,13 +117,18 @@ def _rules(node: JsonSchema) -> list[str]:
     )
 
 
+# The CRD may not describe an object's own metadata (the API server refuses it): said here.
+_METADATA = "Standard object metadata (name, namespace, labels, annotations, ...): see `kubectl explain`."
+
+
 def _table(kind: crdgen.Kind, path: str, node: JsonSchema) -> list[str]:
     required = set(node.get("required", []))
     rows = ["| Field | Type | Description | Checks |", "|---|---|---|---|"]
     for name, child in node["properties"].items():
         child_path = f"{path}.{name}" if path else name
+        description = _METADATA if child_path == "metadata" else child.get("description", "")
         rows.append(
-            f"| `{name}` | {_type(child, kind, child_path)} | {cell(child.get('description', ''))} "
+            f"| `{name}` | {_type(child, kind, child_path)} | {cell(description)} "
             f"| {_checks(child, name in required)} |"
         )
     return rows

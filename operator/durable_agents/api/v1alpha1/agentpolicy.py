@@ -71,8 +71,8 @@ class FreshnessRules(ApiModel):
     """A Kubernetes evidence reference changed before acting: reapprove (ask again under a new
     request ID), refresh (record the fresh evidence and go on) or immaterial (ignore)."""
     policy_changed: ChangeResponse = ChangeResponse.REAPPROVE
-    """The policy changed version since the approval: reapprove, refresh or immaterial (the
-    approval still binds)."""
+    """The policy changed version since the approval: reapprove or refresh (ask again under the
+    new version) or immaterial (the approval still binds)."""
     approval_expired: ExpiryAction = ExpiryAction.EXPIRE
     """An approval request expired undecided: expire (the run ends expired) or reapprove (ask
     again)."""

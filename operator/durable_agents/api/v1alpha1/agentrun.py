@@ -235,7 +235,7 @@ class HistoryEntry(ApiModel):
     state_version: int = Field(ge=0)
     """The run's stateVersion after this transition."""
     event: str = Field(max_length=63)
-    """The state machine event (for example approval_granted, wait_expired)."""
+    """The state machine event (for example approval_decided, wait_expired)."""
     from_state: RunState = Field(alias="from")
     """The state before."""
     to_state: RunState = Field(alias="to")

@@ -80,7 +80,7 @@ class Condition(ApiModel):
     """metav1.Condition, so that ``kubectl wait --for=condition=...`` works."""
 
     type: str = Field(max_length=316, pattern=r"^([a-zA-Z0-9]([-a-zA-Z0-9.]*[a-zA-Z0-9])?/)?[A-Za-z]+$")
-    """The condition's type, in CamelCase (for example Ready)."""
+    """The condition's type, in CamelCase (for example RequestRefused)."""
     status: ConditionStatus
     """True, False or Unknown."""
     reason: str = Field(max_length=1024, pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")

@@ -43,8 +43,8 @@ class ApprovalRequest(ApiModel):
     request_id: str = Field(max_length=128)
     """The key a decision goes under in spec.approvals (<step>-<n>: a new one each time it asks)."""
     digest: str = Field(max_length=71)
-    """sha256 over the canonical JSON of effect, arguments, target, ServiceAccount, policy version,
-    run ID and request ID: a decision must carry it, binding it to this exact action."""
+    """sha256 over the canonical JSON of effect (and tool), arguments, target, ServiceAccount, policy
+    version, run ID and request ID: a decision must carry it, binding it to this exact action."""
     step: str = Field(max_length=63)
     """The step whose action waits for approval."""
     effect: str = Field(max_length=128)
