@@ -104,7 +104,7 @@ class AgentRunSpec(ApiModel):
     objective: str = Field(max_length=4096, json_schema_extra=immutable("objective"))
     """What the run is to achieve, in words; the model planner gets it as the task. Immutable."""
     owner: str | None = Field(default=None, max_length=253, json_schema_extra=immutable("owner"))
-    """Who answers for the run, for people; the operator does not act on it. Immutable once set."""
+    """Who answers for the run, for people. Immutable once set."""
     tenant: str | None = Field(default=None, max_length=63, json_schema_extra=immutable("tenant"))
     """The tenant the run belongs to, for people; given on to child runs. Immutable once set."""
     region: str | None = Field(
