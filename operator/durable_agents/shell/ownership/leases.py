@@ -198,7 +198,8 @@ H = TypeVar("H", bound=LeaseHold)
 
 
 class LeaseLock:
-    """Lease objects written under one holder identity and one lease duration."""
+    """Lease objects held under one holder identity and one lease duration (client-go's
+    ``resourcelock.LeaseLock``, for any number of Leases)."""
 
     def __init__(self, kube: Kube, identity: str, duration_seconds: int) -> None:
         self.kube = kube

@@ -122,9 +122,6 @@ class RegionElector:
         """Extend ``hold`` by compare-and-swap; False (and the hold lost) if the Lease moved on."""
         return await self.lock.renew(hold, self._taken)
 
-    def _taken(self, hold: RegionHold) -> None:
-        self._lose(hold, "its Lease was taken over, released or deleted meanwhile")
-
     # --- the election loop ------------------------------------------------------------------
 
     async def _run(self) -> None:
@@ -211,6 +208,9 @@ class RegionElector:
         self._hold = hold
         log.info("region %s: %s owns it, epoch %d", self.region, self.identity, hold.epoch)
         self._notify(hold)
+
+    def _taken(self, hold: RegionHold) -> None:
+        self._lose(hold, "its Lease was taken over, released or deleted meanwhile")
 
     def _lose(self, hold: RegionHold, why: str) -> None:
         if hold.lost:
