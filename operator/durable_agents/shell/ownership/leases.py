@@ -98,7 +98,7 @@ class LeaseRecord:
     resource_version: str
     uid: str = ""
     owner_uids: tuple[str, ...] = ()  # uids of the objects its ownerReferences name
-    labels: dict[str, str] = field(default_factory=dict, compare=False)
+    labels: dict[str, str] = field(default_factory=dict, hash=False)
 
     @classmethod
     def parse(cls, lease: Any) -> LeaseRecord:
