@@ -1,11 +1,10 @@
 """Region ownership: leader election on one ``coordination.k8s.io/v1`` Lease per region.
 
 The Lease ``durable-agents-region-<region>`` in the operator's namespace names the process that
-owns the region right now. Its fields are kept as client-go's leader election keeps them
-(holderIdentity, leaseDurationSeconds, acquireTime, renewTime, leaseTransitions); every write is
-a compare-and-swap (a merge patch with a resourceVersion precondition). ``leaseTransitions`` is
-the region epoch, a fencing token: every new hold increments it, so a former owner that was paused
-or partitioned holds a lower epoch than the current owner (:class:`RegionOwnership`).
+owns the region right now. It is kept with the Lease primitive (:class:`~.leases.LeaseLock`:
+client-go's fields, every write a compare-and-swap). ``leaseTransitions`` is the region epoch, a
+fencing token: every new hold increments it, so a former owner that was paused or partitioned
+holds a lower epoch than the current owner (:class:`RegionOwnership`).
 
 Expiry is judged as client-go judges it, on the local monotonic clock and not from the
 ``renewTime`` another host's clock wrote: a Lease whose resourceVersion this elector has seen
@@ -26,17 +25,12 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from typing import Any
-
-from kubernetes import client
-from kubernetes.client.rest import ApiException
+from dataclasses import dataclass
 
 from durable_agents.core.regions import RegionOwnership, region_lease_name, validate_region
 from durable_agents.shell.ground import metrics
 from durable_agents.shell.ground.kube import Kube
-from durable_agents.shell.ownership.leases import MERGE_PATCH, LeaseRecord, _micro
+from durable_agents.shell.ownership.leases import Acquired, LeaseHold, LeaseLock, LeaseRecord
 
 log = logging.getLogger(__name__)
 
@@ -44,23 +38,12 @@ REGION_LABEL = "durable-agents.io/region"
 LEASE_KIND_LABEL = "durable-agents.io/lease-kind"
 
 
-@dataclass
-class RegionHold:
-    """This process's ownership of a region. ``valid_until`` is on the local monotonic clock.
-
-    ``busy`` serializes the writes to the Lease (a renewal and a release would otherwise race on
-    the resourceVersion); ``lost`` is final: a hold that was lost never becomes valid again.
-    """
+@dataclass(kw_only=True)
+class RegionHold(LeaseHold):
+    """This process's ownership of a region, at ``epoch`` (the Lease's ``leaseTransitions``)."""
 
     region: str
     epoch: int
-    record: LeaseRecord
-    valid_until: float
-    lost: bool = False
-    busy: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False, compare=False)
-
-    def valid(self, margin: float = 0.0) -> bool:
-        return not self.lost and time.monotonic() + margin < self.valid_until
 
     @property
     def ownership(self) -> RegionOwnership:
@@ -91,6 +74,7 @@ class RegionElector:
     ) -> None:
         self.kube = kube
         self.identity = identity
+        self.lock = LeaseLock(kube, identity, duration_seconds)
         self.region = validate_region(region)
         self.namespace = namespace
         self.duration = duration_seconds
@@ -106,10 +90,6 @@ class RegionElector:
         self._stopping = asyncio.Event()
         self._observed: tuple[str, float] | None = None  # (resourceVersion, when first seen: monotonic)
         self._highest_epoch = -1  # so a recreated Lease never starts below an epoch seen before
-
-    @property
-    def api(self) -> client.CoordinationV1Api:
-        return self.kube.coordination
 
     # --- public API -------------------------------------------------------------------------
 
@@ -140,20 +120,7 @@ class RegionElector:
 
     async def renew_now(self, hold: RegionHold) -> bool:
         """Extend ``hold`` by compare-and-swap; False (and the hold lost) if the Lease moved on."""
-        async with hold.busy:
-            if hold.lost:
-                return False
-            started = time.monotonic()
-            try:
-                lease = await self._patch(hold.record, {"renewTime": _micro(datetime.now(UTC))})
-            except ApiException as err:
-                if err.status in (404, 409):
-                    self._lose(hold, "its Lease was taken over, released or deleted meanwhile")
-                    return False
-                raise
-            hold.record = LeaseRecord.parse(lease)
-            hold.valid_until = started + self.duration
-            return True
+        return await self.lock.renew(hold, self._taken)
 
     # --- the election loop ------------------------------------------------------------------
 
@@ -182,24 +149,20 @@ class RegionElector:
 
     async def _try_acquire(self) -> None:
         self.attempts += 1
-        try:
-            lease = await self.kube.call(self.api.read_namespaced_lease, self.name, self.namespace)
-        except ApiException as err:
-            if err.status != 404:
-                raise
+        record = await self.lock.read(self.namespace, self.name)
+        if record is None:
             self.foreign = None
             await self._create()
             return
-        record = LeaseRecord.parse(lease)
         self._highest_epoch = max(self._highest_epoch, record.transitions)
-        if not self._check_ours(lease.metadata.labels or {}, record):
+        if not self._check_ours(record):
             return
         if self._expired(record):
             await self._take_over(record)
 
-    def _check_ours(self, labels: dict[str, str], record: LeaseRecord) -> bool:
+    def _check_ours(self, record: LeaseRecord) -> bool:
         expected = {REGION_LABEL: self.region, LEASE_KIND_LABEL: "region"}
-        wrong = sorted(k for k, v in expected.items() if labels.get(k) != v)
+        wrong = sorted(k for k, v in expected.items() if record.labels.get(k) != v)
         if not wrong:
             self.foreign = None
             return True
@@ -222,72 +185,32 @@ class RegionElector:
             self._observed = (record.resource_version, now)
         return record.released or now - self._observed[1] >= record.duration_seconds
 
-    def _spec(self, transitions: int) -> dict[str, Any]:
-        now = _micro(datetime.now(UTC))
-        return {
-            "holderIdentity": self.identity,
-            "leaseDurationSeconds": self.duration,
-            "acquireTime": now,
-            "renewTime": now,
-            "leaseTransitions": transitions,
-        }
-
     async def _create(self) -> None:
-        body = {
-            "apiVersion": "coordination.k8s.io/v1",
-            "kind": "Lease",
-            "metadata": {
-                "name": self.name,
-                "namespace": self.namespace,
-                "labels": {REGION_LABEL: self.region, LEASE_KIND_LABEL: "region"},
-            },
-            "spec": self._spec(self._highest_epoch + 1),
-        }
-        started = time.monotonic()
-        try:
-            lease = await self.kube.call(self.api.create_namespaced_lease, self.namespace, body)
-        except ApiException as err:
-            if err.status == 409:  # another elector created it first
-                return
-            raise
-        finally:
-            metrics.API_WRITES.labels("leases", "create").inc()
-        self._won(lease, started)
+        labels = {REGION_LABEL: self.region, LEASE_KIND_LABEL: "region"}
+        acquired = await self.lock.create(self.namespace, self.name, labels, self._highest_epoch + 1)
+        if acquired is not None:  # None: another elector created it first
+            self._won(acquired)
 
     async def _take_over(self, record: LeaseRecord) -> None:
-        started = time.monotonic()
-        try:
-            lease = await self._patch(record, self._spec(record.transitions + 1))
-        except ApiException as err:
-            if err.status in (404, 409):  # moved on since we read it: someone else was faster
-                return
-            raise
+        acquired = await self.lock.take(record, record.transitions + 1)
+        if acquired is None:  # moved on since we read it: someone else was faster
+            return
         if record.holder:
             log.info("region %s: took over from %s (expired)", self.region, record.holder)
-        self._won(lease, started)
+        self._won(acquired)
 
-    async def _patch(self, record: LeaseRecord, spec: dict[str, Any]) -> Any:
-        # resourceVersion in a merge patch is a precondition: 409 if the Lease moved meanwhile.
-        body = {"metadata": {"resourceVersion": record.resource_version}, "spec": spec}
-        try:
-            return await self.kube.call(
-                self.api.patch_namespaced_lease,
-                record.name,
-                record.namespace,
-                body,
-                _content_type=MERGE_PATCH,
-            )
-        finally:
-            metrics.API_WRITES.labels("leases", "patch").inc()
-
-    def _won(self, lease: Any, started: float) -> None:
-        record = LeaseRecord.parse(lease)
+    def _won(self, acquired: Acquired) -> None:
+        record = acquired.record
         self._highest_epoch = max(self._highest_epoch, record.transitions)
-        # Validity counts from before the request was sent: the server may have applied it later.
-        hold = RegionHold(self.region, record.transitions, record, started + self.duration)
+        hold = RegionHold(
+            region=self.region, epoch=record.transitions, record=record, valid_until=acquired.valid_until
+        )
         self._hold = hold
         log.info("region %s: %s owns it, epoch %d", self.region, self.identity, hold.epoch)
         self._notify(hold)
+
+    def _taken(self, hold: RegionHold) -> None:
+        self._lose(hold, "its Lease was taken over, released or deleted meanwhile")
 
     def _lose(self, hold: RegionHold, why: str) -> None:
         if hold.lost:
@@ -312,10 +235,7 @@ class RegionElector:
         async with hold.busy:
             if hold.lost:
                 return
-            # Stop leading first (nothing may commit with this epoch any more), then hand over.
+            # Stop leading first (nothing may commit with this epoch any more), then hand over
+            # (the holder emptied; a Lease that moved on already has nothing of ours to release).
             self._lose(hold, "released on stop")
-            try:
-                await self._patch(hold.record, {"holderIdentity": None})
-            except ApiException as err:
-                if err.status not in (404, 409):  # moved on already: nothing of ours to release
-                    raise
+            await self.lock.cas(hold.record, {"holderIdentity": None})

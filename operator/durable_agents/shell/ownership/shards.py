@@ -7,8 +7,9 @@ Who should hold a shard is decided by rendezvous (highest-random-weight) hashing
 members, so a replica joining or leaving moves only about ``shards / members`` shards, and every
 replica computes the same answer from the same member list without talking to the others.
 
-A replica takes a shard it should hold when the Lease is missing, released or expired, by
-compare-and-swap (resourceVersion precondition), incrementing ``leaseTransitions``: that count is
+Every Lease is kept with the Lease primitive (:class:`~.leases.LeaseLock`). A replica takes a
+shard it should hold when the Lease is missing, released or expired, by compare-and-swap
+(resourceVersion precondition), incrementing ``leaseTransitions``: that count is
 the shard's epoch, the fencing token of every commit made under it. A shard that should now be
 someone else's is handed over: the caller's ``drain`` finishes the units in flight, then the Lease
 is released (empty holder) so the new owner takes it at once instead of waiting for expiry.
@@ -30,11 +31,10 @@ import hashlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, Literal
 
-from kubernetes import client
 from kubernetes.client.rest import ApiException
 from prometheus_client import Counter
 
@@ -42,7 +42,7 @@ from durable_agents.core.regions import region_lease_name
 from durable_agents.shell.ground import metrics
 from durable_agents.shell.ground.kube import Kube
 from durable_agents.shell.ground.workqueue import cancel_all
-from durable_agents.shell.ownership.leases import MERGE_PATCH, LeaseRecord
+from durable_agents.shell.ownership.leases import Acquired, LeaseHold, LeaseLock, LeaseRecord, micro_time
 
 log = logging.getLogger(__name__)
 
@@ -90,36 +90,19 @@ def member_lease_name(region: str, identity: str) -> str:
     return f"durable-agents-member-{region}-{hashlib.sha256(identity.encode()).hexdigest()[:12]}"
 
 
-def _micro(t: datetime) -> str:
-    # MicroTime: RFC 3339 with exactly six fractional digits, as client-go writes it. The client
-    # re-serializes a created body's times with isoformat(), which drops a zero fraction and the
-    # API server then refuses the Lease (400): never send a whole second.
-    t = t if t.microsecond else t + timedelta(microseconds=1)
-    return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-@dataclass
-class ShardHold:
-    """A shard Lease this replica holds. ``valid_until`` is on the local monotonic clock, counted
-    from before the request that acquired or last renewed it was sent.
+@dataclass(kw_only=True)
+class ShardHold(LeaseHold):
+    """A shard Lease this replica holds, at ``epoch`` (its ``leaseTransitions``).
 
     ``taken_from_live_holder``: taken from an expired holder that had not released it; that holder
     may still be finishing a unit, so the runs of the shard must be fenced before they advance.
-    ``draining``: being handed over; start no new unit under it. ``busy`` serializes the writes
-    to the Lease (a renewal and a release must not race on its resourceVersion).
+    ``draining``: being handed over; start no new unit under it.
     """
 
     shard: int
     epoch: int
-    record: LeaseRecord
-    valid_until: float
     taken_from_live_holder: bool
-    lost: bool = False
     draining: bool = False
-    busy: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False, compare=False)
-
-    def valid(self, margin: float = 0.0) -> bool:
-        return not self.lost and time.monotonic() + margin < self.valid_until
 
 
 @dataclass(frozen=True)
@@ -129,12 +112,6 @@ class ShardChange:
     shard: int
     reason: Reason
     hold: ShardHold
-
-
-@dataclass(frozen=True)
-class _Seen:
-    record: LeaseRecord
-    labels: dict[str, str]
 
 
 @dataclass(frozen=True)
@@ -166,6 +143,7 @@ class ShardLeases:
     ) -> None:
         self.kube = kube
         self.identity = identity
+        self.lock = LeaseLock(kube, identity, duration_seconds)
         self.region = region
         self.namespace = namespace
         self.shards = shards
@@ -177,7 +155,6 @@ class ShardLeases:
         self.members: tuple[str, ...] = ()  # live members at the last poll, self included
         self.region_view: RegionView | None = None  # the region Lease at the last poll
         self.foreign: dict[int, str] = {}  # shard -> uid of the foreign Lease under its name
-        self.writes: collections.Counter[str] = collections.Counter()  # this replica's, by verb
         self.task: asyncio.Task[None] | None = None
         self._holds: dict[int, ShardHold] = {}
         self._handovers: dict[int, asyncio.Task[None]] = {}
@@ -188,8 +165,9 @@ class ShardLeases:
         self._warned: set[str] = set()
 
     @property
-    def api(self) -> client.CoordinationV1Api:
-        return self.kube.coordination
+    def writes(self) -> collections.Counter[str]:
+        """This replica's Lease writes, by verb."""
+        return self.lock.writes
 
     # --- public API ---------------------------------------------------------------------
 
@@ -231,20 +209,7 @@ class ShardLeases:
     async def renew_now(self, hold: ShardHold) -> bool:
         """Extend ``hold`` by compare-and-swap; False, and the hold marked lost, if the Lease was
         taken, released or deleted meanwhile. Other API errors are raised; the hold stays."""
-        async with hold.busy:
-            if hold.lost:
-                return False
-            started = time.monotonic()
-            try:
-                lease = await self._patch(hold.record, {"renewTime": _micro(datetime.now(UTC))})
-            except ApiException as err:
-                if err.status in (404, 409):
-                    self._lose(hold, "lost")
-                    return False
-                raise
-            hold.record = LeaseRecord.parse(lease)
-            hold.valid_until = started + self.duration
-            return True
+        return await self.lock.renew(hold, self._taken)
 
     # --- the poll -----------------------------------------------------------------------
 
@@ -289,41 +254,35 @@ class ShardLeases:
         if renew:
             self._renewed_at = started
 
-    async def _list(self) -> dict[str, _Seen]:
-        leases = await self.kube.call(
-            self.api.list_namespaced_lease, self.namespace, label_selector=f"{REGION_LABEL}={self.region}"
-        )
-        return {
-            lease.metadata.name: _Seen(LeaseRecord.parse(lease), dict(lease.metadata.labels or {}))
-            for lease in leases.items
-        }
+    async def _list(self) -> dict[str, LeaseRecord]:
+        leases = await self.lock.select(self.namespace, f"{REGION_LABEL}={self.region}")
+        return {lease.name: lease for lease in leases}
 
-    def _region_view(self, seen: _Seen | None, now: datetime) -> RegionView | None:
-        if seen is None or seen.labels.get(KIND_LABEL) != "region":
+    def _region_view(self, record: LeaseRecord | None, now: datetime) -> RegionView | None:
+        if record is None or record.labels.get(KIND_LABEL) != "region":
             return None  # none yet, or someone else's object under its name: no leader
-        record = seen.record
         live = bool(record.holder) and not record.released and not record.expired(now)
         return RegionView(record.holder, record.transitions, live)
 
-    def _live_members(self, seen: dict[str, _Seen], now: datetime) -> tuple[str, ...]:
+    def _live_members(self, seen: dict[str, LeaseRecord], now: datetime) -> tuple[str, ...]:
         live = {
-            s.record.holder
+            s.holder
             for name, s in seen.items()
             if s.labels.get(KIND_LABEL) == "member"
-            and name == member_lease_name(self.region, s.record.holder)
-            and not s.record.expired(now)
+            and name == member_lease_name(self.region, s.holder)
+            and not s.expired(now)
         }
         live.discard(self.identity)
         if self._member_ok:
             live.add(self.identity)
         return tuple(sorted(live))
 
-    def _moved(self, hold: ShardHold, seen: _Seen | None) -> bool:
+    def _moved(self, hold: ShardHold, seen: LeaseRecord | None) -> bool:
         # The list is a consistent read made after our last write: another holder or epoch there
         # means the Lease was taken from us (we were paused past its expiry, or it was deleted).
         if seen is None:
             return True
-        return seen.record.holder != self.identity or seen.record.transitions != hold.epoch
+        return seen.holder != self.identity or seen.transitions != hold.epoch
 
     # --- membership ---------------------------------------------------------------------
 
@@ -333,38 +292,38 @@ class ShardLeases:
             labels[SHARD_LABEL] = str(shard)
         return labels
 
-    def _foreign(self, seen: _Seen, kind: str, shard: int | None = None) -> bool:
+    def _foreign(self, seen: LeaseRecord, kind: str, shard: int | None = None) -> bool:
         expected = self._labels(kind, shard)
         if all(seen.labels.get(k) == v for k, v in expected.items()):
             return False
-        key = f"{seen.record.name}/{seen.record.uid}"
+        key = f"{seen.name}/{seen.uid}"
         if key not in self._warned:
             self._warned.add(key)
             log.warning(
                 "Lease %s/%s lacks the labels %s: it is not the operator's and is left alone",
                 self.namespace,
-                seen.record.name,
+                seen.name,
                 expected,
             )
         return True
 
-    async def _keep_member(self, seen: _Seen | None, renew: bool) -> None:
+    async def _keep_member(self, seen: LeaseRecord | None, renew: bool) -> None:
         """Write or renew our member Lease. A failed or raced write keeps what we knew (a member
         dropping out of its own view for one poll would hand over all its shards)."""
         name = member_lease_name(self.region, self.identity)
         try:
             if seen is None:
-                seen = await self._read(name)
+                seen = await self.lock.read(self.namespace, name)
             if seen is None:
-                created = await self._create(name, self._labels("member"), 0)
+                created = await self.lock.create(self.namespace, name, self._labels("member"), 0)
                 self._member = created.record if created else self._member
             elif self._foreign(seen, "member"):
                 self._member = None
-            elif renew or seen.record.holder != self.identity or seen.record.released:
-                lease = await self._cas(seen.record, self._spec(seen.record.transitions))
-                self._member = LeaseRecord.parse(lease) if lease is not None else self._member
+            elif renew or seen.holder != self.identity or seen.released:
+                taken = await self.lock.take(seen, seen.transitions)
+                self._member = taken.record if taken is not None else self._member
             else:
-                self._member = seen.record
+                self._member = seen
         except ApiException as err:
             log.warning(
                 "member Lease %s/%s: write failed (%s %s)", self.namespace, name, err.status, err.reason
@@ -373,48 +332,40 @@ class ShardLeases:
 
     async def _leave(self) -> None:
         member, self._member, self._member_ok = self._member, None, False
-        if member is None:
-            return
-        try:
-            await self.kube.call(
-                self.api.delete_namespaced_lease,
-                member.name,
-                self.namespace,
-                body={"preconditions": {"resourceVersion": member.resource_version}},
-            )
-        except ApiException as err:
-            if err.status not in (404, 409):
-                raise
-        finally:
-            self._count("delete")
+        if member is not None:
+            await self.lock.delete(member)
 
     # --- shards -------------------------------------------------------------------------
 
-    async def _acquire(self, shard: int, seen: _Seen | None, now: datetime) -> None:
+    async def _acquire(self, shard: int, seen: LeaseRecord | None, now: datetime) -> None:
         name = shard_lease_name(self.region, shard)
-        if seen is None:
-            seen = await self._read(name)  # not in the labelled list: missing, or someone else's
+        if seen is None:  # not in the labelled list: missing, or someone else's
+            seen = await self.lock.read(self.namespace, name)
         if seen is None:
             self.foreign.pop(shard, None)
-            started = time.monotonic()
-            created = await self._create(name, self._labels("shard", shard), 1)
+            created = await self.lock.create(self.namespace, name, self._labels("shard", shard), 1)
             if created is not None:
-                self._took(shard, created.record, started, from_live_holder=False)
+                self._took(shard, created, from_live_holder=False)
             return
         if self._foreign(seen, "shard", shard):
-            self.foreign[shard] = seen.record.uid
+            self.foreign[shard] = seen.uid
             return
         self.foreign.pop(shard, None)
-        record = seen.record
-        if not record.expired(now):
+        if not seen.expired(now):
             return  # held by a live holder: it hands over (releases) or expires first
-        started = time.monotonic()
-        lease = await self._cas(record, self._spec(record.transitions + 1))
-        if lease is not None:
-            self._took(shard, LeaseRecord.parse(lease), started, from_live_holder=not record.released)
+        taken = await self.lock.take(seen, seen.transitions + 1)
+        if taken is not None:
+            self._took(shard, taken, from_live_holder=not seen.released)
 
-    def _took(self, shard: int, record: LeaseRecord, started: float, from_live_holder: bool) -> None:
-        hold = ShardHold(shard, record.transitions, record, started + self.duration, from_live_holder)
+    def _took(self, shard: int, acquired: Acquired, from_live_holder: bool) -> None:
+        record = acquired.record
+        hold = ShardHold(
+            shard=shard,
+            epoch=record.transitions,
+            record=record,
+            valid_until=acquired.valid_until,
+            taken_from_live_holder=from_live_holder,
+        )
         self._holds[shard] = hold
         log.info("shard %s/%d acquired by %s at epoch %d", self.region, shard, self.identity, hold.epoch)
         self._changed(hold, "expired_takeover" if from_live_holder else "acquired")
@@ -455,14 +406,12 @@ class ShardLeases:
                 return
             # Invalid before the request is sent: the new owner may take it as soon as it lands.
             hold.lost = True
-            try:
-                await self._patch(hold.record, {"holderIdentity": "", "renewTime": _micro(datetime.now(UTC))})
-            except ApiException as err:
-                if err.status not in (404, 409):
-                    raise
-                self._lose(hold, "lost")
-                return
-            self._lose(hold, "released")
+            empty = {"holderIdentity": "", "renewTime": micro_time(datetime.now(UTC))}
+            released = await self.lock.cas(hold.record, empty)
+            self._lose(hold, "released" if released is not None else "lost")
+
+    def _taken(self, hold: ShardHold) -> None:
+        self._lose(hold, "lost")
 
     def _lose(self, hold: ShardHold, reason: Reason) -> None:
         hold.lost = True
@@ -481,69 +430,3 @@ class ShardLeases:
                 self.on_change(ShardChange(hold.shard, reason, hold))
             except Exception:
                 log.exception("on_change for shard %s/%d failed", self.region, hold.shard)
-
-    # --- writes -------------------------------------------------------------------------
-
-    def _spec(self, transitions: int) -> dict[str, Any]:
-        now = _micro(datetime.now(UTC))
-        return {
-            "holderIdentity": self.identity,
-            "leaseDurationSeconds": self.duration,
-            "acquireTime": now,
-            "renewTime": now,
-            "leaseTransitions": transitions,
-        }
-
-    def _count(self, verb: str) -> None:
-        metrics.API_WRITES.labels("leases", verb).inc()
-        self.writes[verb] += 1
-
-    async def _read(self, name: str) -> _Seen | None:
-        try:
-            lease = await self.kube.call(self.api.read_namespaced_lease, name, self.namespace)
-        except ApiException as err:
-            if err.status == 404:
-                return None
-            raise
-        return _Seen(LeaseRecord.parse(lease), dict(lease.metadata.labels or {}))
-
-    async def _create(self, name: str, labels: dict[str, str], transitions: int) -> _Seen | None:
-        """A new Lease held by us; None when it exists already (someone was faster)."""
-        body = {
-            "apiVersion": "coordination.k8s.io/v1",
-            "kind": "Lease",
-            "metadata": {"name": name, "namespace": self.namespace, "labels": labels},
-            "spec": self._spec(transitions),
-        }
-        try:
-            lease = await self.kube.call(self.api.create_namespaced_lease, self.namespace, body)
-        except ApiException as err:
-            if err.status == 409:
-                return None
-            raise
-        finally:
-            self._count("create")
-        return _Seen(LeaseRecord.parse(lease), labels)
-
-    async def _patch(self, record: LeaseRecord, spec: dict[str, Any]) -> Any:
-        # resourceVersion in a merge patch is a precondition: 409 if the Lease moved meanwhile.
-        body = {"metadata": {"resourceVersion": record.resource_version}, "spec": spec}
-        try:
-            return await self.kube.call(
-                self.api.patch_namespaced_lease,
-                record.name,
-                record.namespace,
-                body,
-                _content_type=MERGE_PATCH,
-            )
-        finally:
-            self._count("patch")
-
-    async def _cas(self, record: LeaseRecord, spec: dict[str, Any]) -> Any | None:
-        """:meth:`_patch`, None when we lost the race (the Lease moved or is gone)."""
-        try:
-            return await self._patch(record, spec)
-        except ApiException as err:
-            if err.status in (404, 409):
-                return None
-            raise

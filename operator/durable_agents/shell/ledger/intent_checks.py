@@ -1,0 +1,51 @@
+"""Whether an ActionRecord is its run's committed intent, read fresh from the API server.
+
+Only the run's own intents are sent: the run (``spec.runRef``) must exist and its committed
+checkpoint, verified by its integrity stamp, must hold exactly this intent, as the engine would
+make it now under the approval rules of the run's policy
+(:func:`~durable_agents.core.engine.actions.intent_refusal`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ValidationError
+
+from durable_agents.api.v1alpha1 import ActionRecordSpec
+from durable_agents.core.engine import RunSnapshot, Settings
+from durable_agents.core.engine.actions import Refused, Unverified, intent_refusal
+from durable_agents.shell.agent.resolver import AgentResolver
+from durable_agents.shell.ground.store import Gone, RunStore
+from durable_agents.shell.intake.policies import PolicyCache
+
+Verdict = Refused | Unverified | None
+
+
+async def check_intent(
+    body: dict[str, Any],
+    spec: ActionRecordSpec,
+    runs: RunStore,
+    policies: PolicyCache,
+    agents: AgentResolver,
+    settings: Settings,
+) -> tuple[Verdict, dict[str, Any] | None]:
+    """Whether this record is its run's committed intent (None), and the run as read (None when
+    it is gone). ``settings``: the operator's, before the run's policy."""
+    namespace = body["metadata"]["namespace"]
+    try:
+        run_body = await runs.get(namespace, spec.run_ref.name)
+    except Gone:
+        return intent_refusal(None, body["metadata"]["name"], spec, None, settings), None
+    try:
+        run = RunSnapshot.from_object(run_body)
+    except (ValidationError, KeyError) as err:
+        return Refused(f"its run {spec.run_ref.name!r} cannot be read: {err}"[:1024]), run_body
+    if run.spec.policy_ref is not None:  # its approval rules: a fresh read, as the worker waits for it
+        await policies.fetch(namespace, run.spec.policy_ref.name)
+        settings = policies.settings_for(run, settings)
+    # A model run's pending call is rebuilt from its tools (MCP servers listed) and the
+    # checkpoint's sealed arguments; inputs that cannot be resolved send nothing.
+    await agents.prepare(run, settings)
+    planner = agents.planner_for(run)
+    return intent_refusal(run, body["metadata"]["name"], spec, planner, settings), run_body
