@@ -83,7 +83,7 @@ SealedValue = Annotated[str | dict[str, str], AfterValidator(_sealed)]
 
 
 class _Facts(BaseModel):
-    # The checkpoint contract's configuration (checkpoint._Contract), repeated: see the module doc.
+    # The checkpoint contract's configuration (checkpoint.record._Contract), repeated: see the module doc.
     model_config = ConfigDict(extra="forbid", populate_by_name=True, alias_generator=to_camel, frozen=True)
 
 
