@@ -18,7 +18,15 @@ from durable_agents.core.agent.exchange import ModelReply, ToolCall, Usage
 from durable_agents.core.agent.mcp_trust import hinted_tier
 from durable_agents.core.agent.planner import MCP_EFFECT, AgentInputs, ModelPlanner
 from durable_agents.core.agent.tools import ToolDeclaration, mcp_tool
-from durable_agents.core.engine import Decision, ModelAnswer, NeedModelTurn, NeedToolCall, Settings, decide
+from durable_agents.core.engine import (
+    Decision,
+    ModelAnswer,
+    NeedModelTurn,
+    NeedToolCall,
+    Observations,
+    Settings,
+    decide,
+)
 from durable_agents.core.planner import ReadTool
 from durable_agents.core.sealed_values import new_data_key
 from durable_agents.core.statemachine import RunEvent
@@ -76,7 +84,9 @@ SETTINGS = settings()
 def decide_with(
     obj: dict[str, Any], plan: ModelPlanner, seconds: float, *, s: Settings = SETTINGS, **kw: Any
 ) -> Decision:
-    return decide(snap(obj), now=at(seconds), epoch=EPOCH, planner=plan, settings=s, **kw)
+    return decide(
+        snap(obj), now=at(seconds), epoch=EPOCH, planner=plan, settings=s, observed=Observations(**kw)
+    )
 
 
 def proposed(plan: ModelPlanner, s: Settings = SETTINGS) -> dict[str, Any]:

@@ -38,6 +38,7 @@ from durable_agents.core.engine import (
     ModelAnswer,
     NeedModelTurn,
     NeedRead,
+    Observations,
     ReadResult,
     Settings,
     decide,
@@ -99,7 +100,14 @@ def decide_with(
     read: ReadResult | None = None,
     model: ModelAnswer | None = None,
 ) -> Decision:
-    return decide(snap(obj), now=now, epoch=EPOCH, planner=plan, settings=SETTINGS, read=read, model=model)
+    return decide(
+        snap(obj),
+        now=now,
+        epoch=EPOCH,
+        planner=plan,
+        settings=SETTINGS,
+        observed=Observations(read=read, model=model),
+    )
 
 
 def asked(obj: dict[str, Any], plan: ModelPlanner, now: datetime) -> NeedModelTurn:
@@ -223,7 +231,16 @@ def test_a_failed_model_call_is_a_retry_window_unless_retrying_cannot_help(
         failure_message="no answer in 60s",
         retryable=retryable,
     )
-    out = commit_of(decide(snap(obj), now=at(1), epoch=EPOCH, planner=plan, settings=RETRY_3, model=failure))
+    out = commit_of(
+        decide(
+            snap(obj),
+            now=at(1),
+            epoch=EPOCH,
+            planner=plan,
+            settings=RETRY_3,
+            observed=Observations(model=failure),
+        )
+    )
     assert out.state is state
     assert "ModelTimeout" in (out.status.outcome.reason if out.status.outcome else out.detail)
 
@@ -305,7 +322,16 @@ def test_an_empty_reply_is_a_retryable_model_error_never_the_runs_answer(content
     need = decide(snap(obj), now=at(1), epoch=EPOCH, planner=plan, settings=RETRY_3)
     assert isinstance(need, NeedModelTurn)
     empty = ModelAnswer(need.request.digest(), reply=reply(content=content))
-    out = commit_of(decide(snap(obj), now=at(1), epoch=EPOCH, planner=plan, settings=RETRY_3, model=empty))
+    out = commit_of(
+        decide(
+            snap(obj),
+            now=at(1),
+            epoch=EPOCH,
+            planner=plan,
+            settings=RETRY_3,
+            observed=Observations(model=empty),
+        )
+    )
     assert (out.event, out.state) == (RunEvent.RETRY_SCHEDULED, RunState.WAITING_RETRY)
     assert out.detail.startswith("model call failed: ModelReplyEmpty: the model answered with no content")
 
@@ -330,7 +356,14 @@ def test_an_answer_to_the_model_s_question_is_given_only_once_its_seal_proves_it
     plan = ModelPlanner(AgentInputs(model="reference-model", system_prompt="p", tools=tools, data_key=KEY))
 
     def decided(obj: dict[str, Any], now: datetime, model: ModelAnswer | None = None) -> Decision:
-        return decide(snap(obj), now=now, epoch=EPOCH, planner=plan, settings=settings, model=model)
+        return decide(
+            snap(obj),
+            now=now,
+            epoch=EPOCH,
+            planner=plan,
+            settings=settings,
+            observed=Observations(model=model),
+        )
 
     def until_idle_or_model(obj: dict[str, Any], now: datetime) -> tuple[dict[str, Any], Decision]:
         for _ in range(20):
