@@ -39,7 +39,7 @@ def session_keys_dir() -> Path:
 @cache
 def _session_keys_dir() -> Path:
     directory = Path(tempfile.mkdtemp(prefix=f"durable-agents-keys-{os.getpid()}-"))
-    (directory / ACTIVE_KEY_ID).write_bytes(generate_key())
+    (directory / ACTIVE_KEY_ID).write_bytes(generate_key(entropy=os.urandom))
     return directory
 
 

@@ -5,6 +5,7 @@ including after the approval was decided or expired."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 from datetime import timedelta
 from typing import Any
@@ -33,7 +34,7 @@ from durable_agents.core.statemachine import RunEvent
 
 pytestmark = pytest.mark.unit
 
-KEY = new_data_key()
+KEY = new_data_key(entropy=os.urandom)
 URL = "http://127.0.0.1:9/mcp"
 SCHEMA = {"type": "object", "properties": {"id": {"type": "string"}}, "required": ["id"]}
 SPEC: dict[str, Any] = {
@@ -69,6 +70,7 @@ def planner(*, lying: bool, trusted: bool = False) -> ModelPlanner:
             tools=(close_ticket(read_only=lying),),
             data_key=KEY,
             mcp_trust={URL: frozenset()} if trusted else {},
+            entropy=os.urandom,
         )
     )
 

@@ -6,6 +6,7 @@ failed call is a retry window (or a failure, when retrying cannot help)."""
 from __future__ import annotations
 
 import json
+import os
 from datetime import datetime
 from typing import Any
 
@@ -56,7 +57,7 @@ from durable_agents.core.statemachine import RunEvent
 
 pytestmark = pytest.mark.unit
 
-KEY = new_data_key()
+KEY = new_data_key(entropy=os.urandom)
 TARGET = {"url": "http://127.0.0.1:9/pay"}
 TOOLS = (
     read_tool("read_config", "read a ConfigMap", api_version="v1", kind="ConfigMap"),
@@ -79,6 +80,7 @@ def planner(**limits: int) -> ModelPlanner:
             tools=TOOLS,
             data_key=KEY,
             limits=AgentLimits(**limits),
+            entropy=os.urandom,
         )
     )
 
@@ -266,7 +268,13 @@ def test_facts_recorded_under_another_prompt_are_not_fed_to_the_new_one() -> Non
     read = ReadResult(0, evidence=evidence_for(0, "agent-0"), content={"data": {}})
     obj = apply(obj, commit_of(decide_with(obj, plan, at(2), read=read)))
     changed = ModelPlanner(
-        AgentInputs(model="reference-model", system_prompt="You operate refunds.", tools=TOOLS, data_key=KEY)
+        AgentInputs(
+            model="reference-model",
+            system_prompt="You operate refunds.",
+            tools=TOOLS,
+            data_key=KEY,
+            entropy=os.urandom,
+        )
     )
     failed = commit_of(decide_with(obj, changed, at(3)))
     assert failed.event is RunEvent.ATTEMPT_FAILED
@@ -277,7 +285,9 @@ def test_facts_recorded_under_another_prompt_are_not_fed_to_the_new_one() -> Non
 
 def test_a_question_the_model_asks_is_sealed_where_the_run_waits() -> None:
     tools = (*TOOLS, ask_human_tool("ask_oncall", "ask the on-call engineer"))
-    plan = ModelPlanner(AgentInputs(model="reference-model", system_prompt="p", tools=tools, data_key=KEY))
+    plan = ModelPlanner(
+        AgentInputs(model="reference-model", system_prompt="p", tools=tools, data_key=KEY, entropy=os.urandom)
+    )
     obj = accepted(plan)
     question = '{"question": "May I pay 42 EUR to ACME?"}'
     obj = apply(obj, commit_of(answered(obj, plan, at(1), reply(("ask_oncall", question)))))
@@ -353,7 +363,9 @@ def test_an_answer_to_the_model_s_question_is_given_only_once_its_seal_proves_it
     is given."""
     settings = Settings(keyring=KEYRING)
     tools = (*TOOLS, ask_human_tool("ask_oncall", "ask the on-call engineer"))
-    plan = ModelPlanner(AgentInputs(model="reference-model", system_prompt="p", tools=tools, data_key=KEY))
+    plan = ModelPlanner(
+        AgentInputs(model="reference-model", system_prompt="p", tools=tools, data_key=KEY, entropy=os.urandom)
+    )
 
     def decided(obj: dict[str, Any], now: datetime, model: ModelAnswer | None = None) -> Decision:
         return decide(
@@ -374,7 +386,9 @@ def test_an_answer_to_the_model_s_question_is_given_only_once_its_seal_proves_it
         raise AssertionError("no idle")
 
     obj = new_run(objective=OBJECTIVE)
-    obj["metadata"]["annotations"] = {DATA_KEY_ANNOTATION: wrap_data_key(KEYRING, KEY, "team-a", "run-1")}
+    obj["metadata"]["annotations"] = {
+        DATA_KEY_ANNOTATION: wrap_data_key(KEYRING, KEY, "team-a", "run-1", entropy=os.urandom)
+    }
     obj, need = until_idle_or_model(obj, T0)
     assert isinstance(need, NeedModelTurn)
     question = '{"question": "May I pay 42 EUR to ACME?"}'
@@ -390,7 +404,7 @@ def test_an_answer_to_the_model_s_question_is_given_only_once_its_seal_proves_it
     assert obj["status"]["waitingFor"] == "input:agent-0.2"
     assert [(r["key"], r["reason"]) for r in obj["status"]["refusedRequests"]] == [("agent-0", "Unsealed")]
 
-    real = seal_value(KEY, "yes, pay 42", "answers/agent-0.2")
+    real = seal_value(KEY, "yes, pay 42", "answers/agent-0.2", entropy=os.urandom)
     obj = {**obj, "spec": {**obj["spec"], "answers": {**obj["spec"]["answers"], "agent-0.2": real}}}
     obj, need = until_idle_or_model(obj, at(4))
     assert isinstance(need, NeedModelTurn)

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 from durable_agents.core.checkpoint.record import Checkpoint
 from durable_agents.core.checkpoint.versions import Quarantine
+from durable_agents.core.entropy import Entropy
 from durable_agents.core.sealing import Keyring, UndecryptableError, seal, sealing_aad, unseal
 
 
 def seal_field(
-    checkpoint: Checkpoint, name: str, plaintext: bytes, *, keyring: Keyring, run_uid: str
+    checkpoint: Checkpoint, name: str, plaintext: bytes, *, keyring: Keyring, run_uid: str, entropy: Entropy
 ) -> Checkpoint:
     """A copy of ``checkpoint`` with ``plaintext`` sealed under ``name``, bound to the run and field."""
-    sealed = {**(checkpoint.sealed or {}), name: seal(keyring, plaintext, sealing_aad(run_uid, name))}
+    sealed = {
+        **(checkpoint.sealed or {}),
+        name: seal(keyring, plaintext, sealing_aad(run_uid, name), entropy=entropy),
+    }
     # Validate the whole record again: the field name must be acceptable to the contract.
     return type(checkpoint).model_validate({**checkpoint.model_dump(), "sealed": sealed})
 
