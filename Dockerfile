@@ -28,7 +28,7 @@ RUN set -eu; \
         /opt/durable-agents/lib/python3*/site-packages/kubernetes/aio; \
     /opt/durable-agents/bin/python -m compileall -q -j 0 --invalidation-mode unchecked-hash \
         /opt/durable-agents/lib; \
-    /opt/durable-agents/bin/python -c 'import durable_agents_controllers.__main__, durable_agents.kubectl_plugin'
+    /opt/durable-agents/bin/python -c 'import durable_agents_controllers.__main__, durable_agents.kubectl.main'
 
 FROM ${BASE_IMAGE}
 ARG BASE_IMAGE

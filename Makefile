@@ -37,7 +37,7 @@ hack-gomod: ## regenerate hack/*/go.mod after changing hack/versions.env
 .PHONY: crds
 crds: $(STAMP) ## generate crds/*.yaml from the pydantic API types, and the chart's webhook configurations
 	$(PY) -m durable_agents.api.crdgen crds charts/durable-agents/crds
-	$(PY) -m durable_agents.shell.webhook_manifests charts/durable-agents/files
+	$(PY) -m durable_agents.shell.admission.manifests charts/durable-agents/files
 
 .PHONY: lint
 lint: $(STAMP) ## ruff, mypy, the import-linter contracts (layers, no cycles) and the size limits

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from kubernetes import client
 
 from durable_agents.api.v1alpha1 import GROUP, VERSION
-from durable_agents.shell.limits import CREATE_BUDGET
+from durable_agents.core.limits import CREATE_BUDGET
 from durable_agents_testkit.cluster import KubeEnv
 from durable_agents_testkit.eventually import Within, eventually
 from durable_agents_testkit.large_runs import MARGIN, largest_run, size_of

@@ -19,7 +19,7 @@ from kubernetes import client
 
 from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents.core.digest import canonical_json
-from durable_agents.shell.limits import CREATE_BUDGET, MAX_NESTING, MAX_VALUE_BYTES, stored_size
+from durable_agents.core.limits import CREATE_BUDGET, MAX_NESTING, MAX_VALUE_BYTES, stored_size
 from durable_agents_testkit.cluster import KubeEnv
 from durable_agents_testkit.eventually import Within, eventually
 from durable_agents_testkit.operator_process import OperatorProcess

@@ -14,8 +14,8 @@ import pytest
 from e2e import test_reconcile
 from kubernetes import client
 
-from durable_agents import kubectl_reconcile
 from durable_agents.api.v1alpha1 import GROUP, VERSION
+from durable_agents.kubectl import reconcile as kubectl_reconcile
 from durable_agents.shell.effects.mcp import NO_QUERY
 from durable_agents_testkit.agent_sample import API_KEY, install_sample, sample_of, script
 from durable_agents_testkit.cluster import KubeEnv

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from durable_agents import kubectl_why
 from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents.core.agent_facts import ANSWER_LABEL
+from durable_agents.kubectl import why as kubectl_why
 from durable_agents_testkit.agent_sample import API_KEY, install_sample, sample_of
 from durable_agents_testkit.cluster import KubeEnv
 from durable_agents_testkit.eventually import eventually

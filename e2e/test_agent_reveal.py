@@ -21,9 +21,9 @@ import pytest
 from kubernetes import client
 
 from durable_agents.api.v1alpha1 import GROUP, VERSION
+from durable_agents.api.v1alpha1.labels import REVEAL_ANNOTATION, REVEALED_ANNOTATION
 from durable_agents.core.disclosure import new_reader_key, open_as_reader
-from durable_agents.kubectl_plugin import describe
-from durable_agents.shell.reveal import REVEAL_ANNOTATION, REVEALED_ANNOTATION
+from durable_agents.kubectl.main import describe
 from durable_agents_testkit.agent_sample import sample_of, script
 from durable_agents_testkit.eventually import Within, eventually
 from durable_agents_testkit.modelserver import ModelServerThread

@@ -25,8 +25,9 @@ from e2e.test_authority import grant, on_runs, refusal_events, webhook_off
 from e2e.test_interruptions import ASK, DONE, pay, run_spec
 from kubernetes.client.rest import ApiException
 
-from durable_agents import kubectl_plugin, kubectl_why
 from durable_agents.api.v1alpha1 import GROUP, VERSION
+from durable_agents.kubectl import main as kubectl_plugin
+from durable_agents.kubectl import why as kubectl_why
 from durable_agents_testkit.cluster import KubeEnv
 from durable_agents_testkit.eventually import Within, eventually
 from durable_agents_testkit.operator_process import OperatorProcess
@@ -35,7 +36,7 @@ from durable_agents_testkit.runs import Runs, assert_history_is_gapless
 from durable_agents_testkit.scrape import free_port
 
 LEASE = 2
-KUBECTL_AGENTRUN = (sys.executable, "-m", "durable_agents.kubectl_plugin")
+KUBECTL_AGENTRUN = (sys.executable, "-m", "durable_agents.kubectl.main")
 AWAIT = {"name": "window", "await": {"event": "window"}}
 
 

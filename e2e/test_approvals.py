@@ -447,7 +447,7 @@ def test_kubectl_agentrun_approve(
     pending(runs, name)
     alice = kube.plane.write_user_kubeconfig("alice", ["approvers"])
     env = {**os.environ, "KUBECONFIG": str(alice)}
-    plugin = [sys.executable, "-m", "durable_agents.kubectl_plugin"]
+    plugin = [sys.executable, "-m", "durable_agents.kubectl.main"]
     shown = subprocess.run(
         [*plugin, "status", name, "-n", runs.namespace], env=env, capture_output=True, text=True, check=True
     )

@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from durable_agents import kubectl_plugin
 from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents.core.authority import CREATION_SKEW
+from durable_agents.kubectl import main as kubectl_plugin
 from durable_agents_testkit.cluster import KubeEnv
 from durable_agents_testkit.eventually import Within, eventually
 from durable_agents_testkit.keys import unsealed

@@ -14,9 +14,10 @@ import pytest
 from kubernetes import client
 
 from durable_agents.api.v1alpha1 import GROUP, VERSION
+from durable_agents.api.v1alpha1.labels import RUN_LABEL
 from durable_agents.core.engine import child_run_name
-from durable_agents.shell.faults import INTERNAL_ERROR_VARIABLE
-from durable_agents.shell.leases import RUN_LABEL, run_label
+from durable_agents.shell.ground.faults import INTERNAL_ERROR_VARIABLE
+from durable_agents.shell.ownership.leases import run_label
 from durable_agents_testkit.cluster import KubeEnv
 from durable_agents_testkit.eventually import Within, eventually
 from durable_agents_testkit.operator_process import OperatorProcess

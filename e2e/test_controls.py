@@ -26,9 +26,9 @@ import pytest
 import yaml
 from kubernetes import client
 
-from durable_agents import kubectl_plugin
 from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents.core.ledger import action_record_name, idempotency_key
+from durable_agents.kubectl import main as kubectl_plugin
 from durable_agents_testkit.cluster import KubeEnv
 from durable_agents_testkit.eventually import Within, eventually
 from durable_agents_testkit.operator_process import OperatorProcess

@@ -23,10 +23,11 @@ import pytest
 from kubernetes import client
 
 from durable_agents.api.v1alpha1 import GROUP, VERSION, ChildStep
+from durable_agents.api.v1alpha1.labels import RUN_LABEL
 from durable_agents.core.engine import RunSnapshot, child_body, child_run_name
 from durable_agents.core.engine.children import CHILD_STAMP_ANNOTATION, PARENT_STEP_ANNOTATION
 from durable_agents.core.planner import StartChild
-from durable_agents.shell.leases import RUN_LABEL, lease_name
+from durable_agents.shell.ownership.leases import lease_name
 from durable_agents_testkit.cluster import KubeEnv
 from durable_agents_testkit.eventually import Within, eventually
 from durable_agents_testkit.operator_process import OperatorProcess

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from durable_agents.shell.worker import WorkerConfig
+from durable_agents.shell.runs.worker import WorkerConfig
 from durable_agents_testkit.audit import audit_offset, count_by, read_audit
 from durable_agents_testkit.cluster import KubeEnv
 from durable_agents_testkit.eventually import Within, eventually

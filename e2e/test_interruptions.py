@@ -564,7 +564,7 @@ def test_kubectl_agentrun_cancel_is_stamped_and_its_latency_measured(
     for name in names:
         runs.wait_state(name, "waiting_input")
     env = {**os.environ, "KUBECONFIG": str(kube.kubeconfig)}
-    plugin = [sys.executable, "-m", "durable_agents.kubectl_plugin"]
+    plugin = [sys.executable, "-m", "durable_agents.kubectl.main"]
     observed: list[float] = []
     for name in names:
         started = time.monotonic()

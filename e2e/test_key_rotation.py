@@ -27,7 +27,7 @@ from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents.core.sealed_values import DATA_KEY_ANNOTATION, data_key_id
 from durable_agents.core.sealing import generate_key
 from durable_agents.core.stamps import stamp_key_id
-from durable_agents.shell.keyguard import KEYRING_LABEL
+from durable_agents.shell.keys.keyguard import KEYRING_LABEL
 from durable_agents_testkit.eventually import Within, eventually
 from durable_agents_testkit.operator_process import OperatorProcess
 from durable_agents_testkit.runs import Runs

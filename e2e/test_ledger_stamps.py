@@ -24,7 +24,7 @@ from kubernetes import client
 
 from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents.core.stamps import stamp_key_id
-from durable_agents.shell.keyguard import KEYRING_LABEL
+from durable_agents.shell.keys.keyguard import KEYRING_LABEL
 from durable_agents_testkit.eventually import Within, eventually
 from durable_agents_testkit.operator_process import OperatorProcess
 from durable_agents_testkit.refsystem import ReferenceSystemThread

@@ -20,8 +20,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from durable_agents.shell.shards import assignment, desired_owner, shard_of
-from durable_agents.shell.worker import WorkerConfig
+from durable_agents.shell.ownership.shards import assignment, desired_owner, shard_of
+from durable_agents.shell.runs.worker import WorkerConfig
 from durable_agents_testkit.audit import audit_offset, read_audit
 from durable_agents_testkit.cluster import KubeEnv
 from durable_agents_testkit.eventually import Within, eventually

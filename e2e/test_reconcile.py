@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from durable_agents import kubectl_reconcile
 from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents.core.ledger import action_record_name, idempotency_key
 from durable_agents.core.sealed_values import outcome_label
+from durable_agents.kubectl import reconcile as kubectl_reconcile
 from durable_agents_testkit.cluster import KubeEnv
 from durable_agents_testkit.eventually import Within, eventually
 from durable_agents_testkit.keys import unsealed
@@ -30,7 +30,7 @@ from durable_agents_testkit.runs import Runs
 from durable_agents_testkit.scrape import free_port
 
 LEASE = 2
-KUBECTL_AGENTRUN = (sys.executable, "-m", "durable_agents.kubectl_plugin")
+KUBECTL_AGENTRUN = (sys.executable, "-m", "durable_agents.kubectl.main")
 APPLIED = ("--applied", "--reason", "receipt in the bank statement")
 VERB_REFUSED = "missing RBAC permission verb 'approve' on resource 'agentruns'"
 

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from durable_agents.shell.shards import shard_of
-from durable_agents.shell.worker import WorkerConfig
+from durable_agents.shell.ownership.shards import shard_of
+from durable_agents.shell.runs.worker import WorkerConfig
 from durable_agents_testkit.eventually import Within, eventually
 from durable_agents_testkit.operator_process import OperatorProcess
 from durable_agents_testkit.runs import (

@@ -31,7 +31,7 @@ from durable_agents_testkit.scrape import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 USER_ROLES = REPO / "charts/durable-agents/files/user-roles.yaml"
-PLUGIN = [sys.executable, "-m", "durable_agents.kubectl_plugin"]
+PLUGIN = [sys.executable, "-m", "durable_agents.kubectl.main"]
 LEASE = 2
 OPERATOR_USER = "durable-agents-operator"  # the user e2e/conftest.py binds the operator's rules to
 

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from durable_agents.api.v1alpha1 import GROUP, VERSION
-from durable_agents.shell.shards import desired_owner, shard_of
+from durable_agents.shell.ownership.shards import desired_owner, shard_of
 from durable_agents_testkit.cluster import KubeEnv
 from durable_agents_testkit.eventually import Within, eventually
 from durable_agents_testkit.operator_process import OperatorProcess
@@ -183,7 +183,7 @@ def test_failover_verifies_adopts_and_the_paused_former_owner_commits_nothing(
     assert refsystem.counts() == {}
 
     env = {**os.environ, "KUBECONFIG": str(kube.kubeconfig)}
-    plugin = [sys.executable, "-m", "durable_agents.kubectl_plugin"]
+    plugin = [sys.executable, "-m", "durable_agents.kubectl.main"]
     out = subprocess.run(
         [
             *plugin,

@@ -22,8 +22,8 @@ import yaml
 from kubernetes import client
 
 from durable_agents.api.v1alpha1 import GROUP, VERSION
+from durable_agents.api.v1alpha1.labels import REVEAL_ANNOTATION, REVEALED_ANNOTATION
 from durable_agents.core.disclosure import new_reader_key, open_as_reader
-from durable_agents.shell.reveal import REVEAL_ANNOTATION, REVEALED_ANNOTATION
 from durable_agents_testkit.cluster import KubeEnv
 from durable_agents_testkit.eventually import Within, eventually
 from durable_agents_testkit.operator_process import OperatorProcess
@@ -134,7 +134,7 @@ def invoice(url: str) -> dict[str, Any]:
 
 def plugin(kubeconfig: Path, namespace: str, *args: str) -> subprocess.CompletedProcess[str]:
     """``kubectl agentrun ARGS`` as the user of ``kubeconfig`` (its own process, as kubectl runs it)."""
-    argv = [sys.executable, "-m", "durable_agents.kubectl_plugin", *args, "-n", namespace]
+    argv = [sys.executable, "-m", "durable_agents.kubectl.main", *args, "-n", namespace]
     env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
     return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
 

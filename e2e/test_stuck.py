@@ -20,9 +20,9 @@ from typing import Any
 
 from kubernetes import client
 
-from durable_agents import kubectl_why
 from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents.core.engine import child_run_name
+from durable_agents.kubectl import why as kubectl_why
 from durable_agents_testkit.cluster import KubeEnv
 from durable_agents_testkit.eventually import Within, eventually
 from durable_agents_testkit.keys import admitted
@@ -35,7 +35,7 @@ from durable_agents_testkit.scrape import free_port, metric, scrape
 CHECK = 1.0  # seconds between passes of the stuck check
 AFTER = 4  # seconds a wait without expiry lasts before it is stuck
 SLACK = 3.0  # a loaded 2-core machine: a pass may start late and its write take a moment
-KUBECTL_AGENTRUN = (sys.executable, "-m", "durable_agents.kubectl_plugin")
+KUBECTL_AGENTRUN = (sys.executable, "-m", "durable_agents.kubectl.main")
 DONE = {"name": "done", "complete": {"result": "done"}}
 REASONS = ("PolicyMissing", "NoApprover", "UnreconcilableOutcome", "WaitWithoutExpiry", "Quarantined")
 

@@ -1,4 +1,5 @@
-"""Traces and structured logs on the operator's path (shell/run_traces.py, shell/json_logs.py).
+"""Traces and structured logs on the operator's path (shell/observability/run_traces.py,
+shell/observability/json_logs.py).
 
 Operators export over OTLP/HTTP to the test kit's receiver (testkit otlp.py) with a short batch
 delay. A run is worked on by three processes, two of which die by SIGKILL at a commit boundary

@@ -24,7 +24,7 @@ import durable_agents
 from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents.core.checkpoint import CURRENT_SCHEMA_VERSION
 from durable_agents.core.ledger import action_record_name, idempotency_key
-from durable_agents.shell.leases import LeaseRecord
+from durable_agents.shell.ownership.leases import LeaseRecord
 from durable_agents_testkit.eventually import Within, eventually
 from durable_agents_testkit.operator_process import OperatorProcess
 from durable_agents_testkit.refsystem import ReferenceSystemThread

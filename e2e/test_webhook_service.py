@@ -17,7 +17,7 @@ from collections.abc import Callable
 from cryptography import x509
 from kubernetes import client
 
-from durable_agents.shell.webhook_certs import material_of, service_names
+from durable_agents.shell.admission.certs import material_of, service_names
 from durable_agents_testkit.cluster import KubeEnv
 from durable_agents_testkit.eventually import Within, eventually
 from durable_agents_testkit.operator_process import OperatorProcess

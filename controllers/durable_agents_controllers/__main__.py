@@ -16,7 +16,7 @@ from types import FrameType
 
 import kopf
 
-from durable_agents.shell.json_logs import configure_logging
+from durable_agents.shell.observability.json_logs import configure_logging
 from durable_agents_controllers import (
     actionrecord,
     agentpolicy,

@@ -6,8 +6,8 @@ from typing import Any
 
 import kopf
 
+from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents.core.ledger import TERMINAL_ACTION_STATES
-from durable_agents.shell.kube import GROUP, VERSION
 from durable_agents_controllers.manager import Manager
 
 TERMINAL = frozenset(s.value for s in TERMINAL_ACTION_STATES)

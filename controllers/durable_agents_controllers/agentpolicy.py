@@ -6,7 +6,7 @@ from typing import Any
 
 import kopf
 
-from durable_agents.shell.kube import GROUP, VERSION
+from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents_controllers.manager import Manager
 
 

@@ -22,9 +22,9 @@ from durable_agents import __version__
 from durable_agents.core.durations import InvalidDuration, parse_duration
 from durable_agents.core.regions import DEFAULT_REGION, REGION_EXPECTED, region_problem
 from durable_agents.core.sealing import Keyring, KeyringError
-from durable_agents.shell.faults import FaultPoints, Trigger
-from durable_agents.shell.keyring import load_keyring
-from durable_agents.shell.worker import new_identity
+from durable_agents.shell.ground.faults import FaultPoints, Trigger
+from durable_agents.shell.keys.keyring import load_keyring
+from durable_agents.shell.runs.worker import new_identity
 
 PREFIX = "DURABLE_AGENTS_"
 T = TypeVar("T")

@@ -1,5 +1,6 @@
 """The validating webhook on keyring Secrets: a key still in use is never retired
-(the rule: :mod:`durable_agents.shell.keyguard`; its webhook entry: ``admission.webhook_configurations``).
+(the rule: :mod:`durable_agents.shell.keys.keyguard`; its webhook entry:
+``registration.webhook_configurations``).
 
 Registered only with the admission webhook (``DURABLE_AGENTS_WEBHOOK_PORT``): it is served by the
 same server, on its own path, for Secrets labelled ``durable-agents.io/keyring: "true"`` only.
@@ -11,7 +12,7 @@ from typing import Any
 
 import kopf
 
-from durable_agents.shell.keyguard import KEYGUARD_PATH, check_keyring_secret
+from durable_agents.shell.keys.keyguard import KEYGUARD_PATH, check_keyring_secret
 from durable_agents_controllers.manager import Manager
 
 

@@ -12,18 +12,18 @@ from typing import Any
 import kopf
 from prometheus_client import start_http_server
 
-from durable_agents.shell.actions import FirstClaims
-from durable_agents.shell.census import RunCensus
-from durable_agents.shell.commit_metrics import initialise as initialise_metrics
-from durable_agents.shell.dispatcher import Dispatcher, DispatcherConfig
-from durable_agents.shell.failover import Failovers
-from durable_agents.shell.faults import install_faults
-from durable_agents.shell.kube import Kube, load_api_client
-from durable_agents.shell.reflector import RunReflector
-from durable_agents.shell.resealer import ResealConfig, Resealer
-from durable_agents.shell.run_traces import configure as configure_run_traces
-from durable_agents.shell.stuck import StuckCheck, StuckConfig
-from durable_agents.shell.worker import RunWorker, WorkerConfig
+from durable_agents.shell.ground.faults import install_faults
+from durable_agents.shell.ground.kube import Kube, load_api_client
+from durable_agents.shell.intake.reflector import RunReflector
+from durable_agents.shell.keys.resealer import ResealConfig, Resealer
+from durable_agents.shell.ledger.actions import FirstClaims
+from durable_agents.shell.ledger.dispatcher import Dispatcher, DispatcherConfig
+from durable_agents.shell.observability.census import RunCensus
+from durable_agents.shell.observability.commit_metrics import initialise as initialise_metrics
+from durable_agents.shell.observability.run_traces import configure as configure_run_traces
+from durable_agents.shell.runs.failover import Failovers
+from durable_agents.shell.runs.stuck import StuckCheck, StuckConfig
+from durable_agents.shell.runs.worker import RunWorker, WorkerConfig
 from durable_agents_controllers.config import OperatorConfig
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""The retention controller (:mod:`durable_agents.shell.retention`): started with the operator's
+"""The retention controller (:mod:`durable_agents.shell.runs.retention`): started with the operator's
 run workers, stopped at clean-up. A process without run workers (``WORKERS=0``: a webhook or
 dispatcher only) runs none; several operator processes each run one, and their writes are
 idempotent (each carries the read resourceVersion, a record is created once by name).
@@ -10,7 +10,7 @@ from typing import Any
 
 import kopf
 
-from durable_agents.shell.retention import RetentionConfig, RetentionController
+from durable_agents.shell.runs.retention import RetentionConfig, RetentionController
 from durable_agents_controllers.manager import Manager
 
 

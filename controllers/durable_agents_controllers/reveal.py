@@ -1,4 +1,4 @@
-"""The mutating webhook's part in reveal (:mod:`durable_agents.shell.reveal`): one call from
+"""The mutating webhook's part in reveal (:mod:`durable_agents.shell.runs.reveal`): one call from
 ``stamp_identity``, on every AgentRun create or update."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from typing import Any
 
 import kopf
 
-from durable_agents.shell import admission
-from durable_agents.shell.reveal import RevealRefused, reveal_changes
+from durable_agents.shell.admission import authority as admission
+from durable_agents.shell.runs.reveal import RevealRefused, reveal_changes
 from durable_agents_controllers.manager import Manager
 
 

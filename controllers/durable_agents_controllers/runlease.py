@@ -1,7 +1,7 @@
 """Run Lease watch events go to the run worker (an orphaned Lease of an idle run gets reaped).
 
 AgentRun events do not come through kopf: the run worker's own reflector lists and watches them
-(durable_agents.shell.reflector explains why), started with the worker by the manager.
+(durable_agents.shell.intake.reflector explains why), started with the worker by the manager.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 
 import kopf
 
-from durable_agents.shell.leases import RUN_LABEL
+from durable_agents.api.v1alpha1.labels import RUN_LABEL
 from durable_agents_controllers.manager import Manager
 
 

@@ -1,6 +1,6 @@
 """The admission webhook served by the operator: identity and stamps, append-only requests, and
-the authority of every request (the rules: :mod:`durable_agents.shell.admission`; for
-RegionFailovers, :mod:`durable_agents.shell.failover_admission`).
+the authority of every request (the rules: :mod:`durable_agents.shell.admission.authority`; for
+RegionFailovers, :mod:`durable_agents.shell.admission.failover`).
 
 Registered only when the configuration gives it a port. It runs in the operator's process (on a
 thread and event loop of its own: :mod:`.webhook_thread`) and stamps with the operator's keyring,
@@ -22,12 +22,14 @@ import aiohttp.web
 import kopf
 from pydantic import ValidationError
 
-from durable_agents.api.v1alpha1 import FAILOVER_PLURAL, AgentRunSpec, Identity
+from durable_agents.api.v1alpha1 import FAILOVER_PLURAL, GROUP, VERSION, AgentRunSpec, Identity
+from durable_agents.core import limits
 from durable_agents.core.retention import FINALIZER
 from durable_agents.core.sealing import Keyring
-from durable_agents.shell import admission, failover_admission, limits
-from durable_agents.shell.kube import GROUP, VERSION
-from durable_agents.shell.sealing_admission import SealingRefused, sealing_changes
+from durable_agents.core.sealing_admission import SealingRefused, sealing_changes
+from durable_agents.shell.admission import authority as admission
+from durable_agents.shell.admission import failover as failover_admission
+from durable_agents.shell.admission import registration
 from durable_agents_controllers.manager import Manager
 from durable_agents_controllers.reveal import reveal_hook
 from durable_agents_controllers.webhook_serving import WebhookServing
@@ -85,7 +87,7 @@ def register(registry: kopf.OperatorRegistry, manager: Manager) -> None:
         operator_loop[:] = [asyncio.get_running_loop()]
         configurations = await serving.configure(settings)
         # Installed before the server listens: until then every AgentRun write fails closed.
-        await admission.install_webhooks(manager.kube, *configurations)
+        await registration.install_webhooks(manager.kube, *configurations)
         serving.start_keeping_current()
         task = asyncio.create_task(announce_when_serving(settings, manager.webhook_serving))
         background.add(task)
@@ -124,10 +126,10 @@ def register(registry: kopf.OperatorRegistry, manager: Manager) -> None:
             patch.metadata.setdefault("annotations", {})[key] = annotation
         finalizers = list(body.metadata.get("finalizers") or [])
         if operation == "CREATE" and FINALIZER not in finalizers:
-            # Deleting a live run cancels it first (shell/retention.py): on from the start, so
+            # Deleting a live run cancels it first (shell/runs/retention.py): on from the start, so
             # no later write adds it.
             patch.metadata["finalizers"] = [*finalizers, FINALIZER]
-        # An approver's dry-run reveal request is answered here (durable_agents.shell.reveal).
+        # An approver's dry-run reveal request is answered here (durable_agents.shell.runs.reveal).
         await reveal_hook(manager, body, old, userinfo, bool(kwargs.get("dryrun")), patch)
 
     async def check_approvals(body: kopf.Body, userinfo: kopf.UserInfo, **kwargs: Any) -> None:

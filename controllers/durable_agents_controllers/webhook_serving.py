@@ -2,7 +2,7 @@
 
 Two ways. A local process (tests, the demo) makes a throw-away CA and serves ``https://HOST:PORT``.
 In a cluster (``WEBHOOK_SERVICE``), every replica serves behind one Service with the certificate
-kept in one shared Secret (:mod:`durable_agents.shell.webhook_certs`), made by the operator or, with
+kept in one shared Secret (:mod:`durable_agents.shell.admission.certs`), made by the operator or, with
 ``WEBHOOK_CERT_ISSUER=cert-manager``, issued by cert-manager and only read; a background pass renews
 it (the operator's own) before it expires, reloads what this replica serves (kopf restarts its
 server when the files change) and keeps the webhook configurations' caBundle (the Secret's CA,
@@ -22,9 +22,9 @@ from typing import Any
 
 import kopf
 
-from durable_agents.shell import admission
-from durable_agents.shell.certs import generate_ca, issue_serving_cert
-from durable_agents.shell.webhook_certs import IssuedCertificates, WebhookCertificates
+from durable_agents.shell.admission import registration
+from durable_agents.shell.admission.certs import IssuedCertificates, WebhookCertificates
+from durable_agents.shell.ground.certs import generate_ca, issue_serving_cert
 from durable_agents_controllers.config import OperatorConfig
 from durable_agents_controllers.manager import Manager
 
@@ -72,9 +72,9 @@ class WebhookServing:
         name, scope = configuration_name(self.config), self.config.namespace
         if self.service is None:
             url = f"https://{self.config.webhook_host}:{self.port}"
-            return admission.webhook_configurations(name=name, url=url, ca_pem=ca_pem, namespace=scope)
+            return registration.webhook_configurations(name=name, url=url, ca_pem=ca_pem, namespace=scope)
         target = (self.namespace, self.service, self.config.webhook_service_port)
-        return admission.webhook_configurations(name=name, service=target, ca_pem=ca_pem, namespace=scope)
+        return registration.webhook_configurations(name=name, service=target, ca_pem=ca_pem, namespace=scope)
 
     async def configure(self, settings: kopf.OperatorSettings) -> Configurations:
         """Write the serving files, set kopf's server, and return the configurations to install."""
@@ -125,7 +125,7 @@ class WebhookServing:
             )
             self._served = material.serving.cert_pem
             log.info("webhook: serving the renewed certificate from Secret %s", self.certificates.secret)
-        await admission.install_webhooks(self.manager.kube, *self.configurations(material.bundle_pem))
+        await registration.install_webhooks(self.manager.kube, *self.configurations(material.bundle_pem))
 
     async def _keep_current(self) -> None:
         while True:

@@ -8,7 +8,7 @@ and limits of a review and kopf's dispatch to our handlers all run on a loop of 
 answer waits for nothing the worker does but its share of the interpreter.
 
 What the handlers touch is safe from this thread: the keyring and stamps are pure, the API calls
-(SubjectAccessReviews, reads) go through :class:`~durable_agents.shell.kube.Kube`'s thread pool
+(SubjectAccessReviews, reads) go through :class:`~durable_agents.shell.ground.kube.Kube`'s thread pool
 from whichever loop awaits them, and the policy cache is only read. What belongs to the operator's
 loop (a policy fetched into the cache, runs enqueued) is handed to it: :func:`on_loop`. kopf's
 per-object memos are not shared across the two loops: the handlers keep none.

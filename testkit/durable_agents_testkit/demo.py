@@ -189,7 +189,7 @@ def kubectl_agentrun(kubeconfig: Path, *args: str, grep: str | None = None) -> N
     shown = f" | grep {shlex.quote(grep)}" if grep else ""
     say("    $ kubectl agentrun " + shlex.join(args) + shown + f"      # as user {APPROVER}")
     out = subprocess.run(
-        [sys.executable, "-m", "durable_agents.kubectl_plugin", *args],
+        [sys.executable, "-m", "durable_agents.kubectl.main", *args],
         env={**os.environ, "KUBECONFIG": str(kubeconfig)},
         capture_output=True,
         text=True,

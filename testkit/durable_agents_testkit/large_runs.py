@@ -1,7 +1,7 @@
 """A run of the largest admitted size that keeps the operator working: for the admission-latency
 benchmark (``bench.admission``) and its e2e test (``e2e/test_admission_latency.py``).
 
-Its spec is filled to the creation budget (``shell/limits.py``: 448 KiB as stored, sealed values
+Its spec is filled to the creation budget (``core/limits.py``: 448 KiB as stored, sealed values
 counted sealed) with effects whose arguments are 64 KiB each, interleaved with await steps whose
 events are given up front: every step commits at once, so the operator keeps loading, verifying,
 deciding and writing a run of that size, step after step, for as long as it lasts.
@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from durable_agents.core.digest import canonical_json
-from durable_agents.shell.limits import CREATE_BUDGET, MAX_VALUE_BYTES, stored_size
+from durable_agents.core.limits import CREATE_BUDGET, MAX_VALUE_BYTES, stored_size
 
 EFFECTS = 5
 """Effects with 64 KiB arguments; the last one's target is padded to fill the budget."""

@@ -23,7 +23,7 @@ import pytest
 import yaml
 from kubernetes import client
 
-from durable_agents.shell import admission
+from durable_agents.shell.admission import registration
 from durable_agents_testkit.cluster import KubeEnv, install_crds
 from durable_agents_testkit.localcluster.controlplane import ensure_binaries
 
@@ -401,7 +401,7 @@ def test_the_webhook_configurations_are_the_operators_own(helm: str, watched: st
     env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
     name = env["DURABLE_AGENTS_WEBHOOK_CONFIGURATION"]
     assert env["DURABLE_AGENTS_WEBHOOK_SERVICE"] == service["metadata"]["name"]
-    wanted = admission.webhook_configurations(
+    wanted = registration.webhook_configurations(
         name=name,
         service=("ops", service["metadata"]["name"], int(env["DURABLE_AGENTS_WEBHOOK_SERVICE_PORT"] or 0)),
         ca_pem=b"",

@@ -10,8 +10,8 @@ from typing import Any
 from test_run_leases import agent_run
 
 from durable_agents.api.v1alpha1 import GROUP, VERSION
-from durable_agents.shell.kube import Kube
-from durable_agents.shell.reflector import RunReflector
+from durable_agents.shell.ground.kube import Kube
+from durable_agents.shell.intake.reflector import RunReflector
 from durable_agents_testkit.cluster import KubeEnv
 from durable_agents_testkit.eventually import Within, eventually_async
 

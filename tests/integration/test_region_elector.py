@@ -13,8 +13,8 @@ import pytest
 from kubernetes import client
 
 from durable_agents.core.regions import region_lease_name
-from durable_agents.shell.kube import Kube
-from durable_agents.shell.regions import LEASE_KIND_LABEL, REGION_LABEL, RegionElector, RegionHold
+from durable_agents.shell.ground.kube import Kube
+from durable_agents.shell.ownership.regions import LEASE_KIND_LABEL, REGION_LABEL, RegionElector, RegionHold
 from durable_agents_testkit.cluster import KubeEnv
 from durable_agents_testkit.eventually import Within, eventually_async
 

@@ -11,8 +11,9 @@ import yaml
 from kubernetes import client
 
 from durable_agents.api.v1alpha1 import GROUP, VERSION
-from durable_agents.shell.kube import Kube
-from durable_agents.shell.leases import RUN_LABEL, RunLeases, lease_name
+from durable_agents.api.v1alpha1.labels import RUN_LABEL
+from durable_agents.shell.ground.kube import Kube
+from durable_agents.shell.ownership.leases import RunLeases, lease_name
 from durable_agents_testkit.cluster import KubeEnv
 from durable_agents_testkit.eventually import Within, eventually, eventually_async
 

@@ -15,8 +15,9 @@ import pytest
 from kubernetes import client
 from prometheus_client import REGISTRY
 
-from durable_agents.shell.kube import Kube
-from durable_agents.shell.shards import (
+from durable_agents.shell.ground.kube import Kube
+from durable_agents.shell.ground.workqueue import cancel_all
+from durable_agents.shell.ownership.shards import (
     KIND_LABEL,
     REGION_LABEL,
     SHARD_LABEL,
@@ -26,7 +27,6 @@ from durable_agents.shell.shards import (
     member_lease_name,
     shard_lease_name,
 )
-from durable_agents.shell.workqueue import cancel_all
 from durable_agents_testkit.cluster import KubeEnv
 from durable_agents_testkit.eventually import Within, eventually_async
 
@@ -294,7 +294,7 @@ async def test_a_foreign_lease_under_a_shard_name_is_never_touched(
         5: api.create_namespaced_lease(namespace, half_labelled),
     }
 
-    caplog.set_level(logging.WARNING, logger="durable_agents.shell.shards")
+    caplog.set_level(logging.WARNING, logger="durable_agents.shell.ownership.shards")
     a = replicas.new(A, duration=2)
     await a.start()
     await until(lambda: set(a.held()) == ALL - {3, 5}, Within.MOMENT, "op-1 to hold every shard but 3 and 5")

@@ -14,10 +14,8 @@ from collections.abc import Iterator
 import pytest
 from kubernetes import client, config
 
-from durable_agents.shell import admission
-from durable_agents.shell.certs import generate_ca, issue_serving_cert
-from durable_agents.shell.kube import Kube
-from durable_agents.shell.webhook_certs import (
+from durable_agents.shell.admission import registration
+from durable_agents.shell.admission.certs import (
     TLS_CERT,
     CertificateNotIssued,
     IssuedCertificates,
@@ -27,6 +25,8 @@ from durable_agents.shell.webhook_certs import (
     renewed,
     service_names,
 )
+from durable_agents.shell.ground.certs import generate_ca, issue_serving_cert
+from durable_agents.shell.ground.kube import Kube
 from durable_agents_testkit.cluster import KubeEnv
 
 SERVICE, SECRET = "durable-agents-webhook", "durable-agents-webhook-tls"
@@ -85,14 +85,14 @@ async def test_configurations_call_the_service_and_are_kept_current(
     kube: KubeEnv, namespace: str, configuration_name: str
 ) -> None:
     material = renewed(None, service_names(SERVICE, namespace))
-    mutating, validating = admission.webhook_configurations(
+    mutating, validating = registration.webhook_configurations(
         name=configuration_name,
         service=(namespace, SERVICE, 443),
         ca_pem=material.bundle_pem,
         namespace=namespace,
     )
     ours = Kube(kube.api)
-    await admission.install_webhooks(ours, mutating, validating)
+    await registration.install_webhooks(ours, mutating, validating)
     api = client.AdmissionregistrationV1Api(kube.api)
     installed = api.read_validating_webhook_configuration(configuration_name)
     approve = next(w for w in installed.webhooks if w.name.startswith("approve."))
@@ -104,7 +104,7 @@ async def test_configurations_call_the_service_and_are_kept_current(
 
     # Every replica installs the same at start-up: already right, so nothing is written.
     version = installed.metadata.resource_version
-    await admission.install_webhooks(ours, mutating, validating)
+    await registration.install_webhooks(ours, mutating, validating)
     assert api.read_validating_webhook_configuration(configuration_name).metadata.resource_version == version
 
     # Someone breaks the caBundle: the next install puts it back.
@@ -113,7 +113,7 @@ async def test_configurations_call_the_service_and_are_kept_current(
     for hook in broken.webhooks:
         hook.client_config.ca_bundle = base64.b64encode(other).decode()
     api.replace_validating_webhook_configuration(configuration_name, broken)
-    await admission.install_webhooks(ours, mutating, validating)
+    await registration.install_webhooks(ours, mutating, validating)
     restored = api.read_validating_webhook_configuration(configuration_name)
     assert {base64.b64decode(w.client_config.ca_bundle) for w in restored.webhooks} == {material.bundle_pem}
 
@@ -125,19 +125,19 @@ async def test_replicas_starting_together_all_install_the_configurations(
     replica replacing them at once. Each must succeed (one that lost the race reads the winner's
     write); a failure here failed the operator's start-up and left a replica never Ready."""
     material = renewed(None, service_names(SERVICE, namespace))
-    wanted = admission.webhook_configurations(
+    wanted = registration.webhook_configurations(
         name=configuration_name,
         service=(namespace, SERVICE, 443),
         ca_pem=material.bundle_pem,
         namespace=namespace,
     )
-    bare = admission.webhook_configurations(
+    bare = registration.webhook_configurations(
         name=configuration_name, service=(namespace, SERVICE, 443), ca_pem=b"", namespace=namespace
     )
-    await admission.install_webhooks(Kube(kube.api), *bare)
+    await registration.install_webhooks(Kube(kube.api), *bare)
     for _ in range(5):  # the race, several times: each round starts from the bare configurations
         replicas = [Kube(kube.api) for _ in range(4)]
-        await asyncio.gather(*(admission.install_webhooks(r, *wanted) for r in replicas))
+        await asyncio.gather(*(registration.install_webhooks(r, *wanted) for r in replicas))
         api = client.AdmissionregistrationV1Api(kube.api)
         stored_hooks = api.read_validating_webhook_configuration(configuration_name).webhooks
         assert {base64.b64decode(w.client_config.ca_bundle) for w in stored_hooks} == {material.bundle_pem}
@@ -149,7 +149,7 @@ async def test_replicas_starting_together_all_install_the_configurations(
 
 def test_a_webhook_has_exactly_one_way_to_be_reached() -> None:
     with pytest.raises(ValueError, match="exactly one"):
-        admission.webhook_configurations(name="x", ca_pem=b"", namespace=None)
+        registration.webhook_configurations(name="x", ca_pem=b"", namespace=None)
 
 
 def tls_secret(names: list[str]) -> dict[str, object]:

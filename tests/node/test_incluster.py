@@ -27,7 +27,7 @@ import yaml
 from kubernetes import client
 
 from durable_agents import __version__
-from durable_agents.shell.shards import shard_lease_name, shard_of
+from durable_agents.shell.ownership.shards import shard_lease_name, shard_of
 from durable_agents_testkit import demo_cluster
 from durable_agents_testkit.cluster import KubeEnv
 from durable_agents_testkit.demo import approver_kubeconfig, prepare_namespace
@@ -124,7 +124,7 @@ def kubectl(env: KubeEnv, *args: str, input: str | None = None) -> str:
 def agentrun(kubeconfig: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """``kubectl agentrun`` (the plugin) as the user of ``kubeconfig``."""
     return subprocess.run(
-        [sys.executable, "-m", "durable_agents.kubectl_plugin", *args],
+        [sys.executable, "-m", "durable_agents.kubectl.main", *args],
         env={**os.environ, "KUBECONFIG": str(kubeconfig)},
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip

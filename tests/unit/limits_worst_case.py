@@ -39,7 +39,7 @@ from durable_agents.core.checkpoint import (
     ToolCallRecord,
     dump_checkpoint,
 )
-from durable_agents.shell.limits import MAX_VALUE_BYTES, sealed_size
+from durable_agents.core.limits import MAX_VALUE_BYTES, sealed_size
 
 STEPS = 64
 FAILED_ATTEMPTS_PER_STEP = 1

@@ -17,7 +17,7 @@ from durable_agents.core.authority import (
     service_account_unproven,
 )
 from durable_agents.core.sealing import Keyring
-from durable_agents.shell.admission import rewritten, run_id_of, stamps, verbs_needed
+from durable_agents.shell.admission.authority import rewritten, run_id_of, stamps, verbs_needed
 
 pytestmark = pytest.mark.unit
 

@@ -9,11 +9,12 @@ from typing import Any
 import pytest
 from kubernetes.client.rest import ApiException
 
+from durable_agents.api.v1alpha1.labels import RUN_LABEL
 from durable_agents.core.engine import RunSnapshot
 from durable_agents.core.engine.children import child_run_name, label_value
 from durable_agents.shell.effects.http import target_problem
-from durable_agents.shell.failures import Failures, describe, transient
-from durable_agents.shell.leases import RUN_LABEL, LeaseRecord, lease_name, run_label, run_of_lease
+from durable_agents.shell.ownership.leases import LeaseRecord, lease_name, run_label, run_of_lease
+from durable_agents.shell.runs.failures import Failures, describe, transient
 
 pytestmark = pytest.mark.unit
 

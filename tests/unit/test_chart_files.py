@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from durable_agents.shell import webhook_manifests
+from durable_agents.shell.admission import manifests as webhook_manifests
 
 pytestmark = pytest.mark.unit
 FILES = Path(__file__).resolve().parents[2] / "charts/durable-agents/files"

@@ -15,10 +15,10 @@ from durable_agents.api.v1alpha1.states import WAITING_STATES, RunState
 from durable_agents.core.agent.exchange import ModelRequest
 from durable_agents.core.engine import Commit, NeedModelTurn
 from durable_agents.core.statemachine import RunEvent
-from durable_agents.shell.census import RunCensus, UnknownOutcomes
-from durable_agents.shell.commit_metrics import entered_at, initialise, observe_commit
-from durable_agents.shell.model_client import ModelEndpoint
-from durable_agents.shell.model_turns import ModelTurns
+from durable_agents.shell.agent.model_client import ModelEndpoint
+from durable_agents.shell.agent.model_turns import ModelTurns
+from durable_agents.shell.observability.census import RunCensus, UnknownOutcomes
+from durable_agents.shell.observability.commit_metrics import entered_at, initialise, observe_commit
 from durable_agents_testkit.modelserver import ModelServerThread
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)

@@ -27,9 +27,9 @@ from durable_agents.core.controls import (
 )
 from durable_agents.core.key_use import keys_in_use
 from durable_agents.core.sealing import Keyring
-from durable_agents.kubectl_list import human_duration, refusal, selected, table
-from durable_agents.shell.controls import answer_of
-from durable_agents.shell.controls_admission import check_controls, control_stamps
+from durable_agents.kubectl.list import human_duration, refusal, selected, table
+from durable_agents.shell.admission.controls import check_controls, control_stamps
+from durable_agents.shell.runs.controls import answer_of
 
 KEYS = Keyring(keys={"k1": bytes(range(32))}, active_key_id="k1")
 CAROL = Identity(username="carol", groups=["oncall"])

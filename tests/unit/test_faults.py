@@ -8,7 +8,7 @@ from types import FrameType
 
 import pytest
 
-from durable_agents.shell.faults import FaultPoints, Trigger
+from durable_agents.shell.ground.faults import FaultPoints, Trigger
 
 pytestmark = pytest.mark.unit
 

@@ -26,7 +26,7 @@ from durable_agents.core.key_use import keys_in_use, needs_restamp, restamp_stor
 from durable_agents.core.sealed_values import DATA_KEY_ANNOTATION, new_data_key, wrap_data_key
 from durable_agents.core.sealing import Keyring
 from durable_agents.core.stamps import stamp_key_id
-from durable_agents.shell.keyguard import KEYRING_LABEL, removed_keys
+from durable_agents.shell.keys.keyguard import KEYRING_LABEL, removed_keys
 from durable_agents_controllers.config import ConfigError, OperatorConfig
 
 pytestmark = pytest.mark.unit

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from durable_agents.core.sealing import KeyringError
-from durable_agents.shell.keyring import load_keyring
+from durable_agents.shell.keys.keyring import load_keyring
 
 pytestmark = pytest.mark.unit
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from durable_agents import kubectl_plugin
+from durable_agents.kubectl import main as kubectl_plugin
 
 pytestmark = pytest.mark.unit
 

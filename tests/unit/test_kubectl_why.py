@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from durable_agents import kubectl_why
+from durable_agents.kubectl import why as kubectl_why
 
 PATCH = "kubectl patch agentrun r1 -n ns --type merge -p "
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)

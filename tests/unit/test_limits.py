@@ -1,4 +1,4 @@
-"""The admission limits (durable_agents.shell.limits): the iterative walk (depth, size, budget),
+"""The admission limits (durable_agents.core.limits): the iterative walk (depth, size, budget),
 each field check with the message a user sees, and the arithmetic that makes a run at every bound
 fit in etcd together with the largest status the operator writes for it."""
 
@@ -17,6 +17,7 @@ from tests.unit.limits_worst_case import worst_checkpoint, worst_status
 
 from durable_agents.api.v1alpha1 import AgentRunStatus
 from durable_agents.api.v1alpha1.agentrun import HISTORY_LIMIT, REFUSED_LIMIT
+from durable_agents.core import limits
 from durable_agents.core.agent.limits import (
     DEFAULT_MAX_FACTS_BYTES,
     MAX_AGENT_STEPS,
@@ -34,9 +35,7 @@ from durable_agents.core.agent_facts import (
 )
 from durable_agents.core.checkpoint import dump_checkpoint
 from durable_agents.core.digest import canonical_json
-from durable_agents.core.sealed_values import new_data_key, seal_spec
-from durable_agents.shell import limits
-from durable_agents.shell.limits import (
+from durable_agents.core.limits import (
     CREATE_BUDGET,
     ETCD_REQUEST_LIMIT,
     MAX_NESTING,
@@ -47,6 +46,7 @@ from durable_agents.shell.limits import (
     refusal,
     walk,
 )
+from durable_agents.core.sealed_values import new_data_key, seal_spec
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 from mcp_types import INTERNAL_ERROR, Tool, ToolAnnotations
 
-from durable_agents.shell.mcp_tools import (
+from durable_agents.shell.agent.mcp_tools import (
     IDEMPOTENCY_META_KEY,
     McpCallUnknown,
     McpResult,

@@ -1,4 +1,4 @@
-"""The operator's model call (shell/model_client.py) against the reference model server: the core's
+"""The operator's model call (shell/agent/model_client.py) against the reference model server: the core's
 request goes out as built, the reply comes back as the core's plain values, and every failure is a
 typed, reasoned ModelCallFailed (never a silent retry: the client's own retries are off)."""
 
@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from durable_agents.core.agent.exchange import ModelRequest
-from durable_agents.shell.agents import Unresolvable, _api_key
-from durable_agents.shell.model_client import ModelCallFailed, ModelClient, ModelEndpoint
+from durable_agents.shell.agent.model_client import ModelCallFailed, ModelClient, ModelEndpoint
+from durable_agents.shell.agent.resolver import Unresolvable, _api_key
 from durable_agents_testkit.modelserver import ModelServerThread
 
 pytestmark = pytest.mark.unit

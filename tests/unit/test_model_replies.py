@@ -1,4 +1,4 @@
-"""The classification of what a model endpoint answered (shell/model_replies.py): a chat
+"""The classification of what a model endpoint answered (shell/agent/model_replies.py): a chat
 completion, or a ModelCallFailed naming the endpoint and the kind of reply; never another
 exception (issue 30, item 6), never the key, never more than a bounded excerpt."""
 
@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from durable_agents.core.agent_facts import sealed_answer
 from durable_agents.core.sealed_values import new_data_key
-from durable_agents.shell.model_replies import (
+from durable_agents.shell.agent.model_replies import (
     EXCERPT_MAX,
     MESSAGE_MAX,
     REDACTED,

@@ -46,7 +46,7 @@ def test_the_wheel_ships_only_the_operator(wheel: tuple[zipfile.ZipFile, str]) -
     packages = {p for p in packages if not p.endswith(".dist-info")}
     assert packages == {"durable_agents", "durable_agents_controllers"}
     names = archive.namelist()
-    assert "durable_agents/kubectl_plugin.py" in names
+    assert "durable_agents/kubectl/main.py" in names
     assert "durable_agents/api/v1alpha1/agentrun.py" in names
     for kit in ("testkit", "testing", "localcluster", "refsystem", "demo", "chaos"):
         assert not [n for n in names if kit in n], f"{kit} ships in the wheel"
@@ -59,7 +59,7 @@ def test_only_what_users_run_is_a_console_script(wheel: tuple[zipfile.ZipFile, s
     parser.read_string(archive.read(entry_points).decode())
     assert dict(parser["console_scripts"]) == {
         "durable-agents-operator": "durable_agents_controllers.__main__:main",
-        "kubectl-agentrun": "durable_agents.kubectl_plugin:main",
+        "kubectl-agentrun": "durable_agents.kubectl.main:main",
     }
 
 

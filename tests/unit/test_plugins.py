@@ -9,9 +9,8 @@ import pytest
 
 from durable_agents.api.v1alpha1 import ActionTier
 from durable_agents.core.planner import BUILTIN, Finish, PlanningContext
-from durable_agents.shell import plugins
-from durable_agents.shell.effects import Action, Applied, EffectContext, NotApplied
-from durable_agents.shell.plugins import PLANNERS_GROUP, load_effects, load_planners
+from durable_agents.shell.effects import Action, Applied, EffectContext, NotApplied, plugins
+from durable_agents.shell.effects.plugins import PLANNERS_GROUP, load_effects, load_planners
 
 pytestmark = pytest.mark.unit
 

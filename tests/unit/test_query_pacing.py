@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from durable_agents.shell.query_pacing import QueryPacing
+from durable_agents.shell.ledger.query_pacing import QueryPacing
 
 pytestmark = pytest.mark.unit
 

@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 from kubernetes.client.rest import ApiException
 
-from durable_agents import kubectl_plugin, kubectl_reconcile
 from durable_agents.api.v1alpha1 import ActionRecordSpec, ActionRecordStatus, AgentRunSpec, Identity
 from durable_agents.core.authority import NO_KEYRING, STAMP_INVALID, UNSTAMPED
 from durable_agents.core.key_use import keys_in_use
@@ -27,11 +26,13 @@ from durable_agents.core.reconciliations import (
     record_refusal,
 )
 from durable_agents.core.sealing import Keyring
-from durable_agents.shell import reconcile_admission
-from durable_agents.shell.admission import check_create, check_update, rewritten, stamps
+from durable_agents.kubectl import main as kubectl_plugin
+from durable_agents.kubectl import reconcile as kubectl_reconcile
+from durable_agents.shell.admission import reconciliations as reconcile_admission
+from durable_agents.shell.admission.authority import check_create, check_update, rewritten, stamps
 from durable_agents.shell.effects import Applied, NotApplied, Unknown
-from durable_agents.shell.reconciling import PersonAnswers, system_said
-from durable_agents.shell.store import Gone
+from durable_agents.shell.ground.store import Gone
+from durable_agents.shell.ledger.reconciling import PersonAnswers, system_said
 
 pytestmark = pytest.mark.unit
 
@@ -253,7 +254,7 @@ async def test_check_update_runs_the_reconciliation_rules(
     records: dict[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     records[ACT] = record(state="failed")
-    from durable_agents.shell import admission
+    from durable_agents.shell.admission import authority as admission
 
     monkeypatch.setattr(admission, "refused_verb", Verbs({("alice", "approve")}))
     new, old = asked()
@@ -529,7 +530,7 @@ def test_kubectl_reconcile_says_why_not() -> None:
 
 
 def test_kubectl_agentrun_reconcile_needs_one_answer(capsys: pytest.CaptureFixture[str]) -> None:
-    # Without an answer it asks the system now (durable_agents.kubectl_controls, e2e/test_controls.py).
+    # Without an answer it asks the system now (durable_agents.kubectl.controls, e2e/test_controls.py).
     for argv in (
         ["reconcile", "pay", "--action", ACT, "--applied", "--not-applied"],
         ["reconcile", "pay", "--applied"],

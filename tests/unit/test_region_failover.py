@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 
-from durable_agents import kubectl_region
 from durable_agents.api import crdgen
 from durable_agents.api.v1alpha1 import (
     FAILOVER_LIST_LIMIT,
@@ -35,8 +34,9 @@ from durable_agents.core.authority import (
 )
 from durable_agents.core.regions import MAX_REGION_LENGTH
 from durable_agents.core.sealing import Keyring
-from durable_agents.shell.admission import webhook_configurations
-from durable_agents.shell.failover_admission import failover_denied, failover_stamps
+from durable_agents.kubectl import region as kubectl_region
+from durable_agents.shell.admission.failover import failover_denied, failover_stamps
+from durable_agents.shell.admission.registration import webhook_configurations
 
 pytestmark = pytest.mark.unit
 

@@ -12,9 +12,9 @@ import pytest
 from durable_agents.core.agent_facts import new_turn, settle_turn, turn_label
 from durable_agents.core.digest import canonical_json
 from durable_agents.core.sealed_values import DataKey, new_data_key, outcome_label, seal_value
-from durable_agents.kubectl_plugin import describe
-from durable_agents.shell import reveal
-from durable_agents.shell.reveal import revealed_document
+from durable_agents.kubectl.main import describe
+from durable_agents.shell.runs import reveal
+from durable_agents.shell.runs.reveal import revealed_document
 
 pytestmark = pytest.mark.unit
 

@@ -15,7 +15,7 @@ from durable_agents.core.sealed_values import (
     seal_value,
     step_label,
 )
-from durable_agents.shell.reveal import revealed_document
+from durable_agents.shell.runs.reveal import revealed_document
 
 pytestmark = pytest.mark.unit
 

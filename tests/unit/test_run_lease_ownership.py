@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from durable_agents.shell.leases import LEASE_CONFLICT, RUN_LABEL, LeaseRecord, conflict_status, lease_name
+from durable_agents.api.v1alpha1.labels import RUN_LABEL
+from durable_agents.shell.ownership.leases import LEASE_CONFLICT, LeaseRecord, conflict_status, lease_name
 
 pytestmark = pytest.mark.unit
 

@@ -1,5 +1,6 @@
-"""One trace per run (shell/run_traces.py) and the JSON log lines (shell/json_logs.py), without a
-cluster: the trace ID written with the first commit and kept; units, transitions, dispatches and
+"""One trace per run (shell/observability/run_traces.py) and the JSON log lines
+(shell/observability/json_logs.py),
+without a cluster: the trace ID written with the first commit and kept; units, transitions, dispatches and
 queries as spans of the run's trace under its remote parent; the W3C traceparent an effect sends;
 and a transition's log line as one JSON object with its fields.
 
@@ -25,13 +26,14 @@ from tests.unit.builders import T0, UID, apply, commit_of, new_run, snap, step
 from durable_agents.api.v1alpha1 import ActionTier
 from durable_agents.api.v1alpha1.states import RunState
 from durable_agents.core.engine.snapshot import run_trace_id, run_traceparent
-from durable_agents.shell import run_traces, tracing
-from durable_agents.shell.dispatcher import DispatcherConfig
 from durable_agents.shell.effects import Action, Applied, EffectContext, NotApplied
 from durable_agents.shell.effects.mcp import McpCall
-from durable_agents.shell.json_logs import JsonFormatter, configure_logging
-from durable_agents.shell.ownership import Right
-from durable_agents.shell.reporting import CommitReporter
+from durable_agents.shell.ground import tracing
+from durable_agents.shell.ledger.dispatcher import DispatcherConfig
+from durable_agents.shell.observability import run_traces
+from durable_agents.shell.observability.json_logs import JsonFormatter, configure_logging
+from durable_agents.shell.observability.reporting import CommitReporter
+from durable_agents.shell.ownership.rights import Right
 from durable_agents_testkit.mcpserver import McpServerThread
 
 pytestmark = pytest.mark.unit
@@ -193,7 +195,7 @@ async def test_a_transitions_log_line_is_one_json_object_with_its_fields(
 
     handler = Keep()
     handler.setFormatter(JsonFormatter())
-    logger = logging.getLogger("durable_agents.shell.worker")
+    logger = logging.getLogger("durable_agents.shell.runs.worker")
     logger.addHandler(handler)
     level = logger.level
     logger.setLevel(logging.INFO)
@@ -214,7 +216,7 @@ async def test_a_transitions_log_line_is_one_json_object_with_its_fields(
     assert parsed["holder"] == "worker-a"
     assert isinstance(parsed["shard"], int)
     assert parsed["level"] == "INFO"
-    assert parsed["logger"] == "durable_agents.shell.worker"
+    assert parsed["logger"] == "durable_agents.shell.runs.worker"
     assert parsed["message"].startswith(f"team-a/run-1 {commit.event.value}: ")
 
 

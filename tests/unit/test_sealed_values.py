@@ -25,8 +25,8 @@ from durable_agents.core.sealed_values import (
     wrap_data_key,
 )
 from durable_agents.core.sealing import Keyring, UndecryptableError, generate_key
-from durable_agents.shell.sealing_admission import LAST_APPLIED, SealingRefused, sealing_changes
-from durable_agents.shell.unsealing import CannotUnseal, action_of, data_key_of, sealed_outcome
+from durable_agents.core.sealing_admission import LAST_APPLIED, SealingRefused, sealing_changes
+from durable_agents.shell.ledger.unsealing import CannotUnseal, action_of, data_key_of, sealed_outcome
 
 SECRET = "the-launch-code-7781"
 
@@ -199,7 +199,7 @@ def test_the_dispatcher_unseals_arguments_and_seals_the_response(keyring: Keyrin
 
 
 def test_secret_references_are_found_wherever_they_are_and_only_in_their_exact_shape() -> None:
-    from durable_agents.shell.references import _replaced, dotted, find_references
+    from durable_agents.shell.ledger.references import _replaced, dotted, find_references
 
     ref = {"valueFrom": {"secretKeyRef": {"name": "tok", "key": "k"}}}
     arguments = {

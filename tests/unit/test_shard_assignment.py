@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from durable_agents.shell.shards import assignment, desired_owner, member_lease_name, shard_of
+from durable_agents.shell.ownership.shards import assignment, desired_owner, member_lease_name, shard_of
 
 pytestmark = pytest.mark.unit
 
@@ -19,7 +19,10 @@ MEMBERS = [f"replica-{i}" for i in range(6)]
 
 def test_a_runs_shard_is_pinned_and_independent_of_the_hash_seed() -> None:
     assert shard_of("default", "run-1", 8) == 5
-    code = "from durable_agents.shell.shards import shard_of; print(shard_of('team-a', 'review-42', 16))"
+    code = (
+        "from durable_agents.shell.ownership.shards import shard_of; "
+        "print(shard_of('team-a', 'review-42', 16))"
+    )
     for seed in ("0", "1", "12345"):
         out = subprocess.run(
             [sys.executable, "-c", code],

@@ -17,8 +17,8 @@ from durable_agents.core.engine.commits import CARRIED_CONDITIONS
 from durable_agents.core.regions import DEFAULT_REGION
 from durable_agents.core.statemachine import RunEvent
 from durable_agents.shell.effects.mcp import NO_QUERY
-from durable_agents.shell.kube import ObjectKey
-from durable_agents.shell.stuck import StuckCheck, parsed, slim
+from durable_agents.shell.ground.kube import ObjectKey
+from durable_agents.shell.runs.stuck import StuckCheck, parsed, slim
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 NS, RUN = "team-a", "pay-1"

@@ -1,4 +1,4 @@
-"""Traces of the model planner's calls (shell/tracing.py) against the reference servers (loopback):
+"""Traces of the model planner's calls (shell/ground/tracing.py) against the reference servers (loopback):
 one ``chat {model}`` span per model call and one ``execute_tool {tool}`` span per read-only MCP
 tool call, attributed per the GenAI semantic conventions, and never carrying what was said (the
 prompt, the objective, the arguments or the result are sealed data).
@@ -23,10 +23,10 @@ from tests.unit.builders import new_run, snap
 from durable_agents.core.agent.exchange import ModelRequest
 from durable_agents.core.engine import NeedModelTurn, NeedToolCall, RunSnapshot
 from durable_agents.core.planner import ReadTool
-from durable_agents.shell import tracing
-from durable_agents.shell.model_client import ModelEndpoint
-from durable_agents.shell.model_turns import ModelTurns
-from durable_agents.shell.tool_calls import call_read_tool
+from durable_agents.shell.agent.model_client import ModelEndpoint
+from durable_agents.shell.agent.model_turns import ModelTurns
+from durable_agents.shell.agent.tool_calls import call_read_tool
+from durable_agents.shell.ground import tracing
 from durable_agents_testkit.mcpserver import McpServerThread
 from durable_agents_testkit.modelserver import ModelServerThread
 

@@ -8,8 +8,7 @@ import datetime as dt
 import pytest
 from cryptography import x509
 
-from durable_agents.shell.certs import generate_ca, issue_serving_cert
-from durable_agents.shell.webhook_certs import (
+from durable_agents.shell.admission.certs import (
     CA_RENEW_BEFORE,
     LEAF_RENEW_BEFORE,
     ServingMaterial,
@@ -18,6 +17,7 @@ from durable_agents.shell.webhook_certs import (
     renewed,
     service_names,
 )
+from durable_agents.shell.ground.certs import generate_ca, issue_serving_cert
 
 pytestmark = pytest.mark.unit
 NAMES = service_names("durable-agents-webhook", "ops")

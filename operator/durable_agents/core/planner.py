@@ -3,7 +3,7 @@
 A planner sees the run's reconstructed context (its spec and its checkpoint) and names the next
 step. It never performs I/O and never commits anything: the engine turns the step into a
 transition, and the shell performs the reads or effects a step needs. Third-party planners
-register under an entry-point group (the shell loads them: :mod:`durable_agents.shell.plugins`).
+register under an entry-point group (the shell loads them: :mod:`durable_agents.shell.effects.plugins`).
 """
 
 from __future__ import annotations

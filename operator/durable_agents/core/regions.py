@@ -1,7 +1,7 @@
 """Region ownership, the pure part: what a region name may be, and which owner fences which.
 
 Each AgentRun has a home region; one process at a time owns a region (a leader-election Lease,
-:mod:`durable_agents.shell.regions`). The region epoch (the Lease's ``leaseTransitions``) grows
+:mod:`durable_agents.shell.ownership.regions`). The region epoch (the Lease's ``leaseTransitions``) grows
 with every new hold, so an owner that was paused or partitioned carries a lower epoch than the
 current one and is fenced out of commits.
 """

@@ -1,5 +1,5 @@
 """Retention: when a finished run may be deleted, what a deleted run leaves behind, and what a
-run being deleted needs next. Pure: no I/O (the shell is :mod:`durable_agents.shell.retention`).
+run being deleted needs next. Pure: no I/O (the shell is :mod:`durable_agents.shell.runs.retention`).
 
 The rules:
 

@@ -10,7 +10,7 @@ from kubernetes.client.rest import ApiException
 
 from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents.core.ledger import action_record_name, idempotency_key
-from durable_agents.shell.leases import LeaseRecord
+from durable_agents.shell.ownership.leases import LeaseRecord
 from durable_agents_testkit.chaos.lab import Lab
 from durable_agents_testkit.chaos.report import DuplicateEffects
 from durable_agents_testkit.chaos.settle import TERMINAL, business_duplicates, events_of, settle

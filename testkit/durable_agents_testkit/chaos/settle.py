@@ -16,9 +16,9 @@ from typing import Any
 from kubernetes import client
 
 from durable_agents.api.v1alpha1 import GROUP, VERSION
-from durable_agents.shell.leases import RUN_LABEL
-from durable_agents.shell.shards import KIND_LABEL, SHARD_LABEL, shard_of
-from durable_agents.shell.worker import WorkerConfig
+from durable_agents.api.v1alpha1.labels import RUN_LABEL
+from durable_agents.shell.ownership.shards import KIND_LABEL, SHARD_LABEL, shard_of
+from durable_agents.shell.runs.worker import WorkerConfig
 from durable_agents_testkit.cluster import KubeEnv
 from durable_agents_testkit.eventually import Within, eventually
 from durable_agents_testkit.refsystem import ReferenceSystemThread

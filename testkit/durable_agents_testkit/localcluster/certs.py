@@ -21,7 +21,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from durable_agents.shell.certs import KeyPair, generate_ca, issue_leaf, issue_serving_cert, key_pem
+from durable_agents.shell.ground.certs import KeyPair, generate_ca, issue_leaf, issue_serving_cert, key_pem
 
 # The DNS names the in-cluster "kubernetes" Service is reachable by; clients that follow the
 # in-cluster convention verify the serving cert against one of these.

@@ -45,7 +45,7 @@ import yaml
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from durable_agents.shell.certs import KeyPair, issue_leaf
+from durable_agents.shell.ground.certs import KeyPair, issue_leaf
 from durable_agents_testkit.eventually import eventually
 from durable_agents_testkit.localcluster.certs import ClusterPKI, PKIPaths, write_file
 

@@ -63,7 +63,7 @@ from typing import Any, Self
 
 import yaml
 
-from durable_agents.shell.certs import KeyPair, issue_serving_cert
+from durable_agents.shell.ground.certs import KeyPair, issue_serving_cert
 from durable_agents_testkit.eventually import eventually
 from durable_agents_testkit.localcluster import hoststate
 from durable_agents_testkit.localcluster.certs import ClusterPKI, write_file

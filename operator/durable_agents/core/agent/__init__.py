@@ -1,6 +1,6 @@
 """The model planner's pure core: what to ask the model, and what its answer means.
 
-The shell performs the model call (:mod:`durable_agents.shell.model_client`) and the tool calls;
+The shell performs the model call (:mod:`durable_agents.shell.agent.model_client`) and the tool calls;
 this package only builds requests from the checkpoint's facts and interprets replies.
 
 Modules: ``tools`` (declarations), ``facts`` (the checkpoint's ``agent`` field), ``context`` (the

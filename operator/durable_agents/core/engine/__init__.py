@@ -12,11 +12,12 @@ and, where a step needed one, the result of a read, :func:`decide` answers one o
 Every commit goes through the state machine's table, increments the state version by exactly one
 and stamps the lease epoch (fencing token) into the checkpoint. No I/O, no Kubernetes here.
 
-The modules, from the bottom up (each imports only those below it): ``snapshot`` and
-``decisions`` (what goes in and out), ``commits`` (the one way to build a commit), ``loading``
-(the checkpoint a decision starts from), ``fencing``, ``quarantine``, ``actions``, ``children``,
+The modules, from the bottom up (each imports only those below it; ``make lint`` holds the
+order): ``snapshot`` and ``decisions`` (what goes in and out), ``commits`` (the one way to build a
+commit), ``loading`` (the checkpoint a decision starts from), ``currency`` (whether a decision's
+policy and tool set are still current), ``fencing``, ``quarantine``, ``actions``, ``children``,
 ``retries``, ``runtime``, ``waits``, ``approvals``, ``cancellation``, ``validation`` (resume
-validation), ``plan`` (the planner's next step) and ``decide`` on top.
+validation), ``model_turns``, ``plan`` (the planner's next step) and ``decide`` on top.
 """
 
 from durable_agents.core.engine.actions import action_spec

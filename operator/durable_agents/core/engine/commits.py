@@ -197,7 +197,7 @@ def status_after(
     conditions = [
         *conditions_for(state, old.conditions, now, run.generation, outcome, waiting_for),
         *refusal_conditions(old.refused_requests, old.conditions, now, run.generation),
-        # Written between transitions by the on-call controls (durable_agents.shell.controls):
+        # Written between transitions by the on-call controls (durable_agents.shell.runs.controls):
         # a transition keeps them.
         *(c for c in old.conditions if c.type in CARRIED_CONDITIONS),
     ]
@@ -223,7 +223,7 @@ def status_after(
 
 
 # Conditions no transition decides, written between transitions: kept as they are by every
-# commit (Escalated: durable_agents.shell.controls).
+# commit (Escalated: durable_agents.shell.runs.controls).
 CARRIED_CONDITIONS = frozenset({"Escalated", "Stuck"})
 
 

@@ -5,7 +5,7 @@ system, declares its tier, and says whether (and by which effect) it can be comp
 Dispatch answers are definite (:class:`Applied`, :class:`Failed`) or :class:`Unknown`: a timeout,
 a dropped connection or an ambiguous error is never a failure. Built in: ``http.post`` and
 ``kubernetes.apply``; third-party effects register under an entry-point group
-(:mod:`durable_agents.shell.plugins`).
+(:mod:`durable_agents.shell.effects.plugins`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from durable_agents.api.v1alpha1 import ActionTier
-from durable_agents.shell.kube import Kube
+from durable_agents.shell.ground.kube import Kube
 
 
 @dataclass(frozen=True)

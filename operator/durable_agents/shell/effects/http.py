@@ -15,7 +15,6 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from durable_agents.api.v1alpha1 import ActionTier
-from durable_agents.shell import tracing
 from durable_agents.shell.effects.base import (
     Action,
     Applied,
@@ -26,6 +25,7 @@ from durable_agents.shell.effects.base import (
     QueryResult,
     Unknown,
 )
+from durable_agents.shell.ground import tracing
 
 _RETRYABLE_4XX = frozenset({408, 409, 425, 429})
 

@@ -27,7 +27,7 @@ from durable_agents.shell.effects.base import (
     QueryResult,
     Unknown,
 )
-from durable_agents.shell.kube import service_account_user
+from durable_agents.shell.ground.kube import service_account_user
 
 KEY_ANNOTATION = "durable-agents.io/idempotency-key"
 FIELD_MANAGER = "durable-agents"

@@ -14,10 +14,8 @@ answers unknown and the action stays ``outcome_unknown`` until a person reconcil
 
 from __future__ import annotations
 
-from typing import Any
-
 from durable_agents.api.v1alpha1 import ActionTier
-from durable_agents.core.digest import canonical_json
+from durable_agents.shell.agent.mcp_tools import McpCallUnknown, McpError, bounded_content, call_tool
 from durable_agents.shell.effects.base import (
     Action,
     Applied,
@@ -28,18 +26,8 @@ from durable_agents.shell.effects.base import (
     QueryResult,
     Unknown,
 )
-from durable_agents.shell.mcp_tools import McpCallUnknown, McpError, call_tool
 
-OUTCOME_MAX_BYTES = 16 * 1024
 NO_QUERY = "NoQueryByKey"
-
-
-def bounded_content(content: Any) -> Any:
-    """The tool's answer as the outcome keeps it: whole when small, else its first bytes as text."""
-    text = canonical_json(content)
-    if len(text) <= OUTCOME_MAX_BYTES:
-        return content
-    return {"truncated": text[:OUTCOME_MAX_BYTES].decode("utf-8", errors="ignore")}
 
 
 class McpCall:

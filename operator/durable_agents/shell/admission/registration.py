@@ -1,0 +1,195 @@
+"""The admission webhook's registration with the API server: its Mutating and Validating
+configurations (failurePolicy Fail; scoped by namespace when the operator watches one; calling the
+operator's endpoint by URL or, in a cluster, through its Service), installed and kept current.
+They also cover RegionFailovers (cluster-scoped; rules: :mod:`durable_agents.shell.admission.failover`)
+and keyring Secrets (:mod:`durable_agents.shell.keys.keyguard`).
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+from kubernetes.client.rest import ApiException
+
+from durable_agents.api.v1alpha1 import FAILOVER_PLURAL, GROUP, VERSION
+from durable_agents.shell.admission.authority import (
+    MUTATE_FAILOVER_PATH,
+    MUTATE_PATH,
+    VALIDATE_FAILOVER_PATH,
+    VALIDATE_PATH,
+)
+from durable_agents.shell.ground.kube import Kube
+
+
+def webhook_configurations(
+    *,
+    name: str,
+    url: str | None = None,
+    service: tuple[str, str, int] | None = None,
+    ca_pem: bytes,
+    namespace: str | None,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The Mutating and Validating webhook configurations, failurePolicy Fail, calling ``url`` or,
+    in a cluster, the ``service`` (namespace, name, port) in front of the operator's Pods."""
+    if (url is None) == (service is None):
+        raise ValueError("a webhook is reached by a URL or by a Service: exactly one")
+    selector = {"matchLabels": {"kubernetes.io/metadata.name": namespace}} if namespace else {}
+    rules = [
+        {
+            "apiGroups": [GROUP],
+            "apiVersions": [VERSION],
+            "resources": ["agentruns"],
+            "operations": ["CREATE", "UPDATE"],
+            "scope": "Namespaced",
+        }
+    ]
+
+    def hook(path: str, suffix: str) -> dict[str, Any]:
+        return {
+            "name": f"{suffix}.agentruns.{GROUP}",
+            "clientConfig": {
+                **(
+                    {"url": f"{url.rstrip('/')}/{path}"}
+                    if url is not None
+                    else {
+                        "service": {
+                            "namespace": service[0],
+                            "name": service[1],
+                            "port": service[2],
+                            "path": f"/{path}",
+                        }
+                    }
+                    if service is not None
+                    else {}
+                ),
+                "caBundle": base64.b64encode(ca_pem).decode(),
+            },
+            "rules": rules,
+            "namespaceSelector": selector,
+            "failurePolicy": "Fail",
+            "sideEffects": "None",
+            "admissionReviewVersions": ["v1"],
+            "timeoutSeconds": 10,
+            "matchPolicy": "Equivalent",
+        }
+
+    def failover(path: str, suffix: str) -> dict[str, Any]:
+        # A cluster-scoped object is never skipped by a namespaceSelector: the webhook of an
+        # operator that watches one namespace would, once that operator is gone, refuse every
+        # failover in the cluster. So only a cluster-wide operator fails closed; for the others a
+        # failover admitted while no webhook answers carries no stamp, and is refused by the
+        # operator that would act on it.
+        return {
+            **hook(path, suffix),
+            "name": f"{suffix}.{FAILOVER_PLURAL}.{GROUP}",
+            "rules": [
+                {
+                    "apiGroups": [GROUP],
+                    "apiVersions": [VERSION],
+                    "resources": [FAILOVER_PLURAL],
+                    "operations": ["CREATE", "UPDATE"],
+                    "scope": "Cluster",
+                }
+            ],
+            "namespaceSelector": {},
+            "failurePolicy": "Ignore" if namespace else "Fail",
+        }
+
+    mutating = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": name},
+        "webhooks": [hook(MUTATE_PATH, "stamp"), failover(MUTATE_FAILOVER_PATH, "stamp")],
+    }
+    # Keyring Secrets (labelled): a key still in use is never removed (durable_agents.shell.keys.keyguard).
+    from durable_agents.shell.keys.keyguard import KEYGUARD_PATH, KEYRING_LABEL
+
+    keyring = {
+        **hook(KEYGUARD_PATH, "keyring"),
+        "name": f"keyring.secrets.{GROUP}",
+        "rules": [
+            {
+                "apiGroups": [""],
+                "apiVersions": ["v1"],
+                "resources": ["secrets"],
+                "operations": ["UPDATE", "DELETE"],
+                "scope": "Namespaced",
+            }
+        ],
+        "objectSelector": {"matchLabels": {KEYRING_LABEL: "true"}},
+    }
+    validating = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": name},
+        "webhooks": [hook(VALIDATE_PATH, "approve"), keyring, failover(VALIDATE_FAILOVER_PATH, "failover")],
+    }
+    return mutating, validating
+
+
+_REPLACE_ATTEMPTS = 5  # conflicts in a row (each one another replica's write) before giving up
+
+
+async def install_webhooks(kube: Kube, mutating: dict[str, Any], validating: dict[str, Any]) -> None:
+    from kubernetes import client
+
+    api = client.AdmissionregistrationV1Api(kube.api)
+    for body, create, read, replace in (
+        (
+            mutating,
+            api.create_mutating_webhook_configuration,
+            api.read_mutating_webhook_configuration,
+            api.replace_mutating_webhook_configuration,
+        ),
+        (
+            validating,
+            api.create_validating_webhook_configuration,
+            api.read_validating_webhook_configuration,
+            api.replace_validating_webhook_configuration,
+        ),
+    ):
+        try:
+            await kube.call(create, body)
+        except ApiException as err:
+            if err.status != 409:
+                raise
+            await _replace_webhooks(kube, body, read, replace)
+
+
+async def _replace_webhooks(kube: Kube, body: dict[str, Any], read: Any, replace: Any) -> None:
+    """Replace a stored configuration with ``body`` unless it already has its webhooks. Replicas
+    starting together all do this: one that loses the race (409) reads again, and finds the
+    winner's write, which is the same, or tries once more."""
+    name = body["metadata"]["name"]
+    for _ in range(_REPLACE_ATTEMPTS):
+        current = await kube.call(read, name)
+        if _same_webhooks(kube, current, body):
+            return  # replicas agree: no write (several replicas keep these current)
+        kept = {  # the chart's labels and annotations (helm's ownership) stay
+            "labels": current.metadata.labels or {},
+            "annotations": current.metadata.annotations or {},
+        }
+        metadata = {**kept, **body["metadata"], "resourceVersion": current.metadata.resource_version}
+        try:
+            await kube.call(replace, name, {**body, "metadata": metadata})
+            return
+        except ApiException as err:
+            if err.status != 409:
+                raise
+    raise RuntimeError(f"webhook configuration {name}: still changing after {_REPLACE_ATTEMPTS} attempts")
+
+
+def _same_webhooks(kube: Kube, current: Any, wanted: dict[str, Any]) -> bool:
+    """Whether the stored configuration already has the webhooks we want (defaults the API server
+    fills in, such as reinvocationPolicy, are not a difference)."""
+    stored = kube.api.sanitize_for_serialization(current).get("webhooks") or []
+    if len(stored) != len(wanted["webhooks"]):
+        return False
+
+    def covers(have: Any, want: Any) -> bool:
+        if isinstance(want, dict):
+            return isinstance(have, dict) and all(covers(have.get(k), v) for k, v in want.items())
+        return bool(have == want)
+
+    return all(covers(h, w) for h, w in zip(stored, wanted["webhooks"], strict=True))

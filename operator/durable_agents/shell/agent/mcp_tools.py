@@ -1,0 +1,304 @@
+"""MCP tools, the operator's client side: list a server's tools and call one over streamable HTTP,
+through the official MCP SDK, with every failure mapped to what the operator can know about the
+call's outcome.
+
+One connection per operation: :func:`list_tools` and :func:`call_tool` each open an SDK
+``Client``, do the protocol handshake, do their work and close it. That costs a handshake per call
+but keeps no session state that a server restart or a failover could silently invalidate, and it
+makes the "was it sent?" question below answerable per call.
+
+What a caller of :func:`call_tool` can be told:
+
+* :class:`McpResult` - the server answered with a ``CallToolResult``. ``is_error=True`` is a tool
+  error: a definite answer from the tool (for the reference server: not applied).
+* :class:`McpUnreachable` - the ``tools/call`` request was never sent: the connection could not be
+  opened, or the handshake or the tool listing that precede the call failed or timed out, or the
+  call's own HTTP connection could not be opened (an ``httpx`` connect error: no request byte went
+  out). Safe to send again.
+* :class:`McpToolNotListed` - the server does not list the tool; nothing was sent.
+* :class:`McpCallUnknown` - the request was handed to the transport and no result came back: the
+  connection dropped before the answer (the SDK raises ``httpx`` ``RemoteProtocolError`` or
+  ``ReadError`` from its task group, or synthesizes a JSON-RPC ``CONNECTION_CLOSED`` error when an
+  SSE stream ends early), the deadline passed, the server answered a JSON-RPC error instead of a
+  result, or the result could not be read. The server may have applied the call: reconcile (for
+  example with a read-only query by idempotency key) before deciding to send it again.
+
+What cannot be told apart with the SDK: a JSON-RPC error could come from the server before it ran
+the tool, from the server after (``INTERNAL_ERROR``), or be synthesized by the SDK's transport
+(``PARSE_ERROR``, ``INVALID_REQUEST``, ``CONNECTION_CLOSED`` for unreadable, redirected or
+truncated replies), so every JSON-RPC error after sending is "unknown" (``code`` keeps the number);
+and a dropped connection looks the same whether the server crashed before or after applying.
+Cancelling the awaiting task (``CancelledError``) is not mapped: the caller owns that outcome,
+which is unknown once the call was sent.
+
+The SDK's automatic re-sends are avoided on purpose: the call goes through ``ClientSession``, not
+``Client.call_tool`` (which re-sends after a ``HEADER_MISMATCH`` and drives input-required rounds),
+so one :func:`call_tool` sends at most one ``tools/call``. The tools are listed first on the same
+connection, so the SDK has the output schemas it validates results against (otherwise it lists
+after the call, and a failure there would hide a result that did arrive).
+
+The idempotency key travels in the request's ``_meta`` under :data:`IDEMPOTENCY_META_KEY`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any, cast
+
+import httpx2
+
+from durable_agents.core.digest import canonical_digest, canonical_json
+from durable_agents.shell.ground import tracing
+
+# The SDK is imported on first use: building its pydantic models takes seconds of CPU, which every
+# operator start (a takeover, a restarted Pod) would pay, MCP servers or not.
+if TYPE_CHECKING:
+    from mcp import Client
+    from mcp_types import CallToolResult, Tool
+
+__all__ = [
+    "IDEMPOTENCY_META_KEY",
+    "McpCallUnknown",
+    "McpError",
+    "McpResult",
+    "McpTool",
+    "McpToolNotListed",
+    "McpUnreachable",
+    "call_tool",
+    "list_tools",
+    "tool_list_digest",
+]
+
+IDEMPOTENCY_META_KEY = "durable-agents.io/idempotency-key"
+# A paginator that never ends (or cycles) must not hang the operator.
+_MAX_PAGES = 100
+# httpx errors raised before a request byte was written: the request was not sent.
+_NOT_SENT_ERRORS = (
+    httpx2.ConnectError,
+    httpx2.ConnectTimeout,
+    httpx2.PoolTimeout,
+    httpx2.UnsupportedProtocol,
+)
+
+
+@dataclass(frozen=True)
+class McpTool:
+    """A tool as the operator sees it. ``server`` is the name the run gives the MCP server.
+
+    ``read_only`` is ``annotations.readOnlyHint``; absent means ``False``: an unannotated tool is
+    treated as consequential. ``destructive`` is ``annotations.destructiveHint``; absent means
+    ``True`` (the MCP default) for a tool that is not read-only, ``False`` for a read-only one (the
+    hint only means something when ``readOnlyHint`` is false). Annotations are hints a server
+    states about itself, not guarantees.
+    """
+
+    server: str
+    name: str
+    description: str
+    input_schema: dict[str, Any]
+    read_only: bool
+    destructive: bool
+
+    @classmethod
+    def from_sdk(cls, server: str, tool: Tool) -> McpTool:
+        annotations = tool.annotations
+        read_only = annotations is not None and annotations.read_only_hint is True
+        hint = annotations.destructive_hint if annotations is not None else None
+        return cls(
+            server=server,
+            name=tool.name,
+            description=tool.description or "",
+            input_schema=dict(tool.input_schema),
+            read_only=read_only,
+            destructive=hint if hint is not None else not read_only,
+        )
+
+
+@dataclass(frozen=True)
+class McpResult:
+    """A ``CallToolResult``. ``content`` is ``structuredContent`` when the server sent it, else
+    the text parts joined by newlines, else (non-text parts present) the parts as JSON objects."""
+
+    is_error: bool
+    content: Any
+
+
+class McpError(Exception):
+    """An MCP operation failed. ``url`` is the server's endpoint."""
+
+    def __init__(self, message: str, *, url: str) -> None:
+        super().__init__(message)
+        self.url = url
+
+
+class McpUnreachable(McpError):
+    """The operation failed before the ``tools/call`` request was sent: nothing was sent."""
+
+
+class McpToolNotListed(McpError):
+    """The server does not list the tool that was to be called; nothing was sent."""
+
+
+class McpCallUnknown(McpError):
+    """The ``tools/call`` request was sent and no result came back: the server may have applied
+    it. ``code`` is the JSON-RPC error code when the failure was a JSON-RPC error."""
+
+    def __init__(self, message: str, *, url: str, tool: str, code: int | None = None) -> None:
+        super().__init__(message, url=url)
+        self.tool = tool
+        self.code = code
+
+
+@asynccontextmanager
+async def _connect(url: str) -> AsyncIterator[Client]:
+    from mcp import Client
+    from mcp_types import Implementation
+
+    info = Implementation(name="durable-agents", version="1")
+    # cache=None: every listing is fetched from the server (a tool list is pinned by digest).
+    async with Client(url, cache=None, client_info=info) as client:
+        yield client
+
+
+async def _all_tools(client: Client) -> list[Tool]:
+    tools: list[Tool] = []
+    cursor: str | None = None
+    seen: set[str] = set()
+    for _ in range(_MAX_PAGES):
+        page = await client.list_tools(cursor=cursor)
+        tools.extend(page.tools)
+        cursor = page.next_cursor
+        if cursor is None:
+            return tools
+        if cursor in seen:
+            raise RuntimeError(f"tools/list returned cursor {cursor!r} twice")
+        seen.add(cursor)
+    raise RuntimeError(f"tools/list did not end within {_MAX_PAGES} pages")
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    """The exceptions inside (nested) exception groups: the SDK's task groups wrap what failed."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
+    return [exc]
+
+
+def _describe(exc: BaseException) -> str:
+    return "; ".join(f"{type(leaf).__name__}: {leaf}" for leaf in _leaves(exc))
+
+
+# A timeout parameter (ASYNC109): the deadline is part of the contract, applied inside.
+async def list_tools(server: str, url: str, *, timeout: float) -> list[McpTool]:  # noqa: ASYNC109
+    """All the tools ``url`` lists (every page), sorted by name, as ``server``'s.
+
+    Raises :class:`McpUnreachable` if the server could not be reached or the handshake failed,
+    :class:`McpError` for any other failure (a timeout, a JSON-RPC error, an endless listing).
+    """
+    connected = False
+    try:
+        async with asyncio.timeout(timeout):
+            async with _connect(url) as client:
+                connected = True
+                tools = await _all_tools(client)
+    except Exception as exc:
+        failure = McpUnreachable if not connected else McpError
+        raise failure(f"listing the tools of {url} failed: {_describe(exc)}", url=url) from exc
+    return sorted((McpTool.from_sdk(server, tool) for tool in tools), key=lambda tool: tool.name)
+
+
+def tool_list_digest(tools: Sequence[McpTool]) -> str:
+    """``sha256:<hex>`` over the canonical JSON of the tools sorted by (server, name): any change
+    to a name, description, input schema or hint gives another digest."""
+    ordered = sorted(tools, key=lambda tool: (tool.server, tool.name))
+    return canonical_digest([asdict(tool) for tool in ordered])
+
+
+def _result(result: CallToolResult) -> McpResult:
+    from mcp_types import TextContent
+
+    if result.structured_content is not None:
+        return McpResult(is_error=result.is_error, content=result.structured_content)
+    parts = result.content
+    if all(isinstance(part, TextContent) for part in parts):
+        return McpResult(
+            is_error=result.is_error,
+            content="\n".join(part.text for part in parts if isinstance(part, TextContent)),
+        )
+    content = [part.model_dump(mode="json", by_alias=True, exclude_none=True) for part in parts]
+    return McpResult(is_error=result.is_error, content=content)
+
+
+def _unknown(url: str, tool: str, exc: BaseException) -> McpError:
+    """The error for a failure after the request was handed to the transport."""
+    from mcp.shared.exceptions import MCPError
+
+    leaves = _leaves(exc)
+    if leaves and all(isinstance(leaf, _NOT_SENT_ERRORS) for leaf in leaves):
+        # The call's HTTP connection could not be opened: no byte of the request went out.
+        return McpUnreachable(f"calling {tool} at {url}: not sent: {_describe(exc)}", url=url)
+    codes = [leaf.code for leaf in leaves if isinstance(leaf, MCPError)]
+    reason = "timed out waiting for the result" if isinstance(exc, TimeoutError) else _describe(exc)
+    return McpCallUnknown(
+        f"calling {tool} at {url}: outcome unknown ({reason})",
+        url=url,
+        tool=tool,
+        code=codes[0] if codes else None,
+    )
+
+
+async def call_tool(
+    url: str,
+    tool: str,
+    arguments: dict[str, Any],
+    *,
+    idempotency_key: str | None,
+    timeout: float,  # noqa: ASYNC109 (a deadline for the whole operation, applied inside)
+) -> McpResult:
+    """Call ``tool`` once with ``arguments``; ``idempotency_key`` goes in the request's ``_meta``.
+
+    ``timeout`` bounds the whole operation (connect, handshake, listing, call). Returns the
+    server's answer, a tool error included (``is_error``). Raises :class:`McpUnreachable` or
+    :class:`McpToolNotListed` when nothing was sent, :class:`McpCallUnknown` when the call was sent
+    and its outcome is unknown (see the module docstring).
+    """
+    from mcp_types import RequestParamsMeta
+
+    # The W3C traceparent of the current span (a dispatch's, a tool call's): the server may join it.
+    items: dict[str, Any] = tracing.traceparent()
+    if idempotency_key is not None:
+        items[IDEMPOTENCY_META_KEY] = idempotency_key
+    # RequestParamsMeta is an open TypedDict (PEP 728 extra items), which mypy cannot express.
+    meta = cast(RequestParamsMeta, items) if items else None
+    listed = sent = False
+    answer: CallToolResult | None = None
+    try:
+        async with asyncio.timeout(timeout):
+            async with _connect(url) as client:
+                listed = tool in {known.name for known in await _all_tools(client)}
+                if listed:
+                    sent = True
+                    answer = await client.session.call_tool(tool, arguments, meta=meta)
+    except Exception as exc:
+        if answer is not None:
+            # The answer arrived; only closing the connection failed.
+            return _result(answer)
+        if not sent:
+            raise McpUnreachable(f"calling {tool} at {url}: not sent: {_describe(exc)}", url=url) from exc
+        raise _unknown(url, tool, exc) from exc
+    if answer is None:
+        raise McpToolNotListed(f"{url} does not list a tool named {tool!r}; not sent", url=url)
+    return _result(answer)
+
+
+OUTCOME_MAX_BYTES = 16 * 1024
+
+
+def bounded_content(content: Any) -> Any:
+    """The tool's answer as the outcome keeps it: whole when small, else its first bytes as text."""
+    text = canonical_json(content)
+    if len(text) <= OUTCOME_MAX_BYTES:
+        return content
+    return {"truncated": text[:OUTCOME_MAX_BYTES].decode("utf-8", errors="ignore")}

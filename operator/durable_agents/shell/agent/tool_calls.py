@@ -1,0 +1,67 @@
+"""Read-only MCP tool calls of the model planner: made by the worker between commits, like a read.
+
+A crash before the next commit makes the call again (read-only: harmless, and the policy decided
+it is). The answer, or why there is none, goes back to the core as a
+:class:`~durable_agents.core.engine.ReadResult` whose ``content`` the model is told (sealed into
+the run's facts). No idempotency key: a read-only call has no effect to deduplicate.
+
+Each call is an ``execute_tool {tool}`` span (GenAI semantic conventions, see :mod:`.tracing`):
+which tool on which server, and how it ended, never its arguments or result.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from opentelemetry.trace import SpanKind
+
+from durable_agents.core.durations import parse_duration
+from durable_agents.core.engine import NeedToolCall, ReadResult, RunSnapshot
+from durable_agents.shell.agent.mcp_tools import McpError, bounded_content, call_tool
+from durable_agents.shell.ground import metrics, tracing
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Tracer
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT = 30.0
+
+
+def _timeout(run: RunSnapshot, server: str) -> float:
+    for configured in run.spec.agent.mcp_servers if run.spec.agent else []:
+        if configured.name == server:
+            return parse_duration(configured.timeout).total_seconds()
+    return DEFAULT_TIMEOUT
+
+
+async def call_read_tool(run: RunSnapshot, need: NeedToolCall, *, tracer: Tracer | None = None) -> ReadResult:
+    step = need.step
+    attributes = {
+        "gen_ai.operation.name": "execute_tool",
+        "gen_ai.tool.name": step.tool,
+        "gen_ai.tool.type": "function",
+        **tracing.server_attributes(step.url),
+        "durable_agents.mcp.server": step.server,
+        "durable_agents.run": f"{run.namespace}/{run.name}",
+        "durable_agents.step": need.step_index,
+    }
+    span_name = f"execute_tool {step.tool}"
+    with tracing.call_span(tracer or tracing.tracer(), span_name, SpanKind.INTERNAL, attributes) as span:
+        try:
+            result = await call_tool(
+                step.url, step.tool, step.arguments, idempotency_key=None, timeout=_timeout(run, step.server)
+            )
+        except McpError as err:
+            tracing.failed(span, type(err).__name__)
+            metrics.MCP_CALLS.labels(type(err).__name__).inc()
+            log.warning(
+                "%s/%s MCP read %s/%s failed: %s", run.namespace, run.name, step.server, step.tool, err
+            )
+            return ReadResult(need.step_index, error_reason=type(err).__name__, error_message=str(err)[:1024])
+        if result.is_error:  # a definite answer, told to the model; an error of the tool all the same
+            tracing.failed(span, "ToolError")
+    metrics.MCP_CALLS.labels("ToolError" if result.is_error else "Answered").inc()
+    content = {"isError": result.is_error, "content": bounded_content(result.content)}
+    return ReadResult(need.step_index, content=content)

@@ -1,0 +1,119 @@
+"""A work queue that gives each key to one task at a time (as client-go's workqueue does).
+
+Watch events put keys in; the latest body seen for a key rides along so the first read is free.
+A key that is re-added while being processed is processed once more afterwards. Failures are
+retried later through the wake scheduler, never in a tight loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import random
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from durable_agents.shell.ground import metrics
+from durable_agents.shell.ground.kube import ObjectKey
+from durable_agents.shell.ground.scheduler import WakeScheduler
+
+log = logging.getLogger(__name__)
+
+
+async def cancel_all(tasks: list[asyncio.Task[None]]) -> None:
+    """Cancel background tasks and wait until each has finished; empties the list."""
+    for task in tasks:
+        task.cancel()
+    for task in tasks:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    tasks.clear()
+
+
+class WorkQueue:
+    def __init__(
+        self,
+        name: str,
+        process: Callable[[ObjectKey, dict[str, Any] | None], Awaitable[None]],
+        *,
+        concurrency: int,
+        retry_backoff: float = 2.0,
+    ) -> None:
+        self.name = name
+        self._process = process
+        self.concurrency = concurrency
+        self.retry_backoff = retry_backoff
+        self.scheduler = WakeScheduler(self.add)
+        metrics.SCHEDULED_WAKEUPS.labels(name).set_function(lambda: len(self.scheduler))
+        # The latest body per queued key, as compact JSON: a backlog of thousands (a cold start)
+        # then costs one string each, not thousands of small objects that fragment the heap.
+        self._latest: dict[ObjectKey, str] = {}
+        self._queue: asyncio.Queue[ObjectKey] = asyncio.Queue()
+        self._queued: set[ObjectKey] = set()
+        self._active: set[ObjectKey] = set()
+        self._finished = asyncio.Condition()  # notified whenever a unit of work ends
+        self._dirty: set[ObjectKey] = set()
+        self._tasks: list[asyncio.Task[None]] = []
+        self.processed = 0  # units of work done, ever
+
+    @property
+    def active(self) -> frozenset[ObjectKey]:
+        """The keys being processed right now."""
+        return frozenset(self._active)
+
+    async def wait_until(self, done: Callable[[], bool]) -> None:
+        """Return once ``done()`` holds, looking again each time a unit of work ends."""
+        async with self._finished:
+            await self._finished.wait_for(done)
+
+    @property
+    def idle(self) -> bool:
+        return not self._queued and not self._active
+
+    def add(self, key: ObjectKey, body: dict[str, Any] | None = None) -> None:
+        if body is not None:
+            self._latest[key] = json.dumps(body, separators=(",", ":"))
+        if key in self._active:
+            self._dirty.add(key)
+        elif key not in self._queued:
+            self._queued.add(key)
+            self._queue.put_nowait(key)
+
+    def forget(self, key: ObjectKey) -> None:
+        self._latest.pop(key, None)
+        self.scheduler.schedule(key, None)
+
+    def wake_at(self, key: ObjectKey, at: datetime | None) -> None:
+        self.scheduler.schedule(key, at)
+
+    def start(self) -> None:
+        self._tasks.append(asyncio.create_task(self.scheduler.run(), name=f"{self.name}-scheduler"))
+        for i in range(self.concurrency):
+            self._tasks.append(asyncio.create_task(self._consume(), name=f"{self.name}-{i}"))
+
+    async def stop(self) -> None:
+        await cancel_all(self._tasks)
+
+    async def _consume(self) -> None:
+        while True:
+            key = await self._queue.get()
+            self._queued.discard(key)
+            self._active.add(key)
+            try:
+                raw = self._latest.pop(key, None)
+                await self._process(key, json.loads(raw) if raw is not None else None)
+            except Exception:
+                log.exception("%s: processing %s/%s failed; retrying later", self.name, *key)
+                delay = self.retry_backoff * (1 + random.random())
+                self.scheduler.schedule(key, datetime.now(UTC) + timedelta(seconds=delay))
+            finally:
+                self.processed += 1
+                self._active.discard(key)
+                async with self._finished:
+                    self._finished.notify_all()
+                if key in self._dirty:
+                    self._dirty.discard(key)
+                    self.add(key)

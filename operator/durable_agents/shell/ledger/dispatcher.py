@@ -1,0 +1,595 @@
+"""The dispatcher and reconciler of the action ledger: for each ActionRecord, what
+:func:`durable_agents.core.ledger.next_dispatch_step` allows.
+
+- ``intent``: claim it by compare-and-swap (one dispatcher wins; no claim write under this
+  process's first claim), ask the authoritative system by key first (a record restored from an
+  old backup says ``intent`` for an effect that happened after it), dispatch it with its
+  idempotency key, record ``succeeded``, ``failed`` or ``outcome_unknown`` (timeout, 5xx);
+- a claim that expired (its dispatcher died mid-call): ``outcome_unknown``;
+- ``outcome_unknown``: ask by key (a person's stamped answer first: :mod:`.reconciling`; paced:
+  :mod:`.query_pacing`). Applied: ``succeeded``; not applied: dispatch again with the SAME key.
+
+Only the run's own intents are sent: before a claim for a send, the run (``spec.runRef``) must
+exist and its committed checkpoint, verified by its integrity stamp, must hold exactly this intent
+(same key, record name and digest of effect, target, arguments and ServiceAccount as the engine's
+intent: :func:`~durable_agents.core.engine.actions.intent_refusal`). Otherwise nothing is sent: the
+record fails ``NotInCheckpoint`` with Warning Events and a metric. A checkpoint that cannot be
+verified here (quarantined, from a newer operator) holds its intents back, looked at later.
+
+Effects act as the run's ServiceAccount. A claim is a lease on the record: the request is sent
+only while the claim has a whole dispatch timeout (plus a margin) left on this process's monotonic
+clock, so a dispatcher paused after its claim sends nothing when it wakes; a pause between that
+check and the request's bytes leaving the socket stays open (a system deduplicating by key absorbs it).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from pydantic import ValidationError
+
+from durable_agents.api.v1alpha1 import ActionRecordSpec, ActionRecordStatus, ActionState, ResolvedReference
+from durable_agents.core.engine import RunSnapshot, Settings
+from durable_agents.core.engine.actions import Refused, Unverified, intent_refusal
+from durable_agents.core.ledger import (
+    Claim,
+    GiveUpClaim,
+    Query,
+    SendFirst,
+    WaitUntil,
+    next_dispatch_step,
+    next_status,
+)
+from durable_agents.core.regions import DEFAULT_REGION, owning_region_of
+from durable_agents.core.sealed_values import DataKey
+from durable_agents.core.sealing import Keyring
+from durable_agents.shell.agent.resolver import AgentResolver
+from durable_agents.shell.effects import (
+    Action,
+    Applied,
+    Effect,
+    EffectContext,
+    Failed,
+    NotApplied,
+    Unknown,
+)
+from durable_agents.shell.effects.plugins import load_effects, load_planners
+from durable_agents.shell.ground import metrics
+from durable_agents.shell.ground.faults import process_faults
+from durable_agents.shell.ground.kube import Kube, ObjectKey
+from durable_agents.shell.ground.store import Conflict, Gone, RunStore
+from durable_agents.shell.ground.workqueue import WorkQueue
+from durable_agents.shell.intake.policies import PolicyCache
+from durable_agents.shell.ledger.actions import ActionStore, FirstClaims
+from durable_agents.shell.ledger.query_pacing import QueryPacing, observe_unknown_duration
+from durable_agents.shell.ledger.reconciling import PersonAnswers, system_said
+from durable_agents.shell.ledger.references import (
+    SECRET_REFERENCE_UNRESOLVED,
+    UnresolvedReference,
+    resolve_references,
+)
+from durable_agents.shell.ledger.unsealing import (
+    UNDECRYPTABLE,
+    CannotUnseal,
+    action_of,
+    data_key_of,
+    sealed_outcome,
+)
+from durable_agents.shell.observability import run_traces
+from durable_agents.shell.observability.census import UnknownOutcomes
+from durable_agents.shell.observability.events import EventRecorder
+
+log = logging.getLogger(__name__)
+A = ActionState
+
+SEND_MARGIN = 0.5
+"""Seconds of claim, beyond a whole dispatch timeout, that must remain when a request is sent."""
+UNVERIFIED_RECHECK = timedelta(seconds=30)
+FOREIGN_RECHECK = timedelta(seconds=30)  # another region's intent: looked at again after this
+"""How soon an intent held back (its run's checkpoint could not be verified) is looked at again."""
+
+
+@dataclass(frozen=True)
+class DispatcherConfig:
+    identity: str
+    timeout: float = 5.0  # a dispatch answer later than this is an unknown outcome
+    concurrency: int = 8
+    # Verifies run checkpoints' integrity stamps; the operator always has one (None: tests only).
+    keyring: Keyring | None = field(default=None, repr=False)
+    all_events: bool = False  # also the routine Dispatched / Succeeded Events (each an API write)
+    region: str = DEFAULT_REGION  # only the intents of runs this region owns are sent from here
+    # Shared with this process's worker: the intents it created under a first claim for us.
+    first_claims: FirstClaims | None = field(default=None, repr=False)
+
+    @property
+    def claim_ttl(self) -> timedelta:
+        # Long enough for one dispatch to answer, so a live dispatcher is never second-guessed.
+        return timedelta(seconds=self.timeout * 2 + 1)
+
+
+class Dispatcher:
+    def __init__(
+        self, kube: Kube, config: DispatcherConfig, effects: dict[str, Effect] | None = None
+    ) -> None:
+        self.kube = kube
+        self.config = config
+        self.store = ActionStore(kube, config.keyring, claim_ttl=config.claim_ttl)  # stamps each write
+        self.events = EventRecorder(kube, config.identity)
+        self.effects = effects if effects is not None else load_effects()
+        self.runs = RunStore(kube)
+        self.policies = PolicyCache(kube)
+        self.agents = AgentResolver(kube, config.keyring, load_planners())
+        self.base_settings = Settings(
+            tiers={name: effect.tier for name, effect in self.effects.items()}, keyring=config.keyring
+        )
+        self.queue = WorkQueue("dispatcher", self.process, concurrency=config.concurrency)
+        self.first_claims = config.first_claims  # intents this process's worker created for us
+        self._unknown = UnknownOutcomes()  # and since when: the gauges of unknown outcomes
+        self.people = PersonAnswers(self.events, config.keyring)  # spec.reconciliations, verified
+        self.pacing = QueryPacing()  # unknown answers: asked again after a backoff
+
+    def observe(self, event_type: str | None, body: dict[str, Any]) -> None:
+        meta = body.get("metadata") or {}
+        key = (meta.get("namespace", ""), meta.get("name", ""))
+        if event_type == "DELETED":
+            self.queue.forget(key)
+            self.pacing.forget(key)
+            return
+        self.queue.add(key, body)
+
+    def observe_run(self, event_type: str | None, body: dict[str, Any]) -> None:
+        """A run's watch event: records a person answered for are asked about at once."""
+        for key in self.pacing.answered(body) if event_type != "DELETED" else ():
+            self.queue.add(key)
+
+    def start(self) -> None:
+        self.queue.start()
+
+    async def stop(self) -> None:
+        await self.queue.stop()
+
+    # --- one record -----------------------------------------------------------------------
+
+    async def process(self, key: ObjectKey, body: dict[str, Any] | None) -> None:
+        log.debug("dispatcher looks at %s/%s", *key)
+        if body is None:
+            try:
+                body = await self.store.get(*key)
+            except Gone:
+                return
+        spec = ActionRecordSpec.model_validate(body["spec"])
+        for _ in range(8):  # bounded: a record moves through at most a few states per pass
+            status = await self._believed(body)
+            self._track_unknown(key, status)
+            step = next_dispatch_step(status, datetime.now(UTC), spec.first_claim, self.config.identity)
+            if isinstance(step, WaitUntil):
+                self.queue.wake_at(key, step.at)
+                return
+            try:
+                if isinstance(step, Claim | SendFirst):
+                    claimed = await self._claim_and_dispatch(body, status, first=isinstance(step, SendFirst))
+                    if claimed is None:  # held back until its run can be verified
+                        return
+                    body = claimed
+                elif isinstance(step, GiveUpClaim):
+                    body = await self._give_up(body, status, spec)
+                elif isinstance(step, Query):
+                    next_body = await self._query(body, status)
+                    if next_body is None:
+                        return
+                    body = next_body
+            except Conflict:
+                log.info("%s/%s moved on meanwhile (409); reading it again", *key)
+                body = await self.store.get(*key)  # someone else moved it: decide again
+
+    async def _give_up(
+        self, body: dict[str, Any], status: ActionRecordStatus, spec: ActionRecordSpec
+    ) -> dict[str, Any]:
+        """A claim (or first claim) expired without an answer: whether it was sent is unknown."""
+        metrics.ACTION_DISPATCHES.labels(spec.effect, "ClaimExpired").inc()
+        if status.state is A.INTENT and spec.first_claim is not None:
+            holder, attempts = spec.first_claim.holder, max(status.attempts, 1)  # it may have sent
+        else:
+            holder, attempts = status.claimed_by or "its claimant", status.attempts
+        return await self._write(
+            body,
+            status.model_copy(update={"attempts": attempts}),
+            A.OUTCOME_UNKNOWN,
+            reason="ClaimExpired",
+            message=f"{holder} did not record an answer in time",
+        )
+
+    async def reconcile(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Settle a record by asking its authoritative system now, whichever region owns its run: a
+        claim that expired is given up (its sender is gone) and an unknown outcome is queried. For
+        a failover's checks; the record as it stands after (sent again only if its run is ours)."""
+        key = self._key(body)
+        spec = ActionRecordSpec.model_validate(body["spec"])
+        for _ in range(3):
+            status = await self._believed(body)
+            step = next_dispatch_step(status, datetime.now(UTC), spec.first_claim)
+            try:
+                if isinstance(step, GiveUpClaim):
+                    body = await self._give_up(body, status, spec)
+                    continue
+                if isinstance(step, Query):
+                    await self._query(body, status)
+                return await self.store.get(*key)
+            except Conflict:
+                body = await self.store.get(*key)
+        return body
+
+    async def _believed(self, body: dict[str, Any]) -> ActionRecordStatus:
+        """The record's status as written by the operator (its outcome stamp verifies), or
+        ``outcome_unknown`` (IntegrityFailed) to be reconciled by query (:mod:`..core.outcome_stamps`)."""
+        belief = self.store.belief(body)
+        if belief.forged is not None:
+            log.warning("%s/%s: %s", *self._key(body), belief.forged)
+            await self._event(body, "IntegrityFailed", belief.forged, warning=True)
+        return belief.status
+
+    def _track_unknown(self, key: ObjectKey, status: ActionRecordStatus) -> None:
+        self._unknown.track(key, status.state is A.OUTCOME_UNKNOWN, status.outcome_unknown_since)
+
+    def _context(self, spec: ActionRecordSpec, namespace: str, run: dict[str, Any] | None) -> EffectContext:
+        extra = run_traces.effect_extra(run, spec.run_ref.name, namespace, self.config)
+        return EffectContext(self.kube, namespace, spec.service_account_name, self.config.timeout, extra)
+
+    async def _claim_and_dispatch(
+        self, body: dict[str, Any], status: ActionRecordStatus, *, first: bool = False
+    ) -> dict[str, Any] | None:
+        """Claim the record and send it; ``first``: under this process's first claim, with no
+        claim write (when it began is known only here: a first claim whose start this process
+        does not know, or lost to a lapse, is never sent under; it expires and is reconciled)."""
+        spec = ActionRecordSpec.model_validate(body["spec"])
+        first_started: float | None = None
+        if first:
+            first_started = self.first_claims.take(self._key(body)) if self.first_claims else None
+            if first_started is None:
+                assert spec.first_claim is not None
+                self.queue.wake_at(self._key(body), spec.first_claim.expires_at)
+                return None
+        verdict, run_body = await self._verdict(body, spec)
+        if run_body is not None and self._other_region(run_body) is not None:
+            # Another region owns the run (its home, or a failover's): its dispatchers send this.
+            log.debug(
+                "%s/%s: run owned by region %s; not ours", *self._key(body), self._other_region(run_body)
+            )
+            # Looked at again now and then: a failover to our region may hand it to us.
+            self.queue.wake_at(self._key(body), datetime.now(UTC) + FOREIGN_RECHECK)
+            return None
+        if isinstance(verdict, Refused):
+            return await self._refuse(body, status, spec, verdict, first_started is not None)
+        if isinstance(verdict, Unverified):
+            self._hold(body, spec, verdict)
+            return None
+        effect = self.effects.get(spec.effect)
+        if effect is None:
+            message = f"no effect plugin named {spec.effect!r} is installed"
+            return await self._fail_before_dispatch(
+                body, status, "UnknownEffect", message, first_started is not None
+            )
+        try:
+            action = action_of(spec, run_body, self.config.keyring)
+            data_key = data_key_of(run_body, self.config.keyring)
+        except CannotUnseal as err:
+            return await self._fail_before_dispatch(
+                body, status, UNDECRYPTABLE, f"not dispatched: {err}", first_started is not None
+            )
+        name, namespace = body["metadata"]["name"], body["metadata"]["namespace"]
+        ctx = self._context(spec, namespace, run_body)
+        try:  # read as the run's ServiceAccount, right before the send; never stored
+            action, references = await resolve_references(ctx, action, data_key)
+        except UnresolvedReference as err:
+            reason, message = SECRET_REFERENCE_UNRESOLVED, f"not dispatched: {err}"
+            return await self._fail_before_dispatch(body, status, reason, message, first_started is not None)
+        never_sent = status.state is A.INTENT
+        if first_started is not None:  # the first claim is the claim: no write before the send
+            claimed_at, claimed, claimed_status = first_started, body, status
+        else:
+            claimed_at = time.monotonic()  # before the write: the claim cannot outlive this
+            claimed = await self._write(body, status, A.DISPATCHING, claim=True, references=references)
+            claimed_status = ActionRecordStatus.model_validate(claimed["status"])
+        # Sent under the first claim: the attempt (and what was read for it) is recorded with the answer.
+        by_first = first_started is not None
+        refs = references if by_first else None
+        if never_sent:
+            asked = await self._ask_before_first_dispatch(
+                claimed, claimed_status, spec, effect, ctx, action, data_key
+            )
+            if asked is not None:
+                return asked
+        if not self._claim_holds(claimed_at):
+            return await self._claim_lapsed(claimed, spec)
+        if self.config.all_events:
+            await self._event(
+                claimed,
+                "Dispatched",
+                f"{spec.effect} attempt {claimed_status.attempts} key={spec.idempotency_key}",
+            )
+        process_faults().before_send()
+        if not self._claim_holds(claimed_at):
+            return await self._claim_lapsed(claimed, spec)
+        result = await run_traces.dispatched(effect, ctx, action)
+        metrics.ACTION_DISPATCHES.labels(spec.effect, type(result).__name__).inc()
+        run_traces.log_dispatch(ctx, claimed, spec.effect, claimed_status.attempts, result)
+        if isinstance(result, Applied):
+            outcome = sealed_outcome(result.outcome, data_key, name)
+            out = await self._write(
+                claimed, claimed_status, A.SUCCEEDED, outcome=outcome, first=by_first, references=refs
+            )
+            if self.config.all_events:
+                await self._event(out, "Succeeded", f"{spec.effect} applied key={spec.idempotency_key}")
+            return out
+        if isinstance(result, Failed):
+            out = await self._write(
+                claimed,
+                claimed_status,
+                A.FAILED,
+                reason=result.reason,
+                message=result.message,
+                first=by_first,
+                references=refs,
+            )
+            await self._event(out, "Failed", f"{result.reason}: {result.message}", warning=True)
+            return out
+        out = await self._write(
+            claimed,
+            claimed_status,
+            A.OUTCOME_UNKNOWN,
+            reason=result.reason,
+            message=result.message,
+            first=by_first,
+            references=refs,
+        )
+        await self._event(
+            out,
+            "OutcomeUnknown",
+            f"{result.reason}: {result.message}; asking the authoritative system",
+            warning=True,
+        )
+        return out
+
+    def _other_region(self, run_body: dict[str, Any]) -> str | None:
+        """The region that owns the run, when it is not ours (None when it is)."""
+        owner = owning_region_of(run_body, self.config.keyring)
+        return None if owner == self.config.region else owner
+
+    async def _verdict(
+        self, body: dict[str, Any], spec: ActionRecordSpec
+    ) -> tuple[Refused | Unverified | None, dict[str, Any] | None]:
+        """Whether this record is its run's committed intent (None), read fresh from the API
+        server; and the run as read."""
+        namespace = body["metadata"]["namespace"]
+        try:
+            run_body = await self.runs.get(namespace, spec.run_ref.name)
+        except Gone:
+            return intent_refusal(None, body["metadata"]["name"], spec, None, self.base_settings), None
+        try:
+            run = RunSnapshot.from_object(run_body)
+        except (ValidationError, KeyError) as err:
+            return Refused(f"its run {spec.run_ref.name!r} cannot be read: {err}"[:1024]), run_body
+        settings = self.base_settings
+        if run.spec.policy_ref is not None:  # its approval rules: a fresh read, as the worker waits for it
+            await self.policies.fetch(namespace, run.spec.policy_ref.name)
+            settings = self.policies.settings_for(run, settings)
+        # A model run's pending call is rebuilt from its tools (MCP servers listed) and the
+        # checkpoint's sealed arguments; inputs that cannot be resolved send nothing.
+        await self.agents.prepare(run, settings)
+        planner = self.agents.planner_for(run)
+        return intent_refusal(run, body["metadata"]["name"], spec, planner, settings), run_body
+
+    async def _refuse(
+        self,
+        body: dict[str, Any],
+        status: ActionRecordStatus,
+        spec: ActionRecordSpec,
+        verdict: Refused,
+        direct: bool,
+    ) -> dict[str, Any]:
+        """Not the run's intent (or not one its policy allows now): nothing is sent, ever; the
+        record fails with the reason."""
+        namespace, name = self._key(body)
+        why, reason = verdict.message, verdict.reason
+        out = await self._fail_unsent(body, status, direct, reason, f"not dispatched: {why}"[:4096])
+        label = spec.effect if spec.effect in self.effects else "unknown"  # no label from a forger
+        metrics.ACTION_DISPATCHES.labels(label, reason).inc()
+        log.warning("%s/%s refused (%s): %s", namespace, name, reason, why)
+        message = f"{spec.effect} key={spec.idempotency_key} not dispatched: {why}"
+        await self._event(out, reason, message, warning=True)
+        try:
+            run_body = await self.runs.get(namespace, spec.run_ref.name)
+        except Gone:
+            return out
+        await self._event(run_body, reason, f"ActionRecord {name}: {message}", warning=True)
+        return out
+
+    def _hold(self, body: dict[str, Any], spec: ActionRecordSpec, verdict: Unverified) -> None:
+        """The run's checkpoint cannot be verified here: send nothing, fail nothing, look again later."""
+        metrics.ACTION_DISPATCHES.labels(
+            spec.effect if spec.effect in self.effects else "unknown", "Unverified"
+        ).inc()
+        log.warning(
+            "%s/%s held back: run %s's checkpoint cannot be verified (%s: %s)",
+            *self._key(body),
+            spec.run_ref.name,
+            verdict.problem.reason,
+            verdict.problem.message,
+        )
+        self.queue.wake_at(self._key(body), datetime.now(UTC) + UNVERIFIED_RECHECK)
+
+    def _claim_holds(self, claimed_at: float) -> bool:
+        """Whether a request sent now is answered (or abandoned) before the claim can expire."""
+        claim_ends = claimed_at + self.config.claim_ttl.total_seconds()
+        return time.monotonic() + self.config.timeout + SEND_MARGIN < claim_ends
+
+    async def _claim_lapsed(self, claimed: dict[str, Any], spec: ActionRecordSpec) -> dict[str, Any]:
+        # Paused past our own claim: another dispatcher may already have queried and sent. Send
+        # nothing; read the record again and do what its state allows now.
+        metrics.ACTION_DISPATCHES.labels(spec.effect, "ClaimLapsed").inc()
+        log.warning(
+            "%s/%s: claim lapsed before the request was sent (this process was paused); not sending",
+            claimed["metadata"]["namespace"],
+            claimed["metadata"]["name"],
+        )
+        return await self.store.get(*self._key(claimed))
+
+    async def _ask_before_first_dispatch(
+        self,
+        claimed: dict[str, Any],
+        status: ActionRecordStatus,
+        spec: ActionRecordSpec,
+        effect: Effect,
+        ctx: EffectContext,
+        action: Action,
+        data_key: DataKey | None,
+    ) -> dict[str, Any] | None:
+        """The key asked of the authoritative system before the first send.
+
+        An ActionRecord restored from an older backup says ``intent`` for an effect that may have
+        happened after the backup; only the authoritative system knows. None: send. A question it
+        cannot answer (down, or the ServiceAccount may not read) does not hold the send back: the
+        send meets the same system, and its answer (definite, or unknown and then reconciled) is
+        what the record keeps. The restore guarantee therefore needs a system that answers queries.
+        """
+        answer = await run_traces.queried(effect, ctx, action)
+        metrics.ACTION_QUERIES.labels(spec.effect, type(answer).__name__).inc()
+        if isinstance(answer, Unknown):
+            log.warning(
+                "%s/%s: asking before the first dispatch got no answer (%s: %s); sending",
+                claimed["metadata"]["namespace"],
+                claimed["metadata"]["name"],
+                answer.reason,
+                answer.message,
+            )
+            return None
+        if isinstance(answer, NotApplied):
+            return None
+        out = await self._write(
+            claimed,
+            status,
+            A.SUCCEEDED,
+            outcome=sealed_outcome(answer.outcome, data_key, claimed["metadata"]["name"]),
+            queried=True,
+            reason="AlreadyApplied",
+            message="the authoritative system had applied this key before its first dispatch here",
+        )
+        await self._event(
+            out,
+            "Reconciled",
+            f"key={spec.idempotency_key} was already applied (a restored record?): not sending",
+            warning=True,
+        )
+        return out
+
+    async def _fail_before_dispatch(
+        self, body: dict[str, Any], status: ActionRecordStatus, reason: str, message: str, direct: bool
+    ) -> dict[str, Any]:
+        # Nothing was dispatched: a definite failure, visible with its reason.
+        out = await self._fail_unsent(body, status, direct, reason, message)
+        await self._event(out, reason, message, warning=True)
+        return out
+
+    async def _fail_unsent(
+        self, body: dict[str, Any], status: ActionRecordStatus, direct: bool, reason: str, message: str
+    ) -> dict[str, Any]:
+        """Failed before anything was sent: claimed first, so that no other dispatcher sends it
+        meanwhile; ``direct`` under our own first claim, which already keeps everyone else out."""
+        if not direct:
+            body = await self._write(body, status, A.DISPATCHING, claim=True)
+            status = ActionRecordStatus.model_validate(body["status"])
+        return await self._write(body, status, A.FAILED, reason=reason, message=message)
+
+    async def _query(self, body: dict[str, Any], status: ActionRecordStatus) -> dict[str, Any] | None:
+        later = self.pacing.later(self._key(body))  # woken by our own write of the last answer
+        if later is not None:
+            self.queue.wake_at(self._key(body), later)
+            return None
+        spec = ActionRecordSpec.model_validate(body["spec"])
+        effect = self.effects.get(spec.effect)
+        if effect is None:
+            self.queue.wake_at(self._key(body), self.pacing.asked(self._key(body), status.queries))
+            return None
+        try:
+            run_body = await self.runs.get(body["metadata"]["namespace"], spec.run_ref.name)
+        except Gone:
+            run_body = None
+        ctx = self._context(spec, body["metadata"]["namespace"], run_body)
+        try:
+            action = action_of(spec, run_body, self.config.keyring)
+            data_key = data_key_of(run_body, self.config.keyring)
+            action, _ = await resolve_references(ctx, action, data_key)
+        except (CannotUnseal, UnresolvedReference) as err:  # kept unknown and visible: it may come back
+            reason = UNDECRYPTABLE if isinstance(err, CannotUnseal) else SECRET_REFERENCE_UNRESOLVED
+            await self._event(body, reason, f"cannot ask about it: {err}", warning=True)
+            self.queue.wake_at(self._key(body), self.pacing.asked(self._key(body), status.queries))
+            return None
+        said = await self.people.said(body, status, run_body)  # a person's, stamped, first
+        said = said or system_said(await run_traces.queried(effect, ctx, action), spec)
+        answer, why, told = said.result, said.reason, said.message
+        if isinstance(answer, Applied):
+            observe_unknown_duration(status)
+            outcome = sealed_outcome(answer.outcome, data_key, body["metadata"]["name"])
+            out = await self._write(
+                body, status, A.SUCCEEDED, outcome=outcome, queried=True, reason=why, message=told
+            )
+            await self._event(out, "Reconciled", said.event)
+            return out
+        if isinstance(answer, NotApplied):
+            observe_unknown_duration(status)
+            await self._event(body, "Reconciled", said.event)
+            queried = await self._write(
+                body, status, A.OUTCOME_UNKNOWN, queried=True, reason=why, message=told
+            )
+            return await self._claim_and_dispatch(
+                queried, ActionRecordStatus.model_validate(queried["status"])
+            )
+        assert isinstance(answer, Unknown)
+        await self._write(
+            body, status, A.OUTCOME_UNKNOWN, queried=True, reason=answer.reason, message=answer.message
+        )
+        # Still unknown: stays visible (state, Event, metric) and the run keeps waiting; ask later.
+        await self._event(body, "OutcomeUnknown", said.event, warning=True)
+        self.queue.wake_at(self._key(body), self.pacing.asked(self._key(body), status.queries))
+        return None
+
+    @staticmethod
+    def _key(body: dict[str, Any]) -> ObjectKey:
+        return (body["metadata"]["namespace"], body["metadata"]["name"])
+
+    async def _write(
+        self,
+        body: dict[str, Any],
+        status: ActionRecordStatus,
+        state: ActionState,
+        *,
+        claim: bool = False,
+        first: bool = False,
+        queried: bool = False,
+        outcome: dict[str, Any] | None = None,
+        reason: str | None = None,
+        message: str | None = None,
+        references: list[ResolvedReference] | None = None,
+    ) -> dict[str, Any]:
+        new = next_status(
+            status,
+            state,
+            datetime.now(UTC),
+            self.config.identity,
+            self.config.claim_ttl,
+            claim=claim,
+            first=first,
+            queried=queried,
+            outcome=outcome,
+            reason=reason,
+            message=message,
+            references=references,
+        )
+        return await self.store.commit_status(body, new.wire())
+
+    async def _event(self, body: dict[str, Any], reason: str, message: str, *, warning: bool = False) -> None:
+        await self.events.record(body, reason, message, warning=warning)

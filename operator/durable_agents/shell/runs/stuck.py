@@ -1,0 +1,400 @@
+"""Stuck detection: a periodic look at the runs this replica owns (:mod:`durable_agents.core.stuck`).
+
+Every ``interval`` seconds (``DURABLE_AGENTS_STUCK_CHECK_SECONDS``) each run whose shard this
+replica holds, in its region, is judged from what is already in memory: the run as the reflector
+last delivered it (a slim copy: no checkpoint body, no history), the worker's AgentPolicy cache and
+the ActionRecords the watch reports with an unknown outcome. The API is read only for runs that
+need it: a policy the cache does not have (is it really gone?) and, for a run waiting for an
+approval, the RBAC objects (who holds the approver verb?), each cached for a few intervals. A
+parked run that waits for something with an expiry costs nothing.
+
+When the verdict differs from the run's ``Stuck`` condition, the run is read, judged again, and
+its status replaced with the condition brought up to date (compare-and-swap on the resourceVersion
+read: a 409 only means the next pass tries again). A run newly found stuck gets a Warning Event
+(reason ``Stuck``) and counts in ``durable_agents_stuck_detections_total{reason}``; the gauge
+``durable_agents_stuck_runs{reason}`` counts the stuck runs this replica owns. Commits of the
+worker carry the condition over (``CARRIED_CONDITIONS`` in the engine): only this check sets or
+clears it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+from prometheus_client import Counter, Gauge
+from pydantic import ValidationError
+
+from durable_agents.api.v1alpha1 import (
+    GROUP,
+    VERSION,
+    ActionState,
+    AgentPolicySpec,
+    AgentRunSpec,
+    AgentRunStatus,
+)
+from durable_agents.api.v1alpha1.states import RunState
+from durable_agents.core import stuck as core
+from durable_agents.core.outcome_stamps import believed_status
+from durable_agents.core.regions import owning_region_of
+from durable_agents.shell.ground import metrics
+from durable_agents.shell.ground.kube import Kube, ObjectKey
+from durable_agents.shell.runs.worker import RunWorker
+
+log = logging.getLogger(__name__)
+
+STUCK_RUNS = Gauge(
+    "durable_agents_stuck_runs",
+    "Runs this replica owns that no valid next event can reach, by what would unstick them",
+    ["reason"],
+)
+STUCK_DETECTIONS = Counter(
+    "durable_agents_stuck_detections_total", "Runs newly found stuck, by reason", ["reason"]
+)
+for _reason in core.REASONS:  # the series exist (at 0) on a live operator
+    STUCK_RUNS.labels(_reason).set(0)
+    STUCK_DETECTIONS.labels(_reason)
+
+TERMINAL = frozenset(s.value for s in RunState if s.terminal)
+UNKNOWN = ActionState.OUTCOME_UNKNOWN.value
+# What the check keeps of a run's checkpoint: where its wait's own expiry is recorded.
+_CHECKPOINT_KEEP = {"pendingInput": ("expiresAt",), "pendingExternal": ("expiresAt",), "retry": ("retryAt",)}
+_SPEC_KEEP = ("taskType", "objective", "policyRef", "deadline", "region")
+
+
+@dataclass(frozen=True)
+class StuckConfig:
+    interval: float = 10.0  # seconds between passes
+    threshold: float = 86400.0  # seconds a wait without expiry may last before it is stuck
+
+    @property
+    def cache_seconds(self) -> float:
+        """How long a read of RBAC objects or of a missing policy is reused: a few passes."""
+        return 3 * self.interval
+
+
+def slim(body: dict[str, Any]) -> dict[str, Any]:
+    """The part of a run the check judges from (a run's checkpoint and history can be large)."""
+    meta = body.get("metadata") or {}
+    spec = body.get("spec") or {}
+    status = {k: v for k, v in (body.get("status") or {}).items() if k not in ("checkpoint", "history")}
+    checkpoint = (body.get("status") or {}).get("checkpoint")
+    if isinstance(checkpoint, dict):
+        status["checkpoint"] = {
+            part: {k: checkpoint[part][k] for k in keys if k in checkpoint[part]}
+            for part, keys in _CHECKPOINT_KEEP.items()
+            if isinstance(checkpoint.get(part), dict)
+        }
+    return {
+        "metadata": {k: meta.get(k) for k in ("name", "namespace", "uid", "resourceVersion", "generation")},
+        "spec": {k: spec[k] for k in _SPEC_KEEP if k in spec},
+        "status": status,
+    }
+
+
+def parsed(body: dict[str, Any]) -> tuple[AgentRunSpec, AgentRunStatus] | None:
+    try:
+        return AgentRunSpec.model_validate(body.get("spec") or {}), AgentRunStatus.model_validate(
+            body.get("status") or {}
+        )
+    except ValidationError:
+        return None  # an unreadable run is the worker's to quarantine, not this check's to judge
+
+
+class _Cached:
+    """Values read from the API, reused for ``ttl`` seconds."""
+
+    def __init__(self, ttl: float) -> None:
+        self.ttl = ttl
+        self._values: dict[Any, tuple[float, Any]] = {}
+
+    def get(self, key: Any) -> tuple[bool, Any]:
+        hit = self._values.get(key)
+        if hit is None or time.monotonic() - hit[0] > self.ttl:
+            return False, None
+        return True, hit[1]
+
+    def put(self, key: Any, value: Any) -> Any:
+        self._values[key] = (time.monotonic(), value)
+        return value
+
+
+class StuckCheck:
+    def __init__(self, kube: Kube, worker: RunWorker, config: StuckConfig | None = None) -> None:
+        self.kube = kube
+        self.worker = worker
+        self.config = config or StuckConfig()
+        self.runs: dict[ObjectKey, dict[str, Any]] = {}  # slim copies: non-terminal, or marked Stuck
+        # Parsed runs, with the resourceVersion parsed: re-parsed only when the run changed.
+        self._parsed: dict[ObjectKey, tuple[str | None, tuple[AgentRunSpec, AgentRunStatus] | None]] = {}
+        self.unknown: dict[ObjectKey, dict[str, core.UnknownAction]] = {}  # per run: unknown outcomes
+        self._policies = _Cached(self.config.cache_seconds)
+        self._rbac = _Cached(self.config.cache_seconds)
+        self._task: asyncio.Task[None] | None = None
+        self._rbac_refused = False
+        self.passes = 0
+
+    # --- intake (watch events, on the event loop) ----------------------------------------------
+
+    def observe_run(self, event_type: str | None, body: dict[str, Any]) -> None:
+        meta = body.get("metadata") or {}
+        key = (meta.get("namespace", ""), meta.get("name", ""))
+        status = body.get("status") or {}
+        marked = any(
+            c.get("type") == core.STUCK and c.get("status") == "True" for c in status.get("conditions") or []
+        )
+        if event_type == "DELETED" or (status.get("state") in TERMINAL and not marked):
+            self.runs.pop(key, None)
+            self._parsed.pop(key, None)
+            if event_type == "DELETED":
+                self.unknown.pop(key, None)
+            return
+        self.runs[key] = slim(body)
+        self._parsed.pop(key, None)
+
+    def observe_action(self, event_type: str | None, body: dict[str, Any]) -> None:
+        """An ActionRecord watch event: its run's unknown outcomes (the ledger's own words)."""
+        meta, spec = body.get("metadata") or {}, body.get("spec") or {}
+        run = (spec.get("runRef") or {}).get("name")
+        if not run:
+            return
+        key, name = (meta.get("namespace", ""), run), meta.get("name", "")
+        # As the operator wrote it: a settled state without a valid outcome stamp is unknown.
+        status = believed_status(body, self.worker.config.keyring, datetime.now(UTC))
+        actions = self.unknown.get(key, {})
+        if event_type != "DELETED" and status.state.value == UNKNOWN:
+            actions[name] = core.UnknownAction(name, status.reason)
+            self.unknown[key] = actions
+        elif actions.pop(name, None) is not None and not actions:
+            del self.unknown[key]
+
+    # --- the periodic pass ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name="stuck-check")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.interval)
+            try:
+                await self.check_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # the API server away for a moment: the next pass tries again
+                log.exception("stuck check pass failed")
+
+    def _owned(self, key: ObjectKey, body: dict[str, Any]) -> bool:
+        if not self.worker.ownership.holds(key):
+            return False
+        return owning_region_of(body, self.worker.config.keyring) == self.worker.config.region
+
+    async def check_once(self) -> dict[str, int]:
+        """One pass over the runs this replica owns: the gauge, and the conditions that changed."""
+        now = datetime.now(UTC)
+        counts = dict.fromkeys(core.REASONS, 0)
+        for key in list(self.runs):
+            body = self.runs.get(key)  # as of now: the watch may have delivered during an await
+            if body is None or not self._owned(key, body):
+                continue
+            seen = self._parse(key, body)
+            if seen is None:
+                continue
+            spec, status = seen
+            try:  # one run's failed read or write waits for the next pass; the others go on
+                verdict = await self.verdict(key, spec, status, now)
+                if verdict is not None:
+                    counts[verdict.reason] += 1
+                if core.conditions_with(status.conditions, verdict, now, status.observed_generation):
+                    await self._update(key, now)
+            except ApiException as err:
+                log.warning(
+                    "stuck check of run %s/%s failed (%s %s); next pass", *key, err.status, err.reason
+                )
+        for reason, count in counts.items():
+            STUCK_RUNS.labels(reason).set(count)
+        self.passes += 1
+        return counts
+
+    def _parse(self, key: ObjectKey, body: dict[str, Any]) -> tuple[AgentRunSpec, AgentRunStatus] | None:
+        """The run parsed, once per resourceVersion (a parse kept for an older one is never used)."""
+        version = (body.get("metadata") or {}).get("resourceVersion")
+        cached = self._parsed.get(key)
+        if cached is None or cached[0] != version:
+            cached = (version, parsed(body))
+            self._parsed[key] = cached
+        return cached[1]
+
+    async def verdict(
+        self, key: ObjectKey, spec: AgentRunSpec, status: AgentRunStatus, now: datetime
+    ) -> core.Stuck | None:
+        facts = await self.facts(key, spec, status, now)
+        return core.stuck(key[0], key[1], spec, status, facts)
+
+    async def facts(
+        self, key: ObjectKey, spec: AgentRunSpec, status: AgentRunStatus, now: datetime
+    ) -> core.Facts:
+        namespace, run = key
+        policy: AgentPolicySpec | None = None
+        present: bool | None = None
+        if spec.policy_ref is not None and core.needs_policy(spec, status):
+            policy = await self._policy(namespace, spec.policy_ref.name)
+            present = policy is not None
+        rule = (
+            core.ApproverRule(policy.approvers.verb, policy.approvers.resource)
+            if policy
+            else core.ApproverRule()
+        )
+        held = await self._approver_held(rule, namespace, run) if core.needs_approver(status) else None
+        return core.Facts(
+            now=now,
+            threshold=timedelta(seconds=self.config.threshold),
+            policy_present=present,
+            approver=rule,
+            approver_held=held,
+            unknown_actions=tuple(self.unknown.get(key, {}).values()),
+        )
+
+    async def _policy(self, namespace: str, name: str) -> AgentPolicySpec | None:
+        known = self.worker.policies.get((namespace, name))
+        if known is not None:
+            return known
+        hit, value = self._policies.get((namespace, name))
+        if hit:
+            return value  # type: ignore[no-any-return]
+        try:  # the watch may not have delivered it yet: is it really gone?
+            body = await self.kube.call(
+                self.kube.custom.get_namespaced_custom_object,
+                GROUP,
+                VERSION,
+                namespace,
+                "agentpolicies",
+                name,
+            )
+            value = AgentPolicySpec.model_validate(body.get("spec") or {})
+        except ApiException as err:
+            if err.status != 404:
+                raise
+            value = None
+        except ValidationError:
+            value = None  # an invalid policy is as good as none: nothing runs under it
+        return self._policies.put((namespace, name), value)  # type: ignore[no-any-return]
+
+    async def _approver_held(self, rule: core.ApproverRule, namespace: str, run: str) -> bool | None:
+        try:
+            cluster_roles, cluster_bindings = await self._rbac_lists(None)
+            roles, bindings = await self._rbac_lists(namespace)
+        except ApiException as err:
+            if not self._rbac_refused:  # once: the chart grants list on them; a narrower install may not
+                log.warning("cannot read RBAC objects to find approvers (%s %s)", err.status, err.reason)
+            self._rbac_refused = True
+            return None  # unknown: never called stuck on a guess
+        return core.approver_held(
+            rule,
+            namespace,
+            run,
+            group=GROUP,
+            roles=roles,
+            cluster_roles=cluster_roles,
+            role_bindings=bindings,
+            cluster_role_bindings=cluster_bindings,
+        )
+
+    async def _rbac_lists(self, namespace: str | None) -> tuple[list[Any], list[Any]]:
+        hit, value = self._rbac.get(namespace)
+        if hit:
+            return value  # type: ignore[no-any-return]
+        rbac = client.RbacAuthorizationV1Api(self.kube.api)
+        if namespace is None:
+            calls = (rbac.list_cluster_role, rbac.list_cluster_role_binding)
+            args: tuple[str, ...] = ()
+        else:
+            calls = (rbac.list_namespaced_role, rbac.list_namespaced_role_binding)
+            args = (namespace,)
+        lists = []
+        for call in calls:
+            response = await self.kube.call(call, *args, _preload_content=False)
+            lists.append(json.loads(response.data).get("items") or [])
+        return self._rbac.put(namespace, (lists[0], lists[1]))  # type: ignore[no-any-return]
+
+    async def _update(self, key: ObjectKey, now: datetime) -> None:
+        """Read the run, judge it again and write its condition if it still differs."""
+        try:
+            body = await self.kube.call(
+                self.kube.get_namespaced_object, GROUP, VERSION, key[0], "agentruns", key[1]
+            )
+        except ApiException as err:
+            if err.status == 404:
+                self.observe_run("DELETED", {"metadata": {"namespace": key[0], "name": key[1]}})
+                return
+            raise
+        seen = parsed(body)
+        if seen is None:
+            return
+        spec, status = seen
+        verdict = await self.verdict(key, spec, status, now)
+        conditions = core.conditions_with(status.conditions, verdict, now, status.observed_generation)
+        if conditions is None:
+            self.observe_run("MODIFIED", body)  # our copy was behind: it says so already
+            return
+        prior = core.stuck_condition(status.conditions)
+        wire = {**(body.get("status") or {}), "conditions": [c.wire() for c in conditions]}
+        written = await self._replace_status(body, wire)
+        if written is None:
+            return
+        self.observe_run("MODIFIED", written)
+        if verdict is None:
+            log.info("run %s/%s is no longer stuck", *key)
+            return
+        if prior is None or prior.status != "True" or prior.reason != verdict.reason:
+            STUCK_DETECTIONS.labels(verdict.reason).inc()
+            log.warning("run %s/%s is stuck (%s): %s", *key, verdict.reason, verdict.message)
+            await self.worker.events.record(written, "Stuck", verdict.message, warning=True)
+
+    async def _replace_status(self, body: dict[str, Any], status: dict[str, Any]) -> dict[str, Any] | None:
+        """A status update with the resourceVersion read; None on 409 (next pass) or 404."""
+        meta = body["metadata"]
+        wanted = {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "AgentRun",
+            "metadata": {
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "resourceVersion": meta["resourceVersion"],
+            },
+            "spec": body["spec"],
+            "status": status,
+        }
+        try:
+            out: dict[str, Any] = await self.kube.call(
+                self.kube.replace_namespaced_status,
+                GROUP,
+                VERSION,
+                meta["namespace"],
+                "agentruns",
+                meta["name"],
+                wanted,
+            )
+        except ApiException as err:
+            if err.status == 409:  # counted as the worker's are: writes less conflicts = writes made
+                metrics.COMMIT_CONFLICTS.labels("agentruns").inc()
+            if err.status in (404, 409):
+                return None
+            raise
+        finally:
+            metrics.API_WRITES.labels("agentruns/status", "update").inc()
+        return out
