@@ -113,46 +113,52 @@ def test_seal_spec_seals_every_sensitive_value_and_is_stable_when_re_sent(keyrin
 
 
 def test_the_webhook_gives_a_new_run_its_data_key_and_seals_it(keyring: Keyring) -> None:
-    changes = sealing_changes("CREATE", _run(_spec()), None, keyring)
+    changes = sealing_changes("CREATE", _run(_spec()), None, keyring, entropy=os.urandom)
     annotation = changes.annotations[DATA_KEY_ANNOTATION]
     assert annotation is not None
     assert SECRET not in json.dumps(changes.spec)
     key = open_data_key(keyring, annotation, "ns", "r1")
     assert reveal_spec(changes.spec, key)["steps/ask/question"] == f"what is {SECRET}?"
     with pytest.raises(SealingRefused, match="name the run"):
-        sealing_changes("CREATE", {"metadata": {"namespace": "ns"}, "spec": _spec()}, None, keyring)
+        sealing_changes(
+            "CREATE", {"metadata": {"namespace": "ns"}, "spec": _spec()}, None, keyring, entropy=os.urandom
+        )
 
 
 def test_a_child_keeps_the_data_key_the_operator_wrapped_for_it(keyring: Keyring) -> None:
     key = new_data_key(entropy=os.urandom)
     spec = seal_spec(_spec(), key, entropy=os.urandom)
     child = _run(spec, {DATA_KEY_ANNOTATION: wrap_data_key(keyring, key, "ns", "r1", entropy=os.urandom)})
-    changes = sealing_changes("CREATE", child, None, keyring)
+    changes = sealing_changes("CREATE", child, None, keyring, entropy=os.urandom)
     assert changes.annotations == {}
     assert changes.spec == {}
 
 
 def test_updates_seal_new_answers_and_keep_the_data_key_as_the_operator_wrote_it(keyring: Keyring) -> None:
-    created = sealing_changes("CREATE", _run(_spec()), None, keyring)
+    created = sealing_changes("CREATE", _run(_spec()), None, keyring, entropy=os.urandom)
     annotation = created.annotations[DATA_KEY_ANNOTATION]
     assert annotation is not None
     old = _run({**_spec(), **created.spec}, {DATA_KEY_ANNOTATION: annotation})
     # Re-sent plaintext steps (a re-apply) map back to what is stored; a new answer is sealed.
     new = _run({**_spec(), "answers": {"ask": SECRET}}, {DATA_KEY_ANNOTATION: "a:Zm9yZ2Vk"})
-    changes = sealing_changes("UPDATE", new, old, keyring)
+    changes = sealing_changes("UPDATE", new, old, keyring, entropy=os.urandom)
     assert changes.spec["steps"] == old["spec"]["steps"]
     assert is_sealed(changes.spec["answers"]["ask"])
     assert changes.annotations[DATA_KEY_ANNOTATION] == annotation  # a forged key is put back
     rotated = Keyring(dict(keyring.keys), "b")
     rewrapped = rewrap(rotated, annotation, "ns", "r1", entropy=os.urandom)
     assert rewrapped is not None
-    moved = sealing_changes("UPDATE", _run(old["spec"], {DATA_KEY_ANNOTATION: rewrapped}), old, rotated)
+    moved = sealing_changes(
+        "UPDATE", _run(old["spec"], {DATA_KEY_ANNOTATION: rewrapped}), old, rotated, entropy=os.urandom
+    )
     assert DATA_KEY_ANNOTATION not in moved.annotations  # the operator's rewrap stays
 
 
 def test_a_run_created_before_sealing_keeps_its_steps_and_gets_a_data_key(keyring: Keyring) -> None:
     old = _run(_spec())
-    changes = sealing_changes("UPDATE", _run({**_spec(), "answers": {"ask": SECRET}}), old, keyring)
+    changes = sealing_changes(
+        "UPDATE", _run({**_spec(), "answers": {"ask": SECRET}}), old, keyring, entropy=os.urandom
+    )
     assert "steps" not in changes.spec  # immutable: left as they are
     assert changes.annotations[DATA_KEY_ANNOTATION] is not None
     assert is_sealed(changes.spec["answers"]["ask"])
@@ -160,7 +166,7 @@ def test_a_run_created_before_sealing_keeps_its_steps_and_gets_a_data_key(keyrin
 
 def test_kubectl_apply_last_applied_configuration_keeps_no_plaintext(keyring: Keyring) -> None:
     body = _run(_spec(), {LAST_APPLIED: json.dumps({"metadata": {"name": "r1"}, "spec": _spec()})})
-    changes = sealing_changes("CREATE", body, None, keyring)
+    changes = sealing_changes("CREATE", body, None, keyring, entropy=os.urandom)
     last = changes.annotations[LAST_APPLIED]
     assert last is not None
     assert SECRET not in last
@@ -168,7 +174,7 @@ def test_kubectl_apply_last_applied_configuration_keeps_no_plaintext(keyring: Ke
 
 
 def test_the_dispatcher_unseals_arguments_and_seals_the_response(keyring: Keyring) -> None:
-    created = sealing_changes("CREATE", _run(_spec()), None, keyring)
+    created = sealing_changes("CREATE", _run(_spec()), None, keyring, entropy=os.urandom)
     annotation = created.annotations[DATA_KEY_ANNOTATION]
     assert annotation is not None
     run = _run({**_spec(), **created.spec}, {DATA_KEY_ANNOTATION: annotation})
@@ -232,7 +238,7 @@ def test_a_keyed_digest_compares_within_a_run_tree_only() -> None:
 def test_a_value_stored_already_is_left_as_it_is_and_blocks_nothing(keyring: Keyring) -> None:
     """An answer written with the webhook off (in clear, or with a seal copied from another field)
     is neither sealed into validity nor a reason to refuse the next request through the webhook."""
-    created = sealing_changes("CREATE", _run(_spec()), None, keyring)
+    created = sealing_changes("CREATE", _run(_spec()), None, keyring, entropy=os.urandom)
     annotation = created.annotations[DATA_KEY_ANNOTATION]
     assert annotation is not None
     copied = created.spec["steps"][0]["ask"]["question"]  # sealed for steps/ask/question
@@ -242,7 +248,7 @@ def test_a_value_stored_already_is_left_as_it_is_and_blocks_nothing(keyring: Key
         {**forged, "answers": {**forged["answers"], "ask.3": "the real one"}},
         {DATA_KEY_ANNOTATION: annotation},
     )
-    changes = sealing_changes("UPDATE", new, old, keyring)
+    changes = sealing_changes("UPDATE", new, old, keyring, entropy=os.urandom)
     answers = changes.spec["answers"]
     assert (answers["ask"], answers["ask.2"]) == ("by hand", copied), "left exactly as stored"
     key = open_data_key(keyring, annotation, "ns", "r1")
@@ -253,11 +259,13 @@ def test_a_run_whose_data_key_annotation_is_gone_gets_no_new_key(keyring: Keyrin
     """The checkpoint holds the fingerprint of the run's key: a new key would not be the run's.
     Nothing new is sealed; a request that brings a value to seal is refused, naming the repair;
     one that brings none (a cancellation) passes."""
-    created = sealing_changes("CREATE", _run(_spec()), None, keyring)
+    created = sealing_changes("CREATE", _run(_spec()), None, keyring, entropy=os.urandom)
     old = _run({**_spec(), **created.spec})  # the annotation removed
     old["status"] = {"checkpoint": {"dataKeyDigest": "hmac-sha256:" + "0" * 64}}
     with pytest.raises(SealingRefused, match="annotation is gone"):
-        sealing_changes("UPDATE", _run({**old["spec"], "answers": {"ask": "yes"}}), old, keyring)
+        sealing_changes(
+            "UPDATE", _run({**old["spec"], "answers": {"ask": "yes"}}), old, keyring, entropy=os.urandom
+        )
     cancel = {**old["spec"], "cancellations": {"c1": {"scope": "task"}}}
-    changes = sealing_changes("UPDATE", _run(cancel), old, keyring)
+    changes = sealing_changes("UPDATE", _run(cancel), old, keyring, entropy=os.urandom)
     assert (changes.spec, changes.annotations) == ({}, {})
