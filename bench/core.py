@@ -1,4 +1,5 @@
-"""``make bench``: the core benchmarks of design/proofs.md, each beside its baseline from the same run.
+"""``make bench``: the core benchmarks (commit throughput, recovery, idle cost), each beside its
+baseline from the same run.
 
 One local control plane (etcd with fsync ON), the operator as a separate process, as its own user
 (so the API server's audit log attributes every request). Each figure is repeated; the JSON keeps

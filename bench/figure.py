@@ -1,4 +1,5 @@
-"""The README's figure: each benchmark beside its same-run baseline, from bench/results/*.json.
+"""The figure of docs/proofs/benchmarks.md: each benchmark beside its same-run baseline, from
+bench/results/*.json.
 
 .venv/bin/python -m bench.figure            # writes bench/results/figure.png
 """

@@ -1,4 +1,5 @@
-"""The README's table of measured ratios, from bench/results/core.json (and peers.json if present).
+"""The table of measured ratios of docs/proofs/benchmarks.md, from bench/results/core.json (and
+peers.json if present).
 
 .venv/bin/python -m bench.table
 """

@@ -3,7 +3,8 @@ issue 13 is refused with a message naming the field (never a 413 or a 500), the 
 serving valid runs after each, and a run at the bounds completes: its approval request (arguments
 copied) and full status fit in etcd, and it can be answered, approved and cancelled.
 
-The refusal messages printed here (``pytest -s``) are the ones in the README's "Limits" table.
+The refusal messages printed here (``pytest -s``) are the ones in the "Limits" table of
+docs/reference/limits.md.
 """
 
 from __future__ import annotations

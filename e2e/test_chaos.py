@@ -1,4 +1,5 @@
-"""The recovery table of design/proofs.md, every row with many runs: ``make e2e-chaos``.
+"""Every recovery scenario (crash points, zombies, stale backups, upgrades), many runs each:
+``make e2e-chaos``.
 
 Every scenario ends with the table's two global assertions over all its runs: (1) each run is
 terminal or in an owned recovery state (quarantined, a wait with an expiry, in progress under a

@@ -3,9 +3,10 @@ actions: each ClusterRole, bound with ONE RoleBinding, is asked about every acti
 SubjectAccessReview; the built-in view, edit and admin pick up viewer and editor by aggregation;
 real requests as each user agree; a namespace admin cannot grant the separate duties.
 
-MATRIX is the README's table: ``python e2e/test_user_roles.py`` prints it, and
-test_the_readme_table_is_the_matrix fails when the two differ. The custom verbs (answer, approve,
-...) are enforced by the operator's admission webhook; here they are checked as RBAC grants them.
+MATRIX is the table of docs/security/roles.md (moved there from the README): ``python
+e2e/test_user_roles.py`` prints it, and test_the_readme_table_is_the_matrix fails when the two
+differ. The custom verbs (answer, approve, ...) are enforced by the operator's admission webhook;
+here they are checked as RBAC grants them.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from durable_agents_testkit.eventually import Within, eventually
 
 REPO = Path(__file__).resolve().parents[1]
 USER_ROLES = REPO / "charts/durable-agents/files/user-roles.yaml"
-README = REPO / "README.md"
+ROLES_PAGE = REPO / "docs/security/roles.md"
 CHART = "durable-agents"
 
 
@@ -97,7 +98,7 @@ assert tuple(MATRIX) == (*CHART_ROLES, *BUILT_IN_ROLES)
 
 
 def readme_table() -> str:
-    """The README's table: one row per action, one column per role."""
+    """The roles page's table: one row per action, one column per role."""
     heads = [f"`{r}`" for r in CHART_ROLES] + [f"`{r}` (built-in)" for r in BUILT_IN_ROLES]
     lines = ["| action | " + " | ".join(heads) + " |", "|---" * (len(heads) + 1) + "|"]
     for action in ACTIONS:
@@ -378,7 +379,7 @@ def test_the_region_failover_role_allows_asking_for_failovers_only(kube: KubeEnv
 
 
 def test_the_readme_table_is_the_matrix() -> None:
-    assert readme_table() in README.read_text(), "paste the output of `python e2e/test_user_roles.py`"
+    assert readme_table() in ROLES_PAGE.read_text(), "paste the output of `python e2e/test_user_roles.py`"
 
 
 if __name__ == "__main__":

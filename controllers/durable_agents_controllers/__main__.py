@@ -1,9 +1,9 @@
 """``durable-agents-operator`` (``python -m durable_agents_controllers``): run the operator.
 
 The configuration is read once, here (see :mod:`durable_agents_controllers.config` and the
-README's table); a malformed or unknown ``DURABLE_AGENTS_*`` variable stops start-up with exit
-code 2 and a message naming it. Each controller module registers its handlers on one registry
-and receives the manager explicitly.
+table of docs/operate/configuration.md); a malformed or unknown ``DURABLE_AGENTS_*`` variable
+stops start-up with exit code 2 and a message naming it. Each controller module registers its
+handlers on one registry and receives the manager explicitly.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """The operator's configuration: every ``DURABLE_AGENTS_*`` variable, read once at start-up.
 
-:data:`VARIABLES` is the one list of the variables (the README's table is checked against it).
+:data:`VARIABLES` is the one list of the variables (the table of docs/operate/configuration.md is
+checked against it).
 :meth:`OperatorConfig.from_env` parses them into typed values; a malformed value, or a
 ``DURABLE_AGENTS_*`` variable nobody reads (a typo would otherwise be silently ignored), stops
 start-up with a message naming the variable. Nothing else in the operator reads the environment
@@ -191,7 +192,7 @@ class OperatorConfig:
         if unknown:
             raise ConfigError(
                 f"{', '.join(unknown)}: unknown variable{'s' if len(unknown) > 1 else ''}"
-                " (a typo? the README's configuration table lists every variable)"
+                " (a typo? docs/operate/configuration.md lists every variable)"
             )
         read = _Reader(env)
         if read.text("WEBHOOK_SERVICE") and read.port("WEBHOOK_PORT") is None:

@@ -8,7 +8,7 @@ from typing import Any
 
 import kopf
 
-from durable_agents.shell.admission import authority as admission
+from durable_agents.core import request_stamps
 from durable_agents.shell.runs.reveal import RevealRefused, reveal_changes
 from durable_agents_controllers.manager import Manager
 
@@ -33,7 +33,7 @@ async def reveal_hook(
             manager.kube,
             new,
             dict(old) if old is not None else None,
-            admission.identity_of(dict(userinfo)),
+            request_stamps.identity_of(dict(userinfo)),
             policy,
             manager.config.keyring,
             dryrun,

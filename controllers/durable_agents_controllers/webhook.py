@@ -24,7 +24,7 @@ import kopf
 from pydantic import ValidationError
 
 from durable_agents.api.v1alpha1 import FAILOVER_PLURAL, GROUP, VERSION, AgentRunSpec, Identity
-from durable_agents.core import limits
+from durable_agents.core import limits, request_stamps
 from durable_agents.core.retention import FINALIZER
 from durable_agents.core.sealing import Keyring
 from durable_agents.core.sealing_admission import SealingRefused, sealing_changes
@@ -102,8 +102,8 @@ def register(registry: kopf.OperatorRegistry, manager: Manager) -> None:
     ) -> None:
         # The review's size and shape limits were checked before kopf saw it (LimitedWebhookServer).
         operation, old = str(kwargs.get("operation")), kwargs.get("old")
-        user, keyring = admission.identity_of(dict(userinfo)), manager.config.keyring
-        stamped = admission.stamps(
+        user, keyring = request_stamps.identity_of(dict(userinfo)), manager.config.keyring
+        stamped = request_stamps.stamps(
             operation,
             dict(body),
             dict(old) if old is not None else None,
@@ -137,7 +137,7 @@ def register(registry: kopf.OperatorRegistry, manager: Manager) -> None:
 
     async def check_approvals(body: kopf.Body, userinfo: kopf.UserInfo, **kwargs: Any) -> None:
         operation, old = str(kwargs.get("operation")), kwargs.get("old")  # limits: as above
-        new, user, keyring = dict(body), admission.identity_of(dict(userinfo)), manager.config.keyring
+        new, user, keyring = dict(body), request_stamps.identity_of(dict(userinfo)), manager.config.keyring
         try:
             reason = await _checked(operation, new, old, user, keyring)
         except ValidationError as err:  # what the schema let through and the model does not
@@ -163,7 +163,7 @@ def register(registry: kopf.OperatorRegistry, manager: Manager) -> None:
     async def stamp_failover(
         body: kopf.Body, userinfo: kopf.UserInfo, patch: kopf.Patch, **kwargs: Any
     ) -> None:
-        user = admission.identity_of(dict(userinfo))
+        user = request_stamps.identity_of(dict(userinfo))
         stamped = failover_admission.failover_stamps(
             str(kwargs.get("operation")), dict(body), user, datetime.now(UTC), manager.config.keyring
         )
@@ -172,7 +172,7 @@ def register(registry: kopf.OperatorRegistry, manager: Manager) -> None:
 
     async def check_failover(body: kopf.Body, userinfo: kopf.UserInfo, **kwargs: Any) -> None:
         operation, old = str(kwargs.get("operation")), kwargs.get("old")
-        user, keyring = admission.identity_of(dict(userinfo)), manager.config.keyring
+        user, keyring = request_stamps.identity_of(dict(userinfo)), manager.config.keyring
         try:
             reason = await failover_admission.check_failover(
                 manager.kube, operation, dict(body), dict(old) if old is not None else None, user, keyring

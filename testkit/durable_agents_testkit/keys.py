@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from durable_agents.api.v1alpha1 import Identity
+from durable_agents.core.request_stamps import stamps
 from durable_agents.core.retention import FINALIZER
 from durable_agents.core.sealed_values import DATA_KEY_ANNOTATION, open_data_key, unseal_value
 from durable_agents.core.sealing import Keyring, generate_key
 from durable_agents.core.sealing_admission import sealing_changes
-from durable_agents.shell.admission.authority import stamps
 from durable_agents.shell.keys.keyring import load_keyring
 
 ACTIVE_KEY_ID = "test-key-1"

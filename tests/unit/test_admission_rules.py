@@ -16,8 +16,8 @@ from durable_agents.core.authority import (
     retry_unproven,
     service_account_unproven,
 )
+from durable_agents.core.request_stamps import rewritten, run_id_of, stamps, verbs_needed
 from durable_agents.core.sealing import Keyring
-from durable_agents.shell.admission.authority import rewritten, run_id_of, stamps, verbs_needed
 
 pytestmark = pytest.mark.unit
 

@@ -20,6 +20,7 @@ from durable_agents.api.v1alpha1 import (
     Identity,
 )
 from durable_agents.core.controls import (
+    control_stamps,
     control_unproven,
     escalated_condition,
     pending,
@@ -28,7 +29,7 @@ from durable_agents.core.controls import (
 from durable_agents.core.key_use import keys_in_use
 from durable_agents.core.sealing import Keyring
 from durable_agents.kubectl.list import human_duration, refusal, selected, table
-from durable_agents.shell.admission.controls import check_controls, control_stamps
+from durable_agents.shell.admission.controls import check_controls
 from durable_agents.shell.runs.controls import answer_of
 
 KEYS = Keyring(keys={"k1": bytes(range(32))}, active_key_id="k1")

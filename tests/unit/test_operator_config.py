@@ -12,7 +12,7 @@ from durable_agents_controllers.config import VARIABLES, ConfigError, OperatorCo
 
 pytestmark = pytest.mark.unit
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+DOCS_PAGE = Path(__file__).resolve().parents[2] / "docs" / "operate" / "configuration.md"
 
 
 @pytest.fixture
@@ -117,8 +117,10 @@ def test_the_operator_does_not_start_without_its_keys(tmp_path: Path) -> None:
 
 def test_the_readme_table_documents_every_variable_as_the_code_reads_it() -> None:
     rows = re.findall(
-        r"^\| `(DURABLE_AGENTS_[A-Z_]+)` \| (.*?) \| (.*?) \| (.*?) \|$", README.read_text(), re.M
+        r"^\| `(DURABLE_AGENTS_[A-Z_]+)` \| (.*?) \| (.*?) \| (.*?) \|$", DOCS_PAGE.read_text(), re.M
     )
     documented = {name: (default, meaning, reader) for name, default, meaning, reader in rows}
     expected = {v.name: (v.default, v.meaning, v.reader.value) for v in VARIABLES}
-    assert documented == expected, "README's configuration table differs from config.VARIABLES"
+    assert documented == expected, (
+        "docs/operate/configuration.md's configuration table differs from config.VARIABLES"
+    )

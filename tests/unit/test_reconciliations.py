@@ -25,11 +25,12 @@ from durable_agents.core.reconciliations import (
     record_of,
     record_refusal,
 )
+from durable_agents.core.request_stamps import rewritten, stamps
 from durable_agents.core.sealing import Keyring
 from durable_agents.kubectl import main as kubectl_plugin
 from durable_agents.kubectl import reconcile as kubectl_reconcile
 from durable_agents.shell.admission import reconciliations as reconcile_admission
-from durable_agents.shell.admission.authority import check_create, check_update, rewritten, stamps
+from durable_agents.shell.admission.authority import check_create, check_update
 from durable_agents.shell.effects import Applied, NotApplied, Unknown
 from durable_agents.shell.ground.store import Gone
 from durable_agents.shell.ledger.reconciling import PersonAnswers, system_said

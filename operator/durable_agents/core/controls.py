@@ -10,8 +10,11 @@ status records the token last acted on, so each is acted on once. Pure: no I/O.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, Literal
+
+from pydantic import ValidationError
 
 from durable_agents.api.v1alpha1 import (
     AgentRunSpec,
@@ -106,3 +109,52 @@ def escalated_condition(request: EscalationRequest, now: datetime, generation: i
 
 def is_escalated(status: AgentRunStatus) -> bool:
     return any(c.type == ESCALATED and c.status is ConditionStatus.TRUE for c in status.conditions)
+
+
+MODELS: dict[ControlField, type[ReconcileNowRequest] | type[EscalationRequest]] = {
+    "reconcileNow": ReconcileNowRequest,
+    "escalation": EscalationRequest,
+}
+
+
+def spec_value(obj: Mapping[str, Any] | None, field: str) -> Any:
+    spec = (obj or {}).get("spec")
+    return spec.get(field) if isinstance(spec, Mapping) else None
+
+
+def token_of(value: Any) -> Any:
+    return value.get("token") if isinstance(value, Mapping) else None
+
+
+def control_run_id(old: Mapping[str, Any] | None) -> str:
+    status = (old or {}).get("status")
+    run_id = status.get("runId") if isinstance(status, Mapping) else None
+    return str(run_id or ((old or {}).get("metadata") or {}).get("uid") or "")
+
+
+def new_request(
+    new: Mapping[str, Any], old: Mapping[str, Any] | None, field: str
+) -> Mapping[str, Any] | None:
+    """``spec.<field>`` when it is a new request (a token the old object did not have)."""
+    value = spec_value(new, field)
+    if not isinstance(value, Mapping) or not isinstance(value.get("token"), str):
+        return None
+    return value if value.get("token") != token_of(spec_value(old, field)) else None
+
+
+def control_stamps(
+    new: Mapping[str, Any], old: Mapping[str, Any] | None, user: Identity, at: str, keyring: Keyring
+) -> dict[str, Any]:
+    """The merge into ``spec`` that stamps each new control request (empty when there is none)."""
+    out: dict[str, Any] = {}
+    for field, model in MODELS.items():
+        value = new_request(new, old, field)
+        if value is None:
+            continue
+        asked = {**value, "requestedBy": {**user.wire(), "uid": user.uid}, "requestedAt": at}
+        try:
+            request = model.model_validate(asked)
+        except ValidationError:
+            continue  # the schema refuses it after this webhook
+        out[field] = {**asked, "stamp": stamp_control(keyring, control_run_id(old), field, request)}
+    return out

@@ -263,3 +263,25 @@ def reconciliation_to_refuse(
         if problem is not None:
             return key, problem
     return None
+
+
+def reconciliation_entries(obj: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    spec = (obj or {}).get("spec")
+    value = spec.get(FIELD) if isinstance(spec, Mapping) else None
+    return value if isinstance(value, Mapping) else {}
+
+
+def added_reconciliations(new: Mapping[str, Any], old: Mapping[str, Any] | None) -> list[str]:
+    before = reconciliation_entries(old)
+    return sorted(str(key) for key in reconciliation_entries(new) if key not in before)
+
+
+def reconciliation_stamps(
+    new: Mapping[str, Any], old: Mapping[str, Any] | None, user: Identity, at: str, keyring: Keyring
+) -> dict[str, Any]:
+    """The merge into ``spec`` that stamps each new entry (empty when there is none)."""
+    keys = added_reconciliations(new, old)
+    if not keys:
+        return {}
+    stamped = stamped_entries(keys, reconciliation_entries(new), user, at, run_id_of(old), keyring)
+    return {FIELD: stamped} if stamped else {}

@@ -1,4 +1,5 @@
-"""Machinery of the chaos suite (``e2e/test_chaos.py``): the recovery table of design/proofs.md.
+"""Machinery of the chaos suite (``e2e/test_chaos.py``): every recovery scenario
+(crash points, zombies, stale backups, upgrades) with many runs.
 
 Each scenario runs many AgentRuns against operators in separate processes, hurts them (SIGKILL by
 the commit hooks or from the test, SIGSTOP, ambiguous answers of the reference system, restarts of

@@ -76,8 +76,8 @@ SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc"
 
 # What kube-apiserver encrypts before it reaches etcd (EncryptionConfiguration): the runs, the
-# ledger and Secrets. aescbc with a local key, as a cluster without a KMS would; the README shows
-# the KMS v2 configuration a production cluster uses instead.
+# ledger and Secrets. aescbc with a local key, as a cluster without a KMS would; docs/security/data-at-rest.md
+# shows the KMS v2 configuration a production cluster uses instead.
 ENCRYPTED_RESOURCES = ("agentruns.durable-agents.io", "actionrecords.durable-agents.io", "secrets")
 ENCRYPTION_KEY_NAME = "local-1"
 

@@ -66,8 +66,8 @@ VOLATILE_SYSCTLS: tuple[str, ...] = (
 # Per-device sysctl directories: a device and its settings go together, compared as links.
 _PER_DEVICE = re.compile(r"^net/ipv[46]/(conf|neigh)/(?!all/|default/)[^/]+/")
 
-# The fixed host paths of design/node-cluster.md (pitfall 7), and the defaults of every other
-# path the node's components would use if not told otherwise.
+# The host paths the node's components use whatever they are told (the kubelet's and containerd's
+# fixed directories), and the defaults of every other path they would use if not told otherwise.
 FIXED_PATHS: tuple[str, ...] = (
     "/var/lib/kubelet",
     "/var/lib/cni",

@@ -1,7 +1,7 @@
 """The optional node of the local control plane: a kubelet on which Pods really run.
 
-This module owns the node test bed (``make cluster-up NODE=1``, ``make test-node``), built as
-``shared/design/node-cluster.md`` describes: every component is a host process, the Kubernetes
+This module owns the node test bed (``make cluster-up NODE=1``, ``make test-node``), built so that
+every component is a host process, the Kubernetes
 ones built by ``WITH_NODE=1 hack/build.sh`` from the same pinned module as the control plane,
 containerd, runc and the CNI plugins from Debian (installed when missing), and the two images
 (the Pod sandbox and the probe) made here from the static ``probe`` binary, with no registry.

@@ -174,7 +174,10 @@ def test_a_status_without_a_checkpoint_never_runs_as_an_unproven_service_account
 
 
 def test_a_run_an_earlier_operator_accepted_goes_on_without_a_stamp() -> None:
-    """Runs created before stamps: their checkpoint says an operator accepted them (see README)."""
+    """Runs created before stamps: their checkpoint says an operator accepted them.
+
+    See "Runs created before stamps" in docs/security/authority.md.
+    """
     legacy = walk(new_run(steps=[ask("confirm"), READ, DONE]), RunState.WAITING_INPUT, settings=KEYED)
     del legacy["spec"]["createdBy"]  # as runs created before createdBy was stamped
     legacy = patch_spec(legacy, answers={"confirm": "yes"})

@@ -25,12 +25,12 @@ from typing import Any
 from durable_agents.api.v1alpha1 import AgentPolicySpec, ApproverRule, Identity, Reconciliation
 from durable_agents.core.outcome_stamps import believed_status
 from durable_agents.core.reconciliations import (
-    FIELD,
+    added_reconciliations,
+    reconciliation_entries,
     reconciliation_unproven,
     record_of,
     record_refusal,
     run_id_of,
-    stamped_entries,
     verifies,
 )
 from durable_agents.core.sealing import Keyring
@@ -40,28 +40,6 @@ from durable_agents.shell.ledger.actions import ActionStore
 
 # admission.refused_verb: (kube, user, verb, resource, namespace, name) -> why not, or None.
 RefusedVerb = Callable[[Kube, Identity, str, str, str, str], Awaitable[str | None]]
-
-
-def _entries(obj: Mapping[str, Any] | None) -> Mapping[str, Any]:
-    spec = (obj or {}).get("spec")
-    value = spec.get(FIELD) if isinstance(spec, Mapping) else None
-    return value if isinstance(value, Mapping) else {}
-
-
-def added(new: Mapping[str, Any], old: Mapping[str, Any] | None) -> list[str]:
-    before = _entries(old)
-    return sorted(str(key) for key in _entries(new) if key not in before)
-
-
-def reconciliation_stamps(
-    new: Mapping[str, Any], old: Mapping[str, Any] | None, user: Identity, at: str, keyring: Keyring
-) -> dict[str, Any]:
-    """The merge into ``spec`` that stamps each new entry (empty when there is none)."""
-    keys = added(new, old)
-    if not keys:
-        return {}
-    stamped = stamped_entries(keys, _entries(new), user, at, run_id_of(old), keyring)
-    return {FIELD: stamped} if stamped else {}
 
 
 async def check_reconciliations(
@@ -74,11 +52,11 @@ async def check_reconciliations(
     refused_verb: RefusedVerb,
 ) -> str | None:
     """Why the new entries of ``spec.reconciliations`` must be refused, or None."""
-    keys = added(new, old)
+    keys = added_reconciliations(new, old)
     if not keys:
         return None
     run_id = run_id_of(old)
-    entries = {key: Reconciliation.model_validate(_entries(new)[key]) for key in keys}
+    entries = {key: Reconciliation.model_validate(reconciliation_entries(new)[key]) for key in keys}
     for key, entry in entries.items():
         if entry.reconciler is None or entry.reconciler.username != user.username:
             return "the reconciler identity must be the requesting user's (it is stamped by the webhook)"
@@ -91,7 +69,11 @@ async def check_reconciliations(
     refused = await refused_verb(kube, user, rule.verb, rule.resource, namespace, name)
     if refused is not None:
         return f"{refused} (spec.reconciliations[{keys[0]!r}])"
-    store, taken, verified = ActionStore(kube, keyring), dict(_entries(old)), verifies(keyring, run_id)
+    store, taken, verified = (
+        ActionStore(kube, keyring),
+        dict(reconciliation_entries(old)),
+        verifies(keyring, run_id),
+    )
     for key, entry in entries.items():
         try:
             record: dict[str, Any] | None = await store.get(namespace, record_of(key))
@@ -102,5 +84,7 @@ async def check_reconciliations(
         problem = record_refusal(key, entry, record, name, taken, verified)
         if problem is not None:
             return problem
-        taken[key] = _entries(new)[key]  # two answers for one attempt in one patch: the second is refused
+        taken[key] = reconciliation_entries(new)[
+            key
+        ]  # two answers for one attempt in one patch: the second is refused
     return None

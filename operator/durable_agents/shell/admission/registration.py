@@ -20,6 +20,76 @@ from durable_agents.shell.admission.authority import (
     VALIDATE_PATH,
 )
 from durable_agents.shell.ground.kube import Kube
+from durable_agents.shell.keys.keyguard import KEYGUARD_PATH, KEYRING_LABEL
+
+Target = tuple[str | None, tuple[str, str, int] | None, bytes]
+"""How the API server reaches the webhook: a URL, or a Service (namespace, name, port); the CA."""
+
+
+def _rule(
+    resource: str, operations: list[str], scope: str, group: str = GROUP, version: str = VERSION
+) -> dict[str, Any]:
+    return {
+        "apiGroups": [group],
+        "apiVersions": [version],
+        "resources": [resource],
+        "operations": operations,
+        "scope": scope,
+    }
+
+
+def _client_config(target: Target, path: str) -> dict[str, Any]:
+    url, service, ca_pem = target
+    if url is not None:
+        where: dict[str, Any] = {"url": f"{url.rstrip('/')}/{path}"}
+    elif service is not None:
+        where = {
+            "service": {"namespace": service[0], "name": service[1], "port": service[2], "path": f"/{path}"}
+        }
+    else:
+        where = {}
+    return {**where, "caBundle": base64.b64encode(ca_pem).decode()}
+
+
+def _hook(target: Target, path: str, suffix: str, namespace: str | None) -> dict[str, Any]:
+    """One AgentRun webhook: failurePolicy Fail, scoped by namespace when the operator watches one."""
+    return {
+        "name": f"{suffix}.agentruns.{GROUP}",
+        "clientConfig": _client_config(target, path),
+        "rules": [_rule("agentruns", ["CREATE", "UPDATE"], "Namespaced")],
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}} if namespace else {},
+        "failurePolicy": "Fail",
+        "sideEffects": "None",
+        "admissionReviewVersions": ["v1"],
+        "timeoutSeconds": 10,
+        "matchPolicy": "Equivalent",
+    }
+
+
+def _failover_hook(target: Target, path: str, suffix: str, namespace: str | None) -> dict[str, Any]:
+    # A cluster-scoped object is never skipped by a namespaceSelector: the webhook of an
+    # operator that watches one namespace would, once that operator is gone, refuse every
+    # failover in the cluster. So only a cluster-wide operator fails closed; for the others a
+    # failover admitted while no webhook answers carries no stamp, and is refused by the
+    # operator that would act on it.
+    return {
+        **_hook(target, path, suffix, namespace),
+        "name": f"{suffix}.{FAILOVER_PLURAL}.{GROUP}",
+        "rules": [_rule(FAILOVER_PLURAL, ["CREATE", "UPDATE"], "Cluster")],
+        "namespaceSelector": {},
+        "failurePolicy": "Ignore" if namespace else "Fail",
+    }
+
+
+def _keyring_hook(target: Target, namespace: str | None) -> dict[str, Any]:
+    """Keyring Secrets (labelled): a key still in use is never removed
+    (:mod:`durable_agents.shell.keys.keyguard`)."""
+    return {
+        **_hook(target, KEYGUARD_PATH, "keyring", namespace),
+        "name": f"keyring.secrets.{GROUP}",
+        "rules": [_rule("secrets", ["UPDATE", "DELETE"], "Namespaced", group="", version="v1")],
+        "objectSelector": {"matchLabels": {KEYRING_LABEL: "true"}},
+    }
 
 
 def webhook_configurations(
@@ -34,96 +104,25 @@ def webhook_configurations(
     in a cluster, the ``service`` (namespace, name, port) in front of the operator's Pods."""
     if (url is None) == (service is None):
         raise ValueError("a webhook is reached by a URL or by a Service: exactly one")
-    selector = {"matchLabels": {"kubernetes.io/metadata.name": namespace}} if namespace else {}
-    rules = [
-        {
-            "apiGroups": [GROUP],
-            "apiVersions": [VERSION],
-            "resources": ["agentruns"],
-            "operations": ["CREATE", "UPDATE"],
-            "scope": "Namespaced",
-        }
-    ]
-
-    def hook(path: str, suffix: str) -> dict[str, Any]:
-        return {
-            "name": f"{suffix}.agentruns.{GROUP}",
-            "clientConfig": {
-                **(
-                    {"url": f"{url.rstrip('/')}/{path}"}
-                    if url is not None
-                    else {
-                        "service": {
-                            "namespace": service[0],
-                            "name": service[1],
-                            "port": service[2],
-                            "path": f"/{path}",
-                        }
-                    }
-                    if service is not None
-                    else {}
-                ),
-                "caBundle": base64.b64encode(ca_pem).decode(),
-            },
-            "rules": rules,
-            "namespaceSelector": selector,
-            "failurePolicy": "Fail",
-            "sideEffects": "None",
-            "admissionReviewVersions": ["v1"],
-            "timeoutSeconds": 10,
-            "matchPolicy": "Equivalent",
-        }
-
-    def failover(path: str, suffix: str) -> dict[str, Any]:
-        # A cluster-scoped object is never skipped by a namespaceSelector: the webhook of an
-        # operator that watches one namespace would, once that operator is gone, refuse every
-        # failover in the cluster. So only a cluster-wide operator fails closed; for the others a
-        # failover admitted while no webhook answers carries no stamp, and is refused by the
-        # operator that would act on it.
-        return {
-            **hook(path, suffix),
-            "name": f"{suffix}.{FAILOVER_PLURAL}.{GROUP}",
-            "rules": [
-                {
-                    "apiGroups": [GROUP],
-                    "apiVersions": [VERSION],
-                    "resources": [FAILOVER_PLURAL],
-                    "operations": ["CREATE", "UPDATE"],
-                    "scope": "Cluster",
-                }
-            ],
-            "namespaceSelector": {},
-            "failurePolicy": "Ignore" if namespace else "Fail",
-        }
-
+    target: Target = (url, service, ca_pem)
     mutating = {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "MutatingWebhookConfiguration",
         "metadata": {"name": name},
-        "webhooks": [hook(MUTATE_PATH, "stamp"), failover(MUTATE_FAILOVER_PATH, "stamp")],
-    }
-    # Keyring Secrets (labelled): a key still in use is never removed (durable_agents.shell.keys.keyguard).
-    from durable_agents.shell.keys.keyguard import KEYGUARD_PATH, KEYRING_LABEL
-
-    keyring = {
-        **hook(KEYGUARD_PATH, "keyring"),
-        "name": f"keyring.secrets.{GROUP}",
-        "rules": [
-            {
-                "apiGroups": [""],
-                "apiVersions": ["v1"],
-                "resources": ["secrets"],
-                "operations": ["UPDATE", "DELETE"],
-                "scope": "Namespaced",
-            }
+        "webhooks": [
+            _hook(target, MUTATE_PATH, "stamp", namespace),
+            _failover_hook(target, MUTATE_FAILOVER_PATH, "stamp", namespace),
         ],
-        "objectSelector": {"matchLabels": {KEYRING_LABEL: "true"}},
     }
     validating = {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingWebhookConfiguration",
         "metadata": {"name": name},
-        "webhooks": [hook(VALIDATE_PATH, "approve"), keyring, failover(VALIDATE_FAILOVER_PATH, "failover")],
+        "webhooks": [
+            _hook(target, VALIDATE_PATH, "approve", namespace),
+            _keyring_hook(target, namespace),
+            _failover_hook(target, VALIDATE_FAILOVER_PATH, "failover", namespace),
+        ],
     }
     return mutating, validating
 

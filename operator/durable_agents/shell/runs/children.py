@@ -34,9 +34,9 @@ from durable_agents.core.engine.children import (
     stamp_child,
 )
 from durable_agents.core.engine.loading import forged_object
+from durable_agents.core.request_stamps import stamps
 from durable_agents.core.sealed_values import DATA_KEY_ANNOTATION, open_data_key, wrap_data_key
 from durable_agents.core.sealing import Keyring, UndecryptableError
-from durable_agents.shell.admission.authority import stamps
 from durable_agents.shell.ground import metrics
 from durable_agents.shell.ground.faults import FaultPoints, process_faults
 from durable_agents.shell.ground.kube import Kube, service_account_user

@@ -4,11 +4,12 @@ For one run, one unit of work is:
 
 1. decide from the latest known record whether there is work at all (a parked run has none: it
    gets a wake-up at its expiry and costs nothing else);
-2. go on only if the run's shard is held by this process (:mod:`durable_agents.shell.ownership`):
-   the shard's epoch is the fencing token of every commit; a run whose shard was taken over from
-   another holder is first stamped with the new epoch (a fencing write), so a zombie's commit
-   prepared against the old resourceVersion is refused. A run an earlier release's worker holds
-   by a per-run Lease waits until that Lease is gone;
+2. check that this process holds the shard Lease covering the run
+   (:mod:`durable_agents.shell.ownership.rights`), or do nothing; the first time a run is touched
+   under a hold taken over from another holder, its checkpoint is stamped with the new epoch (a
+   fencing write), so a zombie's commit prepared against the old resourceVersion is refused. A
+   live per-run Lease of an earlier release is respected; a foreign object under its name leaves
+   the run where it is, with a ``LeaseConflict`` condition and Event, until it is gone;
 3. do bounded work: ask the engine for the next status, performing what a step needs observed
    (:mod:`durable_agents.shell.runs.observing`) and the model's turns;
 4. commit it in ONE status write with the read resourceVersion as precondition
@@ -187,7 +188,7 @@ class RunWorker:
     # --- intake ---------------------------------------------------------------------------
 
     def observe(self, event_type: str | None, body: dict[str, Any]) -> None:
-        """A watch event for an AgentRun (from kopf)."""
+        """A watch event for an AgentRun (from the reflector's list-and-watch)."""
         meta = body.get("metadata") or {}
         key = (meta.get("namespace", ""), meta.get("name", ""))
         if event_type == "DELETED":
