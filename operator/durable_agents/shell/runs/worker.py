@@ -42,6 +42,7 @@ from durable_agents import __version__
 from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents.api.v1alpha1.states import RunState
 from durable_agents.core.engine import (
+    NOTHING_OBSERVED,
     Commit,
     Idle,
     NeedModelTurn,
@@ -52,7 +53,6 @@ from durable_agents.core.engine import (
     fence,
 )
 from durable_agents.core.engine.fencing import checkpoint_epoch, recorded_epoch
-from durable_agents.core.engine.snapshot import NOTHING_OBSERVED
 from durable_agents.core.planner import Planner
 from durable_agents.core.regions import DEFAULT_REGION
 from durable_agents.core.sealing import Keyring
