@@ -20,6 +20,8 @@ from durable_agents.api.v1alpha1.controls import *
 from durable_agents.api.v1alpha1.identity import *
 from durable_agents.api.v1alpha1.meta import *
 from durable_agents.api.v1alpha1.regionfailover import *
+from durable_agents.api.v1alpha1.requests import *
 from durable_agents.api.v1alpha1.runrecord import *
 from durable_agents.api.v1alpha1.runstatus import *
 from durable_agents.api.v1alpha1.states import *
+from durable_agents.api.v1alpha1.steps import *

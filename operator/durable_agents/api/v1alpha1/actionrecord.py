@@ -22,6 +22,9 @@ from durable_agents.api.v1alpha1.meta import (
 
 
 class ActionState(StrEnum):
+    """Where an action is in the ledger: intent, dispatching, succeeded, failed, outcome_unknown or
+    canceled."""
+
     INTENT = "intent"
     DISPATCHING = "dispatching"
     SUCCEEDED = "succeeded"
@@ -37,7 +40,9 @@ class FirstClaim(ApiModel):
     authoritative system is asked before anything else (as for an expired claim)."""
 
     holder: str = Field(max_length=253)
+    """The operator process that sends it first."""
     expires_at: datetime
+    """Until when nobody else sends it."""
 
 
 # An intent under a first claim is never claimed: its holder sends it without a claim write, and
@@ -63,19 +68,29 @@ class ActionRecordSpec(ApiModel):
     )
 
     idempotency_key: str = Field(max_length=253)
+    """<run ID>/<step index>/<step name>[/attempt-N]: sent with the effect, so the authoritative
+    system can deduplicate and be asked by it; the record's name is derived from it."""
     run_ref: RunReference
+    """The AgentRun the action serves."""
     service_account_name: str = Field(default="default", max_length=253, description="Who the effect acts as")
     step_index: int = Field(ge=0)
+    """The index of the run's step (or tool call) the action serves."""
     effect: str = Field(max_length=128)
+    """The effect plugin (or tool) that performs it."""
     tier: ActionTier
+    """The action's tier, fixed when the intent was made."""
     target: dict[str, Any] | None = Field(
         default=None, json_schema_extra={"x-kubernetes-preserve-unknown-fields": True}
     )
+    """Where the effect lands, in the plugin's terms."""
     arguments: dict[str, Any] | None = Field(
         default=None, json_schema_extra={"x-kubernetes-preserve-unknown-fields": True}
     )
+    """What the effect is sent, in the plugin's terms (sealed values stay sealed here)."""
     approval_request_id: str | None = Field(default=None, max_length=128)
+    """The approval request that allowed it, for an action that needed approval."""
     compensates: str | None = Field(default=None, max_length=253)
+    """The ActionRecord this action compensates."""
     first_claim: FirstClaim | None = Field(
         default=None, description="Who sends it first without a claim write, and until when (see FirstClaim)"
     )
@@ -97,26 +112,43 @@ class ResolvedReference(ApiModel):
 
     path: str = Field(max_length=253, description="Where in the arguments, e.g. headers.token")
     secret: str = Field(max_length=253)
+    """The Secret's name."""
     key: str = Field(max_length=253)
+    """The key in the Secret."""
     resource_version: str | None = Field(default=None, max_length=64)
+    """The Secret's resourceVersion that was read."""
     digest: str | None = Field(default=None, max_length=128)
+    """A digest of the value keyed by the run's data key (never the value)."""
 
 
 class ActionRecordStatus(ApiModel):
+    """The dispatch record: written by the operator's dispatchers only, stamped (status.stamp)."""
+
     state: ActionState = ActionState.INTENT
+    """Where the action is: intent, dispatching, succeeded, failed, outcome_unknown or canceled."""
     attempts: int = Field(default=0, ge=0)
+    """Sends so far."""
     queries: int = Field(default=0, ge=0, description="Times the authoritative system was asked")
     claimed_by: str | None = Field(default=None, max_length=253)
+    """The operator process that took the last attempt (claimed it, or sent it under a first claim)."""
     claim_expires_at: datetime | None = None
+    """Until when a dispatching claim holds; after it the outcome is unknown and is asked for."""
     first_dispatched_at: datetime | None = None
+    """When it was first sent."""
     last_attempt_at: datetime | None = None
+    """When it was last sent."""
     outcome_unknown_since: datetime | None = None
+    """When its outcome became unknown (the authoritative system is asked by key)."""
     finished_at: datetime | None = None
+    """When it settled (succeeded, failed or canceled)."""
     outcome: dict[str, Any] | None = Field(
         default=None, json_schema_extra={"x-kubernetes-preserve-unknown-fields": True}
     )
+    """What the effect reported when it settled, in the plugin's terms."""
     reason: str | None = Field(default=None, max_length=128)
+    """Why it is in its state, as a CamelCase word (for example PolicyChanged, RunCanceled)."""
     message: str | None = Field(default=None, max_length=4096)
+    """Why, for people."""
     resolved_references: list[ResolvedReference] = Field(
         default_factory=list,
         max_length=32,
@@ -125,6 +157,7 @@ class ActionRecordStatus(ApiModel):
     conditions: list[Condition] = Field(
         default_factory=list, max_length=16, json_schema_extra=CONDITIONS_SCHEMA_EXTRA
     )
+    """Conditions for kubectl wait and people."""
     stamp: str | None = Field(
         default=None,
         max_length=256,
@@ -136,6 +169,8 @@ class ActionRecordStatus(ApiModel):
 
 
 class ActionRecord(ApiModel):
+    """One entry of the action ledger: an effect's intent (spec) and its dispatch (status)."""
+
     api_version: Literal["durable-agents.io/v1alpha1"] = API_VERSION  # type: ignore[assignment]
     kind: Literal["ActionRecord"] = "ActionRecord"
     metadata: dict[str, Any] = Field(default_factory=dict)

@@ -26,6 +26,8 @@ TOOL_KINDS = ("read", "effect", "askHuman", "awaitEvent")
 
 
 class PlannerKind(StrEnum):
+    """What proposes a run's steps: its script (scripted) or a model (model)."""
+
     SCRIPTED = "scripted"
     MODEL = "model"
 
@@ -34,7 +36,9 @@ class KeyReference(ApiModel):
     """One key of a Secret or ConfigMap in the run's namespace."""
 
     name: str = Field(max_length=253, pattern=NAME_PATTERN)
+    """The Secret's or ConfigMap's name."""
     key: str = Field(max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")
+    """The key in its data."""
 
 
 class ModelEndpoint(ApiModel):
@@ -51,26 +55,33 @@ class ModelEndpoint(ApiModel):
     timeout: str = Field(
         default="60s", max_length=32, pattern=DURATION_PATTERN, json_schema_extra=bounded_duration("timeout")
     )
+    """How long one model call may take."""
 
 
 class ReadTool(ApiModel):
     """Get an object of this kind in the run's namespace, as its ServiceAccount; the model names it."""
 
     api_version: str = Field(max_length=253)
+    """The API version of the kind the tool reads (for example v1)."""
     kind: str = Field(max_length=63)
+    """The kind the tool reads (for example ConfigMap)."""
 
 
 class EffectTool(ApiModel):
     """An effect at a fixed target: the model supplies only arguments, checked against parameters."""
 
     effect: str = Field(max_length=128, pattern=r"^[a-z0-9]([-a-z0-9._]*[a-z0-9])?$")
+    """The effect plugin that performs the call (http.post, kubernetes.apply or an installed one)."""
     target: dict[str, Any] = Field(
         default_factory=dict, json_schema_extra={"x-kubernetes-preserve-unknown-fields": True}
     )
+    """Where the effect lands, in the plugin's terms: fixed here, never chosen by the model."""
     parameters: dict[str, Any] = Field(
         default_factory=lambda: {"type": "object"},
         json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
     )
+    """The JSON Schema of the arguments the model supplies (shown to the model, checked on each
+    call)."""
 
 
 class WaitTool(ApiModel):
@@ -79,6 +90,7 @@ class WaitTool(ApiModel):
     expires_in: str | None = Field(
         default=None, max_length=32, pattern=DURATION_PATTERN, json_schema_extra=bounded_duration("expiresIn")
     )
+    """How long to wait (at most 8760h) before the run expires; unset: the policy's waitExpiries."""
 
 
 class AgentTool(ApiModel):
@@ -96,11 +108,17 @@ class AgentTool(ApiModel):
     )
 
     name: str = Field(pattern=TOOL_NAME_PATTERN, max_length=64)
+    """The function name the model calls it by."""
     description: str = Field(default="", max_length=1024)
+    """What the tool does, told to the model."""
     read: ReadTool | None = None
+    """Read an object of one kind in the run's namespace, named by the model."""
     effect: EffectTool | None = None
+    """Perform an effect at a fixed target with the model's arguments (through the action ledger)."""
     ask_human: WaitTool | None = None
+    """Ask a person the model's question and wait for the answer (waiting_input)."""
     await_event: WaitTool | None = None
+    """Wait for the external event the model names (waiting_external)."""
 
 
 class McpServer(ApiModel):
@@ -108,7 +126,9 @@ class McpServer(ApiModel):
     its annotations give a tool's tier only when the policy trusts it (spec.mcp.trustedServers)."""
 
     name: str = Field(max_length=32, pattern=NAME_PATTERN)
+    """The server's name in this run: its tools are named mcp:<name>/<tool> in the policy's tiers."""
     url: str = Field(max_length=2048, pattern=r"^https?://[^\s]+$")
+    """The server's endpoint (streamable HTTP)."""
     tools: list[Annotated[str, Field(max_length=64)]] = Field(
         default_factory=list,
         max_length=64,
@@ -117,6 +137,7 @@ class McpServer(ApiModel):
     timeout: str = Field(
         default="30s", max_length=32, pattern=DURATION_PATTERN, json_schema_extra=bounded_duration("timeout")
     )
+    """How long one request to the server (listing tools, a call) may take."""
     query_tools: dict[str, Annotated[str, Field(max_length=64)]] = Field(
         default_factory=dict,
         max_length=64,
@@ -144,12 +165,21 @@ class AgentConfig(ApiModel):
     )
 
     planner: PlannerKind = PlannerKind.SCRIPTED
+    """scripted: the run's spec.steps; model: a model proposes each step (needs endpoint, model
+    and systemPrompt)."""
     model: str | None = Field(default=None, min_length=1, max_length=253)
+    """The model's name at the endpoint; recorded, and checked on resume against the policy's
+    runtime.models."""
     prompt: str | None = Field(default=None, min_length=1, max_length=253)
+    """An ID of the prompt's version; recorded, and checked on resume against runtime.prompts."""
     tool_set: str | None = Field(default=None, min_length=1, max_length=253)
+    """An ID of the tool set's version; recorded, and checked on resume against runtime.toolSets."""
     endpoint: ModelEndpoint | None = None
+    """The model's chat-completions endpoint (model planner)."""
     system_prompt: KeyReference | None = Field(
         default=None, description="The system prompt: a key of a ConfigMap in the run's namespace."
     )
     tools: list[AgentTool] = Field(default_factory=list, max_length=32)
+    """The tools the model may call, declared here."""
     mcp_servers: list[McpServer] = Field(default_factory=list, max_length=8)
+    """MCP servers whose tools the model may call."""

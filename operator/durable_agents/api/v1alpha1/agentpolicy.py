@@ -28,34 +28,54 @@ class ChangeResponse(StrEnum):
 
 
 class ExpiryAction(StrEnum):
+    """What an expired approval request does to the run."""
+
     EXPIRE = "expire"
     REAPPROVE = "reapprove"
 
 
 class Decision(StrEnum):
+    """A decision on an approval request."""
+
     APPROVE = "approve"
     REJECT = "reject"
 
 
 class WaitExpiries(ApiModel):
+    """How long a run waits when its step names no expiry of its own."""
+
     input: str = Field(default="24h", max_length=32, pattern=DURATION_PATTERN)
+    """For an answer (an ask step or askHuman tool without expiresIn); then the run expires."""
     approval: str = Field(default="72h", max_length=32, pattern=DURATION_PATTERN)
+    """Not read by this release: an approval request expires after approvalExpiry."""
     external: str = Field(default="24h", max_length=32, pattern=DURATION_PATTERN)
+    """For an event (an await step or awaitEvent tool without expiresIn); then the run expires."""
     retry: str = Field(default="1h", max_length=32, pattern=DURATION_PATTERN)
+    """Not read by this release: a retry waits as retry.initialBackoff and retry.maxBackoff say."""
 
 
 class ApproverRule(ApiModel):
     """Who may approve: a Kubernetes RBAC question (SubjectAccessReview on this verb/resource)."""
 
     verb: str = Field(default="approve", max_length=63)
+    """The RBAC verb an approver needs (also to reconcile an unknown outcome)."""
     resource: str = Field(default="agentruns", max_length=63)
+    """The resource of group durable-agents.io the verb is asked on, for the run's name."""
     four_eyes: bool = Field(default=False, description="The run's creator may not approve it.")
 
 
 class FreshnessRules(ApiModel):
+    """What an approval is worth when what it was given under has changed."""
+
     evidence_changed: ChangeResponse = ChangeResponse.REAPPROVE
+    """A Kubernetes evidence reference changed before acting: reapprove (ask again under a new
+    request ID), refresh (record the fresh evidence and go on) or immaterial (ignore)."""
     policy_changed: ChangeResponse = ChangeResponse.REAPPROVE
+    """The policy changed version since the approval: reapprove or refresh (ask again under the
+    new version) or immaterial (the approval still binds)."""
     approval_expired: ExpiryAction = ExpiryAction.EXPIRE
+    """An approval request expired undecided: expire (the run ends expired) or reapprove (ask
+    again)."""
 
 
 class RetryPolicy(ApiModel):
@@ -65,12 +85,18 @@ class RetryPolicy(ApiModel):
     """
 
     max_attempts: int = Field(default=1, ge=1, le=100)
+    """Attempts of a step, the first included (1: no retry); when all failed, the run fails."""
     initial_backoff: str = Field(default="1s", max_length=32, pattern=DURATION_PATTERN)
+    """The wait before the first retry; it doubles with each attempt."""
     max_backoff: str = Field(default="5m", max_length=32, pattern=DURATION_PATTERN)
+    """The longest wait between attempts."""
     jitter: float = Field(default=0.2, ge=0, le=1)
+    """Up to this fraction of a wait is taken off it, deterministically per run and attempt."""
 
 
 class UnavailableResponse(StrEnum):
+    """What a run does when its recorded runtime configuration is no longer allowed."""
+
     FAIL = "fail"
     CONTINUE = "continue"
 
@@ -83,9 +109,13 @@ class RuntimeAvailability(ApiModel):
     """
 
     models: list[Annotated[str, Field(max_length=253)]] = Field(default_factory=list, max_length=64)
+    """The spec.agent.model values a run may resume with (empty: any)."""
     prompts: list[Annotated[str, Field(max_length=253)]] = Field(default_factory=list, max_length=64)
+    """The spec.agent.prompt values a run may resume with (empty: any)."""
     tool_sets: list[Annotated[str, Field(max_length=253)]] = Field(default_factory=list, max_length=64)
+    """The spec.agent.toolSet values a run may resume with (empty: any)."""
     on_unavailable: UnavailableResponse = UnavailableResponse.FAIL
+    """A run whose recorded configuration is not listed: fail, or continue."""
 
 
 RETENTION_MAX = "8760h"  # one year: the longest a finished run may be kept before it is deleted
@@ -178,6 +208,8 @@ class AgentPolicySpec(ApiModel):
     """GitOps-owned: the operator reads it and records ``version`` in every run it governs."""
 
     version: str = Field(max_length=63)
+    """The policy's version, set by its owner: recorded in every run it governs and in approval
+    digests; a new version makes pending approvals answer to freshness.policyChanged."""
     tiers: dict[str, ActionTier] = Field(
         default_factory=dict,
         description="Tier of each effect or tool, by name.",
@@ -188,20 +220,30 @@ class AgentPolicySpec(ApiModel):
         max_length=3,
         json_schema_extra={"x-kubernetes-list-type": "set"},
     )
+    """The tiers whose actions wait for a person's approval before they are sent."""
     approvers: ApproverRule = Field(default_factory=ApproverRule)
+    """Who may approve: a SubjectAccessReview the admission webhook asks for each decision."""
     approval_expiry: str = Field(default="24h", max_length=32, pattern=DURATION_PATTERN)
+    """How long an approval request stays open (then freshness.approvalExpired applies)."""
     allowed_decisions: list[Decision] = Field(
         default_factory=lambda: [Decision.APPROVE, Decision.REJECT],
         min_length=1,
         max_length=2,
         json_schema_extra={"x-kubernetes-list-type": "set"},
     )
+    """The decisions an approver may give (approve, reject)."""
     freshness: FreshnessRules = Field(default_factory=FreshnessRules)
+    """What a change of evidence or policy, or an expiry, means for an approval."""
     wait_expiries: WaitExpiries = Field(default_factory=WaitExpiries)
+    """Default expiries of waits whose step names none."""
     retry: RetryPolicy = Field(default_factory=RetryPolicy)
+    """Retry of a failed attempt (a failed read, an effect that definitely failed)."""
     deadline: str | None = Field(default=None, max_length=32, pattern=DURATION_PATTERN)
+    """Not read by this release: a run's deadline is its own spec.deadline."""
     retention: Retention = Field(default_factory=lambda: Retention())
+    """How long a finished run is kept, and whether an AgentRunRecord outlives it."""
     runtime: RuntimeAvailability = Field(default_factory=lambda: RuntimeAvailability())
+    """The runtime configurations a run may resume with, checked in resume_validation."""
     propose_compensations: bool = Field(
         default=False, description="On cancellation, list the steps that would compensate unreversed effects."
     )
@@ -225,6 +267,9 @@ class AgentPolicySpec(ApiModel):
 
 
 class AgentPolicy(ApiModel):
+    """The rules that govern the runs naming it in spec.policyRef: tiers, approvals, expiries,
+    retries, retention and runtime configuration, versioned."""
+
     api_version: Literal["durable-agents.io/v1alpha1"] = API_VERSION  # type: ignore[assignment]
     kind: Literal["AgentPolicy"] = "AgentPolicy"
     metadata: dict[str, Any] = Field(default_factory=dict)

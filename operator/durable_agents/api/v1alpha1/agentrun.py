@@ -14,214 +14,37 @@ from durable_agents.api.v1alpha1.controls import (
     ReconcileNowRequest,
     ReconcileNowStatus,
 )
-from durable_agents.api.v1alpha1.identity import Identity as Identity  # here before its own module
-from durable_agents.api.v1alpha1.identity import stamp_field as _stamp
 from durable_agents.api.v1alpha1.meta import (
     API_VERSION,
     CONDITIONS_SCHEMA_EXTRA,
-    DURATION_PATTERN,
     NAME_PATTERN,
-    REQUEST_ID_PATTERN,
-    SEALED_STRING_MAX,
     Answer,
     ApiModel,
     Condition,
     LocalReference,
-    ObjectReference,
     RunReference,
     append_only,
-    bounded_duration,
     cel,
     immutable,
+)
+from durable_agents.api.v1alpha1.requests import (
+    ApprovalDecision,
+    CancelRequest,
+    ControlRequest,
+    Creator,
+    Reconciliation,
 )
 from durable_agents.api.v1alpha1.runstatus import (
     REFUSED_LIMIT,
     ApprovalRequest,
     CancellationStatus,
-    CancelScope,
     OwningRegion,
     RefusedRequest,
 )
 from durable_agents.api.v1alpha1.states import RunState
+from durable_agents.api.v1alpha1.steps import Step
 
 # --- AgentRun ------------------------------------------------------------------------------
-
-
-class ReadStep(ApiModel):
-    """Read a Kubernetes object as the run's ServiceAccount; record it as an evidence reference."""
-
-    object: ObjectReference
-
-
-class AskStep(ApiModel):
-    """Enter waiting_input with a question; answered via ``spec.answers[requestId]``."""
-
-    question: str = Field(min_length=1, max_length=SEALED_STRING_MAX, description="Sealed at admission.")
-    expires_in: str | None = Field(
-        default=None, max_length=32, pattern=DURATION_PATTERN, json_schema_extra=bounded_duration("expiresIn")
-    )
-
-
-class AwaitStep(ApiModel):
-    """Enter waiting_external until ``spec.events[event]`` is set."""
-
-    event: str = Field(max_length=63, pattern=REQUEST_ID_PATTERN)
-    expires_in: str | None = Field(
-        default=None, max_length=32, pattern=DURATION_PATTERN, json_schema_extra=bounded_duration("expiresIn")
-    )
-
-
-class CompleteStep(ApiModel):
-    """Finish the run with a result."""
-
-    result: str = Field(default="", max_length=4096)
-
-
-class EffectStep(ApiModel):
-    """Perform a side effect through the action ledger (intent, dispatch, reconcile).
-
-    ``effect`` names an effect plugin (built in: ``http.post``, ``kubernetes.apply``); ``target``
-    and ``arguments`` are the plugin's. ``compensates`` names an earlier effect step whose action
-    this one compensates: compensation is a new action, never a rollback by assumption.
-    """
-
-    effect: str = Field(max_length=128, pattern=r"^[a-z0-9]([-a-z0-9._]*[a-z0-9])?$")
-    target: dict[str, Any] = Field(
-        default_factory=dict, json_schema_extra={"x-kubernetes-preserve-unknown-fields": True}
-    )
-    arguments: dict[str, Any] = Field(
-        default_factory=dict, json_schema_extra={"x-kubernetes-preserve-unknown-fields": True}
-    )
-    compensates: str | None = Field(default=None, max_length=63, pattern=NAME_PATTERN)
-
-
-LEAF_STEP_KINDS = ("read", "ask", "await", "effect", "complete")
-STEP_KINDS = (*LEAF_STEP_KINDS, "child")
-
-
-def _exactly_one(kinds: tuple[str, ...]) -> ConfigDict:
-    return ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                cel(
-                    " + ".join(f"(has(self.{k}) ? 1 : 0)" for k in kinds) + " == 1",
-                    "exactly one of " + ", ".join(kinds) + " must be set in a step",
-                )
-            ]
-        }
-    )
-
-
-class LeafStep(ApiModel):
-    """A step of a child run: any step kind except ``child`` (CRD schemas cannot recurse)."""
-
-    model_config = _exactly_one(LEAF_STEP_KINDS)
-
-    name: str = Field(max_length=63, pattern=NAME_PATTERN)
-    read: ReadStep | None = None
-    ask: AskStep | None = None
-    await_: AwaitStep | None = Field(default=None, alias="await")
-    effect: EffectStep | None = None
-    complete: CompleteStep | None = None
-
-
-class ChildStep(ApiModel):
-    """Start a child AgentRun and wait (in waiting_external) for its terminal outcome.
-
-    The child is named ``<parent>-<step>``, owned by the parent (garbage-collected with it), carries
-    ``spec.parentRef`` and inherits the parent's ServiceAccount and policy. It is created AS the
-    parent's ServiceAccount, so a run may only start children if that account may create AgentRuns.
-    """
-
-    task_type: str = Field(max_length=63, pattern=NAME_PATTERN)
-    objective: str = Field(max_length=4096)
-    steps: list[LeafStep] = Field(default_factory=list, max_length=16)
-    expires_in: str | None = Field(
-        default=None, max_length=32, pattern=DURATION_PATTERN, json_schema_extra=bounded_duration("expiresIn")
-    )
-
-
-class Step(LeafStep):
-    """One scripted step: exactly one of the step kinds is set."""
-
-    model_config = _exactly_one(STEP_KINDS)
-
-    child: ChildStep | None = None
-
-
-class Creator(Identity):
-    """The run's creator, stamped by the admission webhook at creation. ``stamp`` is the operator's
-    proof that this creator was allowed to ``use`` the run's ServiceAccount (the run acts as it),
-    for this namespace, name and ServiceAccount, made at ``stampedAt``: the operator acts on it
-    only if that is this object's ``metadata.creationTimestamp`` (within a few seconds), so a
-    ``createdBy`` copied into a run re-created under the same name proves nothing."""
-
-    stamped_at: datetime | None = Field(
-        default=None,
-        description="When the admission webhook stamped the run (set by the webhook, with the stamp).",
-    )
-    stamp: str | None = _stamp()
-
-
-class ApprovalDecision(ApiModel):
-    """An approver's decision on one approval request, keyed by its request ID in ``spec.approvals``.
-
-    ``digest`` must equal the request's digest (it binds the decision to the exact action).
-    ``approver``, ``decidedAt`` and ``stamp`` are overwritten by the admission webhook from the
-    request's authenticated user; whatever a client writes there is discarded. The operator acts
-    only on a decision whose stamp verifies.
-    """
-
-    digest: str = Field(max_length=71, pattern=r"^sha256:[0-9a-f]{64}$")
-    decision: Literal["approve", "reject"]
-    reason: str | None = Field(default=None, max_length=1024)
-    approver: Identity | None = None
-    decided_at: datetime | None = None
-    stamp: str | None = _stamp()
-
-
-class CancelRequest(ApiModel):
-    """A user's request to cancel, keyed by a request ID in ``spec.cancellations``.
-
-    ``requestedBy``, ``requestedAt`` and ``stamp`` are stamped by the admission webhook; the
-    operator acts only on a request whose stamp verifies.
-    """
-
-    scope: CancelScope = CancelScope.TASK
-    reason: str = Field(default="", max_length=1024)
-    requested_by: Identity | None = None
-    requested_at: datetime | None = None
-    stamp: str | None = _stamp()
-
-
-class Reconciliation(ApiModel):
-    """A person's answer for an action whose outcome is unknown (its authoritative system cannot be
-    asked by key, say an MCP tool), keyed in ``spec.reconciliations`` by the ActionRecord's name
-    (``NAME.ATTEMPT`` for a later attempt of a record already reconciled once).
-
-    ``attempt`` is the record's ``status.attempts`` the person looked at: the answer speaks of that
-    send only (after a "not applied" the action is sent again, and that send needs its own answer).
-    ``applied``: it happened (the record succeeds, nothing is sent again) or it did not (it is sent
-    again with the same idempotency key). ``reconciler``, ``reconciledAt`` and ``stamp`` are
-    overwritten by the admission webhook, which lets only who holds the policy's approver verb
-    reconcile; the operator acts only on an answer whose stamp verifies.
-    """
-
-    applied: bool
-    attempt: int = Field(ge=0, le=1_000_000)
-    reason: str = Field(default="", max_length=1024)
-    reconciler: Identity | None = None
-    reconciled_at: datetime | None = None
-    stamp: str | None = _stamp()
-
-
-class ControlRequest(ApiModel):
-    """Who asked for a control that is a single field (``spec.retryQuarantine``), when, and the
-    operator's stamp over it: all three set by the admission webhook, never by a client."""
-
-    requested_by: Identity | None = None
-    requested_at: datetime | None = None
-    stamp: str | None = _stamp()
 
 
 IMMUTABLE_ONCE_SET = ("tenant", "owner", "policyRef", "deadline", "agent", "steps", "createdBy", "parentRef")
@@ -276,9 +99,14 @@ class AgentRunSpec(ApiModel):
     )
 
     task_type: str = Field(max_length=63, pattern=NAME_PATTERN, json_schema_extra=immutable("taskType"))
+    """The kind of task, for people: shown in the Task column, kept in the AgentRunRecord.
+    Immutable."""
     objective: str = Field(max_length=4096, json_schema_extra=immutable("objective"))
+    """What the run is to achieve, in words; the model planner gets it as the task. Immutable."""
     owner: str | None = Field(default=None, max_length=253, json_schema_extra=immutable("owner"))
+    """Who answers for the run, for people. Immutable once set."""
     tenant: str | None = Field(default=None, max_length=63, json_schema_extra=immutable("tenant"))
+    """The tenant the run belongs to, for people; given on to child runs. Immutable once set."""
     region: str | None = Field(
         default=None,
         max_length=63,
@@ -303,9 +131,17 @@ class AgentRunSpec(ApiModel):
         pattern=NAME_PATTERN,
         json_schema_extra=immutable("serviceAccountName"),
     )
+    """The ServiceAccount the run acts as (reads, effects, child runs). Its creator must be allowed
+    verb use on it (checked and stamped by the admission webhook). Immutable."""
     policy_ref: LocalReference | None = Field(default=None, json_schema_extra=immutable("policyRef"))
+    """The AgentPolicy in the run's namespace that governs it; the run waits until it exists.
+    Unset: the operator's defaults, no approvals. Immutable once set."""
     agent: AgentConfig | None = Field(default=None, json_schema_extra=immutable("agent"))
+    """Which planner drives the run and, for the model planner, its model and tools. Unset: the
+    scripted planner runs spec.steps. Immutable once set."""
     deadline: datetime | None = Field(default=None, json_schema_extra=immutable("deadline"))
+    """When the run expires if not finished (state expired); child runs inherit it. Immutable once
+    set."""
     steps: list[Step] = Field(
         default_factory=list,
         max_length=64,
@@ -317,6 +153,8 @@ class AgentRunSpec(ApiModel):
             ]
         },
     )
+    """The scripted planner's steps, run in order (at most 64; none with the model planner).
+    Immutable."""
     answers: dict[str, Answer] = Field(
         default_factory=dict,
         max_length=64,
@@ -381,22 +219,34 @@ class AgentRunSpec(ApiModel):
 
 
 class Outcome(ApiModel):
+    """How a run ended."""
+
     reason: str = Field(max_length=128)
+    """Why, as a CamelCase word (Completed, Canceled, RetriesExhausted, IntegrityFailed, ...)."""
     message: str = Field(default="", max_length=4096)
+    """Why, for people."""
     result: str | None = Field(default=None, max_length=4096)
+    """The run's result, for a completed run."""
 
 
 class HistoryEntry(ApiModel):
     """One committed transition; a bounded timeline for people (Events carry the full trail)."""
 
     state_version: int = Field(ge=0)
+    """The run's stateVersion after this transition."""
     event: str = Field(max_length=63)
+    """The state machine event (for example approval_decided, wait_expired)."""
     from_state: RunState = Field(alias="from")
+    """The state before."""
     to_state: RunState = Field(alias="to")
+    """The state after."""
     at: datetime
+    """When it was committed."""
     holder: str | None = Field(default=None, max_length=253)
+    """The operator process that committed it."""
     epoch: int | None = Field(default=None, ge=0, description="Lease transitions of the holder (fencing)")
     detail: str | None = Field(default=None, max_length=512)
+    """What happened, for people."""
 
 
 HISTORY_LIMIT = 64
@@ -406,8 +256,11 @@ class AgentRunStatus(ApiModel):
     """The operator's authoritative record. Written only by the operator, one write per transition."""
 
     state: RunState = RunState.PENDING
+    """The run's position in its state machine."""
     state_version: int = Field(default=0, ge=0)
+    """Committed transitions so far: one more with each commit."""
     state_since: datetime | None = None
+    """When the run entered its current state."""
     run_id: str | None = Field(
         default=None,
         max_length=128,
@@ -429,11 +282,16 @@ class AgentRunStatus(ApiModel):
         json_schema_extra={"x-kubernetes-validations": [cel("self == oldSelf", "traceId never changes")]},
     )
     waiting_for: str | None = Field(default=None, max_length=253)
+    """What a waiting run needs: input:<key>, approval:<request ID>, event:<key>, retry:<time>,
+    action:<ActionRecord> or child:<run>."""
     observed_generation: int | None = Field(default=None, ge=0)
+    """The metadata.generation of the spec the last commit saw."""
     outcome: Outcome | None = None
+    """How the run ended: set with its terminal state (and on quarantine)."""
     conditions: list[Condition] = Field(
         default_factory=list, max_length=16, json_schema_extra=CONDITIONS_SCHEMA_EXTRA
     )
+    """Conditions for kubectl wait and people (for example RequestRefused, Escalated)."""
     history: list[HistoryEntry] = Field(
         default_factory=list,
         max_length=HISTORY_LIMIT,
@@ -456,7 +314,9 @@ class AgentRunStatus(ApiModel):
         ),
     )
     approval_request: ApprovalRequest | None = None
+    """The pending approval request, while the run is in waiting_approval."""
     cancellation: CancellationStatus | None = None
+    """The cancellation being handled, and what a finished task cancellation left behind."""
     retry_at: datetime | None = Field(default=None, description="When a run in waiting_retry tries again.")
     quarantine_retried: str | None = Field(
         default=None, max_length=63, description="The spec.retryQuarantine token last acted on."
@@ -481,12 +341,21 @@ class AgentRunStatus(ApiModel):
         json_schema_extra={
             "x-kubernetes-preserve-unknown-fields": True,
             "required": ["schemaVersion"],
-            "properties": {"schemaVersion": {"type": "integer", "minimum": 1}},
+            "properties": {
+                "schemaVersion": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "description": "The checkpoint's schema version: a newer one than the operator "
+                    "knows quarantines the run, the checkpoint left as stored.",
+                }
+            },
         },
     )
 
 
 class AgentRun(ApiModel):
+    """A durable agent run: what a user asked for (spec) and the operator's record (status)."""
+
     api_version: Literal["durable-agents.io/v1alpha1"] = API_VERSION  # type: ignore[assignment]
     kind: Literal["AgentRun"] = "AgentRun"
     metadata: dict[str, Any] = Field(default_factory=dict)

@@ -57,7 +57,10 @@ def immutable(field: str) -> dict[str, Any]:
 class ApiModel(BaseModel):
     """camelCase on the wire, snake_case in Python; unknown fields from newer servers ignored."""
 
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+    # A field's docstring is its description in the CRD (``kubectl explain``) and the reference.
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="ignore", use_attribute_docstrings=True
+    )
 
     def wire(self) -> dict[str, Any]:
         """The JSON-ready dict as the API server stores it."""
@@ -77,11 +80,17 @@ class Condition(ApiModel):
     """metav1.Condition, so that ``kubectl wait --for=condition=...`` works."""
 
     type: str = Field(max_length=316, pattern=r"^([a-zA-Z0-9]([-a-zA-Z0-9.]*[a-zA-Z0-9])?/)?[A-Za-z]+$")
+    """The condition's type, in CamelCase (for example RequestRefused)."""
     status: ConditionStatus
+    """True, False or Unknown."""
     reason: str = Field(max_length=1024, pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
+    """Why the condition last changed: a CamelCase word, for machines."""
     message: str = Field(default="", max_length=32768)
+    """Why the condition last changed, for people."""
     last_transition_time: datetime
+    """When the status last changed."""
     observed_generation: int | None = Field(default=None, ge=0)
+    """The object's metadata.generation the condition was set from."""
 
 
 CONDITIONS_SCHEMA_EXTRA: dict[str, Any] = {
@@ -94,21 +103,34 @@ class ObjectReference(ApiModel):
     """A Kubernetes object a step reads or targets. Namespace defaults to the run's."""
 
     api_version: str = Field(max_length=253)
+    """The object's API version (for example apps/v1, or v1 for the core group)."""
     kind: str = Field(max_length=63)
+    """The object's kind (for example ConfigMap)."""
     name: str = Field(max_length=253)
+    """The object's name."""
     namespace: str | None = Field(default=None, max_length=63)
+    """The object's namespace; unset: the run's namespace."""
 
 
 class RunReference(ApiModel):
+    """An AgentRun in the same namespace, by name and UID."""
+
     name: str = Field(max_length=253)
+    """The AgentRun's name."""
     uid: str = Field(max_length=64)
+    """The AgentRun's metadata.uid (a run re-created under the same name is another run)."""
 
 
 class LocalReference(ApiModel):
+    """An object of the expected kind in the same namespace, by name."""
+
     name: str = Field(max_length=253, pattern=NAME_PATTERN)
+    """The object's name."""
 
 
 class ActionTier(StrEnum):
+    """How consequential an action is: read-only, reversible or consequential."""
+
     READ_ONLY = "read-only"
     REVERSIBLE = "reversible"
     CONSEQUENTIAL = "consequential"

@@ -17,7 +17,7 @@ from typing import Annotated, Any, Final, Literal
 
 from pydantic import ConfigDict, Field
 
-from durable_agents.api.v1alpha1.agentrun import Identity
+from durable_agents.api.v1alpha1.identity import Identity
 from durable_agents.api.v1alpha1.meta import API_VERSION, NAME_PATTERN, ApiModel, cel
 
 # --- RegionFailover ----------------------------------------------------------------------------
@@ -76,6 +76,8 @@ class RegionFailoverSpec(ApiModel):
 
 
 class FailoverPhase(StrEnum):
+    """Where a RegionFailover is: Pending, Verifying, Completed or Refused."""
+
     PENDING = "Pending"  # not yet taken up by the operator serving ``to``
     VERIFYING = "Verifying"  # checking each run's checkpoint and ledger before adopting it
     COMPLETED = "Completed"  # every run was adopted or is listed as not adopted, with why
@@ -92,38 +94,54 @@ class AdoptedRun(ApiModel):
     """A run the target region took on, and the region epoch it took it on under."""
 
     namespace: _Namespace
+    """The run's namespace."""
     name: _Name
+    """The run's name."""
     epoch: int = Field(ge=0)
+    """The target region's epoch at the adoption."""
 
 
 class NotAdoptedRun(ApiModel):
     """A run left where it was, and why (for a person to decide)."""
 
     namespace: _Namespace
+    """The run's namespace."""
     name: _Name
+    """The run's name."""
     reason: str = Field(max_length=256)
+    """Why it was not adopted."""
 
 
 class UnknownOutcome(ApiModel):
     """An action of an adopted run whose outcome is unknown: to reconcile, never to send again blindly."""
 
     namespace: _Namespace
+    """The run's namespace."""
     run: _Name
+    """The run's name."""
     action: _Name = Field(description="The ActionRecord's name.")
     since: datetime | None = None
+    """Since when its outcome is unknown."""
 
 
 class RegionFailoverStatus(ApiModel):
     """What the operator did: written by the operator only (the status subresource)."""
 
     phase: FailoverPhase = FailoverPhase.PENDING
+    """Pending, Verifying, Completed or Refused."""
     message: str = Field(default="", max_length=4096)
+    """What was adopted, left or refused, for people."""
     started_at: datetime | None = None
+    """When the operator serving `to` began verifying the runs."""
     finished_at: datetime | None = None
+    """When it completed (a refused request has none)."""
     epoch: int | None = Field(default=None, ge=0, description="The region epoch the runs were adopted under.")
     adopted: list[AdoptedRun] = Field(default_factory=list, max_length=FAILOVER_LIST_LIMIT)
+    """The runs adopted into region `to`."""
     not_adopted: list[NotAdoptedRun] = Field(default_factory=list, max_length=FAILOVER_LIST_LIMIT)
+    """The runs left where they were, with why."""
     unknown_outcomes: list[UnknownOutcome] = Field(default_factory=list, max_length=FAILOVER_LIST_LIMIT)
+    """Actions of adopted runs whose outcome is unknown: to reconcile."""
     truncated: int = Field(
         default=0, ge=0, description="Entries beyond the lists' limits: counted, not listed."
     )
@@ -151,6 +169,8 @@ class RegionFailoverStatus(ApiModel):
 
 
 class RegionFailover(ApiModel):
+    """A person's authorised request to move one region's runs to another, and what was moved."""
+
     api_version: Literal["durable-agents.io/v1alpha1"] = API_VERSION  # type: ignore[assignment]
     kind: Literal["RegionFailover"] = "RegionFailover"
     metadata: dict[str, Any] = Field(default_factory=dict)
