@@ -12,6 +12,7 @@ set-up from e2e/test_agent.py).
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -42,7 +43,7 @@ MODEL_SAYS = "model says (written by the model, not authority):"
 
 def reveal_as(kubeconfig: Path, namespace: str, name: str) -> dict[str, Any]:
     """The revealed document, as ``status --reveal`` gets it (a dry-run patch with a new key)."""
-    private, public = new_reader_key()
+    private, public = new_reader_key(entropy=os.urandom)
     answer = user_api(kubeconfig).patch_namespaced_custom_object(
         GROUP,
         VERSION,

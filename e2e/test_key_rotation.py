@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import threading
 import time
 from collections import Counter
@@ -50,7 +51,7 @@ def asking() -> dict[str, Any]:
 @pytest.fixture
 def keys(tmp_path: Path) -> dict[str, Path]:
     """Key directories as the mounted Secret would be at each stage: {A}, {A, B}, {B}."""
-    material = {A: generate_key(), B: generate_key()}
+    material = {A: generate_key(entropy=os.urandom), B: generate_key(entropy=os.urandom)}
     dirs = {"a": [A], "ab": [A, B], "b": [B]}
     out = {}
     for name, ids in dirs.items():

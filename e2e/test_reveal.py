@@ -198,7 +198,7 @@ def test_an_approver_sees_what_they_approve_and_nobody_else_does(
         assert MEMO not in refused.stdout + refused.stderr
 
     # A reveal request that is not a dry run is refused, whoever sends it.
-    _, public = new_reader_key()
+    _, public = new_reader_key(entropy=os.urandom)
     request = {"metadata": {"annotations": {REVEAL_ANNOTATION: public}}}
     approver = user_api(kubeconfigs["approver"])
     with pytest.raises(client.ApiException) as err:
@@ -206,7 +206,7 @@ def test_an_approver_sees_what_they_approve_and_nobody_else_does(
     assert err.value.status == 400, err.value.body
     assert "kubectl agentrun status NAME --reveal" in str(err.value.body)
     # What the API server answers (and an audit log of the response records) is ciphertext.
-    private, public = new_reader_key()
+    private, public = new_reader_key(entropy=os.urandom)
     request = {"metadata": {"annotations": {REVEAL_ANNOTATION: public}}}
     answer = approver.patch_namespaced_custom_object(
         GROUP, VERSION, ns, "agentruns", "invoice", request, dry_run="All"

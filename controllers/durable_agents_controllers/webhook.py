@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import sys
 from datetime import UTC, datetime
 from typing import Any
@@ -115,7 +116,9 @@ def register(registry: kopf.OperatorRegistry, manager: Manager) -> None:
         if operation == "CREATE" and not (body.get("spec") or {}).get("region"):
             patch.spec["region"] = await home_region(manager, dict(body), operator_loop[0])
         try:  # then seal what people wrote (the data-key annotation: sealing_admission)
-            sealed = sealing_changes(operation, dict(body), dict(old) if old is not None else None, keyring)
+            sealed = sealing_changes(
+                operation, dict(body), dict(old) if old is not None else None, keyring, entropy=os.urandom
+            )
         except SealingRefused as err:
             raise kopf.AdmissionError(str(err), code=422) from err
         except ValueError as err:  # a value sealing cannot bind (say, a key with a NUL in it)

@@ -39,7 +39,7 @@ def session_keys_dir() -> Path:
 @cache
 def _session_keys_dir() -> Path:
     directory = Path(tempfile.mkdtemp(prefix=f"durable-agents-keys-{os.getpid()}-"))
-    (directory / ACTIVE_KEY_ID).write_bytes(generate_key())
+    (directory / ACTIVE_KEY_ID).write_bytes(generate_key(entropy=os.urandom))
     return directory
 
 
@@ -71,7 +71,7 @@ def admitted(
 
 def sealed(operation: str, body: dict[str, Any], old: dict[str, Any] | None) -> dict[str, Any]:
     """``body`` with its sensitive values sealed and its data key, as the webhook seals them."""
-    changes = sealing_changes(operation, body, old, session_keyring())
+    changes = sealing_changes(operation, body, old, session_keyring(), entropy=os.urandom)
     meta = body.get("metadata") or {}
     annotations = {**(meta.get("annotations") or {}), **changes.annotations}
     finalizers = list(meta.get("finalizers") or [])

@@ -34,6 +34,7 @@ from durable_agents.core.engine import (
     Decision,
     Idle,
     NeedRead,
+    Observations,
     ReadResult,
     RunSnapshot,
     Settings,
@@ -327,7 +328,9 @@ def step(
 ) -> Decision:
     """One call of decide, checking on the way that the record it was given is left untouched."""
     before = copy.deepcopy(obj)
-    decision = decide(snap(obj), now=now, epoch=epoch, planner=PLANNER, settings=settings, read=read)
+    decision = decide(
+        snap(obj), now=now, epoch=epoch, planner=PLANNER, settings=settings, observed=Observations(read=read)
+    )
     assert obj == before, "decide must not mutate the record it reads"
     return decision
 
@@ -373,9 +376,7 @@ def decide_on(
         epoch=EPOCH,
         planner=PLANNER,
         settings=settings,
-        read=read,
-        actions=actions,
-        children=children,
+        observed=Observations(read=read, actions=actions, children=children),
     )
     assert obj == before, "decide must not mutate the record it reads"
     return decision

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from datetime import UTC, datetime
 from typing import Any
 
@@ -112,10 +113,11 @@ def _facts(turns: list[Turn]) -> AgentFacts:
             reason=reason,
             step_index=index,
             usage=TokenUsage(input_tokens=100 * (index + 1), output_tokens=7),
+            entropy=os.urandom,
         )
         facts = with_turn(facts, turn)
         if outcome is not None:
-            facts = settle_last(facts, KEY, outcome=outcome, result=result)
+            facts = settle_last(facts, KEY, outcome=outcome, result=result, entropy=os.urandom)
     return facts
 
 
@@ -248,6 +250,7 @@ def test_a_refused_call_shows_why_and_replays_no_invalid_json() -> None:
         reason=None,
         step_index=0,
         refusal="the arguments are not valid JSON",
+        entropy=os.urandom,
     )
     facts = with_turn(facts, turn)
     _, _, call, result = json.loads(_request(facts))["messages"]
@@ -273,8 +276,11 @@ def test_further_calls_of_a_reply_are_replayed_each_answered_not_executed() -> N
         reason="look first",
         step_index=0,
         dropped_tools=("notify", "notify"),
+        entropy=os.urandom,
     )
-    facts = settle_last(with_turn(facts, turn), KEY, outcome="succeeded", result={"data": {}})
+    facts = settle_last(
+        with_turn(facts, turn), KEY, outcome="succeeded", result={"data": {}}, entropy=os.urandom
+    )
     messages = json.loads(_request(facts))["messages"]
     _, _, call, result, *told = messages
     ids = [c["id"] for c in call["tool_calls"]]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from datetime import timedelta
 
 import pytest
@@ -195,7 +196,7 @@ def test_a_read_becomes_a_read_object_of_the_declared_kind() -> None:
     )
     assert call.step.ref.namespace is None  # the run's namespace, never one the model names
     assert call.reason == "because"
-    key, other = new_data_key(), new_data_key()
+    key, other = new_data_key(entropy=os.urandom), new_data_key(entropy=os.urandom)
     digest = call.arguments_digest(key)
     assert digest == keyed_digest(key, ARGUMENTS_DIGEST_LABEL, {"name": "settings"})
     assert digest != call.arguments_digest(other), "keyed: without the run's key it cannot be tested"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
@@ -49,11 +50,16 @@ def _add(
         step_index=index,
         usage=usage,
         refusal="invalid arguments" if bad else None,
+        entropy=os.urandom,
     )
     facts = with_turn(facts, turn)
     if not bad and outcome is not None:
         facts = settle_last(
-            facts, KEY, outcome=outcome, result=result if result is not None else {"ok": True}
+            facts,
+            KEY,
+            outcome=outcome,
+            result=result if result is not None else {"ok": True},
+            entropy=os.urandom,
         )
     return facts
 
@@ -121,7 +127,9 @@ def test_consecutive_tool_errors_and_their_reset() -> None:
 
 def test_a_refusal_by_the_policy_is_no_tool_error() -> None:
     facts = _add(_start(), None)
-    facts = settle_last(facts, KEY, outcome="refused", result={"status": "refused", "reason": "rejected"})
+    facts = settle_last(
+        facts, KEY, outcome="refused", result={"status": "refused", "reason": "rejected"}, entropy=os.urandom
+    )
     assert facts.tool_errors == 0
 
 
@@ -154,7 +162,9 @@ def test_limits_must_be_positive_and_keep_turns_within_the_type(
 
 def test_more_turns_than_a_checkpoint_holds_do_not_validate() -> None:
     facts = _start()
-    turn = new_turn(KEY, index=0, call_id="c", tool="t", arguments={}, reason=None, step_index=0)
+    turn = new_turn(
+        KEY, index=0, call_id="c", tool="t", arguments={}, reason=None, step_index=0, entropy=os.urandom
+    )
     raw = facts.model_dump(mode="json", by_alias=True)
     dumped = turn.model_dump(mode="json", by_alias=True)
     turns = [{**dumped, "index": i, "outcome": "failed"} for i in range(MAX_TURNS + 1)]

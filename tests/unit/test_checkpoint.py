@@ -6,6 +6,7 @@ import base64
 import copy
 import hashlib
 import json
+import os
 import re
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
@@ -449,7 +450,12 @@ def test_a_migrated_checkpoint_that_does_not_validate_is_invalid() -> None:
 def test_sealed_field_survives_the_round_trip_and_unseals() -> None:
     keyring = Keyring(keys={"k1": b"\x01" * 32}, active_key_id="k1")
     checkpoint = seal_field(
-        _checkpoint(), "actionArguments", b'{"amount": 125}', keyring=keyring, run_uid="u1"
+        _checkpoint(),
+        "actionArguments",
+        b'{"amount": 125}',
+        keyring=keyring,
+        run_uid="u1",
+        entropy=os.urandom,
     )
     raw = json.loads(json.dumps(dump_checkpoint(checkpoint)))
     assert b"amount" not in json.dumps(raw).encode()
@@ -461,7 +467,9 @@ def test_sealed_field_survives_the_round_trip_and_unseals() -> None:
 def test_an_undecryptable_sealed_field_quarantines() -> None:
     old = Keyring(keys={"k1": b"\x01" * 32}, active_key_id="k1")
     new = Keyring(keys={"k2": b"\x02" * 32}, active_key_id="k2")
-    checkpoint = seal_field(_checkpoint(), "question", b"secret", keyring=old, run_uid="u1")
+    checkpoint = seal_field(
+        _checkpoint(), "question", b"secret", keyring=old, run_uid="u1", entropy=os.urandom
+    )
     quarantine = verify_sealed(checkpoint, keyring=new, run_uid="u1")
     assert quarantine is not None
     assert quarantine.reason == "Undecryptable"
@@ -476,7 +484,7 @@ def test_an_undecryptable_sealed_field_quarantines() -> None:
 def test_a_sealed_field_name_must_be_acceptable() -> None:
     keyring = Keyring(keys={"k1": b"\x01" * 32}, active_key_id="k1")
     with pytest.raises(ValueError, match="sealed"):
-        seal_field(_checkpoint(), "not a name", b"x", keyring=keyring, run_uid="u1")
+        seal_field(_checkpoint(), "not a name", b"x", keyring=keyring, run_uid="u1", entropy=os.urandom)
 
 
 # --- recorded checkpoints of every version ---------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 
 import pytest
@@ -20,14 +21,14 @@ from durable_agents.core.sealed_values import new_data_key, seal_value
 
 pytestmark = pytest.mark.unit
 
-KEY = new_data_key()
+KEY = new_data_key(entropy=os.urandom)
 
 
 @pytest.mark.parametrize("field", ["answers", "events"])
 def test_only_a_value_sealed_for_its_own_key_is_proven(field: str) -> None:
     label = delivery_label(field, "confirm")  # type: ignore[arg-type]
     assert label == f"{field}/confirm"
-    proven = seal_value(KEY, "yes", label)
+    proven = seal_value(KEY, "yes", label, entropy=os.urandom)
     assert delivery_unproven(KEY, field, "confirm", proven) is None  # type: ignore[arg-type]
 
     unsealed = delivery_unproven(KEY, field, "confirm", "yes")  # type: ignore[arg-type]
@@ -36,9 +37,11 @@ def test_only_a_value_sealed_for_its_own_key_is_proven(field: str) -> None:
     assert "not sealed" in unsealed.message
 
     cases = {
-        "another key's seal": seal_value(KEY, "yes", delivery_label(field, "other")),  # type: ignore[arg-type]
-        "another field's seal": seal_value(KEY, "yes", "steps/confirm/question"),
-        "another run tree's seal": seal_value(new_data_key(), "yes", label),
+        "another key's seal": seal_value(KEY, "yes", delivery_label(field, "other"), entropy=os.urandom),  # type: ignore[arg-type]
+        "another field's seal": seal_value(KEY, "yes", "steps/confirm/question", entropy=os.urandom),
+        "another run tree's seal": seal_value(
+            new_data_key(entropy=os.urandom), "yes", label, entropy=os.urandom
+        ),
         "a tampered seal": proven[:-4] + ("AAAA" if not proven.endswith("AAAA") else "BBBB"),
         "a sealed-looking string that is not": "sealed:v1:not-base64!",
     }

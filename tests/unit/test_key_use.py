@@ -3,6 +3,7 @@ key (only if it verifies), and which key IDs a change of a keyring Secret takes 
 
 from __future__ import annotations
 
+import os
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -44,12 +45,16 @@ def stored_checkpoint(keyring: Keyring, *, sealed: bytes | None = None) -> dict[
         timestamps=Timestamps(created_at=T, updated_at=T, entered_state_at=T),
     )
     if sealed is not None:
-        cp = seal_field(cp, "token", sealed, keyring=keyring, run_uid=RUN_ID)
+        cp = seal_field(cp, "token", sealed, keyring=keyring, run_uid=RUN_ID, entropy=os.urandom)
     return dump_checkpoint(stamp_checkpoint(cp, keyring=keyring, run_id=RUN_ID))
 
 
 def run(state: str | None, checkpoint: dict[str, Any] | None, **spec: Any) -> dict[str, Any]:
-    annotations = {DATA_KEY_ANNOTATION: wrap_data_key(OLD, new_data_key(), "ns", "r1")}
+    annotations = {
+        DATA_KEY_ANNOTATION: wrap_data_key(
+            OLD, new_data_key(entropy=os.urandom), "ns", "r1", entropy=os.urandom
+        )
+    }
     status: dict[str, Any] = {"runId": RUN_ID}
     if state is not None:
         status["state"] = state
@@ -107,7 +112,7 @@ def test_child_stamps_count_and_garbage_is_no_use() -> None:
 def test_restamp_moves_the_checkpoint_to_the_active_key_without_changing_it() -> None:
     old = stored_checkpoint(OLD)
     assert needs_restamp(old, "k2")
-    new = restamp_stored(old, ROTATED, RUN_ID)
+    new = restamp_stored(old, ROTATED, RUN_ID, entropy=os.urandom)
     assert new is not None
     assert stamp_key_id(new["integrity"]) == "k2"
     assert {k: v for k, v in new.items() if k != "integrity"} == {
@@ -117,12 +122,12 @@ def test_restamp_moves_the_checkpoint_to_the_active_key_without_changing_it() ->
     assert verify_integrity(old, keyring=RETIRED, run_id=RUN_ID) is not None
     assert verify_integrity(new, keyring=RETIRED, run_id="another-run") is not None
     assert not needs_restamp(new, "k2")
-    assert restamp_stored(new, ROTATED, RUN_ID) is None  # already there: no write
+    assert restamp_stored(new, ROTATED, RUN_ID, entropy=os.urandom) is None  # already there: no write
 
 
 def test_restamp_reseals_legacy_sealed_fields_too() -> None:
     old = stored_checkpoint(OLD, sealed=b"secret")
-    new = restamp_stored(old, ROTATED, RUN_ID)
+    new = restamp_stored(old, ROTATED, RUN_ID, entropy=os.urandom)
     assert new is not None
     assert new["sealed"]["token"]["keyId"] == "k2"
     loaded = load_checkpoint(new)
@@ -133,13 +138,13 @@ def test_restamp_reseals_legacy_sealed_fields_too() -> None:
 
 def test_a_checkpoint_that_does_not_verify_is_never_restamped() -> None:
     tampered = {**stored_checkpoint(OLD), "position": {"state": "completed", "step": 9, "stateVersion": 3}}
-    assert restamp_stored(tampered, ROTATED, RUN_ID) is None
-    assert restamp_stored(stored_checkpoint(OLD), ROTATED, "another-run") is None
+    assert restamp_stored(tampered, ROTATED, RUN_ID, entropy=os.urandom) is None
+    assert restamp_stored(stored_checkpoint(OLD), ROTATED, "another-run", entropy=os.urandom) is None
     unknown_key = stored_checkpoint(Keyring(keys={"k9": K2}, active_key_id="k9"))
-    assert restamp_stored(unknown_key, ROTATED, RUN_ID) is None
+    assert restamp_stored(unknown_key, ROTATED, RUN_ID, entropy=os.urandom) is None
     legacy = {"schemaVersion": 2, "position": {"state": "ready", "step": 0, "stateVersion": 1}}
     assert not needs_restamp(legacy, "k2")  # no stamp, no key: the engine's to adopt, not this pass's
-    assert restamp_stored(legacy, ROTATED, RUN_ID) is None
+    assert restamp_stored(legacy, ROTATED, RUN_ID, entropy=os.urandom) is None
 
 
 def secret(labelled: bool = True, **data: str) -> dict[str, Any]:

@@ -5,6 +5,7 @@ fit in etcd together with the largest status the operator writes for it."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -116,9 +117,11 @@ def test_walk_stops_at_the_byte_budget() -> None:
 
 
 def test_sealed_size_is_what_sealing_makes() -> None:
-    data_key = new_data_key()
+    data_key = new_data_key(entropy=os.urandom)
     for plain in ({"n": "x" * 1000}, {"n": "y" * 65000}, "a question"):
-        sealed = seal_spec({"steps": [{"name": "s", "ask": {"question": plain}}]}, data_key)
+        sealed = seal_spec(
+            {"steps": [{"name": "s", "ask": {"question": plain}}]}, data_key, entropy=os.urandom
+        )
         stored = len(json.dumps(sealed["steps"][0]["ask"]["question"], separators=(",", ":")))
         assert stored == limits.sealed_size(len(canonical_json(plain)), isinstance(plain, str))
 
@@ -326,7 +329,7 @@ def _worst_facts(max_bytes: int) -> dict[str, Any]:
     """Agent facts as large as the model planner lets them grow: turns with the longest arguments,
     reason and result are added while the facts are within ``max_bytes`` (the limit is checked
     before each model call, so the last turn lands on facts just under it)."""
-    key = new_data_key()
+    key = new_data_key(entropy=os.urandom)
     facts = new_facts(
         model="m" * 253, prompt_digest="sha256:" + "0" * 64, tool_set_digest="sha256:" + "1" * 64
     )
@@ -342,8 +345,11 @@ def _worst_facts(max_bytes: int) -> dict[str, Any]:
             reason="r" * REASON_MAX_CHARS,
             step_index=index,
             usage=TokenUsage(input_tokens=10**9, output_tokens=10**9),
+            entropy=os.urandom,
         )
-        facts = settle_last(with_turn(facts, turn), key, outcome="succeeded", result={"r": "y" * 10**5})
+        facts = settle_last(
+            with_turn(facts, turn), key, outcome="succeeded", result={"r": "y" * 10**5}, entropy=os.urandom
+        )
     return facts.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 

@@ -5,6 +5,7 @@ exception (issue 30, item 6), never the key, never more than a bounded excerpt."
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 import pytest
@@ -74,7 +75,7 @@ def test_lone_surrogates_are_replaced_so_sealing_never_meets_them() -> None:
     assert reply.tool_calls[0].name == "read?"
     for text in (reply.content, reply.tool_calls[0].name, reply.tool_calls[0].arguments_text):
         text.encode("utf-8")  # would raise on a surrogate
-    sealed_answer(new_data_key(), reply.content)
+    sealed_answer(new_data_key(entropy=os.urandom), reply.content, entropy=os.urandom)
 
 
 def test_an_html_page_is_named_by_its_title() -> None:

@@ -3,6 +3,7 @@ that does not open is named, never fatal."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
@@ -32,8 +33,8 @@ def _spec() -> dict[str, Any]:
 
 
 def test_every_sealed_value_is_revealed() -> None:
-    key = new_data_key()
-    spec = seal_spec(_spec(), key)
+    key = new_data_key(entropy=os.urandom)
+    spec = seal_spec(_spec(), key, entropy=os.urandom)
     pay_args = spec["steps"][1]["effect"]["arguments"]
     run = {
         "spec": spec,
@@ -54,7 +55,7 @@ def test_every_sealed_value_is_revealed() -> None:
         "spec": {"effect": "http.post", "stepIndex": 1, "arguments": pay_args},
         "status": {
             "state": "succeeded",
-            "outcome": seal_value(key, {"receipt": "r-1"}, outcome_label("act-1")),
+            "outcome": seal_value(key, {"receipt": "r-1"}, outcome_label("act-1"), entropy=os.urandom),
         },
     }
     document = revealed_document(run, [record], key)
@@ -78,10 +79,12 @@ def test_every_sealed_value_is_revealed() -> None:
 
 
 def test_a_value_sealed_for_another_field_or_run_is_named_not_revealed() -> None:
-    key = new_data_key()
-    spec = seal_spec(_spec(), key)
-    moved = seal_value(key, "elsewhere", step_label("other", "question"))
-    foreign = seal_value(new_data_key(), ARGUMENTS, step_label("pay", "arguments"))
+    key = new_data_key(entropy=os.urandom)
+    spec = seal_spec(_spec(), key, entropy=os.urandom)
+    moved = seal_value(key, "elsewhere", step_label("other", "question"), entropy=os.urandom)
+    foreign = seal_value(
+        new_data_key(entropy=os.urandom), ARGUMENTS, step_label("pay", "arguments"), entropy=os.urandom
+    )
     run = {
         "spec": spec,
         "status": {
@@ -104,7 +107,7 @@ def test_without_a_data_key_plaintext_shows_and_sealed_values_are_named() -> Non
     run = {"spec": _spec(), "status": {}}
     document = revealed_document(run, [], None)
     assert document["values"]["steps/pay/arguments"] == ARGUMENTS  # a run from before sealing
-    sealed = seal_spec(_spec(), new_data_key())
+    sealed = seal_spec(_spec(), new_data_key(entropy=os.urandom), entropy=os.urandom)
     document = revealed_document({"spec": sealed}, [], None)
     assert document["values"]["answers/confirm"] is None
     assert "answers/confirm" in document["unreadable"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import os
 
 import pytest
 from pydantic import ValidationError
@@ -32,7 +33,7 @@ def _ring(*key_ids: str, active: str | None = None) -> Keyring:
 
 def test_seal_then_unseal_returns_the_plaintext() -> None:
     ring = _ring("k1")
-    sealed = seal(ring, b'{"amount": 125, "currency": "EUR"}', AAD)
+    sealed = seal(ring, b'{"amount": 125, "currency": "EUR"}', AAD, entropy=os.urandom)
     assert sealed.key_id == "k1"
     assert b"amount" not in base64.b64decode(sealed.ciphertext)
     assert unseal(ring, sealed, AAD) == b'{"amount": 125, "currency": "EUR"}'
@@ -40,13 +41,13 @@ def test_seal_then_unseal_returns_the_plaintext() -> None:
 
 def test_every_seal_uses_a_fresh_nonce() -> None:
     ring = _ring("k1")
-    first, second = seal(ring, b"same", AAD), seal(ring, b"same", AAD)
+    first, second = seal(ring, b"same", AAD, entropy=os.urandom), seal(ring, b"same", AAD, entropy=os.urandom)
     assert first.nonce != second.nonce
     assert first.ciphertext != second.ciphertext
 
 
 def test_sealed_field_dumps_camel_case_and_reloads() -> None:
-    sealed = seal(_ring("k1"), b"secret", AAD)
+    sealed = seal(_ring("k1"), b"secret", AAD, entropy=os.urandom)
     raw = sealed.model_dump(by_alias=True)
     assert set(raw) == {"keyId", "nonce", "ciphertext"}
     assert SealedField.model_validate(raw) == sealed
@@ -63,7 +64,7 @@ def test_sealed_field_dumps_camel_case_and_reloads() -> None:
 )
 def test_a_value_bound_elsewhere_does_not_unseal(aad: bytes) -> None:
     ring = _ring("k1")
-    sealed = seal(ring, b"secret", AAD)
+    sealed = seal(ring, b"secret", AAD, entropy=os.urandom)
     with pytest.raises(UndecryptableError) as caught:
         unseal(ring, sealed, aad)
     assert caught.value.key_id == "k1"
@@ -71,7 +72,7 @@ def test_a_value_bound_elsewhere_does_not_unseal(aad: bytes) -> None:
 
 def test_tampered_ciphertext_does_not_unseal() -> None:
     ring = _ring("k1")
-    sealed = seal(ring, b"secret", AAD)
+    sealed = seal(ring, b"secret", AAD, entropy=os.urandom)
     raw = bytearray(base64.b64decode(sealed.ciphertext))
     raw[0] ^= 0x01
     tampered = sealed.model_copy(update={"ciphertext": base64.b64encode(bytes(raw)).decode()})
@@ -80,7 +81,7 @@ def test_tampered_ciphertext_does_not_unseal() -> None:
 
 
 def test_a_missing_key_is_undecryptable_not_a_key_error() -> None:
-    sealed = seal(_ring("k1"), b"secret", AAD)
+    sealed = seal(_ring("k1"), b"secret", AAD, entropy=os.urandom)
     with pytest.raises(UndecryptableError, match="'k1' is not in the keyring") as caught:
         unseal(_ring("k2"), sealed, AAD)
     assert caught.value.key_id == "k1"
@@ -89,10 +90,10 @@ def test_a_missing_key_is_undecryptable_not_a_key_error() -> None:
 
 def test_rotation_new_key_seals_old_keys_still_unseal() -> None:
     old_ring = _ring("k1")
-    sealed_before = seal(old_ring, b"before rotation", AAD)
+    sealed_before = seal(old_ring, b"before rotation", AAD, entropy=os.urandom)
 
     rotated = _ring("k1", "k2", active="k2")
-    sealed_after = seal(rotated, b"after rotation", AAD)
+    sealed_after = seal(rotated, b"after rotation", AAD, entropy=os.urandom)
     assert sealed_after.key_id == "k2"
     assert unseal(rotated, sealed_before, AAD) == b"before rotation"
     assert unseal(rotated, sealed_after, AAD) == b"after rotation"
@@ -104,13 +105,13 @@ def test_rotation_new_key_seals_old_keys_still_unseal() -> None:
 
 
 def test_keyring_loads_from_base64_secret_data() -> None:
-    k1, k2 = generate_key(), generate_key()
+    k1, k2 = generate_key(entropy=os.urandom), generate_key(entropy=os.urandom)
     ring = Keyring.from_b64(
         {"2025-01": base64.b64encode(k1).decode(), "2025-02": base64.b64encode(k2).decode()},
         active_key_id="2025-02",
     )
     assert ring.keys == {"2025-01": k1, "2025-02": k2}
-    assert seal(ring, b"x", AAD).key_id == "2025-02"
+    assert seal(ring, b"x", AAD, entropy=os.urandom).key_id == "2025-02"
 
 
 @pytest.mark.parametrize(
@@ -148,7 +149,7 @@ def test_keyring_never_prints_key_material_and_is_read_only() -> None:
     ],
 )
 def test_malformed_sealed_field_is_a_validation_error(field: str, value: str) -> None:
-    valid = seal(_ring("k1"), b"secret", AAD).model_dump()
+    valid = seal(_ring("k1"), b"secret", AAD, entropy=os.urandom).model_dump()
     with pytest.raises(ValidationError):
         SealedField.model_validate({**valid, field: value})
 

@@ -27,6 +27,7 @@ from pydantic.alias_generators import to_camel
 
 from durable_agents.api.v1alpha1.meta import ActionTier
 from durable_agents.core.digest import canonical_digest, canonical_json
+from durable_agents.core.entropy import Entropy
 from durable_agents.core.sealed_values import (
     SEALED_KEY,
     TOKEN_PREFIX,
@@ -83,7 +84,7 @@ SealedValue = Annotated[str | dict[str, str], AfterValidator(_sealed)]
 
 
 class _Facts(BaseModel):
-    # The checkpoint contract's configuration (checkpoint._Contract), repeated: see the module doc.
+    # The checkpoint contract's configuration (checkpoint.record._Contract), repeated: see the module doc.
     model_config = ConfigDict(extra="forbid", populate_by_name=True, alias_generator=to_camel, frozen=True)
 
 
@@ -190,17 +191,17 @@ ANSWER_MAX_BYTES: Final = 2800
 cut to this many bytes of UTF-8 fits once sealed."""
 
 
-def sealed_text(data_key: DataKey, text: str, label: str) -> str:
+def sealed_text(data_key: DataKey, text: str, label: str, *, entropy: Entropy) -> str:
     """Model output kept in a 4096-character status field (its final answer, its question to a
     person): cut to ANSWER_MAX_BYTES, then sealed."""
-    token = seal_value(data_key, _cut_utf8(text, ANSWER_MAX_BYTES), label)
+    token = seal_value(data_key, _cut_utf8(text, ANSWER_MAX_BYTES), label, entropy=entropy)
     assert isinstance(token, str)  # a string seals to a token string
     return token
 
 
-def sealed_answer(data_key: DataKey, text: str) -> str:
+def sealed_answer(data_key: DataKey, text: str, *, entropy: Entropy) -> str:
     """The model's final answer as the run's outcome keeps it: model output, so sealed."""
-    return sealed_text(data_key, text, ANSWER_LABEL)
+    return sealed_text(data_key, text, ANSWER_LABEL, entropy=entropy)
 
 
 def turn_label(index: int, field: TurnField) -> str:
@@ -250,6 +251,7 @@ def bound_raw_arguments(text: str) -> str:
 def new_turn(
     data_key: DataKey,
     *,
+    entropy: Entropy,
     index: int,
     call_id: str,
     tool: str,
@@ -270,12 +272,12 @@ def new_turn(
     sealed_reason = None
     if reason:
         model_text = {"writtenBy": WRITTEN_BY_MODEL, "text": bound_reason(reason)}
-        sealed_reason = seal_value(data_key, model_text, turn_label(index, "reason"))
+        sealed_reason = seal_value(data_key, model_text, turn_label(index, "reason"), entropy=entropy)
     turn = ModelTurn(
         index=index,
         call_id=call_id,
         tool=tool,
-        arguments=seal_value(data_key, plain_arguments, turn_label(index, "arguments")),
+        arguments=seal_value(data_key, plain_arguments, turn_label(index, "arguments"), entropy=entropy),
         arguments_digest=keyed_digest(data_key, ARGUMENTS_DIGEST_LABEL, plain_arguments),
         reason=sealed_reason,
         outcome="pending",
@@ -287,13 +289,16 @@ def new_turn(
     )
     if refusal is None:
         return turn
-    return settle_turn(turn, data_key, outcome="refused", result={"status": "refused", "reason": refusal})
+    refused = {"status": "refused", "reason": refusal}
+    return settle_turn(turn, data_key, entropy=entropy, outcome="refused", result=refused)
 
 
-def settle_turn(turn: ModelTurn, data_key: DataKey, *, outcome: SettledOutcome, result: Any) -> ModelTurn:
+def settle_turn(
+    turn: ModelTurn, data_key: DataKey, *, entropy: Entropy, outcome: SettledOutcome, result: Any
+) -> ModelTurn:
     """``turn`` ended: its outcome and its result, sealed and bounded."""
     plain, truncated = bound_result(result)
-    sealed = seal_value(data_key, plain, turn_label(turn.index, "result"))
+    sealed = seal_value(data_key, plain, turn_label(turn.index, "result"), entropy=entropy)
     # model_validate, not model_copy: the bounds and the outcome rules are checked again.
     return ModelTurn.model_validate(
         {**turn.model_dump(), "outcome": outcome, "result": sealed, "result_truncated": truncated}
@@ -339,12 +344,14 @@ def with_turn(facts: AgentFacts, turn: ModelTurn) -> AgentFacts:
     )
 
 
-def settle_last(facts: AgentFacts, data_key: DataKey, *, outcome: SettledOutcome, result: Any) -> AgentFacts:
+def settle_last(
+    facts: AgentFacts, data_key: DataKey, *, entropy: Entropy, outcome: SettledOutcome, result: Any
+) -> AgentFacts:
     """``facts`` with the pending turn settled."""
     pending = facts.pending
     if pending is None:
         raise ValueError("no turn is pending")
-    settled = settle_turn(pending, data_key, outcome=outcome, result=result)
+    settled = settle_turn(pending, data_key, entropy=entropy, outcome=outcome, result=result)
     return AgentFacts.model_validate({**facts.model_dump(), "turns": [*facts.turns[:-1], settled]})
 
 

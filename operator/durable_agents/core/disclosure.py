@@ -17,7 +17,6 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-import os
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -29,8 +28,10 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from durable_agents.core.digest import canonical_json
+from durable_agents.core.entropy import Entropy, draw
 
 PUBLIC_KEY_BYTES: Final = 32
+PRIVATE_KEY_BYTES: Final = 32
 NONCE_BYTES: Final = 12
 _INFO: Final = b"durable-agents.io/disclosure/v1\x00"
 _AAD: Final = b"durable-agents.io/disclosure/v1/binding\x00"
@@ -78,23 +79,30 @@ def reader_public_key(public_b64: str) -> X25519PublicKey:
     return X25519PublicKey.from_public_bytes(raw)
 
 
-def new_reader_key() -> tuple[X25519PrivateKey, str]:
-    """A fresh reader key pair: the private key (kept by the reader), the public key in base64."""
-    private = X25519PrivateKey.generate()
+def _private_key(entropy: Entropy) -> X25519PrivateKey:
+    # Any 32 bytes are an X25519 private key (the scalar is clamped when used).
+    return X25519PrivateKey.from_private_bytes(draw(entropy, PRIVATE_KEY_BYTES))
+
+
+def new_reader_key(*, entropy: Entropy) -> tuple[X25519PrivateKey, str]:
+    """A fresh reader key pair, from ``entropy``: the private key (kept by the reader), the public
+    key in base64."""
+    private = _private_key(entropy)
     return private, _b64(_raw(private.public_key()))
 
 
-def seal_for_reader(public_b64: str, document: Mapping[str, Any], binding: str) -> str:
-    """``document`` encrypted so that only the holder of ``public_b64``'s private key reads it."""
+def seal_for_reader(public_b64: str, document: Mapping[str, Any], binding: str, *, entropy: Entropy) -> str:
+    """``document`` encrypted so that only the holder of ``public_b64``'s private key reads it
+    (its ephemeral key and nonce drawn from ``entropy``)."""
     reader = reader_public_key(public_b64)
-    ephemeral = X25519PrivateKey.generate()
+    ephemeral = _private_key(entropy)
     ephemeral_raw = _raw(ephemeral.public_key())
     try:
         shared = ephemeral.exchange(reader)
     except ValueError as exc:  # a low-order point: no secret to share
         raise DisclosureError("the reader's public key is not usable") from exc
     key = _key(shared, ephemeral_raw, _raw(reader))
-    nonce = os.urandom(NONCE_BYTES)
+    nonce = draw(entropy, NONCE_BYTES)
     sealed = AESGCM(key).encrypt(nonce, canonical_json(dict(document)), _aad(binding))
     return f"{_b64(ephemeral_raw)}.{_b64(nonce + sealed)}"
 

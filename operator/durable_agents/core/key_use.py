@@ -28,6 +28,7 @@ from typing import Any
 from durable_agents.api.v1alpha1.states import RunState
 from durable_agents.core.checkpoint import integrity_payload, verify_integrity
 from durable_agents.core.engine.children import CHILD_STAMP_ANNOTATION
+from durable_agents.core.entropy import Entropy
 from durable_agents.core.sealed_values import DATA_KEY_ANNOTATION, data_key_id
 from durable_agents.core.sealing import Keyring, SealedField, UndecryptableError, seal, sealing_aad, unseal
 from durable_agents.core.stamps import Purpose, stamp, stamp_key_id
@@ -100,7 +101,9 @@ def needs_restamp(stored: Mapping[str, Any], active_key_id: str) -> bool:
     return stamped_with not in (None, active_key_id) or bool(_stale_sealed(stored, active_key_id))
 
 
-def restamp_stored(stored: Mapping[str, Any], keyring: Keyring, run_id: str) -> dict[str, Any] | None:
+def restamp_stored(
+    stored: Mapping[str, Any], keyring: Keyring, run_id: str, *, entropy: Entropy
+) -> dict[str, Any] | None:
     """``stored`` (a ``status.checkpoint``) under the active key: legacy sealed fields re-sealed and
     the integrity stamp made again over the same decisive fields. None when there is nothing to do
     or when ``stored`` does not verify (a checkpoint that fails is the engine's to quarantine, never
@@ -120,7 +123,9 @@ def restamp_stored(stored: Mapping[str, Any], keyring: Keyring, run_id: str) -> 
                 plaintext = unseal(keyring, SealedField.model_validate(sealed[name]), aad)
             except (UndecryptableError, ValueError):
                 return None
-            resealed[name] = seal(keyring, plaintext, aad).model_dump(mode="json", by_alias=True)
+            resealed[name] = seal(keyring, plaintext, aad, entropy=entropy).model_dump(
+                mode="json", by_alias=True
+            )
         out["sealed"] = resealed
     out["integrity"] = stamp(keyring, Purpose.CHECKPOINT, integrity_payload(out, run_id))
     return out

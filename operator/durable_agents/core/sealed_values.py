@@ -26,7 +26,6 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -36,6 +35,7 @@ from cryptography.hazmat.primitives import hashes, hmac
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from durable_agents.core.digest import canonical_json
+from durable_agents.core.entropy import Entropy, draw
 from durable_agents.core.sealing import (
     KEY_BYTES,
     NONCE_BYTES,
@@ -81,13 +81,14 @@ def _scope(namespace: str, name: str) -> str:
     return f"{namespace}/{name}"
 
 
-def new_data_key() -> DataKey:
-    return DataKey(AESGCM.generate_key(bit_length=KEY_BYTES * 8))
+def new_data_key(*, entropy: Entropy) -> DataKey:
+    """A fresh random data key for a run tree, from ``entropy``."""
+    return DataKey(draw(entropy, KEY_BYTES))
 
 
-def wrap_data_key(keyring: Keyring, data_key: DataKey, namespace: str, name: str) -> str:
+def wrap_data_key(keyring: Keyring, data_key: DataKey, namespace: str, name: str, *, entropy: Entropy) -> str:
     """The annotation value: ``<key ID>:<base64 nonce+wrapped key>``, under the active key."""
-    nonce = os.urandom(NONCE_BYTES)
+    nonce = draw(entropy, NONCE_BYTES)
     aad = sealing_aad(_scope(namespace, name), _DATA_KEY_FIELD)
     wrapped = AESGCM(keyring.keys[keyring.active_key_id]).encrypt(nonce, data_key.key, aad)
     return f"{keyring.active_key_id}:{_b64(nonce + wrapped)}"
@@ -125,11 +126,12 @@ def open_data_key(keyring: Keyring, annotation: str | None, namespace: str, name
     return DataKey(key)
 
 
-def rewrap(keyring: Keyring, annotation: str, namespace: str, name: str) -> str | None:
+def rewrap(keyring: Keyring, annotation: str, namespace: str, name: str, *, entropy: Entropy) -> str | None:
     """The annotation rewrapped under the active key, or None when it already is."""
     if data_key_id(annotation) == keyring.active_key_id:
         return None
-    return wrap_data_key(keyring, open_data_key(keyring, annotation, namespace, name), namespace, name)
+    data_key = open_data_key(keyring, annotation, namespace, name)
+    return wrap_data_key(keyring, data_key, namespace, name, entropy=entropy)
 
 
 # --- values ------------------------------------------------------------------------------------
@@ -147,11 +149,12 @@ def _aad(label: str) -> bytes:
     return _VALUE_AAD + label.encode()
 
 
-def seal_value(data_key: DataKey, value: Any, label: str) -> Any:
-    """``value`` sealed for field ``label``: a sealed string for a string, else a sealed object."""
+def seal_value(data_key: DataKey, value: Any, label: str, *, entropy: Entropy) -> Any:
+    """``value`` sealed for field ``label``: a sealed string for a string, else a sealed object
+    (the nonce drawn from ``entropy``)."""
     if isinstance(value, str) and len(value) > PLAINTEXT_LIMIT:
         raise ValueSealingError(f"{label}: at most {PLAINTEXT_LIMIT} characters, got {len(value)}")
-    nonce = os.urandom(NONCE_BYTES)
+    nonce = draw(entropy, NONCE_BYTES)
     token = TOKEN_PREFIX + _b64(
         nonce + AESGCM(data_key.key).encrypt(nonce, canonical_json(value), _aad(label))
     )
@@ -208,7 +211,11 @@ def _old_values(spec: dict[str, Any] | None) -> dict[str, Any]:
 
 
 def seal_spec(
-    spec: Mapping[str, Any], data_key: DataKey, old_spec: Mapping[str, Any] | None = None
+    spec: Mapping[str, Any],
+    data_key: DataKey,
+    old_spec: Mapping[str, Any] | None = None,
+    *,
+    entropy: Entropy,
 ) -> dict[str, Any]:
     """A copy of ``spec`` with every sealable value sealed.
 
@@ -237,7 +244,7 @@ def seal_spec(
                     continue
             except ValueSealingError:
                 pass
-        holder[key] = seal_value(data_key, value, label)
+        holder[key] = seal_value(data_key, value, label, entropy=entropy)
     return out
 
 

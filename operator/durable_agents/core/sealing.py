@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -27,6 +26,8 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from pydantic import AfterValidator, BaseModel, ConfigDict, StringConstraints
 from pydantic.alias_generators import to_camel
+
+from durable_agents.core.entropy import Entropy, draw
 
 KEY_BYTES: Final = 32
 NONCE_BYTES: Final = 12
@@ -118,9 +119,9 @@ class Keyring:
         return cls(keys=keys, active_key_id=active_key_id)
 
 
-def generate_key() -> bytes:
-    """A fresh random 256-bit sealing key."""
-    return AESGCM.generate_key(bit_length=KEY_BYTES * 8)
+def generate_key(*, entropy: Entropy) -> bytes:
+    """A fresh random 256-bit sealing key, from ``entropy``."""
+    return draw(entropy, KEY_BYTES)
 
 
 def sealing_aad(run_uid: str, field_name: str) -> bytes:
@@ -133,9 +134,10 @@ def sealing_aad(run_uid: str, field_name: str) -> bytes:
     return b"\x00".join((_AAD_PREFIX, run_uid.encode(), field_name.encode()))
 
 
-def seal(keyring: Keyring, plaintext: bytes, aad: bytes) -> SealedField:
-    """Seal ``plaintext`` with the keyring's active key, authenticating ``aad`` alongside it."""
-    nonce = os.urandom(NONCE_BYTES)
+def seal(keyring: Keyring, plaintext: bytes, aad: bytes, *, entropy: Entropy) -> SealedField:
+    """Seal ``plaintext`` with the keyring's active key, authenticating ``aad`` alongside it; the
+    nonce is drawn from ``entropy``."""
+    nonce = draw(entropy, NONCE_BYTES)
     ciphertext = AESGCM(keyring.keys[keyring.active_key_id]).encrypt(nonce, plaintext, aad)
     return SealedField(
         key_id=keyring.active_key_id,

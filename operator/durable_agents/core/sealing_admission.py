@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from durable_agents.core.entropy import Entropy
 from durable_agents.core.sealed_values import (
     DATA_KEY_ANNOTATION,
     DataKey,
@@ -68,7 +69,7 @@ def _opens(keyring: Keyring, annotation: str | None, namespace: str, name: str) 
 
 
 def _data_key(
-    operation: str, new: Mapping[str, Any], old: Mapping[str, Any] | None, keyring: Keyring
+    operation: str, new: Mapping[str, Any], old: Mapping[str, Any] | None, keyring: Keyring, entropy: Entropy
 ) -> tuple[DataKey, str | None]:
     """The run's data key, and the annotation value to store (None: leave the annotation as is)."""
     namespace, name = str(_meta(new).get("namespace") or ""), str(_meta(new).get("name") or "")
@@ -81,12 +82,12 @@ def _data_key(
         opened = _opens(keyring, given, namespace, name)
         if opened is not None:  # a child run: the operator wrapped its parent's data key for it
             return opened, None
-        key = new_data_key()
-        return key, wrap_data_key(keyring, key, namespace, name)
+        key = new_data_key(entropy=entropy)
+        return key, wrap_data_key(keyring, key, namespace, name, entropy=entropy)
     stored = _annotation(old, DATA_KEY_ANNOTATION)
     if stored is None:  # a run created before sealing: it gets its data key now
-        key = new_data_key()
-        return key, wrap_data_key(keyring, key, namespace, name)
+        key = new_data_key(entropy=entropy)
+        return key, wrap_data_key(keyring, key, namespace, name, entropy=entropy)
     key_now = _opens(keyring, stored, namespace, name)
     if key_now is None:
         raise SealingRefused(
@@ -146,21 +147,27 @@ def _sealed_last_applied(text: str, sealed_spec: dict[str, Any]) -> str | None:
 
 
 def sealing_changes(
-    operation: str, new: Mapping[str, Any], old: Mapping[str, Any] | None, keyring: Keyring
+    operation: str,
+    new: Mapping[str, Any],
+    old: Mapping[str, Any] | None,
+    keyring: Keyring,
+    *,
+    entropy: Entropy,
 ) -> SealingChanges:
-    """What to change in ``new`` so that nothing sensitive is stored in clear."""
+    """What to change in ``new`` so that nothing sensitive is stored in clear (a new data key and
+    every nonce drawn from ``entropy``)."""
     changes = SealingChanges()
     if operation not in ("CREATE", "UPDATE"):
         return changes
     if operation == "UPDATE" and _data_key_lost(new, old):
         return changes
-    data_key, annotation = _data_key(operation, new, old, keyring)
+    data_key, annotation = _data_key(operation, new, old, keyring, entropy)
     if annotation is not None:
         changes.annotations[DATA_KEY_ANNOTATION] = annotation
     spec = (new.get("spec") if isinstance(new.get("spec"), Mapping) else None) or {}
     old_spec = (old or {}).get("spec") if isinstance((old or {}).get("spec"), Mapping) else None
     try:
-        sealed = seal_spec(spec, data_key, old_spec)
+        sealed = seal_spec(spec, data_key, old_spec, entropy=entropy)
     except ValueSealingError as err:
         raise SealingRefused(f"spec: {err}") from err
     changes.spec = {f: sealed[f] for f in SEALED_SPEC_FIELDS if f in sealed and sealed[f] != spec.get(f)}

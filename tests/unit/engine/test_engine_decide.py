@@ -48,7 +48,7 @@ from durable_agents.core.checkpoint import (
     ToolCallRecord,
 )
 from durable_agents.core.digest import canonical_digest
-from durable_agents.core.engine import Commit, Idle, NeedRead, ReadResult, decide
+from durable_agents.core.engine import Commit, Idle, NeedRead, Observations, ReadResult, decide
 from durable_agents.core.statemachine import TRANSITIONS, RunEvent
 from durable_agents_testkit.runs import EXPECTED_EVENTS, assert_history_is_gapless, read_ask_await_complete
 
@@ -436,7 +436,14 @@ def test_any_script_reaches_a_terminal_state_or_idles_with_well_formed_commits(
             read = ReadResult(
                 decision.step_index, evidence_for(decision.step_index, decision.step_name, at_=now)
             )
-            decision = decide(snap(obj), now=now, epoch=epoch, planner=PLANNER, settings=SETTINGS, read=read)
+            decision = decide(
+                snap(obj),
+                now=now,
+                epoch=epoch,
+                planner=PLANNER,
+                settings=SETTINGS,
+                observed=Observations(read=read),
+            )
             assert not isinstance(decision, NeedRead)
         if isinstance(decision, Idle):
             state = RunState(obj["status"]["state"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import os
 from dataclasses import replace
 from datetime import datetime
 from typing import Any
@@ -80,7 +81,12 @@ def waiting_with_a_sealed_value(sealed_by: Keyring, run_id: str = UID) -> dict[s
     )
     obj, _ = expect(obj, at(1), RunEvent.INPUT_REQUESTED, RunState.WAITING_INPUT, settings=KEYED)
     cp = seal_field(
-        checkpoint_of(obj["status"]["checkpoint"]), "apiToken", b"s3cret", keyring=sealed_by, run_uid=run_id
+        checkpoint_of(obj["status"]["checkpoint"]),
+        "apiToken",
+        b"s3cret",
+        keyring=sealed_by,
+        run_uid=run_id,
+        entropy=os.urandom,
     )
     obj["status"]["checkpoint"] = dump_checkpoint(stamp_checkpoint(cp, keyring=KEYRING, run_id=UID))
     obj["spec"]["answers"] = {"confirm": "yes"}

@@ -5,6 +5,7 @@ including after the approval was decided or expired."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 from datetime import timedelta
 from typing import Any
@@ -18,14 +19,22 @@ from durable_agents.core.agent.exchange import ModelReply, ToolCall, Usage
 from durable_agents.core.agent.mcp_trust import hinted_tier
 from durable_agents.core.agent.planner import MCP_EFFECT, AgentInputs, ModelPlanner
 from durable_agents.core.agent.tools import ToolDeclaration, mcp_tool
-from durable_agents.core.engine import Decision, ModelAnswer, NeedModelTurn, NeedToolCall, Settings, decide
+from durable_agents.core.engine import (
+    Decision,
+    ModelAnswer,
+    NeedModelTurn,
+    NeedToolCall,
+    Observations,
+    Settings,
+    decide,
+)
 from durable_agents.core.planner import ReadTool
 from durable_agents.core.sealed_values import new_data_key
 from durable_agents.core.statemachine import RunEvent
 
 pytestmark = pytest.mark.unit
 
-KEY = new_data_key()
+KEY = new_data_key(entropy=os.urandom)
 URL = "http://127.0.0.1:9/mcp"
 SCHEMA = {"type": "object", "properties": {"id": {"type": "string"}}, "required": ["id"]}
 SPEC: dict[str, Any] = {
@@ -61,6 +70,7 @@ def planner(*, lying: bool, trusted: bool = False) -> ModelPlanner:
             tools=(close_ticket(read_only=lying),),
             data_key=KEY,
             mcp_trust={URL: frozenset()} if trusted else {},
+            entropy=os.urandom,
         )
     )
 
@@ -76,7 +86,9 @@ SETTINGS = settings()
 def decide_with(
     obj: dict[str, Any], plan: ModelPlanner, seconds: float, *, s: Settings = SETTINGS, **kw: Any
 ) -> Decision:
-    return decide(snap(obj), now=at(seconds), epoch=EPOCH, planner=plan, settings=s, **kw)
+    return decide(
+        snap(obj), now=at(seconds), epoch=EPOCH, planner=plan, settings=s, observed=Observations(**kw)
+    )
 
 
 def proposed(plan: ModelPlanner, s: Settings = SETTINGS) -> dict[str, Any]:

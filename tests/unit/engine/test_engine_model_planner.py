@@ -6,6 +6,7 @@ failed call is a retry window (or a failure, when retrying cannot help)."""
 from __future__ import annotations
 
 import json
+import os
 from datetime import datetime
 from typing import Any
 
@@ -38,6 +39,7 @@ from durable_agents.core.engine import (
     ModelAnswer,
     NeedModelTurn,
     NeedRead,
+    Observations,
     ReadResult,
     Settings,
     decide,
@@ -55,7 +57,7 @@ from durable_agents.core.statemachine import RunEvent
 
 pytestmark = pytest.mark.unit
 
-KEY = new_data_key()
+KEY = new_data_key(entropy=os.urandom)
 TARGET = {"url": "http://127.0.0.1:9/pay"}
 TOOLS = (
     read_tool("read_config", "read a ConfigMap", api_version="v1", kind="ConfigMap"),
@@ -78,6 +80,7 @@ def planner(**limits: int) -> ModelPlanner:
             tools=TOOLS,
             data_key=KEY,
             limits=AgentLimits(**limits),
+            entropy=os.urandom,
         )
     )
 
@@ -99,7 +102,14 @@ def decide_with(
     read: ReadResult | None = None,
     model: ModelAnswer | None = None,
 ) -> Decision:
-    return decide(snap(obj), now=now, epoch=EPOCH, planner=plan, settings=SETTINGS, read=read, model=model)
+    return decide(
+        snap(obj),
+        now=now,
+        epoch=EPOCH,
+        planner=plan,
+        settings=SETTINGS,
+        observed=Observations(read=read, model=model),
+    )
 
 
 def asked(obj: dict[str, Any], plan: ModelPlanner, now: datetime) -> NeedModelTurn:
@@ -223,7 +233,16 @@ def test_a_failed_model_call_is_a_retry_window_unless_retrying_cannot_help(
         failure_message="no answer in 60s",
         retryable=retryable,
     )
-    out = commit_of(decide(snap(obj), now=at(1), epoch=EPOCH, planner=plan, settings=RETRY_3, model=failure))
+    out = commit_of(
+        decide(
+            snap(obj),
+            now=at(1),
+            epoch=EPOCH,
+            planner=plan,
+            settings=RETRY_3,
+            observed=Observations(model=failure),
+        )
+    )
     assert out.state is state
     assert "ModelTimeout" in (out.status.outcome.reason if out.status.outcome else out.detail)
 
@@ -249,7 +268,13 @@ def test_facts_recorded_under_another_prompt_are_not_fed_to_the_new_one() -> Non
     read = ReadResult(0, evidence=evidence_for(0, "agent-0"), content={"data": {}})
     obj = apply(obj, commit_of(decide_with(obj, plan, at(2), read=read)))
     changed = ModelPlanner(
-        AgentInputs(model="reference-model", system_prompt="You operate refunds.", tools=TOOLS, data_key=KEY)
+        AgentInputs(
+            model="reference-model",
+            system_prompt="You operate refunds.",
+            tools=TOOLS,
+            data_key=KEY,
+            entropy=os.urandom,
+        )
     )
     failed = commit_of(decide_with(obj, changed, at(3)))
     assert failed.event is RunEvent.ATTEMPT_FAILED
@@ -260,7 +285,9 @@ def test_facts_recorded_under_another_prompt_are_not_fed_to_the_new_one() -> Non
 
 def test_a_question_the_model_asks_is_sealed_where_the_run_waits() -> None:
     tools = (*TOOLS, ask_human_tool("ask_oncall", "ask the on-call engineer"))
-    plan = ModelPlanner(AgentInputs(model="reference-model", system_prompt="p", tools=tools, data_key=KEY))
+    plan = ModelPlanner(
+        AgentInputs(model="reference-model", system_prompt="p", tools=tools, data_key=KEY, entropy=os.urandom)
+    )
     obj = accepted(plan)
     question = '{"question": "May I pay 42 EUR to ACME?"}'
     obj = apply(obj, commit_of(answered(obj, plan, at(1), reply(("ask_oncall", question)))))
@@ -305,7 +332,16 @@ def test_an_empty_reply_is_a_retryable_model_error_never_the_runs_answer(content
     need = decide(snap(obj), now=at(1), epoch=EPOCH, planner=plan, settings=RETRY_3)
     assert isinstance(need, NeedModelTurn)
     empty = ModelAnswer(need.request.digest(), reply=reply(content=content))
-    out = commit_of(decide(snap(obj), now=at(1), epoch=EPOCH, planner=plan, settings=RETRY_3, model=empty))
+    out = commit_of(
+        decide(
+            snap(obj),
+            now=at(1),
+            epoch=EPOCH,
+            planner=plan,
+            settings=RETRY_3,
+            observed=Observations(model=empty),
+        )
+    )
     assert (out.event, out.state) == (RunEvent.RETRY_SCHEDULED, RunState.WAITING_RETRY)
     assert out.detail.startswith("model call failed: ModelReplyEmpty: the model answered with no content")
 
@@ -327,10 +363,19 @@ def test_an_answer_to_the_model_s_question_is_given_only_once_its_seal_proves_it
     is given."""
     settings = Settings(keyring=KEYRING)
     tools = (*TOOLS, ask_human_tool("ask_oncall", "ask the on-call engineer"))
-    plan = ModelPlanner(AgentInputs(model="reference-model", system_prompt="p", tools=tools, data_key=KEY))
+    plan = ModelPlanner(
+        AgentInputs(model="reference-model", system_prompt="p", tools=tools, data_key=KEY, entropy=os.urandom)
+    )
 
     def decided(obj: dict[str, Any], now: datetime, model: ModelAnswer | None = None) -> Decision:
-        return decide(snap(obj), now=now, epoch=EPOCH, planner=plan, settings=settings, model=model)
+        return decide(
+            snap(obj),
+            now=now,
+            epoch=EPOCH,
+            planner=plan,
+            settings=settings,
+            observed=Observations(model=model),
+        )
 
     def until_idle_or_model(obj: dict[str, Any], now: datetime) -> tuple[dict[str, Any], Decision]:
         for _ in range(20):
@@ -341,7 +386,9 @@ def test_an_answer_to_the_model_s_question_is_given_only_once_its_seal_proves_it
         raise AssertionError("no idle")
 
     obj = new_run(objective=OBJECTIVE)
-    obj["metadata"]["annotations"] = {DATA_KEY_ANNOTATION: wrap_data_key(KEYRING, KEY, "team-a", "run-1")}
+    obj["metadata"]["annotations"] = {
+        DATA_KEY_ANNOTATION: wrap_data_key(KEYRING, KEY, "team-a", "run-1", entropy=os.urandom)
+    }
     obj, need = until_idle_or_model(obj, T0)
     assert isinstance(need, NeedModelTurn)
     question = '{"question": "May I pay 42 EUR to ACME?"}'
@@ -357,7 +404,7 @@ def test_an_answer_to_the_model_s_question_is_given_only_once_its_seal_proves_it
     assert obj["status"]["waitingFor"] == "input:agent-0.2"
     assert [(r["key"], r["reason"]) for r in obj["status"]["refusedRequests"]] == [("agent-0", "Unsealed")]
 
-    real = seal_value(KEY, "yes, pay 42", "answers/agent-0.2")
+    real = seal_value(KEY, "yes, pay 42", "answers/agent-0.2", entropy=os.urandom)
     obj = {**obj, "spec": {**obj["spec"], "answers": {**obj["spec"]["answers"], "agent-0.2": real}}}
     obj, need = until_idle_or_model(obj, at(4))
     assert isinstance(need, NeedModelTurn)

@@ -7,6 +7,7 @@ under a new key. A run without one (created before sealing) believes what is wri
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
@@ -39,7 +40,7 @@ from durable_agents.core.statemachine import RunEvent
 
 pytestmark = pytest.mark.unit
 
-DATA_KEY = new_data_key()
+DATA_KEY = new_data_key(entropy=os.urandom)
 SETTINGS = Settings(keyring=KEYRING)
 WAITS: dict[str, tuple[dict[str, Any], str, str, RunState]] = {
     # kind: (step body, spec field, first key, waiting state)
@@ -52,7 +53,7 @@ def sealed_run(kind: str) -> dict[str, Any]:
     body, _, _, _ = WAITS[kind]
     obj = new_run(steps=[{"name": "confirm", kind: body}, {"name": "done", "complete": {"result": "ok"}}])
     obj["metadata"]["annotations"] = {
-        DATA_KEY_ANNOTATION: wrap_data_key(KEYRING, DATA_KEY, "team-a", "run-1")
+        DATA_KEY_ANNOTATION: wrap_data_key(KEYRING, DATA_KEY, "team-a", "run-1", entropy=os.urandom)
     }
     return obj
 
@@ -79,8 +80,16 @@ def awaited_now(obj: dict[str, Any], kind: str) -> str:
     ("forged", "reason"),
     [
         (lambda field, key: "yes", "Unsealed"),
-        (lambda field, key: seal_value(DATA_KEY, "yes", f"{field}/{key}-other"), "SealInvalid"),
-        (lambda field, key: seal_value(new_data_key(), "yes", f"{field}/{key}"), "SealInvalid"),
+        (
+            lambda field, key: seal_value(DATA_KEY, "yes", f"{field}/{key}-other", entropy=os.urandom),
+            "SealInvalid",
+        ),
+        (
+            lambda field, key: seal_value(
+                new_data_key(entropy=os.urandom), "yes", f"{field}/{key}", entropy=os.urandom
+            ),
+            "SealInvalid",
+        ),
     ],
     ids=["plaintext", "another-key's-seal", "another-run's-seal"],
 )
@@ -116,7 +125,7 @@ def test_a_value_not_sealed_for_its_key_is_refused_and_asked_again(
     assert [(r["field"], r["key"]) for r in obj["status"]["refusedRequests"]] == [(field, key)], "once"
 
     # The real one, sealed for the new key (as the webhook does): the run moves on and completes.
-    obj = deliver(obj, field, f"{key}.2", seal_value(DATA_KEY, "yes", f"{field}/{key}.2"))
+    obj = deliver(obj, field, f"{key}.2", seal_value(DATA_KEY, "yes", f"{field}/{key}.2", entropy=os.urandom))
     obj, commits, _ = drive(obj, at(3), settings=SETTINGS)
     assert obj["status"]["state"] == "completed"
     cp = checkpoint_of(obj["status"]["checkpoint"])
@@ -127,7 +136,7 @@ def test_a_value_not_sealed_for_its_key_is_refused_and_asked_again(
 def test_a_value_sealed_for_its_key_is_acted_on(kind: str) -> None:
     _, field, key, _ = WAITS[kind]
     obj = waiting(sealed_run(kind))
-    obj = deliver(obj, field, key, seal_value(DATA_KEY, "yes", f"{field}/{key}"))
+    obj = deliver(obj, field, key, seal_value(DATA_KEY, "yes", f"{field}/{key}", entropy=os.urandom))
     obj, _, _ = drive(obj, at(1), settings=SETTINGS)
     assert obj["status"]["state"] == "completed"
     assert not obj["status"].get("refusedRequests")
@@ -155,7 +164,9 @@ def test_a_key_forged_in_advance_is_skipped_and_each_refused_once() -> None:
 
 def test_a_data_key_this_operator_cannot_open_quarantines_rather_than_believes() -> None:
     obj = waiting(sealed_run("ask"))
-    obj = deliver(obj, "answers", "confirm", seal_value(DATA_KEY, "yes", "answers/confirm"))
+    obj = deliver(
+        obj, "answers", "confirm", seal_value(DATA_KEY, "yes", "answers/confirm", entropy=os.urandom)
+    )
     obj["metadata"]["annotations"][DATA_KEY_ANNOTATION] = "retired-key:AAAA"
     commit = commit_of(step(obj, at(1), settings=SETTINGS))
     assert commit.event is RunEvent.QUARANTINE
@@ -181,9 +192,13 @@ def test_a_data_key_annotation_swapped_by_hand_does_not_make_another_key_s_answe
     namespace and name only): its annotation and one of its sealed answers, copied in with the
     webhook off, would open. The checkpoint's fingerprint says it is not this run's key."""
     obj = waiting(sealed_run("ask"))
-    earlier = new_data_key()
-    obj["metadata"]["annotations"][DATA_KEY_ANNOTATION] = wrap_data_key(KEYRING, earlier, "team-a", "run-1")
-    obj = deliver(obj, "answers", "confirm", seal_value(earlier, "yes", "answers/confirm"))
+    earlier = new_data_key(entropy=os.urandom)
+    obj["metadata"]["annotations"][DATA_KEY_ANNOTATION] = wrap_data_key(
+        KEYRING, earlier, "team-a", "run-1", entropy=os.urandom
+    )
+    obj = deliver(
+        obj, "answers", "confirm", seal_value(earlier, "yes", "answers/confirm", entropy=os.urandom)
+    )
     commit = commit_of(step(obj, at(1), settings=SETTINGS))
     assert commit.event is RunEvent.QUARANTINE
     assert commit.status.outcome is not None
@@ -194,7 +209,11 @@ def test_a_key_rotation_rewrap_keeps_the_fingerprint() -> None:
     """The operator's rewrap under a new active key is the same data key: answers still count."""
     obj = waiting(sealed_run("ask"))
     rotated = Keyring(keys={**KEYRING.keys, "k2031": bytes(range(1, 33))}, active_key_id="k2031")
-    obj["metadata"]["annotations"][DATA_KEY_ANNOTATION] = wrap_data_key(rotated, DATA_KEY, "team-a", "run-1")
-    obj = deliver(obj, "answers", "confirm", seal_value(DATA_KEY, "yes", "answers/confirm"))
+    obj["metadata"]["annotations"][DATA_KEY_ANNOTATION] = wrap_data_key(
+        rotated, DATA_KEY, "team-a", "run-1", entropy=os.urandom
+    )
+    obj = deliver(
+        obj, "answers", "confirm", seal_value(DATA_KEY, "yes", "answers/confirm", entropy=os.urandom)
+    )
     obj, _, _ = drive(obj, at(1), settings=Settings(keyring=rotated))
     assert obj["status"]["state"] == "completed"

@@ -23,6 +23,7 @@ from durable_agents.core.agent.limits import AgentLimits
 from durable_agents.core.agent.mcp_trust import McpTrust, mcp_call_tier, trusts
 from durable_agents.core.agent.tools import ToolDeclaration, by_name, tool_set_digest
 from durable_agents.core.agent_facts import AgentFacts, ModelTurn, sealed_text, turn_arguments
+from durable_agents.core.entropy import Entropy
 from durable_agents.core.planner import (
     AskHuman,
     PerformEffect,
@@ -42,6 +43,8 @@ class AgentInputs:
     system_prompt: str
     tools: tuple[ToolDeclaration, ...]
     data_key: DataKey
+    entropy: Entropy
+    """Where the random bytes of what the planner seals come from (the shell: ``os.urandom``)."""
     limits: AgentLimits = field(default_factory=AgentLimits)
     mcp_tiers: Mapping[str, ActionTier] = field(default_factory=dict)
     """The policy's tiers of MCP tools, by :func:`mcp_tier_key`: they override the server's hints."""
@@ -137,7 +140,10 @@ class ModelPlanner:
             return replace(step, arguments=dict(turn.arguments) if isinstance(turn.arguments, dict) else {})
         if isinstance(step, AskHuman):  # the model's question is its output: sealed, as a person's is
             label = step_label(step.request_id, "question")
-            return replace(step, question=sealed_text(self.inputs.data_key, step.question, label))
+            return replace(
+                step,
+                question=sealed_text(self.inputs.data_key, step.question, label, entropy=self.inputs.entropy),
+            )
         return step
 
     def _mcp_step(self, step: CallMcpTool, turn: ModelTurn, spec: AgentRunSpec) -> PlannedStep:

@@ -1,7 +1,8 @@
 """The run engine: from a snapshot of an AgentRun to the next committed status, purely.
 
 Given what the run's record says (spec, status, checkpoint), the clock, the worker's lease epoch
-and, where a step needed one, the result of a read, :func:`decide` answers one of:
+and what the shell observed when an earlier answer asked for it (one :class:`Observations`
+value), :func:`decide` answers one of:
 
 - :class:`Idle`: nothing to do now (a wait whose answer has not arrived; wake at ``wake_at``);
 - :class:`NeedRead`: the step needs a read first; the shell performs it and calls back;
@@ -38,15 +39,18 @@ from durable_agents.core.engine.decisions import (
 from durable_agents.core.engine.fencing import fence
 from durable_agents.core.engine.retries import retry_backoff
 from durable_agents.core.engine.snapshot import (
+    NOTHING_OBSERVED,
     ActionObservation,
     ChildObservation,
     ModelAnswer,
+    Observations,
     ReadResult,
     RunSnapshot,
     Settings,
 )
 
 __all__ = [
+    "NOTHING_OBSERVED",
     "PARENT_LABEL",
     "ActionObservation",
     "ChildObservation",
@@ -60,6 +64,7 @@ __all__ = [
     "NeedModelTurn",
     "NeedRead",
     "NeedToolCall",
+    "Observations",
     "ReadResult",
     "RunSnapshot",
     "Settings",

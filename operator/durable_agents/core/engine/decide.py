@@ -9,13 +9,12 @@ checked what it checked then, and ``serviceAccountName`` and ``createdBy`` are i
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from datetime import datetime
 
 from durable_agents.api.v1alpha1 import Outcome
 from durable_agents.api.v1alpha1.states import RunState
 from durable_agents.core.authority import Unproven, service_account_unproven
-from durable_agents.core.checkpoint import Checkpoint, Fencing, KubernetesEvidenceRef, Loaded, Quarantine
+from durable_agents.core.checkpoint import Checkpoint, Fencing, Loaded, Quarantine
 from durable_agents.core.durations import InvalidDuration
 from durable_agents.core.engine.actions import reconcile_actions
 from durable_agents.core.engine.approvals import await_decision
@@ -46,14 +45,7 @@ from durable_agents.core.engine.plan import plan
 from durable_agents.core.engine.quarantine import cancel_unreadable, enter_quarantine, quarantine_controls
 from durable_agents.core.engine.retries import retry_when_due
 from durable_agents.core.engine.runtime import deployment_change
-from durable_agents.core.engine.snapshot import (
-    ActionObservation,
-    ChildObservation,
-    ModelAnswer,
-    ReadResult,
-    RunSnapshot,
-    Settings,
-)
+from durable_agents.core.engine.snapshot import NOTHING_OBSERVED, Observations, RunSnapshot, Settings
 from durable_agents.core.engine.validation import resume_validation
 from durable_agents.core.engine.waits import leave_external_wait, leave_input_wait
 from durable_agents.core.planner import Planner
@@ -69,20 +61,16 @@ def decide(
     epoch: Fencing,
     planner: Planner,
     settings: Settings | None = None,
-    read: ReadResult | None = None,
-    actions: Mapping[str, ActionObservation] | None = None,
-    fresh_evidence: Mapping[str, KubernetesEvidenceRef | None] | None = None,
-    children: Mapping[str, ChildObservation] | None = None,
-    model: ModelAnswer | None = None,
+    observed: Observations = NOTHING_OBSERVED,
 ) -> Decision:
     """The next thing to do for ``run``: :class:`Idle`, a request to the shell, or a :class:`Commit`.
 
-    ``read``, ``actions``, ``fresh_evidence`` and ``children`` are what the shell observed after an
-    earlier answer asked for them; each is ignored unless the run is at the point that needs it.
+    ``observed`` is what the shell observed after an earlier answer asked for it; each part is
+    ignored unless the run is at the point that needs it.
     A commit leaves here with its position stamp over its final status (:mod:`..positions`).
     """
     settings = settings or Settings()
-    decision = _decide(run, now, epoch, planner, settings, read, actions, fresh_evidence, children, model)
+    decision = _decide(run, now, epoch, planner, settings, observed)
     if isinstance(decision, Commit) and settings.keyring is not None:
         decision.status.position_stamp = stamp_position(settings.keyring, run.run_id, decision.status)
     return decision
@@ -94,11 +82,7 @@ def _decide(
     epoch: Fencing,
     planner: Planner,
     settings: Settings,
-    read: ReadResult | None,
-    actions: Mapping[str, ActionObservation] | None,
-    fresh_evidence: Mapping[str, KubernetesEvidenceRef | None] | None,
-    children: Mapping[str, ChildObservation] | None,
-    model: ModelAnswer | None,
+    observed: Observations,
 ) -> Decision:
     state = run.state
     parked = _unbound(run, now, epoch, settings)
@@ -159,7 +143,7 @@ def _decide(
     if unauthorized is not None:  # pending with a checkpoint (a takeover fenced it first)
         return _reject(builder, unauthorized)
     try:
-        return _by_state(builder, planner, settings, read, actions, fresh_evidence, children, model)
+        return _by_state(builder, planner, settings, observed)
     except InvalidDuration as err:
         return _invalid_duration(builder, err)
 
@@ -228,17 +212,13 @@ def _by_state(
     builder: CommitBuilder,
     planner: Planner,
     settings: Settings,
-    read: ReadResult | None,
-    actions: Mapping[str, ActionObservation] | None,
-    fresh_evidence: Mapping[str, KubernetesEvidenceRef | None] | None,
-    children: Mapping[str, ChildObservation] | None,
-    model: ModelAnswer | None,
+    observed: Observations,
 ) -> Decision:
     """A readable run within its deadline: a new cancellation request first, then its state's rule."""
     run, state = builder.run, builder.run.state
     if state is RunState.CANCEL_REQUESTED:  # it waits for unknown outcomes: say why an answer is not used
         return _refused_reconciliation(run, settings, builder.now) or finish_cancel(
-            builder, run, planner, settings, actions, children
+            builder, run, planner, settings, observed.actions, observed.children
         )
     request = next_cancellation(run, builder.cp, settings.keyring)
     if request is not None:
@@ -253,32 +233,33 @@ def _by_state(
     if state is RunState.WAITING_INPUT:
         return leave_input_wait(builder, settings)
     if state is RunState.WAITING_EXTERNAL:
-        return _waiting_external(builder, planner, settings, actions, children)
+        return _waiting_external(builder, planner, settings, observed)
     if state is RunState.WAITING_APPROVAL:
         return await_decision(builder, run, settings)
     if state is RunState.WAITING_RETRY:
         return retry_when_due(builder)
     if state is RunState.RESUME_VALIDATION:
-        return resume_validation(builder, run, planner, settings, fresh_evidence)
+        return resume_validation(builder, run, planner, settings, observed.fresh_evidence)
     if state is RunState.PENDING:  # a checkpoint exists but acceptance was not committed: accept again
         return builder.commit(RunEvent.ACCEPTED)
     changed = deployment_change(builder, settings)
-    return changed if changed is not None else plan(builder, run, planner, settings, read, model)
+    if changed is not None:
+        return changed
+    return plan(builder, run, planner, settings, observed.read, observed.model)
 
 
 def _waiting_external(
     builder: CommitBuilder,
     planner: Planner,
     settings: Settings,
-    actions: Mapping[str, ActionObservation] | None,
-    children: Mapping[str, ChildObservation] | None,
+    observed: Observations,
 ) -> Decision:
     """In waiting_external: on the run's actions, then its child runs, else an external event."""
     cp = builder.cp
     if cp.pending_actions:
         # A turn or tool-call cancellation of this step: an undispatched intent is canceled.
         cancel = cancellation_of_step(cp, in_flight=True) is not None
-        return reconcile_actions(builder, builder.run, planner, settings, actions, cancel=cancel)
+        return reconcile_actions(builder, builder.run, planner, settings, observed.actions, cancel=cancel)
     if running_children(cp):
-        return reconcile_children(builder, builder.run, children)
+        return reconcile_children(builder, builder.run, observed.children)
     return leave_external_wait(builder, settings)

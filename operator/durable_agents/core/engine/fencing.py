@@ -1,11 +1,12 @@
-"""Taking over a run: stamp the new lease epoch into its checkpoint without a transition."""
+"""Taking over a run: stamp the new lease epoch into its checkpoint without a transition; and the
+epoch a run last recorded, which tells a new holder whether to fence it."""
 
 from __future__ import annotations
 
 from datetime import datetime
 from typing import Any
 
-from durable_agents.core.checkpoint import Fencing, Quarantine, dump_checkpoint
+from durable_agents.core.checkpoint import Fencing, Loaded, Quarantine, dump_checkpoint, load_checkpoint
 from durable_agents.core.engine.loading import initial_checkpoint, load_stored
 from durable_agents.core.engine.snapshot import RunSnapshot, Settings
 
@@ -30,3 +31,21 @@ def fence(
     status = run.status.wire()
     status["checkpoint"] = dump_checkpoint(loaded.checkpoint.model_copy(update={"fencing": epoch}))
     return status
+
+
+def checkpoint_epoch(raw: Any) -> Fencing | None:
+    """The lease epoch a stored checkpoint was committed under; None when it has none (or does
+    not read)."""
+    loaded = load_checkpoint(raw) if isinstance(raw, dict) else None
+    return loaded.checkpoint.fencing if isinstance(loaded, Loaded) else None
+
+
+def recorded_epoch(run: RunSnapshot) -> tuple[str, int] | None:
+    """The (holder, epoch) a run last recorded: its checkpoint's, or (unreadable) its history's."""
+    epoch = checkpoint_epoch(run.raw_checkpoint)
+    if epoch is not None:
+        return epoch.holder, epoch.lease_transitions
+    last = max(
+        (h for h in run.status.history if h.epoch is not None), key=lambda h: h.epoch or 0, default=None
+    )
+    return (last.holder or "", last.epoch) if last is not None and last.epoch is not None else None

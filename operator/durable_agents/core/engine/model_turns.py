@@ -100,7 +100,7 @@ def model_turn(
             outcome=Outcome(
                 reason="Completed",
                 message=f"the model answered at step {step_index}",
-                result=sealed_answer(inputs.data_key, proposal.text),
+                result=sealed_answer(inputs.data_key, proposal.text, entropy=inputs.entropy),
             ),
         )
     return _record(builder, planner, facts, proposal, usage, limits)
@@ -122,6 +122,7 @@ def _record(
     if isinstance(proposal, ToolError):
         turn = new_turn(
             inputs.data_key,
+            entropy=inputs.entropy,
             index=index,
             call_id=proposal.call_id,
             tool=proposal.tool,
@@ -154,6 +155,7 @@ def _record(
     tier = planner.proposed_tier(step, builder.run.spec) if isinstance(step, CallMcpTool) else None
     turn = new_turn(
         inputs.data_key,
+        entropy=inputs.entropy,
         index=index,
         call_id=proposal.call_id,
         tool=proposal.tool.name,
@@ -196,7 +198,8 @@ def settle_read(builder: CommitBuilder, planner: ModelPlanner, read: ReadResult)
             "resourceVersion": ref.resource_version,
             "contentDigest": ref.content_digest,
         }
-    facts = settle_last(cp.agent, planner.inputs.data_key, outcome=outcome, result=result)
+    inputs = planner.inputs
+    facts = settle_last(cp.agent, inputs.data_key, entropy=inputs.entropy, outcome=outcome, result=result)
     return cp.model_copy(update={"agent": facts})
 
 
@@ -221,7 +224,8 @@ def settle_finished(builder: CommitBuilder, run: RunSnapshot, planner: ModelPlan
         result["delivered"] = delivered
     outcome: SettledOutcome = "failed" if failed else "succeeded"
     assert cp.agent is not None
-    facts = settle_last(cp.agent, planner.inputs.data_key, outcome=outcome, result=result)
+    inputs = planner.inputs
+    facts = settle_last(cp.agent, inputs.data_key, entropy=inputs.entropy, outcome=outcome, result=result)
     position = cp.position.model_copy(update={"step": max(cp.position.step, pending.step_index + 1)})
     builder.cp = cp.model_copy(update={"agent": facts, "position": position})
     return True

@@ -145,6 +145,27 @@ class ChildObservation:
 
 
 @dataclass(frozen=True)
+class Observations:
+    """What the shell observed after an earlier decision asked for it, handed to :func:`decide` as
+    one value. Each is ignored unless the run is at the point that needs it."""
+
+    read: ReadResult | None = None
+    """The result of a read step (:class:`NeedRead`, :class:`NeedToolCall` for a read tool)."""
+    actions: Mapping[str, ActionObservation] | None = None
+    """The ledger's action records, by name (:class:`NeedActions`)."""
+    fresh_evidence: Mapping[str, KubernetesEvidenceRef | None] | None = None
+    """Evidence read again before acting on an approval, by reference ID (:class:`NeedEvidence`)."""
+    children: Mapping[str, ChildObservation] | None = None
+    """Child runs' states, by name (:class:`NeedChildren`)."""
+    model: ModelAnswer | None = None
+    """The model's answer to the request asked for (:class:`NeedModelTurn`)."""
+
+
+NOTHING_OBSERVED = Observations()
+"""No observation: the first call for a run, before any request to the shell."""
+
+
+@dataclass(frozen=True)
 class Settings:
     """Policy inputs the engine needs; the shell resolves them from the AgentPolicy, if any."""
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import base64
 import logging
+import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -162,7 +163,11 @@ class AgentResolver:
         try:
             tools = (*declared_tools(agent), *await self._mcp_tools(agent))
             inputs = AgentInputs(
-                model=agent.model, system_prompt=prompt, tools=tools, data_key=self._data_key(run)
+                model=agent.model,
+                system_prompt=prompt,
+                tools=tools,
+                data_key=self._data_key(run),
+                entropy=os.urandom,
             )
         except (ToolDeclarationError, ValueError) as err:
             raise Unresolvable(f"a tool is refused: {err}") from err

@@ -7,11 +7,14 @@ dropped. ``malloc_trim`` (glibc) returns it; elsewhere this is a no-op.
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import ctypes.util
 import gc
 import logging
 from collections.abc import Callable
+
+from durable_agents.shell.ground.workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
 
@@ -31,3 +34,14 @@ def release_memory() -> None:
     gc.collect()
     if _TRIM is not None:
         _TRIM(0)
+
+
+async def trim_after_bursts(queue: WorkQueue, *, every: float = 5, units: int = 100) -> None:
+    """Forever: once ``queue`` has drained after at least ``units`` units of work, release the
+    memory they freed (looked at every ``every`` seconds)."""
+    trimmed_at = 0
+    while True:
+        await asyncio.sleep(every)
+        if queue.idle and queue.processed - trimmed_at >= units:
+            trimmed_at = queue.processed
+            release_memory()

@@ -29,6 +29,7 @@ import contextlib
 import functools
 import json
 import logging
+import os
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -186,7 +187,7 @@ class Resealer:
         if not isinstance(annotation, str) or data_key_id(annotation) == self.keyring.active_key_id:
             return run
         try:
-            rewrapped = rewrap(self.keyring, annotation, meta["namespace"], meta["name"])
+            rewrapped = rewrap(self.keyring, annotation, meta["namespace"], meta["name"], entropy=os.urandom)
         except UndecryptableError as err:  # the engine quarantines the run when it needs the key
             log.warning("key rotation: %s: %s", _key(run), err)
             raise _Skip("undecryptable") from err
@@ -211,7 +212,7 @@ class Resealer:
         run_id = status.get("runId") or run["metadata"]["uid"]
         out = dict(status)
         if isinstance(checkpoint, dict) and needs_restamp(checkpoint, self.keyring.active_key_id):
-            restamped = restamp_stored(checkpoint, self.keyring, run_id)
+            restamped = restamp_stored(checkpoint, self.keyring, run_id, entropy=os.urandom)
             if restamped is None:
                 raise _Skip("unverified")  # left as it is: the engine quarantines what does not verify
             out["checkpoint"] = restamped

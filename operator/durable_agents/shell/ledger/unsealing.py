@@ -8,6 +8,7 @@ its responses are stored as they come (the only case where one is).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -95,5 +96,7 @@ def sealed_outcome(
         return None
     if data_key is None:
         return dict(outcome)
-    sealed: dict[str, Any] = seal_value(data_key, dict(outcome), outcome_label(record_name))
+    sealed: dict[str, Any] = seal_value(
+        data_key, dict(outcome), outcome_label(record_name), entropy=os.urandom
+    )
     return sealed

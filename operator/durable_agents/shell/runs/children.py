@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from datetime import UTC, datetime
 from typing import Any
 
@@ -65,7 +66,7 @@ def with_data_key(body: dict[str, Any], parent: RunSnapshot, keyring: Keyring) -
         log.warning("child of %s/%s gets no data key: %s", parent.namespace, parent.name, err)
         return body
     meta = body["metadata"]
-    wrapped = wrap_data_key(keyring, data_key, parent.namespace, meta["name"])
+    wrapped = wrap_data_key(keyring, data_key, parent.namespace, meta["name"], entropy=os.urandom)
     annotations = {**(meta.get("annotations") or {}), DATA_KEY_ANNOTATION: wrapped}
     return {**body, "metadata": {**meta, "annotations": annotations}}
 

@@ -24,6 +24,7 @@ annotation, and the API server allows 256 KiB of them in all); a turn left out s
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -345,7 +346,7 @@ async def revealed_patch(
     document = revealed_document(old_run, records, _data_key(keyring, old_run, namespace, name))
     document["run"] = f"{namespace}/{name}"
     try:
-        sealed = seal_for_reader(public_key_b64, document, f"{namespace}/{name}")
+        sealed = seal_for_reader(public_key_b64, document, f"{namespace}/{name}", entropy=os.urandom)
     except DisclosureError as err:
         raise RevealRefused(f"annotation {REVEAL_ANNOTATION}: {err}", code=400) from err
     return {REVEAL_ANNOTATION: None, REVEALED_ANNOTATION: sealed}

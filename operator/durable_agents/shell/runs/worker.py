@@ -10,12 +10,15 @@ For one run, one unit of work is:
    fencing write), so a zombie's commit prepared against the old resourceVersion is refused. A
    live per-run Lease of an earlier release is respected; a foreign object under its name leaves
    the run where it is, with a ``LeaseConflict`` condition and Event, until it is gone;
-3. do bounded work: ask the engine for the next status, performing the read a step needs;
-4. commit it in ONE status write with the read resourceVersion as precondition;
+3. do bounded work: ask the engine for the next status, performing what a step needs observed
+   (:mod:`durable_agents.shell.runs.observing`) and the model's turns;
+4. commit it in ONE status write with the read resourceVersion as precondition
+   (:mod:`durable_agents.shell.runs.batches`);
 5. on 409, throw the computation away and reload.
 
 An exception anywhere in a unit of work is retried a bounded number of times with backoff, then
-the run is quarantined ``InternalError`` with a Warning Event (:mod:`durable_agents.shell.runs.failures`).
+the run is quarantined ``InternalError`` with a Warning Event
+(:mod:`durable_agents.shell.runs.internal_errors`).
 
 The queue gives each run to one task at a time (like client-go's workqueue); events that arrive
 meanwhile mark the run dirty and it is processed once more afterwards.
@@ -29,7 +32,7 @@ import os
 import random
 import socket
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -38,35 +41,26 @@ from kubernetes.client.rest import ApiException
 from durable_agents import __version__
 from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents.api.v1alpha1.states import RunState
-from durable_agents.core.checkpoint import Fencing, KubernetesEvidenceRef, Loaded, load_checkpoint
 from durable_agents.core.engine import (
-    ActionObservation,
-    ChildObservation,
+    NOTHING_OBSERVED,
+    Commit,
     Idle,
-    ModelAnswer,
-    NeedActions,
-    NeedChildren,
-    NeedEvidence,
     NeedModelTurn,
-    NeedRead,
-    NeedToolCall,
-    ReadResult,
+    Observations,
     RunSnapshot,
     Settings,
     decide,
     fence,
 )
-from durable_agents.core.engine.quarantine import INTERNAL_ERROR, internal_error
+from durable_agents.core.engine.fencing import checkpoint_epoch, recorded_epoch
 from durable_agents.core.planner import Planner
-from durable_agents.core.regions import DEFAULT_REGION, owning_region, with_region_epoch
+from durable_agents.core.regions import DEFAULT_REGION
 from durable_agents.core.sealing import Keyring
 from durable_agents.shell.agent.model_turns import ModelTurns
 from durable_agents.shell.agent.resolver import AgentResolver, model_calls_per_boundary
-from durable_agents.shell.agent.tool_calls import call_read_tool
 from durable_agents.shell.effects.plugins import load_effects, load_planners
-from durable_agents.shell.ground import metrics
 from durable_agents.shell.ground.kube import Kube, ObjectKey
-from durable_agents.shell.ground.memory import release_memory
+from durable_agents.shell.ground.memory import trim_after_bursts
 from durable_agents.shell.ground.store import Conflict, Gone, RunStore
 from durable_agents.shell.ground.workqueue import WorkQueue, cancel_all
 from durable_agents.shell.intake.policies import PolicyCache
@@ -82,7 +76,11 @@ from durable_agents.shell.runs.batches import Batch, BatchWriter
 from durable_agents.shell.runs.children import ChildRuns
 from durable_agents.shell.runs.controls import Controls
 from durable_agents.shell.runs.evidence import EvidenceReader
-from durable_agents.shell.runs.failures import Failures, describe
+from durable_agents.shell.runs.failures import Failures
+from durable_agents.shell.runs.internal_errors import InternalErrors
+from durable_agents.shell.runs.observing import Observers
+from durable_agents.shell.runs.policy_wait import PolicyWait
+from durable_agents.shell.runs.region_epochs import RegionEpochs
 
 log = logging.getLogger(__name__)
 
@@ -118,22 +116,6 @@ TERMINAL = frozenset(s.value for s in RunState if s.terminal)
 
 def _state_version(body: dict[str, Any]) -> int:
     return int((body.get("status") or {}).get("stateVersion") or 0)
-
-
-def _checkpoint_epoch(raw: Any) -> Fencing | None:
-    loaded = load_checkpoint(raw) if isinstance(raw, dict) else None
-    return loaded.checkpoint.fencing if isinstance(loaded, Loaded) else None
-
-
-def _recorded(snap: RunSnapshot) -> tuple[str, int] | None:
-    """The (holder, epoch) a run last recorded: its checkpoint's, or (unreadable) its history's."""
-    epoch = _checkpoint_epoch(snap.raw_checkpoint)
-    if epoch is not None:
-        return epoch.holder, epoch.lease_transitions
-    last = max(
-        (h for h in snap.status.history if h.epoch is not None), key=lambda h: h.epoch or 0, default=None
-    )
-    return (last.holder or "", last.epoch) if last is not None and last.epoch is not None else None
 
 
 class RunWorker:
@@ -188,6 +170,19 @@ class RunWorker:
         self.batches = BatchWriter(self.store, self.reporter, self.failures, self.versions, self.policies)
         held = self.shard_leases.hold_for
         self.controls = Controls(kube, self.store, self.events, self.config.keyring, held)  # on-call controls
+        self.policy_wait = PolicyWait(self.policies, self.events, self.store, self.enqueue)
+        self.observers = Observers(self.reader, self.actions, self.children)
+        self.region_epochs = RegionEpochs(self.shard_leases, self.config.region, self.config.keyring)
+        self.internal_errors = InternalErrors(
+            self.failures,
+            self.queue,
+            self.store,
+            self.ownership,
+            self.region_epochs,
+            self.batches,
+            self.events,
+            self.config.keyring,
+        )
         self._tasks: list[asyncio.Task[None]] = []
 
     # --- intake ---------------------------------------------------------------------------
@@ -232,16 +227,7 @@ class RunWorker:
         if self.config.concurrency > 0:  # a webhook- or dispatcher-only process holds no shard
             self._tasks.append(asyncio.create_task(self.region.start(), name="region-elector-start"))
             self._tasks.append(asyncio.create_task(self._join(), name="shard-leases-join"))
-        self._tasks.append(asyncio.create_task(self._trim_loop(), name="memory-trimmer"))
-
-    async def _trim_loop(self) -> None:
-        """After a burst of work has drained, return the memory it freed to the OS."""
-        trimmed_at = 0
-        while True:
-            await asyncio.sleep(5)
-            if self.queue.idle and self.queue.processed - trimmed_at >= 100:
-                trimmed_at = self.queue.processed
-                release_memory()
+        self._tasks.append(asyncio.create_task(trim_after_bursts(self.queue), name="memory-trimmer"))
 
     async def stop(self) -> None:
         await self.queue.stop()
@@ -296,59 +282,9 @@ class RunWorker:
         try:
             await self._unit(key, body)
         except Exception as err:
-            await self._failed(key, err)
+            await self.internal_errors.failed(key, err)
         else:
             self.failures.succeeded(key)
-
-    async def _failed(self, key: ObjectKey, err: Exception) -> None:
-        verdict = self.failures.failed(key, err)
-        metrics.INTERNAL_ERRORS.labels(verdict.where.stage).inc()
-        retry_at = datetime.now(UTC) + timedelta(seconds=verdict.delay)
-        self.failures.log(key, verdict, err)
-        if verdict.quarantine:
-            try:
-                await self._quarantine(key, verdict.where.describe(), describe(err), verdict.attempts)
-                return
-            except Exception:  # the quarantine's write failed too: try again later, not in a loop
-                log.exception("run %s/%s: quarantining it failed; again in %.0fs", *key, verdict.delay)
-        self.queue.wake_at(key, retry_at)
-
-    async def _quarantine(self, key: ObjectKey, where: str, error: str, attempts: int) -> None:
-        """Quarantine the run ``InternalError`` (a commit like any other: compare-and-swap, under our
-        Lease's epoch if we hold one), with a Warning Event; then leave it until a user acts."""
-        try:
-            body = await self.store.get(*key)
-        except Gone:
-            self.failures.forget(key)
-            return
-        snap, now = RunSnapshot.from_object(body), datetime.now(UTC)
-        right = self.ownership.right(key, _recorded(snap))
-        if right is None:  # the run is not (or no longer) ours: its shard's holder looks at it
-            self.failures.forget(key)
-            return
-        epoch = right.epoch
-        commit = internal_error(
-            snap, now, epoch, where, f"{error} ({attempts} attempts)", keyring=self.config.keyring
-        )
-        if commit is not None:
-            status = commit.wire_status()
-            view = self.shard_leases.region_view
-            if view is not None and view.live:  # a quarantine is recorded even without a leader
-                status["ownership"] = with_region_epoch(
-                    status.get("ownership"), self.config.region, view.epoch
-                )
-            written = await self.batches.write(
-                key, body, status, [(snap.state, commit, None)], quarantine=True
-            )
-            if written is None:
-                raise Conflict(f"{key}: the run moved while it was being quarantined")  # retried
-            body = written
-            assert commit.status.outcome is not None
-            await self.events.record(body, INTERNAL_ERROR, commit.status.outcome.message, warning=True)
-        elif snap.state is RunState.QUARANTINED:  # e.g. its retry failed: it stays, and says why
-            message = f"the operator failed on this quarantined run at {where}: {error} ({attempts} attempts)"
-            await self.events.record(body, INTERNAL_ERROR, message, warning=True)
-        self.failures.forget(key)
 
     async def _unit(self, key: ObjectKey, body: dict[str, Any] | None) -> None:
         self.failures.at(key, "load")
@@ -364,53 +300,30 @@ class RunWorker:
         snap = RunSnapshot.from_object(body)
         if self.region_of(snap) != self.config.region:
             return  # another region's run: only the deployment owning its region advances it
-        right = self.ownership.right(key, _recorded(snap))
+        right = self.ownership.right(key, recorded_epoch(snap))
         if await self.controls.look(key, body, snap, right is not None):
             self.enqueue(key)  # escalated, asked now or refused: decided again from what is stored
             return
         if right is None:
             return  # another replica's shard (or not yet ours): we are told when we take it
         self.failures.at(key, "decide", snap)
-        ref = snap.spec.policy_ref
-        if (
-            ref is not None
-            and not snap.state.terminal
-            and not await self._policy_known(snap.namespace, ref.name)
-        ):
-            if self.policies.wait_for((snap.namespace, ref.name), key):
-                log.warning("run %s/%s waits for its AgentPolicy %r to be known", *key, ref.name)
-                await self.events.record(
-                    body,
-                    "PolicyNotFound",
-                    f"waiting for AgentPolicy {ref.name!r}: nothing runs without it",
-                    warning=True,
-                )
-                await self.store.note_waiting(body, f"agentpolicy:{ref.name}")
+        if not await self.policy_wait.ready(key, body, snap):
             return
         settings = self.settings_for(snap)
         await self.agents.prepare(snap, settings)  # a model run's prompt, credential and tools
         now = datetime.now(UTC)
         provisional = right.epoch
         planner = self.planner_for(snap)
-        actions: dict[str, ActionObservation] | None = None
-        children: dict[str, ChildObservation] | None = None
+        observed = NOTHING_OBSERVED
         decision = decide(snap, now=now, epoch=provisional, planner=planner, settings=settings)
         for _ in range(2):
             # Looking at the ledger and at child runs needs no Lease: only a commit does.
-            if isinstance(decision, NeedActions):
-                actions = await self.actions.observe(snap, decision)
-            elif isinstance(decision, NeedChildren):
-                children = await self.children.observe(snap, decision)
-            else:
+            seen = await self.observers.records(snap, decision, observed)
+            if seen is None:
                 break
+            observed = seen
             decision = decide(
-                snap,
-                now=now,
-                epoch=provisional,
-                planner=planner,
-                settings=settings,
-                actions=actions,
-                children=children,
+                snap, now=now, epoch=provisional, planner=planner, settings=settings, observed=observed
             )
         if isinstance(decision, Idle):
             self.queue.wake_at(key, decision.wake_at)
@@ -422,25 +335,15 @@ class RunWorker:
             self._recheck(key, legacy)
             return
         self.failures.at(key, "lease")
-        if self._region_epoch(key, snap) is None:
+        if self._region_epoch(key) is None:
             return
         if not await self.ownership.keep(right, self._margin):
             return  # the shard was taken from us (we were paused): its new holder goes on
-        if self.ownership.needs_fence(key, right):
-            # The shard's former holder may be a zombie with a commit in flight: fence the run.
-            status = fence(snap, right.epoch, now=now, settings=settings)
-            stamped = self._region_stamped(key, status) if status is not None else None
-            if status is not None and stamped is None:
-                return  # looked at again once the region has a leader
-            if stamped is not None:
-                try:
-                    body = await self.store.commit_status(body, stamped)
-                except Conflict:
-                    self.enqueue(key)  # reload and decide again
-                    return
-            self.ownership.wrote(key, right)
+        fenced = await self._fenced(key, right, snap, body, settings, now)
+        if fenced is None:
+            return
         try:
-            work = self._advance(key, right, body, actions, children)
+            work = self._advance(key, right, fenced, observed)
             await run_traces.unit(self.identity, self.config.region, snap, right, work)  # its span
         except Lost:
             log.info("epoch of %s/%s moved on; this process stops touching it", *key)
@@ -448,60 +351,67 @@ class RunWorker:
         except Gone:
             self.ownership.forget(key)
 
+    async def _fenced(
+        self,
+        key: ObjectKey,
+        right: Right,
+        snap: RunSnapshot,
+        body: dict[str, Any],
+        settings: Settings,
+        now: datetime,
+    ) -> dict[str, Any] | None:
+        """The record to advance from: first fenced with our epoch when the shard's former holder
+        may be a zombie with a commit in flight. None: not now (a 409, or no region leader)."""
+        if not self.ownership.needs_fence(key, right):
+            return body
+        status = fence(snap, right.epoch, now=now, settings=settings)
+        stamped = self._region_stamped(key, status) if status is not None else None
+        if status is not None and stamped is None:
+            return None  # looked at again once the region has a leader
+        if stamped is not None:
+            try:
+                body = await self.store.commit_status(body, stamped)
+            except Conflict:
+                self.enqueue(key)  # reload and decide again
+                return None
+        self.ownership.wrote(key, right)
+        return body
+
     # --- region ownership -----------------------------------------------------------------
 
     def region_of(self, snap: RunSnapshot) -> str:
         """The region that owns the run: its home region, or the one a stamped failover moved it to."""
-        raw = snap.status.ownership.wire() if snap.status.ownership is not None else None
-        return owning_region(snap.spec.region, raw, snap.status.run_id or snap.uid, self.config.keyring)
+        return self.region_epochs.owner(snap)
 
-    def _region_epoch(self, key: ObjectKey, snap: RunSnapshot) -> int | None:
+    def _region_epoch(self, key: ObjectKey) -> int | None:
         """The region epoch this process commits the run under, or None (and a look again later)
         when the region has no live leader as last seen: a region without a leader stalls."""
-        view = self.shard_leases.region_view
-        if view is None or not view.live:
-            self._recheck(key, datetime.now(UTC) + timedelta(seconds=self.shard_leases.interval))
-            return None
-        return view.epoch
+        epoch = self.region_epochs.live_epoch()
+        if epoch is None:
+            self._recheck(key)
+        return epoch
 
     def _region_stamped(self, key: ObjectKey, status: dict[str, Any]) -> dict[str, Any] | None:
         """``status`` carrying this commit's region epoch (the fencing token one level up), or
         None when the region has no live leader as last seen (not committed: looked at again)."""
-        view = self.shard_leases.region_view
-        if view is None or not view.live:
+        stamped = self.region_epochs.stamped(status)
+        if stamped is None:
             log.info("run %s/%s not committed: region %s has no live leader", *key, self.config.region)
-            self._recheck(key, datetime.now(UTC) + timedelta(seconds=self.shard_leases.interval))
-            return None
-        ownership = with_region_epoch(status.get("ownership"), self.config.region, view.epoch)
-        return {**status, "ownership": ownership}
+            self._recheck(key)
+        return stamped
 
-    async def _policy_known(self, namespace: str, name: str) -> bool:
-        if self.policies.get((namespace, name)) is not None:
-            return True
-        waited = await self.policies.fetch(namespace, name)
-        for run in waited or ():
-            self.enqueue(run)
-        return waited is not None
-
-    def _recheck(self, key: ObjectKey, at: datetime) -> None:
-        jitter = timedelta(milliseconds=random.randint(50, 250))
-        self.queue.wake_at(key, at + jitter)
+    def _recheck(self, key: ObjectKey, at: datetime | None = None) -> None:
+        """Look at the run again at ``at`` (default: the shard Leases' next poll), jittered."""
+        at = at or datetime.now(UTC) + timedelta(seconds=self.shard_leases.interval)
+        self.queue.wake_at(key, at + timedelta(milliseconds=random.randint(50, 250)))
 
     async def _advance(
-        self,
-        key: ObjectKey,
-        right: Right,
-        body: dict[str, Any],
-        actions: dict[str, ActionObservation] | None,
-        children: dict[str, ChildObservation] | None,
+        self, key: ObjectKey, right: Right, body: dict[str, Any], observed: Observations
     ) -> None:
         """Decide transition after transition; write them at semantic boundaries only: intents or
         child runs to create (they exist only once their commit does), a wait or the end, or the
         unit's bound (:mod:`durable_agents.shell.runs.batches`). A crash before the write repeats the
         batch's reads and decisions, never an effect."""
-        read: ReadResult | None = None
-        model: ModelAnswer | None = None
-        fresh: dict[str, KubernetesEvidenceRef | None] | None = None
         written = body  # the record as stored: its resourceVersion is the write's precondition
         batch: Batch = []
         model_calls = 0  # since the last write: a crash repeats them, so they are bounded
@@ -510,34 +420,18 @@ class RunWorker:
             if len(batch) >= self.config.max_transitions_per_unit:
                 break
             snap = RunSnapshot.from_object(body)
-            epoch = _checkpoint_epoch(snap.raw_checkpoint)
+            epoch = checkpoint_epoch(snap.raw_checkpoint)
             if self.ownership.lost(key, right, epoch):
                 raise Lost(f"{key} now at epoch {epoch}")
             now, settings = datetime.now(UTC), self.settings_for(snap)
             self.failures.at(key, "decide", snap)
+            planner = self.planner_for(snap)
             decision = decide(
-                snap,
-                now=now,
-                epoch=right.epoch,
-                planner=self.planner_for(snap),
-                settings=settings,
-                read=read,
-                actions=actions,
-                fresh_evidence=fresh,
-                children=children,
-                model=model,
+                snap, now=now, epoch=right.epoch, planner=planner, settings=settings, observed=observed
             )
-            if isinstance(decision, NeedRead):
-                read = await self.reader.read(snap, decision, now)
-                continue
-            if isinstance(decision, NeedActions):
-                actions = await self.actions.observe(snap, decision)
-                continue
-            if isinstance(decision, NeedChildren):
-                children = await self.children.observe(snap, decision)
-                continue
-            if isinstance(decision, NeedEvidence):
-                fresh = {ref.id: await self.reader.reread(snap, ref, now) for ref in decision.refs}
+            seen = await self.observers.observe(snap, decision, now, observed)
+            if seen is not None:
+                observed = seen
                 continue
             if isinstance(decision, NeedModelTurn):
                 # The bound is on calls a crash would repeat: commit before the call past it, so a
@@ -550,11 +444,8 @@ class RunWorker:
                     self.failures.at(key, "after commit", snap, batch[-1][1].event.value)
                     written, body, batch, model_calls = out, out, [], 0
                     continue
-                model = await self.model_turns.answer(snap, decision)
+                observed = replace(observed, model=await self.model_turns.answer(snap, decision))
                 model_calls += 1
-                continue
-            if isinstance(decision, NeedToolCall):
-                read = await call_read_tool(snap, decision)
                 continue
             if isinstance(decision, Idle):
                 if batch and await self._write_batch(key, right, written, body, batch) is None:
@@ -562,7 +453,8 @@ class RunWorker:
                     return
                 self.queue.wake_at(key, decision.wake_at)
                 return
-            read, actions, fresh, children, model = None, None, None, None, None
+            assert isinstance(decision, Commit)  # every other answer was observed above
+            observed = NOTHING_OBSERVED
             batch.append((snap.state, decision, settings.policy))  # checked again right before the write
             body = {**body, "status": decision.wire_status()}  # the next decision starts here
             if not (decision.intents or decision.children):
@@ -573,15 +465,19 @@ class RunWorker:
                 return
             written, body, batch, model_calls = out, out, [], 0
             self.failures.at(key, "after commit", snap, decision.event.value)
-            for intent in decision.intents:
-                # Right after the intent commit: the record the dispatcher works from. If it
-                # exists already, the API server says so and the ledger counts a suppressed duplicate.
-                await self.actions.ensure(snap.namespace, intent, self.config.first_claims)
-            for child in decision.children:
-                await self.children.create(snap, child)
+            await self._create(snap, decision)
         if batch:
             await self._write_batch(key, right, written, body, batch)  # on 409, decided again anew
         self.enqueue(key)  # bounded work done; keep the hold and come back
+
+    async def _create(self, snap: RunSnapshot, commit: Commit) -> None:
+        """Right after a commit with intents or child runs: the records they stand for."""
+        for intent in commit.intents:
+            # The record the dispatcher works from. If it exists already, the API server says so
+            # and the ledger counts a suppressed duplicate.
+            await self.actions.ensure(snap.namespace, intent, self.config.first_claims)
+        for child in commit.children:
+            await self.children.create(snap, child)
 
     async def _write_batch(
         self, key: ObjectKey, right: Right, written: dict[str, Any], body: dict[str, Any], batch: Batch

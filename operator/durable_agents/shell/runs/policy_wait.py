@@ -1,0 +1,58 @@
+"""A run that names an AgentPolicy waits until the policy is known: nothing runs without it.
+
+The watch cache answers first; a policy it has not delivered (yet) is read once from the API
+server. While it is missing the run says so once (a Warning Event, ``status.waitingFor`` while
+it has no checkpoint) and is looked at again when the policy arrives (the cache remembers who
+waits for it).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from durable_agents.core.engine import RunSnapshot
+from durable_agents.shell.ground.kube import ObjectKey
+from durable_agents.shell.ground.store import RunStore
+from durable_agents.shell.intake.policies import PolicyCache
+from durable_agents.shell.observability.events import EventRecorder
+
+log = logging.getLogger("durable_agents.shell.runs.worker")
+
+
+class PolicyWait:
+    def __init__(
+        self,
+        policies: PolicyCache,
+        events: EventRecorder,
+        store: RunStore,
+        enqueue: Callable[[ObjectKey], None],
+    ) -> None:
+        self.policies, self.events, self.store = policies, events, store
+        self.enqueue = enqueue  # a run that waited for a policy read here is looked at again
+
+    async def ready(self, key: ObjectKey, body: dict[str, Any], run: RunSnapshot) -> bool:
+        """False (and the run waits, saying why once) while the AgentPolicy it names is not known.
+        A run that ended needs none."""
+        ref = run.spec.policy_ref
+        if ref is None or run.state.terminal or await self._known(run.namespace, ref.name):
+            return True
+        if self.policies.wait_for((run.namespace, ref.name), key):
+            log.warning("run %s/%s waits for its AgentPolicy %r to be known", *key, ref.name)
+            await self.events.record(
+                body,
+                "PolicyNotFound",
+                f"waiting for AgentPolicy {ref.name!r}: nothing runs without it",
+                warning=True,
+            )
+            await self.store.note_waiting(body, f"agentpolicy:{ref.name}")
+        return False
+
+    async def _known(self, namespace: str, name: str) -> bool:
+        if self.policies.get((namespace, name)) is not None:
+            return True
+        waited = await self.policies.fetch(namespace, name)
+        for run in waited or ():
+            self.enqueue(run)
+        return waited is not None
