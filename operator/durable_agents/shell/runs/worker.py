@@ -8,8 +8,7 @@ For one run, one unit of work is:
    (:mod:`durable_agents.shell.ownership.rights`), or do nothing; the first time a run is touched
    under a hold taken over from another holder, its checkpoint is stamped with the new epoch (a
    fencing write), so a zombie's commit prepared against the old resourceVersion is refused. A
-   live per-run Lease of an earlier release is respected; a foreign object under its name leaves
-   the run where it is, with a ``LeaseConflict`` condition and Event, until it is gone;
+   live per-run Lease of an earlier release is respected until it expires;
 3. do bounded work: ask the engine for the next status, performing what a step needs observed
    (:mod:`durable_agents.shell.runs.observing`) and the model's turns;
 4. commit it in ONE status write with the read resourceVersion as precondition
