@@ -54,20 +54,16 @@ def invalid_spec(err: ValidationError) -> str:
 
 async def home_region(manager: Manager, body: dict[str, Any], loop: asyncio.AbstractEventLoop) -> str:
     """A new run's home region when it names none: its AgentPolicy's ``defaultRegion``, else the
-    region this operator serves. A policy not yet cached is fetched on the operator's ``loop``
-    (the cache and the queue are that loop's; the webhook serves on its own thread)."""
+    region this operator serves. A policy not yet cached is read on the operator's ``loop`` (the
+    cache is that loop's; the webhook serves on its own thread). The read only fills the cache:
+    runs that waited for the policy go on when its watch event arrives, not from a review."""
     ref = (body.get("spec") or {}).get("policyRef") or {}
     namespace = (body.get("metadata") or {}).get("namespace") or ""
     if isinstance(ref, dict) and isinstance(ref.get("name"), str):
-        policies, key = manager.worker.policies, (namespace, ref["name"])
-
-        async def fetch() -> None:
-            for waited in await policies.fetch(*key) or ():
-                manager.worker.enqueue(waited)  # runs that waited for this policy go on
-
-        if policies.get(key) is None:
-            await on_loop(loop, fetch())
+        policies, key = manager.policies, (namespace, ref["name"])
         policy = policies.get(key)
+        if policy is None:
+            policy = await on_loop(loop, policies.read(*key))
         if policy is not None and policy.default_region:
             return policy.default_region
     return manager.config.region
@@ -88,20 +84,18 @@ def register(registry: kopf.OperatorRegistry, manager: Manager) -> None:
         configurations = await serving.configure(settings)
         # Installed before the server listens: until then every AgentRun write fails closed.
         await registration.install_webhooks(manager.kube, *configurations)
-        serving.start_keeping_current()
+        if serving.certificates is not None:  # in a cluster: renewed, reloaded, kept current
+            manager.runnables.add(serving)
         task = asyncio.create_task(announce_when_serving(settings, manager.webhook_serving))
         background.add(task)
         task.add_done_callback(background.discard)
-
-    async def stop_serving(**_: object) -> None:
-        await serving.stop()
 
     async def stamp_identity(
         body: kopf.Body, userinfo: kopf.UserInfo, patch: kopf.Patch, **kwargs: Any
     ) -> None:
         # The review's size and shape limits were checked before kopf saw it (LimitedWebhookServer).
         operation, old = str(kwargs.get("operation")), kwargs.get("old")
-        user, keyring = admission.identity_of(dict(userinfo)), manager.config.keyring
+        user, keyring = admission.identity_of(dict(userinfo)), manager.keyring
         stamped = admission.stamps(
             operation,
             dict(body),
@@ -134,7 +128,7 @@ def register(registry: kopf.OperatorRegistry, manager: Manager) -> None:
 
     async def check_approvals(body: kopf.Body, userinfo: kopf.UserInfo, **kwargs: Any) -> None:
         operation, old = str(kwargs.get("operation")), kwargs.get("old")  # limits: as above
-        new, user, keyring = dict(body), admission.identity_of(dict(userinfo)), manager.config.keyring
+        new, user, keyring = dict(body), admission.identity_of(dict(userinfo)), manager.keyring
         try:
             reason = await _checked(operation, new, old, user, keyring)
         except ValidationError as err:  # what the schema let through and the model does not
@@ -153,7 +147,7 @@ def register(registry: kopf.OperatorRegistry, manager: Manager) -> None:
         policy = None
         if spec.policy_ref is not None:
             namespace = (new.get("metadata") or {}).get("namespace") or ""
-            policy = manager.worker.policies.get((namespace, spec.policy_ref.name))
+            policy = manager.policies.get((namespace, spec.policy_ref.name))
         previous = dict(old) if old is not None else None
         return await admission.check_update(manager.kube, new, previous, user, policy, keyring)
 
@@ -162,14 +156,14 @@ def register(registry: kopf.OperatorRegistry, manager: Manager) -> None:
     ) -> None:
         user = admission.identity_of(dict(userinfo))
         stamped = failover_admission.failover_stamps(
-            str(kwargs.get("operation")), dict(body), user, datetime.now(UTC), manager.config.keyring
+            str(kwargs.get("operation")), dict(body), user, datetime.now(UTC), manager.keyring
         )
         for field, value in stamped.items():
             patch.spec[field] = value
 
     async def check_failover(body: kopf.Body, userinfo: kopf.UserInfo, **kwargs: Any) -> None:
         operation, old = str(kwargs.get("operation")), kwargs.get("old")
-        user, keyring = admission.identity_of(dict(userinfo)), manager.config.keyring
+        user, keyring = admission.identity_of(dict(userinfo)), manager.keyring
         try:
             reason = await failover_admission.check_failover(
                 manager.kube, operation, dict(body), dict(old) if old is not None else None, user, keyring
@@ -180,7 +174,6 @@ def register(registry: kopf.OperatorRegistry, manager: Manager) -> None:
             raise kopf.AdmissionError(reason, code=403)
 
     manager.start_hooks.append(serve)
-    kopf.on.cleanup(registry=registry)(stop_serving)
     kopf.on.mutate(
         GROUP,
         VERSION,

@@ -61,6 +61,7 @@ from durable_agents.shell.effects.plugins import load_effects, load_planners
 from durable_agents.shell.ground import metrics
 from durable_agents.shell.ground.faults import process_faults
 from durable_agents.shell.ground.kube import Kube, ObjectKey
+from durable_agents.shell.ground.lifecycle import Background
 from durable_agents.shell.ground.store import Conflict, Gone, RunStore
 from durable_agents.shell.ground.workqueue import WorkQueue
 from durable_agents.shell.intake.policies import PolicyCache
@@ -111,9 +112,13 @@ class DispatcherConfig:
         return timedelta(seconds=self.timeout * 2 + 1)
 
 
-class Dispatcher:
+class Dispatcher(Background):
     def __init__(
-        self, kube: Kube, config: DispatcherConfig, effects: dict[str, Effect] | None = None
+        self,
+        kube: Kube,
+        config: DispatcherConfig,
+        effects: dict[str, Effect] | None = None,
+        policies: PolicyCache | None = None,
     ) -> None:
         self.kube = kube
         self.config = config
@@ -121,7 +126,7 @@ class Dispatcher:
         self.events = EventRecorder(kube, config.identity)
         self.effects = effects if effects is not None else load_effects()
         self.runs = RunStore(kube)
-        self.policies = PolicyCache(kube)
+        self.policies = policies if policies is not None else PolicyCache(kube)
         self.agents = AgentResolver(kube, config.keyring, load_planners())
         self.base_settings = Settings(
             tiers={name: effect.tier for name, effect in self.effects.items()}, keyring=config.keyring
@@ -146,11 +151,8 @@ class Dispatcher:
         for key in self.pacing.answered(body) if event_type != "DELETED" else ():
             self.queue.add(key)
 
-    def start(self) -> None:
-        self.queue.start()
-
-    async def stop(self) -> None:
-        await self.queue.stop()
+    async def run(self) -> None:
+        await self.queue.run()  # its consumers, until cancelled
 
     # --- one record -----------------------------------------------------------------------
 
@@ -375,8 +377,8 @@ class Dispatcher:
             return Refused(f"its run {spec.run_ref.name!r} cannot be read: {err}"[:1024]), run_body
         settings = self.base_settings
         if run.spec.policy_ref is not None:  # its approval rules: a fresh read, as the worker waits for it
-            await self.policies.fetch(namespace, run.spec.policy_ref.name)
-            settings = self.policies.settings_for(run, settings)
+            read = await self.policies.read(namespace, run.spec.policy_ref.name, fresh=True)
+            settings = self.policies.settings_for(run, settings, read)
         # A model run's pending call is rebuilt from its tools (MCP servers listed) and the
         # checkpoint's sealed arguments; inputs that cannot be resolved send nothing.
         await self.agents.prepare(run, settings)
