@@ -82,9 +82,10 @@ class PolicyCache:
         self, namespace: str, name: str, *, fresh: bool = False, absent_for: float = 0.0
     ) -> AgentPolicySpec | None:
         """The policy, from the cache or (not cached, or ``fresh``) read from the API server;
-        None if it does not exist or is invalid. A policy read is kept unless the watch delivered
-        one meanwhile (the watch's is the newer); a missing one is believed missing for
-        ``absent_for`` seconds. Releases no waiting run: the watch's event for it does."""
+        None if it does not exist or is invalid. What is read is not cached (a read can be older
+        than a deletion the watch delivered meanwhile: the watch's events are the cache's truth);
+        a missing one is believed missing for ``absent_for`` seconds. Releases no waiting run:
+        the policy's watch event does."""
         key = (namespace, name)
         if not fresh:
             known = self.policies.get(key)
@@ -113,7 +114,6 @@ class PolicyCache:
                 self.absent[key] = time.monotonic() + absent_for
             return None
         self.absent.pop(key, None)
-        self.policies.setdefault(key, policy)
         return policy
 
     def wait_for(self, policy: ObjectKey, run: ObjectKey) -> bool:
