@@ -20,8 +20,10 @@ from durable_agents.shell.observability.json_logs import configure_logging
 from durable_agents_controllers import (
     actionrecord,
     agentpolicy,
+    agentrun,
     health,
     keyguard,
+    regionfailover,
     retention,
     runlease,
     webhook,
@@ -48,12 +50,25 @@ def _memory_report(_signum: int, _frame: FrameType | None) -> None:
 
 
 def registry_for(manager: Manager) -> kopf.OperatorRegistry:
-    """Every handler of the operator, on one registry, each given the manager."""
+    """Every handler of the operator, on one registry, each given the manager. The order is the
+    order the manager makes and starts their parts in (and stops them in reverse): the run worker
+    first, the dispatcher, failovers, the resealer, retention, the probes."""
     registry = kopf.OperatorRegistry()
     # The same credentials as the kubernetes client the shell uses (in-cluster or KUBECONFIG).
     kopf.on.login(registry=registry)(kopf.login_via_client)
     manager.register(registry)
-    for controller in (runlease, actionrecord, agentpolicy, webhook, keyguard, retention, health):
+    controllers = (
+        agentrun,
+        runlease,
+        actionrecord,
+        agentpolicy,
+        regionfailover,
+        webhook,
+        keyguard,
+        retention,
+        health,
+    )
+    for controller in controllers:
         controller.register(registry, manager)
     return registry
 

@@ -1,4 +1,6 @@
-"""ActionRecord watch events: the dispatcher takes every change; a run waits on its records' outcomes."""
+"""ActionRecord: the dispatcher (made here, when this process runs one) takes every record's
+change and, from the manager's AgentRun reflector, the runs a person answered a reconciliation
+for; the stuck check learns of unknown outcomes; a run waits on its records' outcomes."""
 
 from __future__ import annotations
 
@@ -8,12 +10,25 @@ import kopf
 
 from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents.core.ledger import TERMINAL_ACTION_STATES
+from durable_agents.shell.ledger.dispatcher import Dispatcher
 from durable_agents_controllers.manager import Manager
 
 TERMINAL = frozenset(s.value for s in TERMINAL_ACTION_STATES)
 
 
+def build(manager: Manager) -> None:
+    # Dispatchers may run as a separate deployment: "off" leaves intents to another process.
+    if not manager.config.dispatcher:
+        return
+    dispatcher = Dispatcher(manager.kube, manager.dispatch, policies=manager.policies)
+    manager.dispatcher = dispatcher
+    manager.runs.subscribe(dispatcher.observe_run)  # a person's reconciliation: asked at once
+    manager.runnables.add(dispatcher)
+
+
 def register(registry: kopf.OperatorRegistry, manager: Manager) -> None:
+    manager.builds.append(build)
+
     @kopf.on.event(GROUP, VERSION, "actionrecords", registry=registry)
     async def actionrecord_event(event: kopf.RawEvent, **_: Any) -> None:
         body: dict[str, Any] = dict(event["object"])

@@ -9,11 +9,11 @@ answer them, and a rolling upgrade waits for the new replica before stopping an 
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 import aiohttp.web
 import kopf
 
+from durable_agents.shell.ground.lifecycle import Background, forever
 from durable_agents_controllers.manager import Manager
 
 log = logging.getLogger(__name__)
@@ -34,23 +34,26 @@ def app_for(manager: Manager) -> aiohttp.web.Application:
     return app
 
 
-def register(registry: kopf.OperatorRegistry, manager: Manager) -> None:
-    port = manager.config.health_port
-    if port is None:
-        return
-    runners: list[aiohttp.web.AppRunner] = []
+class HealthServer(Background):
+    """The probes' HTTP server, one of the manager's parts."""
 
-    @kopf.on.startup(registry=registry)
-    async def serve_health(**_: Any) -> None:
-        runner = aiohttp.web.AppRunner(app_for(manager), handle_signals=False, access_log=None)
+    def __init__(self, manager: Manager, port: int) -> None:
+        self.manager, self.port = manager, port
+
+    async def run(self) -> None:
+        runner = aiohttp.web.AppRunner(app_for(self.manager), handle_signals=False, access_log=None)
         await runner.setup()
-        await aiohttp.web.TCPSite(
-            runner, None, port
-        ).start()  # every interface: the kubelet probes the Pod's IP
-        runners.append(runner)
-        log.info("health endpoints on port %s (/healthz, /readyz)", port)
-
-    @kopf.on.cleanup(registry=registry)
-    async def stop_health(**_: Any) -> None:
-        for runner in runners:
+        try:
+            # Every interface: the kubelet probes the Pod's IP.
+            await aiohttp.web.TCPSite(runner, None, self.port).start()
+            log.info("health endpoints on port %s (/healthz, /readyz)", self.port)
+            await forever()
+        finally:
             await runner.cleanup()
+
+
+def register(registry: kopf.OperatorRegistry, manager: Manager) -> None:
+    del registry  # served by one of the manager's parts
+    port = manager.config.health_port
+    if port is not None:
+        manager.builds.append(lambda manager: manager.runnables.add(HealthServer(manager, port)))

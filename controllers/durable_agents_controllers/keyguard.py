@@ -1,9 +1,12 @@
-"""The validating webhook on keyring Secrets: a key still in use is never retired
-(the rule: :mod:`durable_agents.shell.keys.keyguard`; its webhook entry:
-``registration.webhook_configurations``).
+"""The keyring: its re-sealing on key rotation, and the validating webhook on keyring Secrets.
 
-Registered only with the admission webhook (``DURABLE_AGENTS_WEBHOOK_PORT``): it is served by the
-same server, on its own path, for Secrets labelled ``durable-agents.io/keyring: "true"`` only.
+The resealer (:mod:`durable_agents.shell.keys.resealer`) runs in every process, with the manager's
+one keyring: runs still on an older key are re-sealed under the active one, gently.
+
+The webhook: a key still in use is never retired (the rule: :mod:`durable_agents.shell.keys.keyguard`;
+its webhook entry: ``registration.webhook_configurations``). Registered only with the admission
+webhook (``DURABLE_AGENTS_WEBHOOK_PORT``): it is served by the same server, on its own path, for
+Secrets labelled ``durable-agents.io/keyring: "true"`` only.
 """
 
 from __future__ import annotations
@@ -13,10 +16,23 @@ from typing import Any
 import kopf
 
 from durable_agents.shell.keys.keyguard import KEYGUARD_PATH, check_keyring_secret
+from durable_agents.shell.keys.resealer import ResealConfig, Resealer
 from durable_agents_controllers.manager import Manager
 
 
+def build(manager: Manager) -> None:
+    config = manager.config
+    reseal = ResealConfig(
+        interval=config.reseal_interval,
+        writes_per_second=config.reseal_writes_per_second,
+        namespace=config.namespace,
+        page_size=config.list_chunk,
+    )
+    manager.runnables.add(Resealer(manager.kube, manager.keyring, reseal))
+
+
 def register(registry: kopf.OperatorRegistry, manager: Manager) -> None:
+    manager.builds.append(build)
     if manager.config.webhook_port is None:
         return
 
@@ -28,7 +44,7 @@ def register(registry: kopf.OperatorRegistry, manager: Manager) -> None:
             dict(new) if new is not None else None,
             dict(old) if old is not None else None,
             str(kwargs.get("operation")),
-            config.keyring,
+            manager.keyring,
             config.namespace,
             config.list_chunk,
         )

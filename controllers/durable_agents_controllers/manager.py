@@ -1,5 +1,14 @@
-"""The manager: builds the operator's parts from its configuration at kopf start-up, stops them
-at clean-up, and hands them to the handlers (which receive it explicitly, never import it)."""
+"""The manager (controller-runtime's Manager): the process's shared intake and caches, and the list
+of its long-running parts, each started and stopped the same way.
+
+It owns what every controller shares: the Kubernetes client, the one keyring (the configuration's),
+the one AgentPolicy cache, and the one AgentRun list-and-watch every consumer subscribes to (the
+run worker, the dispatcher, retention, the stuck check, the census). Each controller module
+(one per kind) registers a ``build`` step; at kopf start-up the manager runs them in registration
+order (they make their parts, subscribe them and add them to :attr:`Manager.runnables`), adds the
+AgentRun reflector last, once every subscriber is there, and starts the list; clean-up stops it
+in reverse order. Handlers receive the manager explicitly, never import it.
+"""
 
 from __future__ import annotations
 
@@ -7,41 +16,50 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING
 
 import kopf
 from prometheus_client import start_http_server
 
+from durable_agents.core.sealing import Keyring
 from durable_agents.shell.ground.faults import install_faults
 from durable_agents.shell.ground.kube import Kube, load_api_client
+from durable_agents.shell.ground.lifecycle import Runnables
+from durable_agents.shell.intake.policies import PolicyCache
 from durable_agents.shell.intake.reflector import RunReflector
-from durable_agents.shell.keys.resealer import ResealConfig, Resealer
 from durable_agents.shell.ledger.actions import FirstClaims
-from durable_agents.shell.ledger.dispatcher import Dispatcher, DispatcherConfig
-from durable_agents.shell.observability.census import RunCensus
+from durable_agents.shell.ledger.dispatcher import DispatcherConfig
 from durable_agents.shell.observability.commit_metrics import initialise as initialise_metrics
 from durable_agents.shell.observability.run_traces import configure as configure_run_traces
-from durable_agents.shell.runs.failover import Failovers
-from durable_agents.shell.runs.stuck import StuckCheck, StuckConfig
-from durable_agents.shell.runs.worker import RunWorker, WorkerConfig
 from durable_agents_controllers.config import OperatorConfig
 
+if TYPE_CHECKING:
+    from durable_agents.shell.ledger.dispatcher import Dispatcher
+    from durable_agents.shell.runs.stuck import StuckCheck
+    from durable_agents.shell.runs.worker import RunWorker
+
 log = logging.getLogger(__name__)
+
+Build = Callable[["Manager"], None]
 
 
 class Manager:
     def __init__(self, config: OperatorConfig) -> None:
         self.config = config
+        self.keyring: Keyring = config.keyring  # the process's one keyring: stamps, seals, verifies
         self._kube: Kube | None = None
+        self._policies: PolicyCache | None = None
+        self._runs: RunReflector | None = None  # the AgentRun intake (made at start-up)
+        self.runnables = Runnables()  # started in order, stopped in reverse order
+        # Each controller's parts, made at start-up in registration order (after the start hooks).
+        self.builds: list[Build] = []
+        # Set by the controllers' builds: the parts other handlers hand events to.
         self._worker: RunWorker | None = None
-        self._dispatcher: Dispatcher | None = None
-        self._reflector: RunReflector | None = None
-        self._resealer: Resealer | None = None
-        self._failovers: Failovers | None = None
+        self.dispatcher: Dispatcher | None = None  # None: this process sends nothing (DISPATCHER=off)
         self.stuck: StuckCheck | None = None  # the Stuck condition of the runs this replica owns
-        self._census: RunCensus | None = None  # the gauges over this replica's waiting runs
+        self.dispatch = self._dispatching()  # the dispatcher's configuration, its first claims
         self._metrics_serving = False
-        # Run at start-up, in order, before the worker starts (the admission webhook's set-up).
+        # Run at start-up, in order, before any part is made (the admission webhook's set-up).
         self.start_hooks: list[Callable[[kopf.OperatorSettings], Awaitable[None]]] = []
         self.webhook_serving = asyncio.Event()  # set once the admission webhook accepts connections
         self.started = asyncio.Event()  # set once every part is running
@@ -53,9 +71,11 @@ class Manager:
             waiting.append("starting")
         if self.config.webhook_port is not None and not self.webhook_serving.is_set():
             waiting.append("the admission webhook is not serving yet")
-        if self._reflector is not None and not self._reflector.synced.is_set():
+        if self._runs is not None and not self._runs.synced.is_set():
             waiting.append("the AgentRun cache has not synced")
         return waiting
+
+    # --- what the manager shares ----------------------------------------------------------
 
     @property
     def kube(self) -> Kube:
@@ -64,32 +84,53 @@ class Manager:
         return self._kube
 
     @property
+    def policies(self) -> PolicyCache:
+        """The process's one AgentPolicy cache (fed by the AgentPolicy watch)."""
+        if self._policies is None:
+            self._policies = PolicyCache(self.kube)
+        return self._policies
+
+    @property
+    def runs(self) -> RunReflector:
+        """The process's one AgentRun list-and-watch: subscribe to it in a build step."""
+        if self._runs is None:
+            raise RuntimeError("the AgentRun reflector is made at start-up (kopf startup has not run)")
+        return self._runs
+
+    @property
     def worker(self) -> RunWorker:
         if self._worker is None:
             raise RuntimeError("the run worker is not started (kopf startup has not run)")
         return self._worker
 
-    def _observe_run(self, event_type: str | None, body: dict[str, Any]) -> None:
-        """A run's watch event: for the worker, and for the dispatcher (a person's reconciliation)."""
-        assert self._worker is not None
-        self._worker.observe(event_type, body)
-        if self._census is not None:
-            self._census.observe(event_type, body)
-        if self._dispatcher is not None:
-            self._dispatcher.observe_run(event_type, body)
-        if self.stuck is not None:
-            self.stuck.observe_run(event_type, body)
+    @worker.setter
+    def worker(self, worker: RunWorker) -> None:
+        self._worker = worker
 
-    @property
-    def dispatcher(self) -> Dispatcher | None:
-        """The dispatcher, or None when this process runs without one (DISPATCHER=off)."""
-        return self._dispatcher
+    def _dispatching(self) -> DispatcherConfig:
+        """The dispatcher's configuration; with the dispatcher in this process and first claims on,
+        the first claims the worker creates intents under (one object, shared by both)."""
+        config = self.config
+        dispatching = DispatcherConfig(
+            identity=config.identity,
+            timeout=config.dispatch_timeout,
+            keyring=self.keyring,
+            all_events=config.all_events,
+            region=config.region,
+        )
+        if config.dispatcher and config.first_claim:  # intents created under our dispatcher's first claim
+            dispatching = replace(
+                dispatching, first_claims=FirstClaims(config.identity, dispatching.claim_ttl)
+            )
+        return dispatching
+
+    # --- lifecycle ------------------------------------------------------------------------
 
     def register(self, registry: kopf.OperatorRegistry) -> None:
         kopf.on.startup(registry=registry)(self.start)
         kopf.on.cleanup(registry=registry)(self.stop)
 
-    async def start(self, settings: kopf.OperatorSettings, **_: object) -> None:
+    def _settle(self, settings: kopf.OperatorSettings) -> None:
         config = self.config
         # kopf is the event source and scheduler, not the commit path: no kopf posting, and no
         # change-detecting handlers, so kopf writes no annotations or finalizers on our records.
@@ -110,110 +151,32 @@ class Manager:
         # Traces: off unless OTEL_TRACES_EXPORTER / OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT say otherwise.
         configure_run_traces(config.identity, config.shards)
         install_faults(config.faults)
-        for hook in self.start_hooks:
+
+    async def start(self, settings: kopf.OperatorSettings, **_: object) -> None:
+        config = self.config
+        self._settle(settings)
+        await self.runnables.stop()  # a retried start-up starts afresh
+        for hook in self.start_hooks:  # they may add parts too (the webhook's certificate keeper)
             await hook(settings)
-        dispatching = DispatcherConfig(
-            identity=config.identity,
-            timeout=config.dispatch_timeout,
-            keyring=config.keyring,
-            all_events=config.all_events,
-            region=config.region,
-        )
-        if config.dispatcher and config.first_claim:  # intents created under our dispatcher's first claim
-            dispatching = replace(
-                dispatching, first_claims=FirstClaims(config.identity, dispatching.claim_ttl)
-            )
-        self._worker = RunWorker(
+        self._runs = RunReflector(
             self.kube,
-            WorkerConfig(
-                identity=config.identity,
-                lease_duration=config.lease_duration,
-                concurrency=config.workers,
-                operator_version=config.operator_version,
-                all_events=config.all_events,
-                max_transitions_per_unit=config.transitions_per_write,
-                region=config.region,
-                lease_namespace=config.lease_namespace,
-                shards=config.shards,
-                keyring=config.keyring,
-                first_claims=dispatching.first_claims,
-            ),
-        )
-        self._worker.start()
-        shards = self._worker.shard_leases
-        self._census = RunCensus(
-            lambda namespace, name: shards.hold_for(namespace, name) is not None,
-            config.region,
-            config.keyring,
-        )
-        self._census.start()
-        if config.workers > 0:  # before the reflector: it judges the runs the first list delivers
-            stuck = StuckConfig(interval=config.stuck_check_seconds, threshold=config.stuck_after)
-            self.stuck = StuckCheck(self.kube, self._worker, stuck)
-            self.stuck.start()
-        self._reflector = RunReflector(
-            self.kube,
-            self._observe_run,
             namespace=config.namespace,
             page_size=config.list_chunk,
             watch_timeout=config.watch_timeout,
         )
-        self._reflector.start()
-        # Dispatchers may run as a separate deployment: "off" leaves intents to another process.
-        if config.dispatcher:
-            self._dispatcher = Dispatcher(self.kube, dispatching)
-            self._dispatcher.start()
-        self._worker.controls.dispatcher = lambda: self._dispatcher  # reconcile RUN: ask now
-        # Explicit region failovers to this region: carried out by the region's leader only.
-        if config.workers > 0:
-            worker = self._worker
-            self._failovers = Failovers(
-                self.kube,
-                worker.region,
-                config.keyring,
-                settings_for=worker.settings_for,
-                region_of=worker.region_of,
-                dispatcher=lambda: self._dispatcher,
-                adopted=worker.enqueue,
-            )
-            self._failovers.start()
-        # Key rotation: runs still on an older key are re-sealed under the active one, gently.
-        self._resealer = Resealer(
-            self.kube,
-            config.keyring,
-            ResealConfig(
-                interval=config.reseal_interval,
-                writes_per_second=config.reseal_writes_per_second,
-                namespace=config.namespace,
-                page_size=config.list_chunk,
-            ),
-        )
-        self._resealer.start()
+        for build in self.builds:
+            build(self)
+        self.runnables.add(self._runs)  # last: every consumer has subscribed to the first list
+        self.runnables.start()
         self.started.set()
         log.info("durable-agents worker %s started (lease %ss)", config.identity, config.lease_duration)
 
     async def stop(self, **_: object) -> None:
-        if self.stuck is not None:
-            await self.stuck.stop()
-            self.stuck = None
-        if self._failovers is not None:
-            await self._failovers.stop()
-            self._failovers = None
-        if self._resealer is not None:
-            await self._resealer.stop()
-            self._resealer = None
-        if self._reflector is not None:
-            await self._reflector.stop()
-            self._reflector = None
-        if self._dispatcher is not None:
-            await self._dispatcher.stop()
-            self._dispatcher = None
-        if self._census is not None:
-            await self._census.stop()
-            self._census = None
-        if self._worker is not None:
-            await self._worker.stop()
-            self._worker = None
+        await self.runnables.stop()
+        self._runs = None
+        self._worker = None
+        self.dispatcher = None
+        self.stuck = None
         if self._kube is not None:
             self._kube.close()
             self._kube = None

@@ -27,7 +27,7 @@ async def reveal_hook(
     policy_ref = ((old or {}).get("spec") or {}).get("policyRef") or {}
     policy = None
     if policy_ref.get("name"):
-        policy = manager.worker.policies.get((str(meta.get("namespace") or ""), str(policy_ref["name"])))
+        policy = manager.policies.get((str(meta.get("namespace") or ""), str(policy_ref["name"])))
     try:
         changes = await reveal_changes(
             manager.kube,
@@ -35,7 +35,7 @@ async def reveal_hook(
             dict(old) if old is not None else None,
             request_stamps.identity_of(dict(userinfo)),
             policy,
-            manager.config.keyring,
+            manager.keyring,
             dryrun,
         )
     except RevealRefused as err:

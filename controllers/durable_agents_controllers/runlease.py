@@ -1,7 +1,7 @@
 """Run Lease watch events go to the run worker (an orphaned Lease of an idle run gets reaped).
 
-AgentRun events do not come through kopf: the run worker's own reflector lists and watches them
-(durable_agents.shell.intake.reflector explains why), started with the worker by the manager.
+AgentRun events do not come through kopf: the manager's one reflector lists and watches them
+(durable_agents.shell.intake.reflector explains why) for every subscriber (``agentrun`` wires the worker).
 """
 
 from __future__ import annotations

@@ -55,70 +55,59 @@ def invalid_spec(err: ValidationError) -> str:
 
 async def home_region(manager: Manager, body: dict[str, Any], loop: asyncio.AbstractEventLoop) -> str:
     """A new run's home region when it names none: its AgentPolicy's ``defaultRegion``, else the
-    region this operator serves. A policy not yet cached is fetched on the operator's ``loop``
-    (the cache and the queue are that loop's; the webhook serves on its own thread)."""
+    region this operator serves. A policy not yet cached is read on the operator's ``loop`` (the
+    cache is that loop's; the webhook serves on its own thread). The read only fills the cache:
+    runs that waited for the policy go on when its watch event arrives, not from a review."""
     ref = (body.get("spec") or {}).get("policyRef") or {}
     namespace = (body.get("metadata") or {}).get("namespace") or ""
     if isinstance(ref, dict) and isinstance(ref.get("name"), str):
-        policies, key = manager.worker.policies, (namespace, ref["name"])
-
-        async def fetch() -> None:
-            for waited in await policies.fetch(*key) or ():
-                manager.worker.enqueue(waited)  # runs that waited for this policy go on
-
-        if policies.get(key) is None:
-            await on_loop(loop, fetch())
+        policies, key = manager.policies, (namespace, ref["name"])
         policy = policies.get(key)
+        if policy is None:
+            policy = await on_loop(loop, policies.read(*key))
         if policy is not None and policy.default_region:
             return policy.default_region
     return manager.config.region
 
 
-def register(registry: kopf.OperatorRegistry, manager: Manager) -> None:
-    """Serve the admission webhook if the configuration enables it (kopf refuses admission
-    handlers without a server, so nothing is registered otherwise)."""
-    port = manager.config.webhook_port
-    if port is None:
-        return
-    background: set[asyncio.Task[None]] = set()
-    serving = WebhookServing(manager, LimitedWebhookServer)
-    operator_loop: list[asyncio.AbstractEventLoop] = []  # the handlers run on the webhook's own
+class Admission:
+    """The admission handlers, with what they need from the manager: the Kubernetes client, the
+    keyring, the policy cache (read only: a review never enqueues a run) and the operator's loop."""
 
-    async def serve(settings: kopf.OperatorSettings) -> None:
-        operator_loop[:] = [asyncio.get_running_loop()]
+    def __init__(self, manager: Manager) -> None:
+        self.manager = manager
+        self.serving = WebhookServing(manager, LimitedWebhookServer)
+        self.operator_loop: asyncio.AbstractEventLoop | None = None  # the handlers run on the webhook's own
+        self._background: set[asyncio.Task[None]] = set()
+
+    async def serve(self, settings: kopf.OperatorSettings) -> None:
+        """A start hook of the manager's: serve, and register the webhook configurations."""
+        manager, serving = self.manager, self.serving
+        self.operator_loop = asyncio.get_running_loop()
         configurations = await serving.configure(settings)
         # Installed before the server listens: until then every AgentRun write fails closed.
         await registration.install_webhooks(manager.kube, *configurations)
-        serving.start_keeping_current()
+        if serving.certificates is not None:  # in a cluster: renewed, reloaded, kept current
+            manager.runnables.add(serving)
         task = asyncio.create_task(announce_when_serving(settings, manager.webhook_serving))
-        background.add(task)
-        task.add_done_callback(background.discard)
-
-    async def stop_serving(**_: object) -> None:
-        await serving.stop()
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def stamp_identity(
-        body: kopf.Body, userinfo: kopf.UserInfo, patch: kopf.Patch, **kwargs: Any
+        self, body: kopf.Body, userinfo: kopf.UserInfo, patch: kopf.Patch, **kwargs: Any
     ) -> None:
         # The review's size and shape limits were checked before kopf saw it (LimitedWebhookServer).
-        operation, old = str(kwargs.get("operation")), kwargs.get("old")
-        user, keyring = request_stamps.identity_of(dict(userinfo)), manager.config.keyring
-        stamped = request_stamps.stamps(
-            operation,
-            dict(body),
-            dict(old) if old is not None else None,
-            user,
-            datetime.now(UTC),
-            keyring,
-        )
+        manager, operation, old = self.manager, str(kwargs.get("operation")), kwargs.get("old")
+        user, keyring = request_stamps.identity_of(dict(userinfo)), manager.keyring
+        previous = dict(old) if old is not None else None
+        stamped = request_stamps.stamps(operation, dict(body), previous, user, datetime.now(UTC), keyring)
         for field, value in stamped.items():
             patch.spec[field] = value
         if operation == "CREATE" and not (body.get("spec") or {}).get("region"):
-            patch.spec["region"] = await home_region(manager, dict(body), operator_loop[0])
+            assert self.operator_loop is not None  # set by serve, before the server listens
+            patch.spec["region"] = await home_region(manager, dict(body), self.operator_loop)
         try:  # then seal what people wrote (the data-key annotation: sealing_admission)
-            sealed = sealing_changes(
-                operation, dict(body), dict(old) if old is not None else None, keyring, entropy=os.urandom
-            )
+            sealed = sealing_changes(operation, dict(body), previous, keyring, entropy=os.urandom)
         except SealingRefused as err:
             raise kopf.AdmissionError(str(err), code=422) from err
         except ValueError as err:  # a value sealing cannot bind (say, a key with a NUL in it)
@@ -135,78 +124,77 @@ def register(registry: kopf.OperatorRegistry, manager: Manager) -> None:
         # An approver's dry-run reveal request is answered here (durable_agents.shell.runs.reveal).
         await reveal_hook(manager, body, old, userinfo, bool(kwargs.get("dryrun")), patch)
 
-    async def check_approvals(body: kopf.Body, userinfo: kopf.UserInfo, **kwargs: Any) -> None:
+    async def check_approvals(self, body: kopf.Body, userinfo: kopf.UserInfo, **kwargs: Any) -> None:
         operation, old = str(kwargs.get("operation")), kwargs.get("old")  # limits: as above
-        new, user, keyring = dict(body), request_stamps.identity_of(dict(userinfo)), manager.config.keyring
+        new, user, keyring = dict(body), request_stamps.identity_of(dict(userinfo)), self.manager.keyring
         try:
-            reason = await _checked(operation, new, old, user, keyring)
+            reason = await self._checked(operation, new, old, user, keyring)
         except ValidationError as err:  # what the schema let through and the model does not
             raise kopf.AdmissionError(invalid_spec(err), code=422) from err
         if reason is not None:
             raise kopf.AdmissionError(reason, code=403)
 
     async def _checked(
-        operation: str, new: dict[str, Any], old: Any, user: Identity, keyring: Keyring
+        self, operation: str, new: dict[str, Any], old: Any, user: Identity, keyring: Keyring
     ) -> str | None:
+        kube = self.manager.kube
         if operation == "CREATE":
-            return await admission.check_create(manager.kube, new, user, keyring)
+            return await admission.check_create(kube, new, user, keyring)
         if operation != "UPDATE":
             return None
         spec = AgentRunSpec.model_validate(new.get("spec") or {})
         policy = None
         if spec.policy_ref is not None:
             namespace = (new.get("metadata") or {}).get("namespace") or ""
-            policy = manager.worker.policies.get((namespace, spec.policy_ref.name))
+            policy = self.manager.policies.get((namespace, spec.policy_ref.name))
         previous = dict(old) if old is not None else None
-        return await admission.check_update(manager.kube, new, previous, user, policy, keyring)
+        return await admission.check_update(kube, new, previous, user, policy, keyring)
 
     async def stamp_failover(
-        body: kopf.Body, userinfo: kopf.UserInfo, patch: kopf.Patch, **kwargs: Any
+        self, body: kopf.Body, userinfo: kopf.UserInfo, patch: kopf.Patch, **kwargs: Any
     ) -> None:
         user = request_stamps.identity_of(dict(userinfo))
         stamped = failover_admission.failover_stamps(
-            str(kwargs.get("operation")), dict(body), user, datetime.now(UTC), manager.config.keyring
+            str(kwargs.get("operation")), dict(body), user, datetime.now(UTC), self.manager.keyring
         )
         for field, value in stamped.items():
             patch.spec[field] = value
 
-    async def check_failover(body: kopf.Body, userinfo: kopf.UserInfo, **kwargs: Any) -> None:
+    async def check_failover(self, body: kopf.Body, userinfo: kopf.UserInfo, **kwargs: Any) -> None:
         operation, old = str(kwargs.get("operation")), kwargs.get("old")
-        user, keyring = request_stamps.identity_of(dict(userinfo)), manager.config.keyring
+        user, keyring = request_stamps.identity_of(dict(userinfo)), self.manager.keyring
+        previous = dict(old) if old is not None else None
         try:
             reason = await failover_admission.check_failover(
-                manager.kube, operation, dict(body), dict(old) if old is not None else None, user, keyring
+                self.manager.kube, operation, dict(body), previous, user, keyring
             )
         except ValidationError as err:
             raise kopf.AdmissionError(invalid_spec(err), code=422) from err
         if reason is not None:
             raise kopf.AdmissionError(reason, code=403)
 
-    manager.start_hooks.append(serve)
-    kopf.on.cleanup(registry=registry)(stop_serving)
-    kopf.on.mutate(
-        GROUP,
-        VERSION,
-        "agentruns",
-        id=admission.MUTATE_PATH,
-        operations=["CREATE", "UPDATE"],
-        registry=registry,
-    )(stamp_identity)
-    kopf.on.validate(
-        GROUP,
-        VERSION,
-        "agentruns",
-        id=admission.VALIDATE_PATH,
-        operations=["CREATE", "UPDATE"],
-        registry=registry,
-    )(check_approvals)
-    for path, handler, decorator in (
-        (failover_admission.MUTATE_FAILOVER_PATH, stamp_failover, kopf.on.mutate),
-        (failover_admission.VALIDATE_FAILOVER_PATH, check_failover, kopf.on.validate),
+
+def register(registry: kopf.OperatorRegistry, manager: Manager) -> None:
+    """Serve the admission webhook if the configuration enables it (kopf refuses admission
+    handlers without a server, so nothing is registered otherwise)."""
+    if manager.config.webhook_port is None:
+        return
+    handlers = Admission(manager)
+    manager.start_hooks.append(handlers.serve)
+    for plural, path, handler, decorator in (
+        ("agentruns", admission.MUTATE_PATH, handlers.stamp_identity, kopf.on.mutate),
+        ("agentruns", admission.VALIDATE_PATH, handlers.check_approvals, kopf.on.validate),
+        (FAILOVER_PLURAL, failover_admission.MUTATE_FAILOVER_PATH, handlers.stamp_failover, kopf.on.mutate),
+        (
+            FAILOVER_PLURAL,
+            failover_admission.VALIDATE_FAILOVER_PATH,
+            handlers.check_failover,
+            kopf.on.validate,
+        ),
     ):
-        decorator(
-            GROUP, VERSION, FAILOVER_PLURAL, id=path, operations=["CREATE", "UPDATE"], registry=registry
-        )(handler)
+        decorator(GROUP, VERSION, plural, id=path, operations=["CREATE", "UPDATE"], registry=registry)(
+            handler
+        )
 
 
 def _parse(text: str) -> Any:

@@ -13,7 +13,6 @@ within a pass.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import tempfile
@@ -25,6 +24,7 @@ import kopf
 from durable_agents.shell.admission import registration
 from durable_agents.shell.admission.certs import IssuedCertificates, WebhookCertificates
 from durable_agents.shell.ground.certs import generate_ca, issue_serving_cert
+from durable_agents.shell.ground.lifecycle import Background
 from durable_agents_controllers.config import OperatorConfig
 from durable_agents_controllers.manager import Manager
 
@@ -49,7 +49,9 @@ def _write(directory: Path, files: dict[str, bytes]) -> None:
         os.replace(tmp, directory / name)
 
 
-class WebhookServing:
+class WebhookServing(Background):
+    """The serving files and configurations; in a cluster, also the keeper (``run``) of both."""
+
     def __init__(self, manager: Manager, server_factory: type[kopf.WebhookServer]) -> None:
         config = manager.config
         assert config.webhook_port is not None
@@ -66,7 +68,6 @@ class WebhookServing:
             )
             self.certificates = issuer(manager.kube, self.namespace, secret, self.service)
         self._served: bytes = b""
-        self._task: asyncio.Task[None] | None = None
 
     def configurations(self, ca_pem: bytes) -> Configurations:
         name, scope = configuration_name(self.config), self.config.namespace
@@ -98,17 +99,6 @@ class WebhookServing:
         settings.admission.managed = None  # our own configurations: scoped, failurePolicy Fail
         return self.configurations(bundle)
 
-    def start_keeping_current(self) -> None:
-        if self.certificates is not None:
-            self._task = asyncio.create_task(self._keep_current(), name="webhook-certificate-keeper")
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-
     async def keep_current_once(self) -> None:
         """One pass: renew the shared certificate when due, serve the stored one, and put the
         configurations back as they should be."""
@@ -127,7 +117,9 @@ class WebhookServing:
             log.info("webhook: serving the renewed certificate from Secret %s", self.certificates.secret)
         await registration.install_webhooks(self.manager.kube, *self.configurations(material.bundle_pem))
 
-    async def _keep_current(self) -> None:
+    async def run(self) -> None:
+        """Keep the shared certificate and the configurations current (in a cluster only: the
+        manager runs this part only when there are shared certificates to keep)."""
         while True:
             await asyncio.sleep(KEEP_CURRENT_INTERVAL)
             try:

@@ -10,7 +10,7 @@ answer waits for nothing the worker does but its share of the interpreter.
 What the handlers touch is safe from this thread: the keyring and stamps are pure, the API calls
 (SubjectAccessReviews, reads) go through :class:`~durable_agents.shell.ground.kube.Kube`'s thread pool
 from whichever loop awaits them, and the policy cache is only read. What belongs to the operator's
-loop (a policy fetched into the cache, runs enqueued) is handed to it: :func:`on_loop`. kopf's
+loop (a policy read into the cache) is handed to it: :func:`on_loop`. No review enqueues a run. kopf's
 per-object memos are not shared across the two loops: the handlers keep none.
 """
 

@@ -32,13 +32,14 @@ class AuditEntry:
         return f"{self.resource}/{self.subresource}" if self.subresource else self.resource
 
 
-def parse_audit_line(line: str | bytes) -> AuditEntry | None:
-    """One audit log line as an entry; None for a line still being written or not a response."""
+def parse_audit_line(line: str | bytes, stage: str = "ResponseComplete") -> AuditEntry | None:
+    """One audit log line as an entry; None for a line still being written or of another stage
+    (``ResponseStarted``: a watch as it begins, logged once per watch request)."""
     try:
         raw: dict[str, Any] = json.loads(line)
     except json.JSONDecodeError:
         return None  # a line still being written
-    if raw.get("stage") != "ResponseComplete":
+    if raw.get("stage") != stage:
         return None
     ref = raw.get("objectRef") or {}
     return AuditEntry(
@@ -66,18 +67,20 @@ def read_audit(
     until: datetime | None = None,
     offset: int = 0,
     mentions: str | None = None,
+    stage: str = "ResponseComplete",
 ) -> list[AuditEntry]:
     """The responses in the log (from byte ``offset`` on: it only grows) that match, and whose
-    line contains ``mentions`` (a cheap filter: say, a namespace)."""
+    line contains ``mentions`` (a cheap filter: say, a namespace); of ``stage``, completed ones
+    unless asked otherwise."""
     # Cheap byte checks before parsing: by the end of a suite the log holds hundreds of MB.
-    needles = [b'"ResponseComplete"'] + [n.encode() for n in (user, mentions) if n is not None]
+    needles = [f'"{stage}"'.encode()] + [n.encode() for n in (user, mentions) if n is not None]
     entries: list[AuditEntry] = []
     with path.open("rb") as f:
         f.seek(offset)
         for line in f:
             if not all(needle in line for needle in needles):
                 continue
-            entry = parse_audit_line(line)
+            entry = parse_audit_line(line, stage)
             if entry is None or (user is not None and entry.user != user):
                 continue
             if (since is not None and entry.at < since) or (until is not None and entry.at >= until):

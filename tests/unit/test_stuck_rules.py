@@ -289,12 +289,14 @@ def test_a_pass_judges_each_run_as_last_delivered_even_if_it_changed_during_the_
         meta = {"name": name, "namespace": NS, "uid": name, "resourceVersion": version}
         return {"metadata": meta, "spec": {"taskType": "t", "objective": "o"}, "status": {"state": state}}
 
-    worker = SimpleNamespace(
-        ownership=SimpleNamespace(holds=lambda key: True),
-        config=SimpleNamespace(keyring=None, region=DEFAULT_REGION),
-        policies=SimpleNamespace(get=lambda key: None),
+    check = StuckCheck(
+        None,  # type: ignore[arg-type]
+        holds=lambda key: True,
+        region=DEFAULT_REGION,
+        keyring=None,
+        policies=SimpleNamespace(get=lambda key: None),  # type: ignore[arg-type]
+        events=None,  # type: ignore[arg-type]
     )
-    check = StuckCheck(None, worker)  # type: ignore[arg-type]
     check.observe_run(None, body("a", "waiting_input", "1"))
     check.observe_run(None, body("b", "ready", "1"))
     updated: list[ObjectKey] = []

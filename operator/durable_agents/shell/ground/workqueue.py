@@ -18,6 +18,7 @@ from typing import Any
 
 from durable_agents.shell.ground import metrics
 from durable_agents.shell.ground.kube import ObjectKey
+from durable_agents.shell.ground.lifecycle import Background, forever
 from durable_agents.shell.ground.scheduler import WakeScheduler
 
 log = logging.getLogger(__name__)
@@ -33,7 +34,7 @@ async def cancel_all(tasks: list[asyncio.Task[None]]) -> None:
     tasks.clear()
 
 
-class WorkQueue:
+class WorkQueue(Background):
     def __init__(
         self,
         name: str,
@@ -56,7 +57,6 @@ class WorkQueue:
         self._active: set[ObjectKey] = set()
         self._finished = asyncio.Condition()  # notified whenever a unit of work ends
         self._dirty: set[ObjectKey] = set()
-        self._tasks: list[asyncio.Task[None]] = []
         self.processed = 0  # units of work done, ever
 
     @property
@@ -89,13 +89,15 @@ class WorkQueue:
     def wake_at(self, key: ObjectKey, at: datetime | None) -> None:
         self.scheduler.schedule(key, at)
 
-    def start(self) -> None:
-        self._tasks.append(asyncio.create_task(self.scheduler.run(), name=f"{self.name}-scheduler"))
-        for i in range(self.concurrency):
-            self._tasks.append(asyncio.create_task(self._consume(), name=f"{self.name}-{i}"))
-
-    async def stop(self) -> None:
-        await cancel_all(self._tasks)
+    async def run(self) -> None:
+        tasks = [asyncio.create_task(self.scheduler.run(), name=f"{self.name}-scheduler")]
+        tasks += [
+            asyncio.create_task(self._consume(), name=f"{self.name}-{i}") for i in range(self.concurrency)
+        ]
+        try:
+            await forever()
+        finally:
+            await cancel_all(tasks)
 
     async def _consume(self) -> None:
         while True:

@@ -1,12 +1,18 @@
-"""The worker's read-only view of the AgentPolicies, and the engine settings a run gets from them.
+"""The process's one read-only view of the AgentPolicies, and the engine settings a run gets from them.
 
-A run whose policy this process has not seen yet is decided only once it arrives, never without
-it: a missing policy must not mean "no approval required".
+Held by the manager, fed by the AgentPolicy watch (controllers' ``agentpolicy``) and read by every
+part that needs a policy: the run worker, the dispatcher, retention, the stuck check and the
+admission webhook. A run whose policy this process has not seen yet is decided only once it
+arrives, never without it: a missing policy must not mean "no approval required". Only the
+watch, and the worker's own read of a policy it waits for, release the runs that waited
+(:meth:`PolicyCache.observe`, :meth:`PolicyCache.fetch`); other readers (:meth:`PolicyCache.read`)
+leave them to those.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import replace
 from typing import Any
 
@@ -25,6 +31,8 @@ class PolicyCache:
         self.policies: dict[ObjectKey, AgentPolicySpec] = {}
         # Runs waiting for a policy this process has not seen, by the policy's key.
         self.awaiting: dict[ObjectKey, set[ObjectKey]] = {}
+        # Policies a read found missing (or invalid), and until when (monotonic) that answer is reused.
+        self.absent: dict[ObjectKey, float] = {}
 
     def get(self, key: ObjectKey) -> AgentPolicySpec | None:
         return self.policies.get(key)
@@ -36,6 +44,7 @@ class PolicyCache:
         if event_type == "DELETED":
             self.policies.pop(key, None)
             return set()
+        self.absent.pop(key, None)
         try:
             self.policies[key] = AgentPolicySpec.model_validate(body.get("spec") or {})
         except ValueError:
@@ -69,6 +78,44 @@ class PolicyCache:
         waiting = self.observe("ADDED", body)
         return waiting if (namespace, name) in self.policies else None
 
+    async def read(
+        self, namespace: str, name: str, *, fresh: bool = False, absent_for: float = 0.0
+    ) -> AgentPolicySpec | None:
+        """The policy, from the cache or (not cached, or ``fresh``) read from the API server;
+        None if it does not exist or is invalid. What is read is not cached (a read can be older
+        than a deletion the watch delivered meanwhile: the watch's events are the cache's truth);
+        a missing one is believed missing for ``absent_for`` seconds. Releases no waiting run:
+        the policy's watch event does."""
+        key = (namespace, name)
+        if not fresh:
+            known = self.policies.get(key)
+            if known is not None:
+                return known
+            if self.absent.get(key, 0.0) > time.monotonic():
+                return None
+        try:
+            body = await self.kube.call(
+                self.kube.custom.get_namespaced_custom_object,
+                GROUP,
+                VERSION,
+                namespace,
+                "agentpolicies",
+                name,
+            )
+            policy: AgentPolicySpec | None = AgentPolicySpec.model_validate(body.get("spec") or {})
+        except ApiException as err:
+            if err.status != 404:
+                raise
+            policy = None
+        except ValueError:
+            policy = None  # an invalid policy is as good as none: nothing runs under it
+        if policy is None:
+            if absent_for > 0:
+                self.absent[key] = time.monotonic() + absent_for
+            return None
+        self.absent.pop(key, None)
+        return policy
+
     def wait_for(self, policy: ObjectKey, run: ObjectKey) -> bool:
         """Note that ``run`` waits for ``policy``; True the first time (worth an Event)."""
         waiting = self.awaiting.setdefault(policy, set())
@@ -76,12 +123,13 @@ class PolicyCache:
         waiting.add(run)
         return first
 
-    def settings_for(self, run: RunSnapshot, base: Settings) -> Settings:
-        """The engine settings of ``run``: the operator's ``base`` with its policy's rules."""
+    def settings_for(self, run: RunSnapshot, base: Settings, read: AgentPolicySpec | None = None) -> Settings:
+        """The engine settings of ``run``: the operator's ``base`` with its policy's rules (``read``
+        when the caller has just read it, else the cached one)."""
         ref = run.spec.policy_ref
         if ref is None:
             return base
-        policy = self.policies.get((run.namespace, ref.name))
+        policy = read or self.policies.get((run.namespace, ref.name))
         if policy is None:
             return replace(base, policy_name=ref.name)
         return replace(

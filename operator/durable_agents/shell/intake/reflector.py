@@ -1,5 +1,9 @@
-"""A lean list-then-watch of AgentRuns straight into the run worker (client-go's reflector, without
-its cache: the worker keeps what it needs).
+"""A lean list-then-watch of AgentRuns straight into its subscribers (client-go's reflector and
+informer, without the cache: each subscriber keeps what it needs).
+
+One per kind and process: the manager makes the AgentRun one and every part that needs AgentRun
+events subscribes to it before it starts (the run worker, the dispatcher, retention, the stuck
+check, the census), so the API server serves one AgentRun watch per operator process.
 
 kopf stays the operator's framework (start-up and clean-up, the admission webhooks, and the
 ActionRecord, AgentPolicy and Lease watches). Only this one hot stream bypasses it: a py-spy profile
@@ -10,7 +14,9 @@ It behaves as a reflector does: list in pages (each object delivered with event 
 watch from the list's resourceVersion with bookmarks. A watch that ends (the server's timeout) is
 resumed from the last resourceVersion seen; 410 Gone (compacted history) lists again; any other
 error (the API server restarting, a dropped connection) backs off and retries, and never ends the
-operator. Events reach ``deliver`` on the event loop, in the order the API server sent them.
+operator. Events reach every subscriber on the event loop, in the order the API server sent them
+and in the order the subscribers subscribed; a subscriber that raises is logged and the others
+still get the event.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from kubernetes.watch.watch import iter_resp_lines
 
 from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents.shell.ground.kube import Kube
+from durable_agents.shell.ground.lifecycle import Background
 
 log = logging.getLogger(__name__)
 
@@ -45,11 +52,11 @@ class WatchError(Exception):
     """The watch stream reported an error other than 410 Gone."""
 
 
-class RunReflector:
+class RunReflector(Background):
     def __init__(
         self,
         kube: Kube,
-        deliver: Deliver,
+        deliver: Deliver | None = None,
         *,
         namespace: str | None = None,
         plural: str = "agentruns",
@@ -57,7 +64,7 @@ class RunReflector:
         watch_timeout: int = 300,
     ) -> None:
         self.kube = kube
-        self.deliver = deliver
+        self.subscribers: list[Deliver] = [deliver] if deliver is not None else []
         self.namespace = namespace
         self.plural = plural
         self.page_size = page_size
@@ -66,19 +73,18 @@ class RunReflector:
         self.lists = 0  # full lists done (1 at start, +1 per 410 Gone)
         self._version: str | None = None
         self._response: Any = None
-        self._task: asyncio.Task[None] | None = None
 
-    def start(self) -> None:
-        self._task = asyncio.create_task(self.run(), name=f"{self.plural}-reflector")
+    def subscribe(self, deliver: Deliver) -> None:
+        """Deliver every event to ``deliver`` too (subscribe before the reflector starts: the first
+        list is delivered once)."""
+        self.subscribers.append(deliver)
 
-    async def stop(self) -> None:
-        if self._task is None:
-            return
-        self._task.cancel()
-        self._unblock()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
-        self._task = None
+    def deliver(self, event_type: str | None, body: dict[str, Any]) -> None:
+        for subscriber in self.subscribers:
+            try:
+                subscriber(event_type, body)
+            except Exception:  # one consumer's bug must not starve the others of the event
+                log.exception("%s: a subscriber failed on an event", self.plural)
 
     def _unblock(self) -> None:
         # The stream is read on a thread blocked in recv(): shutting the socket down wakes it.
@@ -97,7 +103,7 @@ class RunReflector:
 
     async def run(self) -> None:
         backoff = MIN_BACKOFF
-        while True:
+        while True:  # until cancelled (stop): the socket of a watch in progress is shut down
             try:
                 if self._version is None:
                     self._version = await self._list()
@@ -160,6 +166,9 @@ class RunReflector:
         try:
             # Read on a thread of its own: it blocks for the whole watch, not for one request.
             await loop.run_in_executor(None, self._stream, response, loop)
+        except asyncio.CancelledError:
+            self._unblock()  # the thread is blocked in recv(): wake it, or it outlives the stop
+            raise
         finally:
             self._response = None
             response.release_conn()

@@ -25,7 +25,6 @@ verify is left to the dispatcher (reconciled by query), never blessed anew.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import json
 import logging
@@ -47,6 +46,7 @@ from durable_agents.core.stamps import stamp_key_id
 from durable_agents.shell.ground import metrics
 from durable_agents.shell.ground.faults import FaultPoints
 from durable_agents.shell.ground.kube import Kube
+from durable_agents.shell.ground.lifecycle import Background
 from durable_agents.shell.ground.store import Conflict, Gone, RunStore
 from durable_agents.shell.ledger.actions import PLURAL as ACTION_RECORDS
 from durable_agents.shell.ledger.actions import ActionStore
@@ -102,7 +102,7 @@ class PassReport:
         metrics.RESEAL_SKIPPED.labels(reason).inc()
 
 
-class Resealer:
+class Resealer(Background):
     def __init__(self, kube: Kube, keyring: Keyring, config: ResealConfig | None = None) -> None:
         self.kube = kube
         self.keyring = keyring
@@ -112,17 +112,6 @@ class Resealer:
         self.records = ActionStore(kube, keyring, FaultPoints([]))  # stamps with the active key
         self.passes = 0
         self._next_write = 0.0
-        self._task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        self._task = asyncio.create_task(self.run(), name="resealer")
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
 
     async def run(self) -> None:
         """A pass now, then one every interval; sooner again while passes hit errors."""

@@ -44,6 +44,7 @@ from durable_agents.shell.effects.plugins import load_effects, load_planners
 from durable_agents.shell.ground import metrics
 from durable_agents.shell.ground.faults import process_faults
 from durable_agents.shell.ground.kube import Kube, ObjectKey
+from durable_agents.shell.ground.lifecycle import Background
 from durable_agents.shell.ground.store import Conflict, Gone, RunStore
 from durable_agents.shell.ground.workqueue import WorkQueue
 from durable_agents.shell.intake.policies import PolicyCache
@@ -108,9 +109,13 @@ class Send:
     references: list[ResolvedReference]
 
 
-class Dispatcher:
+class Dispatcher(Background):
     def __init__(
-        self, kube: Kube, config: DispatcherConfig, effects: dict[str, Effect] | None = None
+        self,
+        kube: Kube,
+        config: DispatcherConfig,
+        effects: dict[str, Effect] | None = None,
+        policies: PolicyCache | None = None,
     ) -> None:
         self.kube = kube
         self.config = config
@@ -121,7 +126,7 @@ class Dispatcher:
         )
         self.effects = effects if effects is not None else load_effects()
         self.runs = RunStore(kube)
-        self.policies = PolicyCache(kube)
+        self.policies = policies if policies is not None else PolicyCache(kube)
         self.agents = AgentResolver(kube, config.keyring, load_planners())
         self.base_settings = Settings(
             tiers={name: effect.tier for name, effect in self.effects.items()}, keyring=config.keyring
@@ -146,11 +151,8 @@ class Dispatcher:
         for key in self.pacing.answered(body) if event_type != "DELETED" else ():
             self.queue.add(key)
 
-    def start(self) -> None:
-        self.queue.start()
-
-    async def stop(self) -> None:
-        await self.queue.stop()
+    async def run(self) -> None:
+        await self.queue.run()  # its consumers, until cancelled
 
     # --- one record -----------------------------------------------------------------------
 

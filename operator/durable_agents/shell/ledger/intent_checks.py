@@ -42,8 +42,8 @@ async def check_intent(
     except (ValidationError, KeyError) as err:
         return Refused(f"its run {spec.run_ref.name!r} cannot be read: {err}"[:1024]), run_body
     if run.spec.policy_ref is not None:  # its approval rules: a fresh read, as the worker waits for it
-        await policies.fetch(namespace, run.spec.policy_ref.name)
-        settings = policies.settings_for(run, settings)
+        read = await policies.read(namespace, run.spec.policy_ref.name, fresh=True)
+        settings = policies.settings_for(run, settings, read)
     # A model run's pending call is rebuilt from its tools (MCP servers listed) and the
     # checkpoint's sealed arguments; inputs that cannot be resolved send nothing.
     await agents.prepare(run, settings)

@@ -11,7 +11,6 @@ run that does not wait.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -22,6 +21,7 @@ from durable_agents.core.regions import owning_region_of
 from durable_agents.core.sealing import Keyring
 from durable_agents.shell.ground import metrics
 from durable_agents.shell.ground.kube import ObjectKey
+from durable_agents.shell.ground.lifecycle import Background
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ def _parse(stamp: Any) -> datetime | None:
     return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
 
 
-class RunCensus:
+class RunCensus(Background):
     def __init__(
         self, held: Held, region: str, keyring: Keyring | None = None, interval: float = 5.0
     ) -> None:
@@ -47,7 +47,6 @@ class RunCensus:
         self.region, self.keyring = region, keyring
         self.interval = interval
         self._waiting: dict[ObjectKey, tuple[RunState, datetime]] = {}
-        self._task: asyncio.Task[None] | None = None
 
     def observe(self, event_type: str | None, body: dict[str, Any]) -> None:
         """A watch event for an AgentRun: remember it only while it waits."""
@@ -83,18 +82,7 @@ class RunCensus:
             metrics.OLDEST_WAITING.labels(state.value).set(max(0.0, oldest))
         return out
 
-    def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self._loop(), name="run-census")
-
-    async def stop(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-
-    async def _loop(self) -> None:
+    async def run(self) -> None:
         while True:
             try:
                 self.refresh()

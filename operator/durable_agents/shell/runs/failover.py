@@ -50,6 +50,7 @@ from durable_agents.core.regions import stamp_adoption, with_region_epoch
 from durable_agents.core.sealing import Keyring
 from durable_agents.shell.ground import metrics
 from durable_agents.shell.ground.kube import Kube, ObjectKey
+from durable_agents.shell.ground.lifecycle import Background
 from durable_agents.shell.ground.store import Conflict, Gone, RunStore
 from durable_agents.shell.intake.reflector import RunReflector
 from durable_agents.shell.ledger.dispatcher import Dispatcher
@@ -68,7 +69,7 @@ class NotAdoptable(Exception):
     """A run that stays with its region, and why (a short sentence for the failover's status)."""
 
 
-class Failovers:
+class Failovers(Background):
     """Carries out the RegionFailovers addressed to this process's region, while it leads it."""
 
     def __init__(
@@ -95,7 +96,6 @@ class Failovers:
         self.reflector = RunReflector(kube, self.observe, plural=FAILOVER_PLURAL)
         self._pending: set[str] = set()
         self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
 
     def observe(self, event_type: str | None, body: dict[str, Any]) -> None:
         """A RegionFailover as listed or watched: one addressed to this region and unfinished is
@@ -108,19 +108,14 @@ class Failovers:
         self._pending.add(name)
         self._wake.set()
 
-    def start(self) -> None:
-        self.reflector.start()
-        self._task = asyncio.create_task(self._loop(), name=f"failovers-{self.region}")
+    async def run(self) -> None:
+        self.reflector.start()  # the RegionFailover watch (its kind's one intake in the process)
+        try:
+            await self._carry_out_pending()
+        finally:
+            await self.reflector.stop()
 
-    async def stop(self) -> None:
-        await self.reflector.stop()
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-
-    async def _loop(self) -> None:
+    async def _carry_out_pending(self) -> None:
         # No API call while idle: the requests come from a watch; the loop only looks again now
         # and then because leadership may have come (a new leader carries on what is unfinished).
         while True:

@@ -2,8 +2,9 @@
 
 The rules are the core's (:mod:`durable_agents.core.retention`); this module does the I/O:
 
-- its own list-then-watch of AgentRuns (:class:`~durable_agents.shell.intake.reflector.RunReflector`)
-  whose delivery only filters and enqueues (the hot path stays cheap): a parked run without the
+- a subscriber of the process's one AgentRun list-then-watch
+  (:class:`~durable_agents.shell.intake.reflector.RunReflector`, the manager's) whose delivery
+  only filters and enqueues (the hot path stays cheap): a parked run without the
   finalizer (waiting, quarantined or finished: no worker commits then, so the patch never makes a
   worker's commit conflict), a run being deleted, a finished top-level run;
 - a few worker coroutines (``workers``; never two on one run): the finalizer is added from the
@@ -54,15 +55,16 @@ from durable_agents.core.retention import (
     next_step,
     owned_by,
     records_of,
-    retention_of,
     ttl_of,
 )
 from durable_agents.core.sealing import Keyring
 from durable_agents.shell.ground import metrics
 from durable_agents.shell.ground.faults import FaultPoints
 from durable_agents.shell.ground.kube import Kube
+from durable_agents.shell.ground.lifecycle import Background, forever
 from durable_agents.shell.ground.store import Conflict, Gone, RunStore
-from durable_agents.shell.intake.reflector import RunReflector
+from durable_agents.shell.ground.workqueue import cancel_all
+from durable_agents.shell.intake.policies import PolicyCache
 
 log = logging.getLogger(__name__)
 
@@ -72,29 +74,24 @@ RECHECK = 3600.0  # a run due later is looked at again at least hourly (its poli
 
 @dataclass(frozen=True)
 class RetentionConfig:
-    namespace: str | None = None
-    page_size: int = 200
-    watch_timeout: int = 300
     retry: float = 5.0  # seconds before a blocked run (unsettled action, running child) is looked at again
     writes_per_second: float = 50.0
     workers: int = 4
-    policy_cache: float = 10.0  # seconds a policy read is reused
+    policy_cache: float = 10.0  # seconds a policy read found missing is believed missing
 
 
-class RetentionController:
-    def __init__(self, kube: Kube, keyring: Keyring, identity: str, config: RetentionConfig) -> None:
+class RetentionController(Background):
+    """Subscribe :meth:`observe` to the process's AgentRun reflector before it starts."""
+
+    def __init__(
+        self, kube: Kube, keyring: Keyring, identity: str, config: RetentionConfig, policies: PolicyCache
+    ) -> None:
         self.store = RunStore(kube, FaultPoints([]))
         self.kube = kube
         self.keyring = keyring
         self.identity = identity
         self.config = config
-        self.reflector = RunReflector(
-            kube,
-            self.observe,
-            namespace=config.namespace,
-            page_size=config.page_size,
-            watch_timeout=config.watch_timeout,
-        )
+        self.policies = policies  # the process's one cache (the manager's)
         self._queued: set[Key] = set()
         self._active: set[Key] = set()
         self._slim: dict[Key, dict[str, Any]] = {}
@@ -102,24 +99,17 @@ class RetentionController:
         self._later: list[tuple[float, Key]] = []
         self._scheduled: dict[Key, float] = {}
         self._wake = asyncio.Event()
-        self._policies: dict[Key, tuple[float, dict[str, Any] | None]] = {}
         self._next_write = 0.0
-        self._tasks: list[asyncio.Task[None]] = []
 
-    def start(self) -> None:
-        self.reflector.start()
-        self._tasks = [
+    async def run(self) -> None:
+        tasks = [
             *(asyncio.create_task(self._work(), name=f"retention-{i}") for i in range(self.config.workers)),
             asyncio.create_task(self._timer(), name="retention-timer"),
         ]
-
-    async def stop(self) -> None:
-        await self.reflector.stop()
-        for task in self._tasks:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        self._tasks = []
+        try:
+            await forever()
+        finally:
+            await cancel_all(tasks)
 
     # -- events: filter and enqueue, nothing else ---------------------------------------------
 
@@ -335,13 +325,9 @@ class RetentionController:
         ref = (run.get("spec") or {}).get("policyRef") or {}
         if not ref.get("name"):
             return Retention()
-        key = (run["metadata"]["namespace"], str(ref["name"]))
-        cached = self._policies.get(key)
-        now = time.monotonic()
-        if cached is None or cached[0] < now:
-            cached = (now + self.config.policy_cache, await self._get("agentpolicies", *key))
-            self._policies[key] = cached
-        return retention_of(cached[1])
+        namespace, name = run["metadata"]["namespace"], str(ref["name"])
+        policy = await self.policies.read(namespace, name, absent_for=self.config.policy_cache)
+        return policy.retention if policy is not None else Retention()
 
     async def _get(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
         try:

@@ -2,7 +2,7 @@
 
 Every ``interval`` seconds (``DURABLE_AGENTS_STUCK_CHECK_SECONDS``) each run whose shard this
 replica holds, in its region, is judged from what is already in memory: the run as the reflector
-last delivered it (a slim copy: no checkpoint body, no history), the worker's AgentPolicy cache and
+last delivered it (a slim copy: no checkpoint body, no history), the process's AgentPolicy cache and
 the ActionRecords the watch reports with an unknown outcome. The API is read only for runs that
 need it: a policy the cache does not have (is it really gone?) and, for a run waiting for an
 approval, the RBAC objects (who holds the approver verb?), each cached for a few intervals. A
@@ -20,10 +20,10 @@ clears it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -45,9 +45,12 @@ from durable_agents.api.v1alpha1.states import RunState
 from durable_agents.core import stuck as core
 from durable_agents.core.outcome_stamps import believed_status
 from durable_agents.core.regions import owning_region_of
+from durable_agents.core.sealing import Keyring
 from durable_agents.shell.ground import metrics
 from durable_agents.shell.ground.kube import Kube, ObjectKey
-from durable_agents.shell.runs.worker import RunWorker
+from durable_agents.shell.ground.lifecycle import Background
+from durable_agents.shell.intake.policies import PolicyCache
+from durable_agents.shell.observability.events import EventRecorder
 
 log = logging.getLogger(__name__)
 
@@ -127,18 +130,27 @@ class _Cached:
         return value
 
 
-class StuckCheck:
-    def __init__(self, kube: Kube, worker: RunWorker, config: StuckConfig | None = None) -> None:
+class StuckCheck(Background):
+    def __init__(
+        self,
+        kube: Kube,
+        *,
+        holds: Callable[[ObjectKey], bool],  # whether this replica holds the run's shard
+        region: str,
+        keyring: Keyring | None,
+        policies: PolicyCache,
+        events: EventRecorder,
+        config: StuckConfig | None = None,
+    ) -> None:
         self.kube = kube
-        self.worker = worker
+        self.holds, self.region, self.keyring = holds, region, keyring
+        self.policies, self.events = policies, events
         self.config = config or StuckConfig()
         self.runs: dict[ObjectKey, dict[str, Any]] = {}  # slim copies: non-terminal, or marked Stuck
         # Parsed runs, with the resourceVersion parsed: re-parsed only when the run changed.
         self._parsed: dict[ObjectKey, tuple[str | None, tuple[AgentRunSpec, AgentRunStatus] | None]] = {}
         self.unknown: dict[ObjectKey, dict[str, core.UnknownAction]] = {}  # per run: unknown outcomes
-        self._policies = _Cached(self.config.cache_seconds)
         self._rbac = _Cached(self.config.cache_seconds)
-        self._task: asyncio.Task[None] | None = None
         self._rbac_refused = False
         self.passes = 0
 
@@ -168,7 +180,7 @@ class StuckCheck:
             return
         key, name = (meta.get("namespace", ""), run), meta.get("name", "")
         # As the operator wrote it: a settled state without a valid outcome stamp is unknown.
-        status = believed_status(body, self.worker.config.keyring, datetime.now(UTC))
+        status = believed_status(body, self.keyring, datetime.now(UTC))
         actions = self.unknown.get(key, {})
         if event_type != "DELETED" and status.state.value == UNKNOWN:
             actions[name] = core.UnknownAction(name, status.reason)
@@ -178,17 +190,7 @@ class StuckCheck:
 
     # --- the periodic pass ---------------------------------------------------------------------
 
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._loop(), name="stuck-check")
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-
-    async def _loop(self) -> None:
+    async def run(self) -> None:
         while True:
             await asyncio.sleep(self.config.interval)
             try:
@@ -199,9 +201,9 @@ class StuckCheck:
                 log.exception("stuck check pass failed")
 
     def _owned(self, key: ObjectKey, body: dict[str, Any]) -> bool:
-        if not self.worker.ownership.holds(key):
+        if not self.holds(key):
             return False
-        return owning_region_of(body, self.worker.config.keyring) == self.worker.config.region
+        return owning_region_of(body, self.keyring) == self.region
 
     async def check_once(self) -> dict[str, int]:
         """One pass over the runs this replica owns: the gauge, and the conditions that changed."""
@@ -270,29 +272,8 @@ class StuckCheck:
         )
 
     async def _policy(self, namespace: str, name: str) -> AgentPolicySpec | None:
-        known = self.worker.policies.get((namespace, name))
-        if known is not None:
-            return known
-        hit, value = self._policies.get((namespace, name))
-        if hit:
-            return value  # type: ignore[no-any-return]
-        try:  # the watch may not have delivered it yet: is it really gone?
-            body = await self.kube.call(
-                self.kube.custom.get_namespaced_custom_object,
-                GROUP,
-                VERSION,
-                namespace,
-                "agentpolicies",
-                name,
-            )
-            value = AgentPolicySpec.model_validate(body.get("spec") or {})
-        except ApiException as err:
-            if err.status != 404:
-                raise
-            value = None
-        except ValidationError:
-            value = None  # an invalid policy is as good as none: nothing runs under it
-        return self._policies.put((namespace, name), value)  # type: ignore[no-any-return]
+        # The watch may not have delivered it yet: is it really gone? (a miss is believed a few passes)
+        return await self.policies.read(namespace, name, absent_for=self.config.cache_seconds)
 
     async def _approver_held(self, rule: core.ApproverRule, namespace: str, run: str) -> bool | None:
         try:
@@ -363,7 +344,7 @@ class StuckCheck:
         if prior is None or prior.status != "True" or prior.reason != verdict.reason:
             STUCK_DETECTIONS.labels(verdict.reason).inc()
             log.warning("run %s/%s is stuck (%s): %s", *key, verdict.reason, verdict.message)
-            await self.worker.events.record(written, "Stuck", verdict.message, warning=True)
+            await self.events.record(written, "Stuck", verdict.message, warning=True)
 
     async def _replace_status(self, body: dict[str, Any], status: dict[str, Any]) -> dict[str, Any] | None:
         """A status update with the resourceVersion read; None on 409 (next pass) or 404."""

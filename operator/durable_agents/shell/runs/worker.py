@@ -59,6 +59,7 @@ from durable_agents.shell.agent.model_turns import ModelTurns
 from durable_agents.shell.agent.resolver import AgentResolver, model_calls_per_boundary
 from durable_agents.shell.effects.plugins import load_effects, load_planners
 from durable_agents.shell.ground.kube import Kube, ObjectKey
+from durable_agents.shell.ground.lifecycle import Background, forever
 from durable_agents.shell.ground.memory import trim_after_bursts
 from durable_agents.shell.ground.store import Conflict, Gone, RunStore
 from durable_agents.shell.ground.workqueue import WorkQueue, cancel_all
@@ -117,8 +118,10 @@ def _state_version(body: dict[str, Any]) -> int:
     return int((body.get("status") or {}).get("stateVersion") or 0)
 
 
-class RunWorker:
-    def __init__(self, kube: Kube, config: WorkerConfig | None = None) -> None:
+class RunWorker(Background):
+    def __init__(
+        self, kube: Kube, config: WorkerConfig | None = None, policies: PolicyCache | None = None
+    ) -> None:
         self.kube = kube
         self.config = config or WorkerConfig()
         self.identity = self.config.identity
@@ -153,7 +156,7 @@ class RunWorker:
         self.agents = AgentResolver(kube, self.config.keyring, load_planners())
         self.model_turns = ModelTurns(self.agents.endpoint)
         effect_tiers = {name: effect.tier for name, effect in load_effects().items()}
-        self.policies = PolicyCache(kube)
+        self.policies = policies if policies is not None else PolicyCache(kube)  # the manager's
         self.base_settings = Settings(
             tiers=effect_tiers,
             available_effects=frozenset(effect_tiers),
@@ -182,12 +185,11 @@ class RunWorker:
             self.events,
             self.config.keyring,
         )
-        self._tasks: list[asyncio.Task[None]] = []
 
     # --- intake ---------------------------------------------------------------------------
 
     def observe(self, event_type: str | None, body: dict[str, Any]) -> None:
-        """A watch event for an AgentRun (from the reflector's list-and-watch)."""
+        """A watch event for an AgentRun (from the process's AgentRun reflector)."""
         meta = body.get("metadata") or {}
         key = (meta.get("namespace", ""), meta.get("name", ""))
         if event_type == "DELETED":
@@ -205,11 +207,6 @@ class RunWorker:
         if parent and (body.get("status") or {}).get("state") in TERMINAL:
             self.enqueue((key[0], parent.get("name", "")))  # a child's outcome wakes its parent
 
-    def observe_policy(self, event_type: str | None, body: dict[str, Any]) -> None:
-        """A watch event for an AgentPolicy: runs that waited for it are looked at again."""
-        for run in self.policies.observe(event_type, body):
-            self.enqueue(run)
-
     def observe_lease(self, event_type: str | None, body: dict[str, Any]) -> None:
         """A watch event for a per-run Lease (an earlier release's): a run it kept waiting may go on."""
         released = self.ownership.observe_legacy(event_type, body)
@@ -221,19 +218,20 @@ class RunWorker:
 
     # --- lifecycle ------------------------------------------------------------------------
 
-    def start(self) -> None:
+    async def run(self) -> None:
         self.queue.start()
+        tasks = [asyncio.create_task(trim_after_bursts(self.queue), name="memory-trimmer")]
         if self.config.concurrency > 0:  # a webhook- or dispatcher-only process holds no shard
-            self._tasks.append(asyncio.create_task(self.region.start(), name="region-elector-start"))
-            self._tasks.append(asyncio.create_task(self._join(), name="shard-leases-join"))
-        self._tasks.append(asyncio.create_task(trim_after_bursts(self.queue), name="memory-trimmer"))
-
-    async def stop(self) -> None:
-        await self.queue.stop()
-        await cancel_all(self._tasks)
-        if self.shard_leases.task is not None:
-            await self.shard_leases.stop()  # its shards go to the other replicas at once
-        await self.region.stop()  # released: another replica leads the region at once
+            tasks.append(asyncio.create_task(self.region.start(), name="region-elector-start"))
+            tasks.append(asyncio.create_task(self._join(), name="shard-leases-join"))
+        try:
+            await forever()
+        finally:
+            await self.queue.stop()
+            await cancel_all(tasks)
+            if self.shard_leases.task is not None:
+                await self.shard_leases.stop()  # its shards go to the other replicas at once
+            await self.region.stop()  # released: another replica leads the region at once
 
     async def _join(self) -> None:
         """Join the region's replicas (member Lease, our share of the shards), retrying on errors."""
