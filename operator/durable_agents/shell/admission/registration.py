@@ -19,6 +19,7 @@ from durable_agents.shell.admission.authority import (
     VALIDATE_FAILOVER_PATH,
     VALIDATE_PATH,
 )
+from durable_agents.shell.admission.policies import POLICY_PATH
 from durable_agents.shell.ground.kube import Kube
 from durable_agents.shell.keys.keyguard import KEYGUARD_PATH, KEYRING_LABEL
 
@@ -92,6 +93,26 @@ def _keyring_hook(target: Target, namespace: str | None) -> dict[str, Any]:
     }
 
 
+def _policy_hooks(target: Target, namespace: str | None) -> list[dict[str, Any]]:
+    """AgentPolicies: integrity and the preview of a new version (failurePolicy Fail), and their
+    deletion while runs use them. A delete fails open when no webhook answers (an uninstalled
+    operator must not wedge a namespace's deletion): a run whose policy is gone never acts
+    without it, it waits (``PolicyMissing``)."""
+    return [
+        {
+            **_hook(target, POLICY_PATH, "policy", namespace),
+            "name": f"policy.agentpolicies.{GROUP}",
+            "rules": [_rule("agentpolicies", ["CREATE", "UPDATE"], "Namespaced")],
+        },
+        {
+            **_hook(target, POLICY_PATH, "policy", namespace),
+            "name": f"policy-delete.agentpolicies.{GROUP}",
+            "rules": [_rule("agentpolicies", ["DELETE"], "Namespaced")],
+            "failurePolicy": "Ignore",
+        },
+    ]
+
+
 def webhook_configurations(
     *,
     name: str,
@@ -121,6 +142,7 @@ def webhook_configurations(
         "webhooks": [
             _hook(target, VALIDATE_PATH, "approve", namespace),
             _keyring_hook(target, namespace),
+            *_policy_hooks(target, namespace),
             _failover_hook(target, VALIDATE_FAILOVER_PATH, "failover", namespace),
         ],
     }

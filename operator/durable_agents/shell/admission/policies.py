@@ -1,0 +1,45 @@
+"""The admission webhook's rules for AgentPolicies (served by the same webhook as AgentRuns).
+
+One review of an AgentPolicy create, update or delete answers two things: whether it is refused
+(and why, naming the field), and the warnings it carries back to the client. A refusal comes from
+the policy's integrity and its use by live runs; the warnings from the preview of what the new
+version would do to the runs waiting under the current one (``kubectl apply --dry-run=server``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from durable_agents.api.v1alpha1 import Identity
+from durable_agents.core.sealing import Keyring
+from durable_agents.shell.ground.kube import Kube
+from durable_agents.shell.intake.policies import PolicyCache
+
+POLICY_PATH: Final = "check-policy"
+"""The webhook path for AgentPolicies (validating; CREATE, UPDATE, DELETE)."""
+
+
+@dataclass(frozen=True)
+class PolicyReview:
+    """One admission review of an AgentPolicy: ``new`` is None on DELETE, ``old`` on CREATE."""
+
+    operation: str
+    new: Mapping[str, Any] | None
+    old: Mapping[str, Any] | None
+    user: Identity
+    dry_run: bool
+
+
+@dataclass
+class PolicyVerdict:
+    refused: str | None = None
+    warnings: list[str] = field(default_factory=list)
+
+
+async def check_policy(
+    kube: Kube, review: PolicyReview, policies: PolicyCache, keyring: Keyring
+) -> PolicyVerdict:
+    """Whether this AgentPolicy change is refused, and the warnings it carries back."""
+    return PolicyVerdict()
