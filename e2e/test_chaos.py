@@ -17,8 +17,7 @@ faults are everything else injected (freezes, ambiguous answers, repeated delive
 Operators are separate processes. Most are forked from an interpreter that has already imported
 the operator (:class:`durable_agents_testkit.chaos.ForkServer`: hundreds of fresh processes on two
 cores); the webhook's and the previous release's operators, and the one riding through the
-control-plane restarts, are started the usual way. Rows that show a known operator bug are
-``xfail(strict=True)`` on exactly that failure, and show as KNOWN BUG in the table.
+control-plane restarts, are started the usual way.
 """
 
 from __future__ import annotations
@@ -1287,15 +1286,12 @@ def test_bad_input_undecryptable_checkpoint(lab: Lab) -> None:
 
 def test_full_size_acceptance() -> None:
     """The full size's acceptance: at least 500 kill points across all scenarios, zero
-    duplicates, zero stuck runs. Known operator bugs (the xfail scenarios) fail it too: the
-    acceptance is met when they are fixed, not when they are expected."""
+    duplicates, zero stuck runs, no scenario failed."""
     if SIZE.min_total_kills == 0:
         pytest.skip("the ci size has no acceptance target")
     names = {r.scenario for r in REPORT.results}
     if len(names) < 13:
         pytest.skip(f"only {len(names)} of 13 scenarios ran in this session")
     assert REPORT.total_kills >= SIZE.min_total_kills, f"only {REPORT.total_kills} kill points"
-    failed = [r.scenario for r in REPORT.results if not r.passed and not r.known_issue]
+    failed = [r.scenario for r in REPORT.results if not r.passed]
     assert not failed, f"scenarios failed: {failed}"
-    known = [f"{r.scenario}: {r.known_issue}" for r in REPORT.results if not r.passed]
-    assert not known, "acceptance not met, known operator bugs remain:\n" + "\n".join(known)
