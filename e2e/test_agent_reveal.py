@@ -30,8 +30,8 @@ from durable_agents_testkit.operator_process import OperatorProcess
 from durable_agents_testkit.refsystem import ReferenceSystemThread
 from durable_agents_testkit.runs import Runs
 from durable_agents_testkit.scrape import free_port
-from test_agent import agent_namespace, agent_spec, model  # noqa: F401 (fixtures)
-from test_reveal import kubeconfigs, plugin, user_api  # noqa: F401 (a fixture)
+from e2e.test_agent import agent_namespace, agent_spec, model  # noqa: F401 (fixtures)
+from e2e.test_reveal import kubeconfigs, plugin, user_api  # noqa: F401 (a fixture)
 
 SCRIPT = script()
 PROPOSED = SCRIPT["rules"][1]  # the rule whose reply proposes the refund
