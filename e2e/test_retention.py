@@ -26,6 +26,7 @@ from durable_agents_testkit.cluster import KubeEnv
 from durable_agents_testkit.eventually import Within, eventually
 from durable_agents_testkit.keys import session_keyring
 from durable_agents_testkit.operator_process import OperatorProcess
+from durable_agents_testkit.rbac import grant, rule, service_account
 from durable_agents_testkit.refsystem import ReferenceSystemThread
 from durable_agents_testkit.runs import Runs
 from durable_agents_testkit.scrape import free_port
@@ -99,17 +100,8 @@ def parse(text: str) -> float:
 
 def grant_agentruns(kube: KubeEnv, namespace: str) -> None:
     """The runs' ServiceAccount may start and cancel child runs (they are made AS that account)."""
-    rbac = client.RbacAuthorizationV1Api(kube.api)
-    rule = {"apiGroups": [GROUP], "resources": ["agentruns"], "verbs": ["get", "create", "patch"]}
-    rbac.create_namespaced_role(namespace, {"metadata": {"name": "start-children"}, "rules": [rule]})
-    rbac.create_namespaced_role_binding(
-        namespace,
-        {
-            "metadata": {"name": "start-children"},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "start-children"},
-            "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": namespace}],
-        },
-    )
+    children = rule(GROUP, "agentruns", "get", "create", "patch")
+    grant(kube, namespace, service_account("default", namespace), children, name="start-children")
 
 
 def closed_port() -> int:
