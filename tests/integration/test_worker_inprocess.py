@@ -11,6 +11,7 @@ tests/integration/test_workqueue_inprocess.py.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
@@ -33,29 +34,43 @@ from durable_agents_testkit.refsystem import ReferenceSystemThread
 from durable_agents_testkit.runs import Runs, assert_history_is_gapless
 
 TERMINAL_RECORD = frozenset(s.value for s in TERMINAL_ACTION_STATES)
+PAYMENTS = 6  # runs whose intents two dispatchers race for
 EXPIRES_IN = 10  # seconds a parked run's question waits: room to park and cut the intake first
 
 
 @dataclass
 class InProcess:
-    """One operator's run loop, in this event loop."""
+    """One operator's run loop, in this event loop (with, for a race, more dispatchers)."""
 
     kube: Kube
     worker: RunWorker
-    dispatcher: Dispatcher
+    dispatchers: list[Dispatcher]
     run_intake: RunReflector
     record_intake: RunReflector
 
+    @property
+    def dispatcher(self) -> Dispatcher:
+        """The dispatcher of the worker's own process."""
+        return self.dispatchers[0]
 
-@pytest.fixture
-async def operator_loop(kube: KubeEnv, namespace: str) -> AsyncIterator[InProcess]:
+
+@contextlib.asynccontextmanager
+async def run_loop(
+    kube: KubeEnv, namespace: str, *, dispatchers: int = 1, first_claim: bool = True
+) -> AsyncIterator[InProcess]:
+    """A worker and ``dispatchers`` dispatchers fed by an AgentRun and an ActionRecord reflector, as
+    the manager and the ActionRecord handler feed them. ``first_claim``: the operator's default
+    wiring, intents created under the first dispatcher's first claim; without it every intent is
+    claimed by compare-and-swap, by whichever dispatcher wins."""
     api = Kube(kube.api)
     identity = f"in-process-{uuid.uuid4().hex[:6]}"
     keyring = session_keyring()  # the test kit stamps its runs with it, as the webhook would
     dispatching = DispatcherConfig(identity=identity, keyring=keyring)
-    # The operator's default wiring: intents created under this process's dispatcher's first claim.
-    first_claims = FirstClaims(identity, dispatching.claim_ttl)
-    dispatcher = Dispatcher(api, replace(dispatching, first_claims=first_claims))
+    first_claims = FirstClaims(identity, dispatching.claim_ttl) if first_claim else None
+    senders = [Dispatcher(api, replace(dispatching, first_claims=first_claims))]
+    senders += [
+        Dispatcher(api, replace(dispatching, identity=f"{identity}-rival{i}")) for i in range(1, dispatchers)
+    ]
     worker = RunWorker(
         api,
         WorkerConfig(
@@ -71,31 +86,41 @@ async def operator_loop(kube: KubeEnv, namespace: str) -> AsyncIterator[InProces
 
     def observe_run(event_type: str | None, body: dict[str, Any]) -> None:
         worker.observe(event_type, body)
-        dispatcher.observe_run(event_type, body)
+        for sender in senders:
+            sender.observe_run(event_type, body)
 
     def observe_record(event_type: str | None, body: dict[str, Any]) -> None:
-        # As controllers/durable_agents_controllers/actionrecord.py: the dispatcher takes every
+        # As controllers/durable_agents_controllers/actionrecord.py: the dispatchers take every
         # change; a record's outcome wakes its run.
-        dispatcher.observe(event_type, body)
+        for sender in senders:
+            sender.observe(event_type, body)
         if ((body.get("status") or {}).get("state")) in TERMINAL_RECORD:
             run = ((body.get("spec") or {}).get("runRef") or {}).get("name")
             if run:
                 worker.enqueue((namespace, run))
 
     worker.start()
-    dispatcher.start()
+    for sender in senders:
+        sender.start()
     runs_in = RunReflector(api, observe_run, namespace=namespace)
     records_in = RunReflector(api, observe_record, namespace=namespace, plural="actionrecords")
     runs_in.start()
     records_in.start()
     try:
-        yield InProcess(api, worker, dispatcher, runs_in, records_in)
+        yield InProcess(api, worker, senders, runs_in, records_in)
     finally:
         await runs_in.stop()
         await records_in.stop()
-        await dispatcher.stop()
+        for sender in senders:
+            await sender.stop()
         await worker.stop()
         api.executor.shutdown(wait=False, cancel_futures=True)  # the session's ApiClient stays open
+
+
+@pytest.fixture
+async def operator_loop(kube: KubeEnv, namespace: str) -> AsyncIterator[InProcess]:
+    async with run_loop(kube, namespace) as loop:
+        yield loop
 
 
 async def state_of(runs: Runs, name: str, *states: str) -> dict[str, Any] | None:
@@ -175,3 +200,31 @@ async def test_a_parked_run_is_woken_by_the_scheduler_at_its_expiry_with_its_int
     assert datetime.fromisoformat(expiry["at"]).timestamp() >= due, "woken before its expiry"
     assert expired["status"]["outcome"]["reason"] == "InputExpired"
     assert len(worker.queue.scheduler) == 0, "the wake-up was used"
+
+
+async def test_two_dispatchers_racing_for_the_same_intents_send_each_once(
+    kube: KubeEnv, namespace: str
+) -> None:
+    """Two dispatchers (two processes' worth) get every record event at the same moment, and no
+    intent is under a first claim: both try to claim each intent, by compare-and-swap. Each is sent
+    by the one that won, once."""
+    runs = Runs(kube, namespace)
+    async with run_loop(kube, namespace, dispatchers=2, first_claim=False) as loop:
+        with ReferenceSystemThread() as system:
+            names = [await asyncio.to_thread(runs.create, payment(system.url)) for _ in range(PAYMENTS)]
+
+            async def ended() -> list[dict[str, Any]] | None:
+                found = [await state_of(runs, name, "completed", "failed") for name in names]
+                return [run for run in found if run is not None] if all(found) else None
+
+            done = await eventually_async(ended, Within.RUN, f"{PAYMENTS} runs to end")
+            assert [run["status"]["state"] for run in done] == ["completed"] * PAYMENTS
+            keys = {idempotency_key(run["metadata"]["uid"], 0, "pay") for run in done}
+            assert system.counts() == dict.fromkeys(keys, 1), "each intent sent once, by one dispatcher"
+            assert system.duplicates() == []
+        assert all(sender.queue.processed >= PAYMENTS for sender in loop.dispatchers), "both saw every record"
+    records = kube.custom().list_namespaced_custom_object(GROUP, VERSION, namespace, "actionrecords")["items"]
+    assert sorted(r["spec"]["idempotencyKey"] for r in records) == sorted(keys)
+    assert {r["status"]["state"] for r in records} == {"succeeded"}
+    claimers = {r["status"].get("claimedBy") for r in records}
+    assert claimers <= {sender.config.identity for sender in loop.dispatchers}, claimers
