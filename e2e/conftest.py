@@ -9,6 +9,7 @@ import pytest
 import yaml
 from kubernetes import client
 
+from durable_agents_testkit import local_plane
 from durable_agents_testkit.chaos.warm import ForkServer, WarmOperator, runs_this_checkout
 from durable_agents_testkit.cluster import KubeEnv
 from durable_agents_testkit.operator_process import OperatorProcess
@@ -41,17 +42,31 @@ def fork_server() -> Iterator[ForkServer]:
 
 @pytest.fixture
 def start_operator(
-    operator_kubeconfig: Path, tmp_path: Path, namespace: str, fork_server: ForkServer
+    operator_kubeconfig: Path,
+    tmp_path: Path,
+    namespace: str,
+    fork_server: ForkServer,
+    request: pytest.FixtureRequest,
 ) -> Iterator[Callable[..., OperatorProcess]]:
     """Operator processes that watch only this test's namespace (and whose admission webhook, if
     enabled, is scoped to it); all stopped afterwards. Each is forked from the session's warm
     :class:`ForkServer` (still a fresh process that knows only what the API server tells it),
-    unless it runs other code than this checkout's (``PYTHONPATH``): then it is exec'd."""
+    unless it runs other code than this checkout's (``PYTHONPATH``): then it is exec'd.
+
+    An operator with its admission webhook (on this host: loopback, or an ExternalName Service
+    pointing there) is refused to a test not marked ``local_plane("webhook")``: another cluster's
+    API server cannot reach it, and docs/operate/kind-suites.md must list the test."""
     started: list[OperatorProcess] = []
 
     def start(
         name: str = "op", lease_duration: int = 3, *, identity: str | None = None, **env: str
     ) -> OperatorProcess:
+        if "DURABLE_AGENTS_WEBHOOK_PORT" in env and "webhook" not in local_plane.declared(request.node):
+            pytest.fail(
+                f"{request.node.nodeid} starts an operator with its admission webhook on this host:"
+                ' mark it @pytest.mark.local_plane("webhook", ...) (and regenerate'
+                " docs/operate/kind-suites.md: python -m durable_agents_testkit.kind_suites --write)"
+            )
         env.setdefault("DURABLE_AGENTS_NAMESPACE", namespace)
         where = (operator_kubeconfig, tmp_path / "operators")
         op = (

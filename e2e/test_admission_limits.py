@@ -182,6 +182,7 @@ def bad_cases(url: str) -> list[tuple[str, dict[str, Any], str]]:
     ]
 
 
+@pytest.mark.local_plane("webhook")
 def test_each_bad_input_is_refused_naming_the_field_and_valid_runs_still_complete(
     webhook_operator: Callable[..., OperatorProcess], runs: Runs, refsystem: ReferenceSystemThread
 ) -> None:

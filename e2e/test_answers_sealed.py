@@ -161,6 +161,7 @@ def test_an_answer_written_with_the_webhook_off_is_refused_and_the_run_asks_agai
     assert_history_is_gapless(done)
 
 
+@pytest.mark.local_plane("webhook")
 def test_an_event_delivered_with_the_webhook_off_is_refused_and_awaited_again(
     kube: KubeEnv,
     start_operator: Callable[..., OperatorProcess],
@@ -193,6 +194,7 @@ def test_an_event_delivered_with_the_webhook_off_is_refused_and_awaited_again(
     assert_history_is_gapless(done)
 
 
+@pytest.mark.local_plane("webhook")
 def test_a_data_key_annotation_removed_with_the_webhook_off_does_not_make_an_answer_count(
     kube: KubeEnv,
     start_operator: Callable[..., OperatorProcess],

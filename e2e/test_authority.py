@@ -582,6 +582,7 @@ def test_a_run_re_created_under_its_name_with_a_copied_created_by_is_not_acted_o
     assert len(impersonations(plane, sa_user)) == seen_before, "nothing was done as the ServiceAccount"
 
 
+@pytest.mark.local_plane("webhook")
 def test_a_retry_token_written_with_the_webhook_off_does_not_block_the_retry(
     kube: KubeEnv,
     start_operator: Callable[..., OperatorProcess],

@@ -174,6 +174,7 @@ def test_a_succeeded_action_forged_failed_does_not_fail_the_run(
     assert [c["outcome"] for c in done["status"]["checkpoint"]["toolCalls"]] == ["succeeded"]
 
 
+@pytest.mark.local_plane("webhook")
 def test_key_rotation_restamps_the_ledger_and_a_key_stamping_it_cannot_be_retired(
     operator: Callable[..., tuple[OperatorProcess, int]],
     runs: Runs,

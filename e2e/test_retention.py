@@ -15,6 +15,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
+import pytest
 from kubernetes import client
 
 from durable_agents.api.v1alpha1 import GROUP, VERSION, ActionRecordStatus
@@ -316,6 +317,7 @@ def test_a_run_with_a_running_child_goes_only_after_its_child_and_both_are_recor
     assert [(c["name"], c.get("outcome")) for c in parent_record["children"]] == [(child_name, "canceled")]
 
 
+@pytest.mark.local_plane("webhook")
 def test_with_the_admission_webhook_the_operators_own_cancellation_is_admitted(
     start_operator: Callable[..., OperatorProcess], runs: Runs, refsystem: ReferenceSystemThread
 ) -> None:

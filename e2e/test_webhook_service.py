@@ -14,6 +14,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 
+import pytest
 from cryptography import x509
 from kubernetes import client
 
@@ -46,6 +47,7 @@ def grant_the_certificate_secret(kube: KubeEnv, namespace: str) -> None:
     grant(kube, namespace, OPERATOR_USER, rules, name="webhook-tls")
 
 
+@pytest.mark.local_plane("webhook")
 def test_replicas_serve_the_webhook_behind_a_service_with_one_shared_certificate(
     kube: KubeEnv, namespace: str, runs: Runs, start_operator: Callable[..., OperatorProcess]
 ) -> None:

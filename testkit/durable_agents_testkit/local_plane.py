@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 MARK = "local_plane"
 
@@ -58,6 +59,11 @@ def checked(needs: Iterable[object], where: str) -> tuple[str, ...]:
             f" among {sorted(NEEDS)}; got {given!r}"
         )
     return tuple(n for n in NEEDS if n in given)
+
+
+def declared(item: Any) -> frozenset[str]:
+    """The needs a test's marks declare (on the test, its class or its module)."""
+    return frozenset(n for mark in item.iter_markers(MARK) for n in mark.args)
 
 
 def skip_reason(needs: Iterable[str]) -> str:
