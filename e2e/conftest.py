@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 import yaml
 from kubernetes import client
-from kubernetes.client.rest import ApiException
 
+from durable_agents_testkit import local_plane
 from durable_agents_testkit.chaos.warm import ForkServer, WarmOperator, runs_this_checkout
 from durable_agents_testkit.cluster import KubeEnv
-from durable_agents_testkit.localcluster.controlplane import LocalControlPlane
 from durable_agents_testkit.operator_process import OperatorProcess
+from durable_agents_testkit.rbac import grant, grant_cluster, rule, service_account
 from durable_agents_testkit.refsystem import ReferenceSystemThread
 from durable_agents_testkit.runs import Runs
 
@@ -25,19 +25,7 @@ OPERATOR_USER = "durable-agents-operator"
 def operator_kubeconfig(kube: KubeEnv) -> Path:
     """A kubeconfig for the operator's own user, bound to exactly the chart's ClusterRole rules."""
     rules = yaml.safe_load((REPO / "charts/durable-agents/files/operator-rules.yaml").read_text())
-    rbac = client.RbacAuthorizationV1Api(kube.api)
-    role = {"metadata": {"name": OPERATOR_USER}, "rules": rules}
-    binding = {
-        "metadata": {"name": OPERATOR_USER},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": OPERATOR_USER},
-        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": OPERATOR_USER}],
-    }
-    for create, body in ((rbac.create_cluster_role, role), (rbac.create_cluster_role_binding, binding)):
-        try:
-            create(body)
-        except ApiException as err:
-            if err.status != 409:
-                raise
+    grant_cluster(kube, OPERATOR_USER, rules, name=OPERATOR_USER, exist_ok=True)
     if kube.plane is None:  # an external cluster: run the operator with the given credentials
         return kube.kubeconfig
     return Path(kube.plane.write_user_kubeconfig(OPERATOR_USER, []))
@@ -54,17 +42,31 @@ def fork_server() -> Iterator[ForkServer]:
 
 @pytest.fixture
 def start_operator(
-    operator_kubeconfig: Path, tmp_path: Path, namespace: str, fork_server: ForkServer
+    operator_kubeconfig: Path,
+    tmp_path: Path,
+    namespace: str,
+    fork_server: ForkServer,
+    request: pytest.FixtureRequest,
 ) -> Iterator[Callable[..., OperatorProcess]]:
     """Operator processes that watch only this test's namespace (and whose admission webhook, if
     enabled, is scoped to it); all stopped afterwards. Each is forked from the session's warm
     :class:`ForkServer` (still a fresh process that knows only what the API server tells it),
-    unless it runs other code than this checkout's (``PYTHONPATH``): then it is exec'd."""
+    unless it runs other code than this checkout's (``PYTHONPATH``): then it is exec'd.
+
+    An operator with its admission webhook (on this host: loopback, or an ExternalName Service
+    pointing there) is refused to a test not marked ``local_plane("webhook")``: another cluster's
+    API server cannot reach it, and docs/operate/kind-suites.md must list the test."""
     started: list[OperatorProcess] = []
 
     def start(
         name: str = "op", lease_duration: int = 3, *, identity: str | None = None, **env: str
     ) -> OperatorProcess:
+        if "DURABLE_AGENTS_WEBHOOK_PORT" in env and "webhook" not in local_plane.declared(request.node):
+            pytest.fail(
+                f"{request.node.nodeid} starts an operator with its admission webhook on this host:"
+                ' mark it @pytest.mark.local_plane("webhook", ...) (and regenerate'
+                " docs/operate/kind-suites.md: python -m durable_agents_testkit.kind_suites --write)"
+            )
         env.setdefault("DURABLE_AGENTS_NAMESPACE", namespace)
         where = (operator_kubeconfig, tmp_path / "operators")
         op = (
@@ -94,29 +96,8 @@ def readable_configmap(kube: KubeEnv, namespace: str) -> str:
     core.create_namespaced_config_map(
         namespace, {"metadata": {"name": "settings"}, "data": {"maxSurge": "25%"}}
     )
-    rbac = client.RbacAuthorizationV1Api(kube.api)
-    rbac.create_namespaced_role(
-        namespace,
-        {
-            "metadata": {"name": "read-settings"},
-            "rules": [
-                {
-                    "apiGroups": [""],
-                    "resources": ["configmaps"],
-                    "verbs": ["get"],
-                    "resourceNames": ["settings"],
-                }
-            ],
-        },
-    )
-    rbac.create_namespaced_role_binding(
-        namespace,
-        {
-            "metadata": {"name": "read-settings"},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "read-settings"},
-            "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": namespace}],
-        },
-    )
+    reads = rule("", "configmaps", "get", names=["settings"])
+    grant(kube, namespace, service_account("default", namespace), reads, name="read-settings")
     return "settings"
 
 
@@ -125,11 +106,3 @@ def refsystem() -> Iterator[ReferenceSystemThread]:
     """The counting reference system effects are sent to (loopback)."""
     with ReferenceSystemThread() as system:
         yield system
-
-
-@pytest.fixture
-def plane(kube: KubeEnv) -> LocalControlPlane:
-    """The local control plane, for tests that read its etcd or mint users with its CA."""
-    if kube.plane is None:
-        pytest.skip("needs the local control plane (reads its etcd, or mints users with its client CA)")
-    return kube.plane

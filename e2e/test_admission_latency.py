@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import pytest
 from kubernetes import client
 
 from durable_agents.api.v1alpha1 import GROUP, VERSION
@@ -26,6 +27,7 @@ from durable_agents_testkit.scrape import free_port
 TERMINAL = ("completed", "canceled", "failed", "quarantined")
 
 
+@pytest.mark.local_plane("webhook")
 def test_a_cancel_on_a_run_of_the_largest_size_being_worked_is_admitted_and_the_run_cancels(
     kube: KubeEnv,
     namespace: str,

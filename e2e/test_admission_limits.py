@@ -23,7 +23,9 @@ from durable_agents.core.digest import canonical_json
 from durable_agents.core.limits import CREATE_BUDGET, MAX_NESTING, MAX_VALUE_BYTES, stored_size
 from durable_agents_testkit.cluster import KubeEnv
 from durable_agents_testkit.eventually import Within, eventually
+from durable_agents_testkit.localcluster.controlplane import LocalControlPlane
 from durable_agents_testkit.operator_process import OperatorProcess
+from durable_agents_testkit.rbac import grant, rule
 from durable_agents_testkit.refsystem import ReferenceSystemThread
 from durable_agents_testkit.runs import Runs
 from durable_agents_testkit.scrape import free_port
@@ -45,28 +47,9 @@ def webhook_operator(
 
 
 @pytest.fixture
-def alice(kube: KubeEnv, namespace: str) -> client.ApiClient:
+def alice(kube: KubeEnv, plane: LocalControlPlane, namespace: str) -> client.ApiClient:
     """An approver (a real user with a client certificate; the creator may not approve)."""
-    if kube.plane is None:
-        pytest.skip("needs the local control plane: its client CA, and the webhook on loopback")
-    rbac = client.RbacAuthorizationV1Api(kube.api)
-    rbac.create_namespaced_role(
-        namespace,
-        {
-            "metadata": {"name": "approver"},
-            "rules": [
-                {"apiGroups": [GROUP], "resources": ["agentruns"], "verbs": ["get", "patch", "approve"]}
-            ],
-        },
-    )
-    rbac.create_namespaced_role_binding(
-        namespace,
-        {
-            "metadata": {"name": "approver"},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "approver"},
-            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "alice"}],
-        },
-    )
+    grant(kube, namespace, "alice", rule(GROUP, "agentruns", "get", "patch", "approve"), name="approver")
     return kube.user_client("alice", ["approvers"])
 
 
@@ -200,6 +183,7 @@ def bad_cases(url: str) -> list[tuple[str, dict[str, Any], str]]:
     ]
 
 
+@pytest.mark.local_plane("webhook")
 def test_each_bad_input_is_refused_naming_the_field_and_valid_runs_still_complete(
     webhook_operator: Callable[..., OperatorProcess], runs: Runs, refsystem: ReferenceSystemThread
 ) -> None:
@@ -258,6 +242,7 @@ def asked(runs: Runs, name: str, step: str) -> dict[str, Any] | None:
     return run if waiting and (status.get("approvalRequest") or {}).get("step") == step else None
 
 
+@pytest.mark.local_plane("users", "webhook")
 def test_a_run_at_the_bounds_completes_and_can_be_answered_approved_and_cancelled(
     webhook_operator: Callable[..., OperatorProcess],
     runs: Runs,

@@ -201,6 +201,7 @@ def test_an_mcp_call_whose_answer_was_lost_is_reconciled_by_the_servers_query_to
         assert record["status"]["queries"] >= 1, "the outcome came from the query, not the dropped answer"
 
 
+@pytest.mark.local_plane("users", "webhook")
 def test_an_mcp_call_whose_answer_was_lost_waits_for_a_person_to_reconcile_it(
     kube: KubeEnv,
     webhook_operator: Callable[..., OperatorProcess],

@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from e2e.test_agent import agent_namespace, agent_spec, model  # noqa: F401 (fixtures)
+from e2e.test_reveal import kubeconfigs, plugin, user_api  # noqa: F401 (a fixture)
 from kubernetes import client
 
 from durable_agents.api.v1alpha1 import GROUP, VERSION
@@ -31,8 +33,6 @@ from durable_agents_testkit.operator_process import OperatorProcess
 from durable_agents_testkit.refsystem import ReferenceSystemThread
 from durable_agents_testkit.runs import Runs
 from durable_agents_testkit.scrape import free_port
-from test_agent import agent_namespace, agent_spec, model  # noqa: F401 (fixtures)
-from test_reveal import kubeconfigs, plugin, user_api  # noqa: F401 (a fixture)
 
 SCRIPT = script()
 PROPOSED = SCRIPT["rules"][1]  # the rule whose reply proposes the refund
@@ -67,6 +67,7 @@ def assert_nothing_in_clear(stored: dict[str, Any]) -> None:
     assert REVEALED_ANNOTATION not in (stored["metadata"].get("annotations") or {})
 
 
+@pytest.mark.local_plane("users", "webhook")
 def test_an_approver_sees_the_models_proposal_its_reason_and_evidence_and_nobody_else_does(
     start_operator: Callable[..., OperatorProcess],
     runs: Runs,

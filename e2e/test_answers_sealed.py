@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from e2e.test_authority import grant, on_runs, refusal_events, webhook_off
+from e2e.test_authority import on_runs, refusal_events, webhook_off
 from e2e.test_interruptions import ASK, DONE, pay, run_spec
 from kubernetes.client.rest import ApiException
 
@@ -30,7 +30,9 @@ from durable_agents.kubectl import main as kubectl_plugin
 from durable_agents.kubectl import why as kubectl_why
 from durable_agents_testkit.cluster import KubeEnv
 from durable_agents_testkit.eventually import Within, eventually
+from durable_agents_testkit.localcluster.controlplane import LocalControlPlane
 from durable_agents_testkit.operator_process import OperatorProcess
+from durable_agents_testkit.rbac import grant
 from durable_agents_testkit.refsystem import ReferenceSystemThread
 from durable_agents_testkit.runs import Runs, assert_history_is_gapless
 from durable_agents_testkit.scrape import free_port
@@ -51,12 +53,10 @@ def webhook_operator(start_operator: Callable[..., OperatorProcess]) -> Callable
 
 
 @pytest.fixture
-def erin(kube: KubeEnv, namespace: str) -> str:
+def erin(kube: KubeEnv, plane: LocalControlPlane, namespace: str) -> str:
     """erin may answer the runs (verb ``answer``): the kubeconfig of the person the run waits for."""
-    if kube.plane is None:
-        pytest.skip("mints users with the local control plane's client CA")
     grant(kube, namespace, "erin", [on_runs("patch", "answer")])
-    return str(kube.plane.write_user_kubeconfig("erin", []))
+    return str(plane.write_user_kubeconfig("erin", []))
 
 
 def refused_keys(run: dict[str, Any], field: str) -> list[tuple[str, str]]:
@@ -98,6 +98,7 @@ def forged_while_webhook_off(
     return name, start_operator("no-webhook", LEASE)
 
 
+@pytest.mark.local_plane("users", "webhook")
 def test_an_answer_written_with_the_webhook_off_is_refused_and_the_run_asks_again(
     kube: KubeEnv,
     start_operator: Callable[..., OperatorProcess],
@@ -160,6 +161,7 @@ def test_an_answer_written_with_the_webhook_off_is_refused_and_the_run_asks_agai
     assert_history_is_gapless(done)
 
 
+@pytest.mark.local_plane("webhook")
 def test_an_event_delivered_with_the_webhook_off_is_refused_and_awaited_again(
     kube: KubeEnv,
     start_operator: Callable[..., OperatorProcess],
@@ -192,6 +194,7 @@ def test_an_event_delivered_with_the_webhook_off_is_refused_and_awaited_again(
     assert_history_is_gapless(done)
 
 
+@pytest.mark.local_plane("webhook")
 def test_a_data_key_annotation_removed_with_the_webhook_off_does_not_make_an_answer_count(
     kube: KubeEnv,
     start_operator: Callable[..., OperatorProcess],

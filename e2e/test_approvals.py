@@ -19,50 +19,28 @@ from kubernetes import client
 from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents_testkit.cluster import KubeEnv
 from durable_agents_testkit.eventually import Within, eventually
+from durable_agents_testkit.localcluster.controlplane import LocalControlPlane
 from durable_agents_testkit.operator_process import OperatorProcess
+from durable_agents_testkit.rbac import grant, group, rule
 from durable_agents_testkit.refsystem import ReferenceSystemThread
 from durable_agents_testkit.runs import Runs, assert_history_is_gapless
 from durable_agents_testkit.scrape import free_port
 
 LEASE = 2
+pytestmark = pytest.mark.local_plane("users", "webhook")
 
 
 @pytest.fixture
-def people(kube: KubeEnv, namespace: str) -> dict[str, client.ApiClient]:
+def people(kube: KubeEnv, plane: LocalControlPlane, namespace: str) -> dict[str, client.ApiClient]:
     """alice and carol may approve; bob may edit runs but not approve."""
-    if kube.plane is None:
-        # The users' client certificates come from the plane's CA, and the API server must reach
-        # the operator's admission webhook on this host's loopback.
-        pytest.skip("needs the local control plane: its client CA, and the webhook on loopback")
-    rbac = client.RbacAuthorizationV1Api(kube.api)
     roles = {
         "approver": ["get", "list", "create", "patch", "approve"],
         "editor": ["get", "list", "create", "patch"],
     }
     for role, verbs in roles.items():
-        rbac.create_namespaced_role(
-            namespace,
-            {
-                "metadata": {"name": f"agentrun-{role}"},
-                "rules": [
-                    {"apiGroups": [GROUP], "resources": ["agentruns"], "verbs": verbs},
-                    # Creating a run acts as its ServiceAccount: allowed to use it.
-                    {"apiGroups": [""], "resources": ["serviceaccounts"], "verbs": ["use"]},
-                ],
-            },
-        )
-        rbac.create_namespaced_role_binding(
-            namespace,
-            {
-                "metadata": {"name": f"agentrun-{role}s"},
-                "roleRef": {
-                    "apiGroup": "rbac.authorization.k8s.io",
-                    "kind": "Role",
-                    "name": f"agentrun-{role}",
-                },
-                "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": f"{role}s"}],
-            },
-        )
+        # Creating a run acts as its ServiceAccount: allowed to use it.
+        rules = [rule(GROUP, "agentruns", *verbs), rule("", "serviceaccounts", "use")]
+        grant(kube, namespace, group(f"{role}s"), rules, name=f"agentrun-{role}")
     return {
         "alice": kube.user_client("alice", ["approvers"]),
         "carol": kube.user_client("carol", ["approvers"]),
@@ -434,18 +412,17 @@ def test_four_eyes_the_creator_cannot_approve(
 
 
 def test_kubectl_agentrun_approve(
-    kube: KubeEnv,
+    plane: LocalControlPlane,
     webhook_operator: Callable[..., OperatorProcess],
     runs: Runs,
     people: dict[str, client.ApiClient],
     refsystem: ReferenceSystemThread,
 ) -> None:
-    assert kube.plane is not None
     policy(runs)
     webhook_operator()
     name = runs.create(payment(refsystem.url))
     pending(runs, name)
-    alice = kube.plane.write_user_kubeconfig("alice", ["approvers"])
+    alice = plane.write_user_kubeconfig("alice", ["approvers"])
     env = {**os.environ, "KUBECONFIG": str(alice)}
     plugin = [sys.executable, "-m", "durable_agents.kubectl.main"]
     shown = subprocess.run(

@@ -21,6 +21,8 @@ from durable_agents_testkit.operator_process import OperatorProcess
 from durable_agents_testkit.refsystem import ReferenceSystemThread
 from durable_agents_testkit.runs import Runs
 
+pytestmark = pytest.mark.local_plane("etcd")
+
 
 def test_etcd_refuses_clients_without_a_certificate(plane: LocalControlPlane) -> None:
     anonymous = ssl.create_default_context(cafile=str(plane.pki_paths.ca_cert))

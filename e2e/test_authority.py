@@ -25,7 +25,9 @@ from durable_agents.kubectl import main as kubectl_plugin
 from durable_agents_testkit.cluster import KubeEnv
 from durable_agents_testkit.eventually import Within, eventually
 from durable_agents_testkit.keys import unsealed
+from durable_agents_testkit.localcluster.controlplane import LocalControlPlane
 from durable_agents_testkit.operator_process import OperatorProcess
+from durable_agents_testkit.rbac import grant, rule, service_account
 from durable_agents_testkit.refsystem import ReferenceSystemThread
 from durable_agents_testkit.runs import Runs, assert_history_is_gapless
 from durable_agents_testkit.scrape import free_port
@@ -35,37 +37,17 @@ FORGED_STAMP = "test-key-1:" + "QUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUE="
 HAND_WRITTEN = {"username": "alice", "groups": ["approvers"]}
 
 
-def grant(kube: KubeEnv, namespace: str, user: str, rules: list[dict[str, Any]]) -> None:
-    rbac = client.RbacAuthorizationV1Api(kube.api)
-    rbac.create_namespaced_role(namespace, {"metadata": {"name": user}, "rules": rules})
-    rbac.create_namespaced_role_binding(
-        namespace,
-        {
-            "metadata": {"name": user},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": user},
-            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
-        },
-    )
-
-
 def on_runs(*verbs: str) -> dict[str, Any]:
     return {"apiGroups": [GROUP], "resources": ["agentruns"], "verbs": ["get", "list", *verbs]}
 
 
 @pytest.fixture
-def people(kube: KubeEnv, namespace: str) -> dict[str, client.ApiClient]:
+def people(kube: KubeEnv, plane: LocalControlPlane, namespace: str) -> dict[str, client.ApiClient]:
     """alice approves; bob may create and patch runs but holds none of the custom verbs; erin
     creates runs as the ServiceAccount ``default`` only."""
-    if kube.plane is None:
-        pytest.skip("mints users with the local control plane's client CA")
     grant(kube, namespace, "alice", [on_runs("patch", "approve")])
     grant(kube, namespace, "bob", [on_runs("create", "patch")])
-    use_default = {
-        "apiGroups": [""],
-        "resources": ["serviceaccounts"],
-        "verbs": ["use"],
-        "resourceNames": ["default"],
-    }
+    use_default = rule("", "serviceaccounts", "use", names=["default"])
     grant(kube, namespace, "erin", [on_runs("create", "patch", "answer"), use_default])
     return {name: kube.user_client(name, []) for name in ("alice", "bob", "erin")}
 
@@ -73,23 +55,8 @@ def people(kube: KubeEnv, namespace: str) -> dict[str, client.ApiClient]:
 @pytest.fixture
 def deployer(kube: KubeEnv, namespace: str, readable_configmap: str) -> str:
     """A ServiceAccount that may read the ConfigMap (so a run acting as it would read it)."""
-    grant(
-        kube,
-        namespace,
-        "deployer-reads",
-        [
-            {
-                "apiGroups": [""],
-                "resources": ["configmaps"],
-                "verbs": ["get"],
-                "resourceNames": [readable_configmap],
-            }
-        ],
-    )
-    rbac = client.RbacAuthorizationV1Api(kube.api)
-    binding = rbac.read_namespaced_role_binding("deployer-reads", namespace)
-    binding.subjects = [{"kind": "ServiceAccount", "name": "deployer", "namespace": namespace}]
-    rbac.replace_namespaced_role_binding("deployer-reads", namespace, binding)
+    reads = rule("", "configmaps", "get", names=[readable_configmap])
+    grant(kube, namespace, service_account("deployer", namespace), reads, name="deployer-reads")
     return "deployer"
 
 
@@ -202,6 +169,7 @@ def refusal_events(runs: Runs, name: str) -> list[str]:
     return [e.message for e in runs.events(name) if e.reason == "RequestRefused"]
 
 
+@pytest.mark.local_plane("users", "webhook")
 def test_with_the_webhook_each_request_needs_its_own_verb(
     webhook_operator: Callable[..., OperatorProcess],
     runs: Runs,
@@ -277,6 +245,7 @@ def test_with_the_webhook_each_request_needs_its_own_verb(
     assert list(refsystem.counts().values()) == [1]
 
 
+@pytest.mark.local_plane("users", "webhook")
 def test_with_the_webhook_requests_are_append_only_whatever_the_patch(
     kube: KubeEnv,
     webhook_operator: Callable[..., OperatorProcess],
@@ -342,6 +311,7 @@ def test_with_the_webhook_requests_are_append_only_whatever_the_patch(
     assert unsealed(stored, answer, "answers/confirm") == "yes"
 
 
+@pytest.mark.local_plane("users", "webhook")
 def test_with_the_webhook_off_nothing_unstamped_is_acted_on_and_a_stamped_decision_still_works(
     kube: KubeEnv,
     start_operator: Callable[..., OperatorProcess],
@@ -437,11 +407,10 @@ def test_with_the_webhook_off_nothing_unstamped_is_acted_on_and_a_stamped_decisi
     assert refsystem.duplicates() == []
 
 
-def impersonations(kube: KubeEnv, user: str) -> list[str]:
+def impersonations(plane: LocalControlPlane, user: str) -> list[str]:
     """Requests made as ``user`` through impersonation, from the API server's audit log."""
-    assert kube.plane is not None
     found: list[str] = []
-    with kube.plane.audit_log_path.open("rb") as log:
+    with plane.audit_log_path.open("rb") as log:
         for line in log:  # hundreds of MB by the end of a suite: parse only what can match
             if b'"impersonatedUser"' not in line or user.encode() not in line:
                 continue
@@ -455,8 +424,10 @@ def impersonations(kube: KubeEnv, user: str) -> list[str]:
     return found
 
 
+@pytest.mark.local_plane("audit", "webhook")
 def test_a_run_whose_service_account_is_not_proven_fails_and_does_nothing_as_it(
     kube: KubeEnv,
+    plane: LocalControlPlane,
     start_operator: Callable[..., OperatorProcess],
     webhook_operator: Callable[..., OperatorProcess],
     runs: Runs,
@@ -464,8 +435,6 @@ def test_a_run_whose_service_account_is_not_proven_fails_and_does_nothing_as_it(
     readable_configmap: str,
     deployer: str,
 ) -> None:
-    if kube.plane is None:
-        pytest.skip("reads the local control plane's audit log")
     sa_user = f"system:serviceaccount:{runs.namespace}:{deployer}"
     read = {
         "name": "read",
@@ -489,12 +458,12 @@ def test_a_run_whose_service_account_is_not_proven_fails_and_does_nothing_as_it(
     op = webhook_operator("with-webhook")
     runs.create(spec, name="stamped")
     runs.wait_state("stamped", "completed")
-    assert any(call.endswith(f"configmaps/{readable_configmap}") for call in impersonations(kube, sa_user))
+    assert any(call.endswith(f"configmaps/{readable_configmap}") for call in impersonations(plane, sa_user))
     assert len(refsystem.counts()) == 1
     eventually(lambda: not runs.leases(), Within.COMMIT, "the run's Lease to be released")
 
     webhook_off(kube, runs, op)
-    seen_before = len(impersonations(kube, sa_user))
+    seen_before = len(impersonations(plane, sa_user))
     start_operator("no-webhook", LEASE)
     forged = {**spec, "createdBy": {"username": "admin", "groups": ["system:masters"], "stamp": FORGED_STAMP}}
     runs.create(forged, name="forged")
@@ -520,11 +489,13 @@ def test_a_run_whose_service_account_is_not_proven_fails_and_does_nothing_as_it(
     ]
     assert len(records) == 1, "only the stamped run's effect is in the ledger"
     assert len(refsystem.counts()) == 1
-    assert len(impersonations(kube, sa_user)) == seen_before, "nothing was done as the ServiceAccount"
+    assert len(impersonations(plane, sa_user)) == seen_before, "nothing was done as the ServiceAccount"
 
 
+@pytest.mark.local_plane("audit", "webhook")
 def test_a_run_re_created_under_its_name_with_a_copied_created_by_is_not_acted_on(
     kube: KubeEnv,
+    plane: LocalControlPlane,
     start_operator: Callable[..., OperatorProcess],
     webhook_operator: Callable[..., OperatorProcess],
     runs: Runs,
@@ -536,8 +507,6 @@ def test_a_run_re_created_under_its_name_with_a_copied_created_by_is_not_acted_o
     deletes a run and, with the webhook off, creates it again under its name with its ``createdBy``
     copied. The stamp covers the time it was made; the API server's creationTimestamp of the new
     object is later: nothing is done as the ServiceAccount."""
-    if kube.plane is None:
-        pytest.skip("reads the local control plane's audit log")
     sa_user = f"system:serviceaccount:{runs.namespace}:{deployer}"
     read = {
         "name": "read",
@@ -565,7 +534,7 @@ def test_a_run_re_created_under_its_name_with_a_copied_created_by_is_not_acted_o
     copied = original["spec"]["createdBy"]
     assert copied["stamp"]
     assert copied["stampedAt"], "the stamp's time is stored with it"
-    assert any(call.endswith(f"configmaps/{readable_configmap}") for call in impersonations(kube, sa_user))
+    assert any(call.endswith(f"configmaps/{readable_configmap}") for call in impersonations(plane, sa_user))
     assert len(refsystem.counts()) == 1
     records_before = {
         r["metadata"]["name"]
@@ -586,7 +555,7 @@ def test_a_run_re_created_under_its_name_with_a_copied_created_by_is_not_acted_o
     eventually(gone, Within.COMMIT, "the deleted run to be gone (its finalizer released)")
     webhook_off(kube, runs, op)
     start_operator("no-webhook", LEASE)
-    seen_before = len(impersonations(kube, sa_user))
+    seen_before = len(impersonations(plane, sa_user))
     created = datetime.fromisoformat(original["metadata"]["creationTimestamp"].replace("Z", "+00:00"))
     eventually(
         lambda: datetime.now(UTC) > created + CREATION_SKEW + timedelta(seconds=1),
@@ -610,9 +579,10 @@ def test_a_run_re_created_under_its_name_with_a_copied_created_by_is_not_acted_o
     }
     assert records_after <= records_before, "no new action in the ledger"
     assert len(refsystem.counts()) == 1, "no effect applied by the copy"
-    assert len(impersonations(kube, sa_user)) == seen_before, "nothing was done as the ServiceAccount"
+    assert len(impersonations(plane, sa_user)) == seen_before, "nothing was done as the ServiceAccount"
 
 
+@pytest.mark.local_plane("webhook")
 def test_a_retry_token_written_with_the_webhook_off_does_not_block_the_retry(
     kube: KubeEnv,
     start_operator: Callable[..., OperatorProcess],

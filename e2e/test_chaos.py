@@ -18,8 +18,7 @@ faults are everything else injected (freezes, ambiguous answers, repeated delive
 Operators are separate processes. Most are forked from an interpreter that has already imported
 the operator (:class:`durable_agents_testkit.chaos.ForkServer`: hundreds of fresh processes on two
 cores); the webhook's and the previous release's operators, and the one riding through the
-control-plane restarts, are started the usual way. Rows that show a known operator bug are
-``xfail(strict=True)`` on exactly that failure, and show as KNOWN BUG in the table.
+control-plane restarts, are started the usual way.
 """
 
 from __future__ import annotations
@@ -81,6 +80,7 @@ from durable_agents_testkit.chaos import (
 )
 from durable_agents_testkit.cluster import KubeEnv, install_crds
 from durable_agents_testkit.eventually import Within, eventually
+from durable_agents_testkit.localcluster.controlplane import LocalControlPlane
 from durable_agents_testkit.operator_process import OperatorProcess
 from durable_agents_testkit.refsystem import ReferenceSystemThread
 from durable_agents_testkit.releases import Release, ReleaseUnavailable, materialize_release
@@ -184,11 +184,6 @@ def people(kube: KubeEnv) -> dict[str, client.ApiClient]:
         "carol": kube.user_client("carol", ["approvers"]),
         "bob": kube.user_client("bob", ["editors"]),
     }
-
-
-def needs_local_plane(kube: KubeEnv) -> None:
-    if kube.plane is None:
-        pytest.skip("needs the local control plane (client-certificate users, restarts, a second plane)")
 
 
 APPROVAL_POLICY: dict[str, Any] = {
@@ -543,11 +538,11 @@ def test_zombie_dispatcher_frozen_between_claim_and_post(lab: Lab) -> None:
 # --- 4. duplicate events -----------------------------------------------------------------------
 
 
+@pytest.mark.local_plane("users", "webhook")
 def test_duplicate_events(lab: Lab, kube: KubeEnv) -> None:
     """The same answer, external event and approval delivered many times, concurrently, by two
     approvers at once, and again after the run ended; the worker killed once on the way. Each is
     taken once: one transition per delivery kind, one application of the effect."""
-    needs_local_plane(kube)
     assert lab.refsystem is not None
     ns = lab.namespace("dup", approvers=True)
     apply_policy(kube, ns, "payments", "v1", **approval_policy())
@@ -632,11 +627,11 @@ def first_requests(lab: Lab, namespace: str, names: list[str]) -> dict[str, dict
     return seen
 
 
+@pytest.mark.local_plane("users", "webhook")
 def test_delayed_approval(lab: Lab, kube: KubeEnv) -> None:
     """Approvals that arrive late: after the request expired (the run expires, or per policy asks
     again), after the policy changed, after the evidence changed. A stale approval never lets the
     action run: it is refused, or the run asks for a new approval first."""
-    needs_local_plane(kube)
     assert lab.refsystem is not None
     url = lab.refsystem.url
     ns = lab.namespace("late", approvers=True)
@@ -721,12 +716,12 @@ def test_delayed_approval(lab: Lab, kube: KubeEnv) -> None:
 # --- 6. policy change during a wait --------------------------------------------------------------
 
 
+@pytest.mark.local_plane("users", "webhook")
 def test_policy_change_during_wait(lab: Lab, kube: KubeEnv) -> None:
     """A GitOps pipeline rolls out several AgentPolicy versions while runs wait (some while no
     worker runs at all, a worker killed at each change). Per policy: the pending approval is asked
     again (policyChanged: reapprove) or still binds (immaterial); a run that waited for input
     meets the NEW policy's approval rule when it resumes."""
-    needs_local_plane(kube)
     assert lab.refsystem is not None
     url = lab.refsystem.url
     ns = lab.namespace("gitops", approvers=True)
@@ -941,14 +936,12 @@ def test_ambiguous_responses(lab: Lab) -> None:
 # --- 9. API server and etcd restarts -----------------------------------------------------------
 
 
-def test_api_server_and_etcd_restarts(lab: Lab, kube: KubeEnv) -> None:
+@pytest.mark.local_plane("restarts")
+def test_api_server_and_etcd_restarts(lab: Lab, kube: KubeEnv, plane: LocalControlPlane) -> None:
     """The API server and etcd restarted (gracefully and by SIGKILL, alternating) under load:
     nothing committed is lost (no run's history shrinks or changes), nothing is applied twice, the
     operator rides through every restart without dying."""
-    needs_local_plane(kube)
-    assert kube.plane is not None
     assert lab.refsystem is not None
-    plane = kube.plane
     ns = lab.namespace("restarts")
     op = lab.operator(ns, "op", warm=False, **FAST_DISPATCH)  # a process started the usual way
     names: list[str] = []
@@ -1007,13 +1000,11 @@ def test_api_server_and_etcd_restarts(lab: Lab, kube: KubeEnv) -> None:
 # --- 10. stale backup restore ------------------------------------------------------------------
 
 
+@pytest.mark.local_plane("restarts")
 def test_stale_backup_restore(lab: Lab, kube: KubeEnv) -> None:
     """Export every AgentRun and ActionRecord (with status), let the runs advance and dispatch,
     then restore the stale export into a FRESH control plane and run an operator there, against
     the same authoritative system: no effect may be applied again."""
-    needs_local_plane(kube)
-    from durable_agents_testkit.localcluster.controlplane import LocalControlPlane
-
     assert lab.refsystem is not None
     ref = lab.refsystem
     rules = REPO / "charts/durable-agents/files/operator-rules.yaml"
@@ -1129,12 +1120,12 @@ def malformed(url: str) -> list[tuple[str, dict[str, Any], str]]:
     ]
 
 
+@pytest.mark.local_plane("users", "webhook")
 def test_bad_input(lab: Lab, kube: KubeEnv) -> None:
     """Malformed manifests, oversized fields, forged identities, wrong digests, unknown request
     IDs, decisions without the RBAC verb: refused with a message naming the problem. Unreadable
     checkpoints (unknown schema version, invalid content): quarantined, never a crash loop; good
     runs beside them finish; nothing is lost."""
-    needs_local_plane(kube)
     assert lab.refsystem is not None
     url = lab.refsystem.url
     ns = lab.namespace("bad", approvers=True)
@@ -1288,15 +1279,12 @@ def test_bad_input_undecryptable_checkpoint(lab: Lab) -> None:
 
 def test_full_size_acceptance() -> None:
     """The full size's acceptance: at least 500 kill points across all scenarios, zero
-    duplicates, zero stuck runs. Known operator bugs (the xfail scenarios) fail it too: the
-    acceptance is met when they are fixed, not when they are expected."""
+    duplicates, zero stuck runs, no scenario failed."""
     if SIZE.min_total_kills == 0:
         pytest.skip("the ci size has no acceptance target")
     names = {r.scenario for r in REPORT.results}
     if len(names) < 13:
         pytest.skip(f"only {len(names)} of 13 scenarios ran in this session")
     assert REPORT.total_kills >= SIZE.min_total_kills, f"only {REPORT.total_kills} kill points"
-    failed = [r.scenario for r in REPORT.results if not r.passed and not r.known_issue]
+    failed = [r.scenario for r in REPORT.results if not r.passed]
     assert not failed, f"scenarios failed: {failed}"
-    known = [f"{r.scenario}: {r.known_issue}" for r in REPORT.results if not r.passed]
-    assert not known, "acceptance not met, known operator bugs remain:\n" + "\n".join(known)

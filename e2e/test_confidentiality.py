@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 from kubernetes import client
 
 from durable_agents.api.v1alpha1 import GROUP, VERSION
@@ -29,6 +30,7 @@ from durable_agents_testkit.eventually import Within, eventually
 from durable_agents_testkit.keys import session_keyring
 from durable_agents_testkit.localcluster.controlplane import LocalControlPlane
 from durable_agents_testkit.operator_process import OperatorProcess
+from durable_agents_testkit.rbac import grant, rule, service_account
 from durable_agents_testkit.refsystem import ReferenceSystemThread, receipt_for
 from durable_agents_testkit.runs import Runs
 from durable_agents_testkit.scrape import free_port
@@ -37,16 +39,7 @@ TOKEN_REF = {"name": "payment-token", "key": "token"}
 
 
 def _role(kube: KubeEnv, namespace: str, user: str, rules: list[dict[str, Any]]) -> client.ApiClient:
-    rbac = client.RbacAuthorizationV1Api(kube.api)
-    rbac.create_namespaced_role(namespace, {"metadata": {"name": user}, "rules": rules})
-    rbac.create_namespaced_role_binding(
-        namespace,
-        {
-            "metadata": {"name": user},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": user},
-            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
-        },
-    )
+    grant(kube, namespace, user, rules)
     return kube.user_client(user, [])
 
 
@@ -60,6 +53,7 @@ def _everything_a_viewer_reads(viewer: client.ApiClient, namespace: str) -> str:
     return json.dumps([listed, events], default=str)
 
 
+@pytest.mark.local_plane("etcd", "webhook")
 def test_sealed_values_are_nowhere_in_clear_in_etcd_or_to_a_viewer(
     kube: KubeEnv,
     plane: LocalControlPlane,
@@ -101,17 +95,8 @@ def test_sealed_values_are_nowhere_in_clear_in_etcd_or_to_a_viewer(
             namespace, {"metadata": {"name": secret}, "stringData": {"token": token}}
         )
     # The run's ServiceAccount may read the one Secret it uses by reference, and no other.
-    reads_token = {
-        "apiGroups": [""],
-        "resources": ["secrets"],
-        "verbs": ["get"],
-        "resourceNames": [TOKEN_REF["name"]],
-    }
-    _role(kube, namespace, "token-reader", [reads_token])
-    rbac = client.RbacAuthorizationV1Api(kube.api)
-    binding = rbac.read_namespaced_role_binding("token-reader", namespace)
-    binding.subjects = [{"kind": "ServiceAccount", "name": "default", "namespace": namespace}]
-    rbac.replace_namespaced_role_binding("token-reader", namespace, binding)
+    reads_token = rule("", "secrets", "get", names=[TOKEN_REF["name"]])
+    grant(kube, namespace, service_account("default", namespace), reads_token, name="token-reader")
     op = start_operator("sealing", 2, DURABLE_AGENTS_WEBHOOK_PORT=str(free_port()))
     eventually(lambda: op.logged("admission webhook serving"), Within.COMMIT, "the admission webhook")
     runs.await_webhook()  # the run is written raw: the webhook stamps and seals it

@@ -31,7 +31,9 @@ from durable_agents.core.ledger import action_record_name, idempotency_key
 from durable_agents.kubectl import main as kubectl_plugin
 from durable_agents_testkit.cluster import KubeEnv
 from durable_agents_testkit.eventually import Within, eventually
+from durable_agents_testkit.localcluster.controlplane import LocalControlPlane
 from durable_agents_testkit.operator_process import OperatorProcess
+from durable_agents_testkit.rbac import grant, rule
 from durable_agents_testkit.refsystem import ReferenceSystemThread
 from durable_agents_testkit.runs import Runs
 from durable_agents_testkit.scrape import free_port, metric, scrape_when
@@ -75,31 +77,18 @@ def gate() -> Iterator[Gate]:
     made.server.shutdown()
 
 
-def bind(kube: KubeEnv, namespace: str, user: str, rules: list[dict[str, Any]]) -> None:
-    rbac = client.RbacAuthorizationV1Api(kube.api)
-    rbac.create_namespaced_role(namespace, {"metadata": {"name": user}, "rules": rules})
-    subject = {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}
-    role_ref = {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": user}
-    rbac.create_namespaced_role_binding(
-        namespace, {"metadata": {"name": user}, "roleRef": role_ref, "subjects": [subject]}
-    )
-
-
 @pytest.fixture
-def kubeconfigs(kube: KubeEnv, namespace: str) -> dict[str, str]:
+def kubeconfigs(kube: KubeEnv, plane: LocalControlPlane, namespace: str) -> dict[str, str]:
     """carol: the chart's on-call role; dave: reads and patches runs, no custom verb; erin: nothing."""
-    if kube.plane is None:
-        pytest.skip("mints users with the local control plane's client CA")
     on_call = yaml.safe_load(USER_ROLES.read_text())["roles"]["on-call"]["rules"]
-    bind(kube, namespace, "carol", on_call)
-    reads = {"apiGroups": [GROUP], "resources": ["actionrecords"], "verbs": ["get", "list"]}
-    bind(
+    grant(kube, namespace, "carol", on_call)
+    grant(
         kube,
         namespace,
         "dave",
-        [{**reads, "resources": ["agentruns"], "verbs": ["get", "list", "patch"]}, reads],
+        [rule(GROUP, "agentruns", "get", "list", "patch"), rule(GROUP, "actionrecords", "get", "list")],
     )
-    return {user: str(kube.plane.write_user_kubeconfig(user, [])) for user in ("carol", "dave", "erin")}
+    return {user: str(plane.write_user_kubeconfig(user, [])) for user in ("carol", "dave", "erin")}
 
 
 def agentrun(kubeconfig: str, *args: str) -> tuple[int, str, str]:
@@ -153,6 +142,7 @@ def condition(run: dict[str, Any], ctype: str) -> dict[str, Any] | None:
     return next((c for c in conditions if c.get("type") == ctype), None)
 
 
+@pytest.mark.local_plane("users", "webhook")
 def test_list_reconcile_and_escalate_as_on_call_and_refused_without_the_verb(
     start_operator: Callable[..., OperatorProcess],
     runs: Runs,

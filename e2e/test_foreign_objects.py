@@ -31,6 +31,7 @@ from durable_agents.shell.ownership.leases import lease_name
 from durable_agents_testkit.cluster import KubeEnv
 from durable_agents_testkit.eventually import Within, eventually
 from durable_agents_testkit.operator_process import OperatorProcess
+from durable_agents_testkit.rbac import grant, rule, service_account
 from durable_agents_testkit.runs import Runs, assert_history_is_gapless
 
 LEASE = 2
@@ -56,36 +57,19 @@ def spec(*steps: dict[str, Any]) -> dict[str, Any]:
     return {"taskType": "foreign", "objective": "meet objects someone else made", "steps": list(steps)}
 
 
-def grant(
-    kube: KubeEnv, namespace: str, name: str, subject: dict[str, Any], rules: list[dict[str, Any]]
-) -> None:
-    rbac = client.RbacAuthorizationV1Api(kube.api)
-    rbac.create_namespaced_role(namespace, {"metadata": {"name": name}, "rules": rules})
-    rbac.create_namespaced_role_binding(
-        namespace,
-        {
-            "metadata": {"name": name},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
-            "subjects": [subject],
-        },
-    )
-
-
 def grant_children(kube: KubeEnv, namespace: str) -> None:
     """The runs' ServiceAccount may start child runs (they are made AS that account)."""
-    rules = [{"apiGroups": [GROUP], "resources": ["agentruns"], "verbs": ["get", "create", "patch"]}]
-    subject = {"kind": "ServiceAccount", "name": "default", "namespace": namespace}
-    grant(kube, namespace, "start-children", subject, rules)
+    children = rule(GROUP, "agentruns", "get", "create", "patch")
+    grant(kube, namespace, service_account("default", namespace), children, name="start-children")
 
 
 def other_user(kube: KubeEnv, namespace: str) -> client.ApiClient:
     """Another user, who may create AgentRuns and create or delete Leases in the namespace."""
     rules = [
-        {"apiGroups": [GROUP], "resources": ["agentruns"], "verbs": ["get", "create"]},
-        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "delete"]},
+        rule(GROUP, "agentruns", "get", "create"),
+        rule("coordination.k8s.io", "leases", "get", "create", "delete"),
     ]
-    subject = {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": OTHER_USER}
-    grant(kube, namespace, "other-user", subject, rules)
+    grant(kube, namespace, OTHER_USER, rules, name="other-user")
     return kube.user_client(OTHER_USER, [])
 
 

@@ -76,6 +76,7 @@ def gone(runs: Runs, name: str) -> bool:
 
 
 @pytest.mark.parametrize("forged", ["completed", "failed", "canceled"])
+@pytest.mark.local_plane("users")
 def test_a_forged_end_of_a_top_level_run_is_quarantined_and_never_recorded_as_such(
     forged: str,
     mallory: client.ApiClient,  # noqa: F811
@@ -107,6 +108,7 @@ def test_a_forged_end_of_a_top_level_run_is_quarantined_and_never_recorded_as_su
 
 
 @pytest.mark.parametrize("forged", ["completed", "failed", "canceled"])
+@pytest.mark.local_plane("users")
 def test_a_forged_end_of_a_child_run_does_not_move_its_parent(
     forged: str,
     kube: KubeEnv,

@@ -577,6 +577,7 @@ def generated(refsystem: str) -> st.SearchStrategy[Doc]:
     return st.sampled_from(weighted).flatmap(kinds.__getitem__)
 
 
+@pytest.mark.local_plane("webhook")
 def test_fuzzed_documents_are_refused_naming_a_field_or_reach_a_state_with_a_reason(
     start_operator: Callable[..., OperatorProcess],
     runs: Runs,

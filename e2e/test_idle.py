@@ -13,8 +13,8 @@ import pytest
 
 from durable_agents.shell.runs.worker import WorkerConfig
 from durable_agents_testkit.audit import audit_offset, count_by, read_audit
-from durable_agents_testkit.cluster import KubeEnv
 from durable_agents_testkit.eventually import Within, eventually
+from durable_agents_testkit.localcluster.controlplane import LocalControlPlane
 from durable_agents_testkit.operator_process import OperatorProcess
 from durable_agents_testkit.runs import Runs
 
@@ -37,12 +37,11 @@ def parked_spec() -> dict[str, Any]:
     }
 
 
+@pytest.mark.local_plane("audit")
 def test_parked_runs_cost_no_lease_and_no_requests_and_expire_on_time(
-    kube: KubeEnv, start_operator: Callable[..., OperatorProcess], runs: Runs
+    plane: LocalControlPlane, start_operator: Callable[..., OperatorProcess], runs: Runs
 ) -> None:
-    if kube.plane is None:
-        pytest.skip("counts requests in the local control plane's audit log")
-    audit = kube.plane.audit_log_path
+    audit = plane.audit_log_path
     offset = audit_offset(audit)  # what earlier tests logged is not read again
     start_operator("idle", LEASE)
     started = datetime.now(UTC)

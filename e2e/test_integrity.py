@@ -27,7 +27,9 @@ from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents.core.ledger import action_record_name, idempotency_key
 from durable_agents_testkit.cluster import KubeEnv
 from durable_agents_testkit.eventually import Within, eventually
+from durable_agents_testkit.localcluster.controlplane import LocalControlPlane
 from durable_agents_testkit.operator_process import OperatorProcess
+from durable_agents_testkit.rbac import grant, rule
 from durable_agents_testkit.refsystem import ReferenceSystemThread
 from durable_agents_testkit.runs import Runs
 from durable_agents_testkit.scrape import free_port, metric, scrape
@@ -41,12 +43,9 @@ FORGED_AMOUNT = 1000000
 
 
 @pytest.fixture
-def mallory(kube: KubeEnv, namespace: str) -> client.ApiClient:
+def mallory(kube: KubeEnv, plane: LocalControlPlane, namespace: str) -> client.ApiClient:
     """A user RBAC grants too much here: ActionRecords and the status of runs, as only the
     operator should have."""
-    if kube.plane is None:
-        pytest.skip("mints users with the local control plane's client CA")
-    rbac = client.RbacAuthorizationV1Api(kube.api)
     rules = [
         {"apiGroups": [GROUP], "resources": ["agentruns", "actionrecords"], "verbs": ["get", "list"]},
         {"apiGroups": [GROUP], "resources": ["actionrecords"], "verbs": ["create", "delete"]},
@@ -56,34 +55,15 @@ def mallory(kube: KubeEnv, namespace: str) -> client.ApiClient:
             "verbs": ["get", "update", "patch"],
         },
     ]
-    rbac.create_namespaced_role(namespace, {"metadata": {"name": "over-broad"}, "rules": rules})
-    rbac.create_namespaced_role_binding(
-        namespace,
-        {
-            "metadata": {"name": "over-broad"},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "over-broad"},
-            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "mallory"}],
-        },
-    )
+    grant(kube, namespace, "mallory", rules, name="over-broad")
     return kube.user_client("mallory", ["forgers"])
 
 
 @pytest.fixture
-def approver(kube: KubeEnv, namespace: str) -> client.ApiClient:
+def approver(kube: KubeEnv, plane: LocalControlPlane, namespace: str) -> client.ApiClient:
     """alice may approve runs here (the custom verb the webhook asks RBAC about)."""
-    if kube.plane is None:
-        pytest.skip("mints users with the local control plane's client CA")
-    rbac = client.RbacAuthorizationV1Api(kube.api)
-    verbs = ["get", "list", "patch", "approve"]
-    rule = {"apiGroups": [GROUP], "resources": ["agentruns"], "verbs": verbs}
-    rbac.create_namespaced_role(namespace, {"metadata": {"name": "approver"}, "rules": [rule]})
-    rbac.create_namespaced_role_binding(
-        namespace,
-        {
-            "metadata": {"name": "approver"},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "approver"},
-            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "alice"}],
-        },
+    grant(
+        kube, namespace, "alice", rule(GROUP, "agentruns", "get", "list", "patch", "approve"), name="approver"
     )
     return kube.user_client("alice", ["approvers"])
 
@@ -259,6 +239,7 @@ def quarantined(runs: Runs, name: str) -> dict[str, Any]:
 # --- the first line: admission -------------------------------------------------------------------
 
 
+@pytest.mark.local_plane("users")
 def test_the_admission_policy_refuses_everyone_but_the_operator(
     kube: KubeEnv,
     admission_line: str,
@@ -318,6 +299,7 @@ def test_the_admission_policy_refuses_everyone_but_the_operator(
 # --- the second line, with the admission policy removed: the dispatcher ---------------------------
 
 
+@pytest.mark.local_plane("users")
 def test_a_forged_action_record_is_never_dispatched(
     mallory: client.ApiClient,
     start_operator: Callable[..., OperatorProcess],
@@ -395,6 +377,7 @@ def approve(api: client.ApiClient, runs: Runs, name: str) -> None:
     )
 
 
+@pytest.mark.local_plane("users", "webhook")
 def test_a_forged_approval_in_the_checkpoint_quarantines_the_run_untouched_until_restored(
     kube: KubeEnv,
     mallory: client.ApiClient,
@@ -468,6 +451,7 @@ def test_a_forged_approval_in_the_checkpoint_quarantines_the_run_untouched_until
     assert [(a["requestId"], a.get("decidedBy")) for a in approvals] == [("pay-1", None), ("pay-2", "alice")]
 
 
+@pytest.mark.local_plane("users")
 def test_a_forged_intent_and_its_record_are_held_back_and_never_sent(
     mallory: client.ApiClient,
     start_operator: Callable[..., OperatorProcess],

@@ -34,6 +34,7 @@ from durable_agents.core.ledger import action_record_name, idempotency_key
 from durable_agents_testkit.cluster import KubeEnv
 from durable_agents_testkit.eventually import Within, eventually
 from durable_agents_testkit.operator_process import OperatorProcess
+from durable_agents_testkit.rbac import grant, rule, service_account
 from durable_agents_testkit.refsystem import ReferenceSystemThread
 from durable_agents_testkit.runs import Runs, assert_history_is_gapless
 from durable_agents_testkit.scrape import free_port, metric, scrape, scrape_when
@@ -85,24 +86,8 @@ def cancel(runs: Runs, name: str, request_id: str, scope: str, reason: str = "")
 
 def grant_agentruns(kube: KubeEnv, namespace: str) -> None:
     """The runs' ServiceAccount may start and cancel child runs (they are made AS that account)."""
-    rbac = client.RbacAuthorizationV1Api(kube.api)
-    rbac.create_namespaced_role(
-        namespace,
-        {
-            "metadata": {"name": "start-children"},
-            "rules": [
-                {"apiGroups": [GROUP], "resources": ["agentruns"], "verbs": ["get", "create", "patch"]}
-            ],
-        },
-    )
-    rbac.create_namespaced_role_binding(
-        namespace,
-        {
-            "metadata": {"name": "start-children"},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "start-children"},
-            "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": namespace}],
-        },
-    )
+    children = rule(GROUP, "agentruns", "get", "create", "patch")
+    grant(kube, namespace, service_account("default", namespace), children, name="start-children")
 
 
 def record(runs: Runs, name: str) -> dict[str, Any]:
@@ -451,29 +436,8 @@ def read_missing(name: str = "appears-later") -> dict[str, Any]:
 
 
 def allow_reading(kube: KubeEnv, namespace: str, configmap: str) -> None:
-    rbac = client.RbacAuthorizationV1Api(kube.api)
-    rbac.create_namespaced_role(
-        namespace,
-        {
-            "metadata": {"name": "read"},
-            "rules": [
-                {
-                    "apiGroups": [""],
-                    "resources": ["configmaps"],
-                    "verbs": ["get"],
-                    "resourceNames": [configmap],
-                }
-            ],
-        },
-    )
-    rbac.create_namespaced_role_binding(
-        namespace,
-        {
-            "metadata": {"name": "read"},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "read"},
-            "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": namespace}],
-        },
-    )
+    reads = rule("", "configmaps", "get", names=[configmap])
+    grant(kube, namespace, service_account("default", namespace), reads, name="read")
 
 
 RETRY = {"maxAttempts": 3, "initialBackoff": "2s", "maxBackoff": "10s", "jitter": 0.2}
@@ -548,13 +512,12 @@ def test_a_definitely_failed_effect_is_retried_as_a_new_action_and_applied_once(
 # --- the operator's controls, from kubectl ---------------------------------------------------
 
 
+@pytest.mark.local_plane("webhook")
 def test_kubectl_agentrun_cancel_is_stamped_and_its_latency_measured(
     kube: KubeEnv, start_operator: Callable[..., OperatorProcess], runs: Runs
 ) -> None:
     """``kubectl agentrun cancel`` on parked runs: the webhook stamps who and when; the operator's
     histogram measures request-to-no-new-work (cancel_requested committed) for each one."""
-    if kube.plane is None:
-        pytest.skip("the API server calls the operator's webhook on this host's loopback")
     port = free_port()
     op = start_operator(
         "controls", LEASE, DURABLE_AGENTS_WEBHOOK_PORT=str(free_port()), DURABLE_AGENTS_METRICS_PORT=str(port)

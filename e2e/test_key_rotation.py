@@ -159,6 +159,7 @@ def refused(call: Callable[[], Any]) -> str:
     return str(json.loads(err.value.body)["message"])
 
 
+@pytest.mark.local_plane("webhook")
 def test_rotation_reseals_50_live_runs_gently_and_a_key_in_use_cannot_be_retired(
     operator: Callable[..., tuple[OperatorProcess, int]],
     runs: Runs,

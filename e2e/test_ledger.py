@@ -14,7 +14,9 @@ from durable_agents.core.sealed_values import outcome_label
 from durable_agents_testkit.cluster import KubeEnv
 from durable_agents_testkit.eventually import Within, eventually
 from durable_agents_testkit.keys import unsealed
+from durable_agents_testkit.localcluster.controlplane import LocalControlPlane
 from durable_agents_testkit.operator_process import OperatorProcess
+from durable_agents_testkit.rbac import grant, rule, service_account
 from durable_agents_testkit.refsystem import ReferenceSystemThread
 from durable_agents_testkit.runs import Runs, assert_history_is_gapless
 from durable_agents_testkit.scrape import free_port, metric, scrape
@@ -246,8 +248,8 @@ def test_an_intent_already_in_the_ledger_is_a_suppressed_duplicate_and_not_dispa
 def test_compensation_is_a_new_action_referencing_the_original(
     kube: KubeEnv, start_operator: Callable[..., OperatorProcess], runs: Runs
 ) -> None:
-    sa = {"kind": "ServiceAccount", "name": "default", "namespace": runs.namespace}
-    grant(kube, runs.namespace, sa, ["get", "create", "patch"], "configmap-writer")
+    writes = rule("", "configmaps", "get", "create", "patch")
+    grant(kube, runs.namespace, service_account("default", runs.namespace), writes, name="configmap-writer")
     spec = configmap_apply_run("flag")
     undo = {
         "name": "undo",
@@ -317,33 +319,13 @@ def configmap_apply_run(cm: str, sa: str = "default") -> dict[str, Any]:
     }
 
 
-def grant(kube: KubeEnv, namespace: str, subject: dict[str, str], verbs: list[str], name: str) -> None:
-    rbac = client.RbacAuthorizationV1Api(kube.api)
-    rbac.create_namespaced_role(
-        namespace,
-        {
-            "metadata": {"name": name},
-            "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": verbs}],
-        },
-    )
-    rbac.create_namespaced_role_binding(
-        namespace,
-        {
-            "metadata": {"name": name},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
-            "subjects": [subject],
-        },
-    )
-
-
-def applies_of(kube: KubeEnv, namespace: str, name: str) -> int:
+def applies_of(plane: LocalControlPlane, namespace: str, name: str) -> int:
     """Successful writes to one ConfigMap, from the API server's audit log."""
     from durable_agents_testkit.audit import read_audit
 
-    assert kube.plane is not None
     return sum(
         1
-        for e in read_audit(kube.plane.audit_log_path, mentions=namespace)
+        for e in read_audit(plane.audit_log_path, mentions=namespace)
         if e.namespace == namespace
         and e.resource == "configmaps"
         and e.name == name
@@ -352,17 +334,21 @@ def applies_of(kube: KubeEnv, namespace: str, name: str) -> int:
     )
 
 
+@pytest.mark.local_plane("audit")
 @pytest.mark.parametrize(("phase", "nth"), [("after", 1), ("after", 2), ("before", 3), ("after", 3)])
 def test_kubernetes_apply_changes_a_configmap_once_across_crashes(
-    kube: KubeEnv, start_operator: Callable[..., OperatorProcess], runs: Runs, phase: str, nth: int
+    kube: KubeEnv,
+    plane: LocalControlPlane,
+    start_operator: Callable[..., OperatorProcess],
+    runs: Runs,
+    phase: str,
+    nth: int,
 ) -> None:
     """after:1 intent committed (with accepted, one write); after:2 record created under the
     victim's first claim (its send may be in flight); before:3 applied but the outcome not
     written: recovery must query, not apply again; after:3 the outcome written."""
-    if kube.plane is None:
-        pytest.skip("counts writes in the local control plane's audit log")
-    sa = {"kind": "ServiceAccount", "name": "default", "namespace": runs.namespace}
-    grant(kube, runs.namespace, sa, ["get", "create", "patch"], "configmap-writer")
+    writes = rule("", "configmaps", "get", "create", "patch")
+    grant(kube, runs.namespace, service_account("default", runs.namespace), writes, name="configmap-writer")
     cm = f"feature-{phase}-{nth}"
     victim = start_operator(
         "v", LEASE, DURABLE_AGENTS_TEST_KILL_AT=f"{phase}:{nth}", DURABLE_AGENTS_DISPATCH_TIMEOUT="1"
@@ -382,21 +368,17 @@ def test_kubernetes_apply_changes_a_configmap_once_across_crashes(
         configmap.metadata.annotations["durable-agents.io/idempotency-key"]
         == record["spec"]["idempotencyKey"]
     )
-    assert applies_of(kube, runs.namespace, cm) == 1
+    assert applies_of(plane, runs.namespace, cm) == 1
 
 
 def test_effect_acts_as_the_run_service_account_never_the_operator(
     kube: KubeEnv, start_operator: Callable[..., OperatorProcess], runs: Runs
 ) -> None:
     # Give the operator's own user write access here: it must still not leak into the effect.
-    operator_user = {
-        "apiGroup": "rbac.authorization.k8s.io",
-        "kind": "User",
-        "name": "durable-agents-operator",
-    }
-    grant(kube, runs.namespace, operator_user, ["get", "create", "patch", "update"], "operator-could-write")
-    writer = {"kind": "ServiceAccount", "name": "writer", "namespace": runs.namespace}
-    grant(kube, runs.namespace, writer, ["get", "create", "patch"], "writer")
+    could_write = rule("", "configmaps", "get", "create", "patch", "update")
+    grant(kube, runs.namespace, "durable-agents-operator", could_write, name="operator-could-write")
+    writer = service_account("writer", runs.namespace)
+    grant(kube, runs.namespace, writer, rule("", "configmaps", "get", "create", "patch"), name="writer")
     start_operator("rbac", LEASE)
 
     denied = runs.wait_state(runs.create(configmap_apply_run("denied-cm", sa="reader")), "failed", timeout=60)

@@ -100,6 +100,7 @@ def engine_did_not_believe(op: OperatorProcess, runs: Runs, run: str, record: st
     ],
     ids=["succeeded", "claimed-until-2099"],
 )
+@pytest.mark.local_plane("users")
 def test_a_forged_status_on_an_intent_never_sent_is_asked_about_and_sent_once(
     start_operator: Callable[..., OperatorProcess],
     runs: Runs,
@@ -133,6 +134,7 @@ def test_a_forged_status_on_an_intent_never_sent_is_asked_about_and_sent_once(
     assert "IntegrityFailed" in reasons, reasons
 
 
+@pytest.mark.local_plane("users")
 def test_a_succeeded_action_forged_failed_does_not_fail_the_run(
     start_operator: Callable[..., OperatorProcess],
     runs: Runs,
@@ -172,6 +174,7 @@ def test_a_succeeded_action_forged_failed_does_not_fail_the_run(
     assert [c["outcome"] for c in done["status"]["checkpoint"]["toolCalls"]] == ["succeeded"]
 
 
+@pytest.mark.local_plane("webhook")
 def test_key_rotation_restamps_the_ledger_and_a_key_stamping_it_cannot_be_retired(
     operator: Callable[..., tuple[OperatorProcess, int]],
     runs: Runs,

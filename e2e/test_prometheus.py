@@ -35,6 +35,7 @@ from durable_agents_testkit.prometheus import (
     find_prometheus,
     metric_names,
 )
+from durable_agents_testkit.rbac import grant, rule
 from durable_agents_testkit.refsystem import ReferenceSystemThread
 from durable_agents_testkit.runs import Runs
 from durable_agents_testkit.scrape import free_port
@@ -87,20 +88,13 @@ def prometheus(tmp_path: Path) -> Iterator[Callable[[int, Path], PrometheusServe
 
 def approver(kube: KubeEnv, namespace: str) -> client.ApiClient:
     """A user who holds the approve verb on the namespace's runs."""
-    rbac = client.RbacAuthorizationV1Api(kube.api)
-    rules = [{"apiGroups": [GROUP], "resources": ["agentruns"], "verbs": ["get", "list", "patch", "approve"]}]
-    rbac.create_namespaced_role(namespace, {"metadata": {"name": "approver"}, "rules": rules})
-    rbac.create_namespaced_role_binding(
-        namespace,
-        {
-            "metadata": {"name": "approvers"},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "approver"},
-            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "alice"}],
-        },
+    grant(
+        kube, namespace, "alice", rule(GROUP, "agentruns", "get", "list", "patch", "approve"), name="approver"
     )
     return kube.user_client("alice", [])
 
 
+@pytest.mark.local_plane("users", "webhook")
 def test_every_metric_of_the_rules_and_the_dashboard_exists_on_a_live_operator(
     kube: KubeEnv,
     namespace: str,
@@ -110,8 +104,6 @@ def test_every_metric_of_the_rules_and_the_dashboard_exists_on_a_live_operator(
     prometheus: Callable[[int, Path], PrometheusServer],
     tmp_path: Path,
 ) -> None:
-    if kube.plane is None:
-        pytest.skip("needs the local control plane: a user's client certificate, the webhook on loopback")
     rules, expressions = chart_rules(tmp_path)
     dashboard: dict[str, Any] = json.loads((CHART / "files" / "dashboard.json").read_text())
     queries = [target["expr"] for panel in dashboard["panels"] for target in panel.get("targets", [])]

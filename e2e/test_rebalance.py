@@ -23,8 +23,8 @@ import pytest
 from durable_agents.shell.ownership.shards import assignment, desired_owner, shard_of
 from durable_agents.shell.runs.worker import WorkerConfig
 from durable_agents_testkit.audit import audit_offset, read_audit
-from durable_agents_testkit.cluster import KubeEnv
 from durable_agents_testkit.eventually import Within, eventually
+from durable_agents_testkit.localcluster.controlplane import LocalControlPlane
 from durable_agents_testkit.operator_process import OperatorProcess
 from durable_agents_testkit.runs import (
     EXPECTED_EVENTS,
@@ -43,12 +43,14 @@ SLOW = {"DURABLE_AGENTS_TEST_COMMIT_DELAY": "0.15", "DURABLE_AGENTS_TRANSITIONS_
 RUNS_PER_MEMBER = 2  # runs started before each step on the shards of each member to be
 
 
+@pytest.mark.local_plane("audit")
 def test_scaling_one_to_three_to_one_under_load(
-    kube: KubeEnv, start_operator: Callable[..., OperatorProcess], runs: Runs, readable_configmap: str
+    plane: LocalControlPlane,
+    start_operator: Callable[..., OperatorProcess],
+    runs: Runs,
+    readable_configmap: str,
 ) -> None:
-    if kube.plane is None:
-        pytest.skip("counts Lease writes in the local control plane's audit log")
-    audit = kube.plane.audit_log_path
+    audit = plane.audit_log_path
     offset = audit_offset(audit)
     ids = {role: f"{role}-{uuid.uuid4().hex[:6]}" for role in ("a", "b", "c")}
     spec = read_ask_await_complete(readable_configmap, answered=True)

@@ -24,7 +24,9 @@ from durable_agents.kubectl import reconcile as kubectl_reconcile
 from durable_agents_testkit.cluster import KubeEnv
 from durable_agents_testkit.eventually import Within, eventually
 from durable_agents_testkit.keys import unsealed
+from durable_agents_testkit.localcluster.controlplane import LocalControlPlane
 from durable_agents_testkit.operator_process import OperatorProcess
+from durable_agents_testkit.rbac import grant, group, rule
 from durable_agents_testkit.refsystem import ReferenceSystemThread
 from durable_agents_testkit.runs import Runs
 from durable_agents_testkit.scrape import free_port
@@ -36,34 +38,19 @@ VERB_REFUSED = "missing RBAC permission verb 'approve' on resource 'agentruns'"
 
 
 @pytest.fixture
-def people(kube: KubeEnv, namespace: str) -> dict[str, client.ApiClient]:
+def people(kube: KubeEnv, plane: LocalControlPlane, namespace: str) -> dict[str, client.ApiClient]:
     """alice may approve (and so reconcile); bob may edit runs and read their actions, no more."""
-    if kube.plane is None:
-        pytest.skip("needs the local control plane: its client CA, and the webhook on loopback")
-    rbac = client.RbacAuthorizationV1Api(kube.api)
     roles = {
         "approver": ["get", "list", "create", "patch", "approve"],
         "editor": ["get", "list", "create", "patch"],
     }
     for role, verbs in roles.items():
         rules = [
-            {"apiGroups": [GROUP], "resources": ["agentruns"], "verbs": verbs},
-            {"apiGroups": [GROUP], "resources": ["actionrecords"], "verbs": ["get", "list"]},
-            {"apiGroups": [""], "resources": ["serviceaccounts"], "verbs": ["use"]},
+            rule(GROUP, "agentruns", *verbs),
+            rule(GROUP, "actionrecords", "get", "list"),
+            rule("", "serviceaccounts", "use"),
         ]
-        rbac.create_namespaced_role(namespace, {"metadata": {"name": f"agentrun-{role}"}, "rules": rules})
-        rbac.create_namespaced_role_binding(
-            namespace,
-            {
-                "metadata": {"name": f"agentrun-{role}s"},
-                "roleRef": {
-                    "apiGroup": "rbac.authorization.k8s.io",
-                    "kind": "Role",
-                    "name": f"agentrun-{role}",
-                },
-                "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": f"{role}s"}],
-            },
-        )
+        grant(kube, namespace, group(f"{role}s"), rules, name=f"agentrun-{role}")
     return {"alice": kube.user_client("alice", ["approvers"]), "bob": kube.user_client("bob", ["editors"])}
 
 
@@ -152,14 +139,15 @@ def refused_for(api: client.ApiClient, runs: Runs, run: str, action: str, applie
     return str(err.value)
 
 
+@pytest.mark.local_plane("users", "webhook")
 def test_an_unknown_outcome_waits_for_a_person_who_may_approve(
     kube: KubeEnv,
+    plane: LocalControlPlane,
     webhook_operator: Callable[..., OperatorProcess],
     runs: Runs,
     people: dict[str, client.ApiClient],
     refsystem: ReferenceSystemThread,
 ) -> None:
-    assert kube.plane is not None
     policy(runs)
     webhook_operator()
     refsystem.inject("drop_after_apply", times=1)  # applied, and the answer is lost
@@ -172,7 +160,7 @@ def test_an_unknown_outcome_waits_for_a_person_who_may_approve(
     assert VERB_REFUSED in refused_for(people["bob"], runs, run, action)
     assert "reconciliations" not in runs.get(run)["spec"]
 
-    alice = kube.plane.write_user_kubeconfig("alice", ["approvers"])
+    alice = plane.write_user_kubeconfig("alice", ["approvers"])
     out = subprocess.run(
         [*KUBECTL_AGENTRUN, "reconcile", run, "-n", runs.namespace, "--action", action, *APPLIED],
         env={**os.environ, "KUBECONFIG": str(alice)},
@@ -197,6 +185,7 @@ def test_an_unknown_outcome_waits_for_a_person_who_may_approve(
     assert "is 'succeeded': only an action whose outcome is unknown is reconciled" in message
 
 
+@pytest.mark.local_plane("users", "webhook")
 def test_not_applied_sends_it_again_with_the_same_key(
     webhook_operator: Callable[..., OperatorProcess],
     runs: Runs,
@@ -268,8 +257,10 @@ def test_without_the_webhook_an_answer_written_by_hand_is_never_acted_on(
     assert refsystem.counts() == {key_of(runs, run): 1}
 
 
+@pytest.mark.local_plane("users", "webhook")
 def test_an_answer_written_with_the_webhook_off_does_not_block_the_approver(
     kube: KubeEnv,
+    plane: LocalControlPlane,
     start_operator: Callable[..., OperatorProcess],
     webhook_operator: Callable[..., OperatorProcess],
     runs: Runs,
@@ -279,7 +270,6 @@ def test_an_answer_written_with_the_webhook_off_does_not_block_the_approver(
     """Issue 30, item 2: with the webhook off, someone with ``patch`` answers for the action; the
     operator refuses it (``refusedRequests``). Once the webhook is back, the approver's answer,
     through the plugin people run, is taken, and the run settles."""
-    assert kube.plane is not None
     policy(runs)
     no_webhook = start_operator("no-webhook", LEASE)  # no DURABLE_AGENTS_WEBHOOK_PORT: nothing stamps
     refsystem.inject("drop_after_apply", times=1)  # applied, and the answer is lost
@@ -303,7 +293,7 @@ def test_an_answer_written_with_the_webhook_off_does_not_block_the_approver(
 
     no_webhook.stop()
     webhook_operator()
-    alice = kube.plane.write_user_kubeconfig("alice", ["approvers"])
+    alice = plane.write_user_kubeconfig("alice", ["approvers"])
     out = subprocess.run(
         [*KUBECTL_AGENTRUN, "reconcile", run, "-n", runs.namespace, "--action", action, *APPLIED],
         env={**os.environ, "KUBECONFIG": str(alice)},

@@ -26,7 +26,9 @@ from durable_agents.core.authority import failover_verifies
 from durable_agents_testkit.cluster import KubeEnv
 from durable_agents_testkit.eventually import Within, eventually
 from durable_agents_testkit.keys import session_keyring
+from durable_agents_testkit.localcluster.controlplane import LocalControlPlane
 from durable_agents_testkit.operator_process import OperatorProcess
+from durable_agents_testkit.rbac import grant_cluster, rule
 from durable_agents_testkit.scrape import free_port
 
 REPO = Path(__file__).resolve().parents[1]
@@ -60,16 +62,6 @@ def body(source: str, target: str, name: str | None = None, **spec: Any) -> dict
     }
 
 
-def cluster_role(name: str, rules: list[dict[str, Any]], user: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    role = {"metadata": {"name": name}, "rules": rules}
-    binding = {
-        "metadata": {"name": name},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
-        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
-    }
-    return role, binding
-
-
 def allowed(kube: KubeEnv, user: str, verb: str, resource: str, name: str, subresource: str = "") -> bool:
     attributes = {
         "group": GROUP,
@@ -87,37 +79,25 @@ def allowed(kube: KubeEnv, user: str, verb: str, resource: str, name: str, subre
 
 
 @pytest.fixture
-def setting(kube: KubeEnv, namespace: str) -> Iterator[Setting]:
+def setting(kube: KubeEnv, plane: LocalControlPlane, namespace: str) -> Iterator[Setting]:
     """fiona holds the chart's region-failover ClusterRole; gina may fail over ``source`` only;
     bob may create RegionFailovers but holds no ``failover`` verb. All cluster-wide, removed
     afterwards with every RegionFailover of these regions."""
-    if kube.plane is None:
-        pytest.skip("needs the local control plane: its client CA, and the webhook on loopback")
     suffix = namespace.removeprefix("t-")
     source, other, target = f"gone-{suffix}", f"other-{suffix}", f"far-{suffix}"
     chart_rules = yaml.safe_load(USER_ROLES.read_text())["clusterRoles"]["region-failover"]["rules"]
-    follow = {
-        "apiGroups": [GROUP],
-        "resources": [FAILOVER_PLURAL],
-        "verbs": ["create", "get", "list", "watch"],
-    }
-    by_name = {
-        "apiGroups": [GROUP],
-        "resources": ["regions"],
-        "verbs": ["failover"],
-        "resourceNames": [source],
-    }
+    follow = rule(GROUP, FAILOVER_PLURAL, "create", "get", "list", "watch")
+    by_name = rule(GROUP, "regions", "failover", names=[source])
     grants = [
-        cluster_role(f"{namespace}-region-failover", chart_rules, "fiona"),
-        cluster_role(f"{namespace}-failover-one", [follow, by_name], "gina"),
-        cluster_role(f"{namespace}-failover-none", [follow], "bob"),
+        (f"{namespace}-region-failover", chart_rules, "fiona"),
+        (f"{namespace}-failover-one", [follow, by_name], "gina"),
+        (f"{namespace}-failover-none", [follow], "bob"),
     ]
     rbac = client.RbacAuthorizationV1Api(kube.api)
     custom = kube.custom()
     try:
-        for role, binding in grants:
-            rbac.create_cluster_role(role)
-            rbac.create_cluster_role_binding(binding)
+        for name, rules, who in grants:
+            grant_cluster(kube, who, rules, name=name)
         eventually(
             lambda: (
                 allowed(kube, "fiona", "failover", "regions", other)
@@ -127,15 +107,15 @@ def setting(kube: KubeEnv, namespace: str) -> Iterator[Setting]:
             Within.COMMIT,
             "the failover grants to be in effect",
         )
-        people = {who: kube.plane.write_user_kubeconfig(who, []) for who in ("fiona", "gina", "bob")}
+        people = {who: plane.write_user_kubeconfig(who, []) for who in ("fiona", "gina", "bob")}
         yield Setting(source, other, target, people)
     finally:
         for item in custom.list_cluster_custom_object(GROUP, VERSION, FAILOVER_PLURAL)["items"]:
             if item["spec"]["from"] in (source, other):
                 custom.delete_cluster_custom_object(GROUP, VERSION, FAILOVER_PLURAL, item["metadata"]["name"])
-        for role, binding in grants:
-            rbac.delete_cluster_role_binding(binding["metadata"]["name"])
-            rbac.delete_cluster_role(role["metadata"]["name"])
+        for name, _, _ in grants:
+            rbac.delete_cluster_role_binding(name)
+            rbac.delete_cluster_role(name)
 
 
 def through_failover_webhooks(kube: KubeEnv) -> bool:
@@ -189,6 +169,7 @@ def stored(kube: KubeEnv, name: str) -> RegionFailover:
     )
 
 
+@pytest.mark.local_plane("users", "webhook")
 def test_without_the_failover_verb_on_the_region_the_request_is_refused(
     kube: KubeEnv, webhook: OperatorProcess, setting: Setting
 ) -> None:
@@ -209,6 +190,7 @@ def test_without_the_failover_verb_on_the_region_the_request_is_refused(
     assert setting.other not in froms
 
 
+@pytest.mark.local_plane("users", "webhook")
 def test_the_webhook_records_who_asked_and_stamps_it(
     kube: KubeEnv, webhook: OperatorProcess, setting: Setting
 ) -> None:
@@ -263,7 +245,10 @@ def created_name(stdout: str) -> str:
     return first.removeprefix("regionfailover.durable-agents.io/").removesuffix(" created")
 
 
-def test_kubectl_agentrun_region_failover(kube: KubeEnv, webhook: OperatorProcess, setting: Setting) -> None:
+@pytest.mark.local_plane("users", "webhook")
+def test_kubectl_agentrun_region_failover(
+    kube: KubeEnv, plane: LocalControlPlane, webhook: OperatorProcess, setting: Setting
+) -> None:
     source, target = setting.source, setting.target
     out = plugin(setting, "fiona", "region", "failover", source, "--to", target, "--reason", "drill")
     assert out.returncode == 0, out.stderr
@@ -276,8 +261,7 @@ def test_kubectl_agentrun_region_failover(kube: KubeEnv, webhook: OperatorProces
     assert failover.spec.requested_by is not None
     assert failover.spec.requested_by.username == "fiona"
     assert failover_verifies(session_keyring(), name, failover.spec)
-    assert kube.plane is not None
-    shown = kube.plane.kubectl("get", "rfo", name, "--no-headers", check=True).stdout.split()
+    shown = plane.kubectl("get", "rfo", name, "--no-headers", check=True).stdout.split()
     assert shown[:3] == [name, source, target]
 
     refused = plugin(setting, "bob", "region", "failover", source, "--to", target)
@@ -289,6 +273,7 @@ def test_kubectl_agentrun_region_failover(kube: KubeEnv, webhook: OperatorProces
     assert "a failover moves runs to another region" in same.stderr
 
 
+@pytest.mark.local_plane("users", "webhook")
 def test_region_failover_wait_reports_what_the_operator_did(
     kube: KubeEnv, webhook: OperatorProcess, setting: Setting
 ) -> None:

@@ -17,6 +17,8 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
 from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents.shell.ownership.shards import desired_owner, shard_of
 from durable_agents_testkit.cluster import KubeEnv
@@ -105,6 +107,7 @@ def payment(region: str, url: str) -> dict[str, Any]:
     }
 
 
+@pytest.mark.local_plane("webhook")
 def test_failover_verifies_adopts_and_the_paused_former_owner_commits_nothing(
     start_operator: Callable[..., OperatorProcess],
     runs: Runs,

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
+import pytest
 from kubernetes import client
 
 from durable_agents.api.v1alpha1 import GROUP, VERSION, ActionRecordStatus
@@ -26,6 +27,7 @@ from durable_agents_testkit.cluster import KubeEnv
 from durable_agents_testkit.eventually import Within, eventually
 from durable_agents_testkit.keys import session_keyring
 from durable_agents_testkit.operator_process import OperatorProcess
+from durable_agents_testkit.rbac import grant, rule, service_account
 from durable_agents_testkit.refsystem import ReferenceSystemThread
 from durable_agents_testkit.runs import Runs
 from durable_agents_testkit.scrape import free_port
@@ -99,17 +101,8 @@ def parse(text: str) -> float:
 
 def grant_agentruns(kube: KubeEnv, namespace: str) -> None:
     """The runs' ServiceAccount may start and cancel child runs (they are made AS that account)."""
-    rbac = client.RbacAuthorizationV1Api(kube.api)
-    rule = {"apiGroups": [GROUP], "resources": ["agentruns"], "verbs": ["get", "create", "patch"]}
-    rbac.create_namespaced_role(namespace, {"metadata": {"name": "start-children"}, "rules": [rule]})
-    rbac.create_namespaced_role_binding(
-        namespace,
-        {
-            "metadata": {"name": "start-children"},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "start-children"},
-            "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": namespace}],
-        },
-    )
+    children = rule(GROUP, "agentruns", "get", "create", "patch")
+    grant(kube, namespace, service_account("default", namespace), children, name="start-children")
 
 
 def closed_port() -> int:
@@ -324,6 +317,7 @@ def test_a_run_with_a_running_child_goes_only_after_its_child_and_both_are_recor
     assert [(c["name"], c.get("outcome")) for c in parent_record["children"]] == [(child_name, "canceled")]
 
 
+@pytest.mark.local_plane("webhook")
 def test_with_the_admission_webhook_the_operators_own_cancellation_is_admitted(
     start_operator: Callable[..., OperatorProcess], runs: Runs, refsystem: ReferenceSystemThread
 ) -> None:

@@ -26,7 +26,9 @@ from durable_agents.api.v1alpha1.labels import REVEAL_ANNOTATION, REVEALED_ANNOT
 from durable_agents.core.disclosure import new_reader_key, open_as_reader
 from durable_agents_testkit.cluster import KubeEnv
 from durable_agents_testkit.eventually import Within, eventually
+from durable_agents_testkit.localcluster.controlplane import LocalControlPlane
 from durable_agents_testkit.operator_process import OperatorProcess
+from durable_agents_testkit.rbac import bind
 from durable_agents_testkit.refsystem import ReferenceSystemThread
 from durable_agents_testkit.runs import Runs
 from durable_agents_testkit.scrape import free_port
@@ -58,31 +60,24 @@ def allows(kube: KubeEnv, namespace: str, who: str, verb: str) -> bool:
 
 
 @pytest.fixture
-def kubeconfigs(kube: KubeEnv, namespace: str) -> Iterator[dict[str, Path]]:
+def kubeconfigs(kube: KubeEnv, plane: LocalControlPlane, namespace: str) -> Iterator[dict[str, Path]]:
     """Role -> the kubeconfig of a user holding exactly the chart's role here (one RoleBinding).
     The ClusterRoles carry the chart's rules without its aggregation labels (the built-in roles
     of other tests stay as they are), and are deleted afterwards."""
-    if kube.plane is None:
-        pytest.skip("mints users with the local control plane's client CA; the webhook is on loopback")
     rules = yaml.safe_load(USER_ROLES.read_text())["roles"]
     rbac = client.RbacAuthorizationV1Api(kube.api)
     names = {role: f"{namespace}-reveal-{role}" for role in ROLES}
     try:
         for role, name in names.items():
             rbac.create_cluster_role({"metadata": {"name": name}, "rules": rules[role]["rules"]})
-            binding = {
-                "metadata": {"name": role},
-                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
-                "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": role}],
-            }
-            rbac.create_namespaced_role_binding(namespace, binding)
+            bind(kube, namespace, role, name, cluster_role=True, name=role)
         wanted = (("viewer", "get"), ("editor", "patch"), ("approver", "approve"))
         eventually(
             lambda: all(allows(kube, namespace, who, verb) for who, verb in wanted),
             Within.COMMIT,
             "the roles' grants to be in effect",
         )
-        yield {role: Path(kube.plane.write_user_kubeconfig(role, [])) for role in ROLES}
+        yield {role: Path(plane.write_user_kubeconfig(role, [])) for role in ROLES}
     finally:
         for name in names.values():
             try:
@@ -154,6 +149,7 @@ def assert_nothing_in_clear(stored: dict[str, Any]) -> None:
     assert REVEALED_ANNOTATION not in annotations
 
 
+@pytest.mark.local_plane("users", "webhook")
 def test_an_approver_sees_what_they_approve_and_nobody_else_does(
     start_operator: Callable[..., OperatorProcess],
     runs: Runs,

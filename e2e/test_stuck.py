@@ -28,6 +28,7 @@ from durable_agents_testkit.eventually import Within, eventually
 from durable_agents_testkit.keys import admitted
 from durable_agents_testkit.mcpserver import McpServerThread
 from durable_agents_testkit.operator_process import OperatorProcess
+from durable_agents_testkit.rbac import grant, rule, service_account
 from durable_agents_testkit.refsystem import ReferenceSystemThread
 from durable_agents_testkit.runs import Runs
 from durable_agents_testkit.scrape import free_port, metric, scrape
@@ -52,31 +53,12 @@ def policy(runs: Runs, name: str, **spec: Any) -> None:
 
 def grant_children(kube: KubeEnv, namespace: str) -> None:
     """The runs' ServiceAccount may start child runs (they are made AS that account)."""
-    rbac = client.RbacAuthorizationV1Api(kube.api)
-    rules = [{"apiGroups": [GROUP], "resources": ["agentruns"], "verbs": ["get", "create", "patch"]}]
-    rbac.create_namespaced_role(namespace, {"metadata": {"name": "start-children"}, "rules": rules})
-    rbac.create_namespaced_role_binding(
-        namespace,
-        {
-            "metadata": {"name": "start-children"},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "start-children"},
-            "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": namespace}],
-        },
-    )
+    children = rule(GROUP, "agentruns", "get", "create", "patch")
+    grant(kube, namespace, service_account("default", namespace), children, name="start-children")
 
 
 def grant_sign_off(kube: KubeEnv, namespace: str) -> None:
-    rbac = client.RbacAuthorizationV1Api(kube.api)
-    rules = [{"apiGroups": [GROUP], "resources": ["agentruns"], "verbs": ["get", "sign-off"]}]
-    rbac.create_namespaced_role(namespace, {"metadata": {"name": "signer"}, "rules": rules})
-    rbac.create_namespaced_role_binding(
-        namespace,
-        {
-            "metadata": {"name": "signers"},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "signer"},
-            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "carol"}],
-        },
-    )
+    grant(kube, namespace, "carol", rule(GROUP, "agentruns", "get", "sign-off"), name="signer")
 
 
 def condition(run: dict[str, Any]) -> dict[str, Any] | None:

@@ -23,6 +23,7 @@ from kubernetes import client
 from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents_testkit.cluster import KubeEnv
 from durable_agents_testkit.eventually import Within, eventually
+from durable_agents_testkit.rbac import bind, grant_cluster
 
 REPO = Path(__file__).resolve().parents[1]
 USER_ROLES = REPO / "charts/durable-agents/files/user-roles.yaml"
@@ -192,9 +193,8 @@ def binding(name: str, cluster_role: str, subject: str) -> dict[str, Any]:
 def people(kube: KubeEnv, namespace: str, role_names: dict[str, str]) -> dict[str, client.ApiClient]:
     """Role -> a client for a user who holds exactly that role here, through ONE RoleBinding; ready
     once every grant is in effect, so that a refusal afterwards means the role does not grant it."""
-    rbac = client.RbacAuthorizationV1Api(kube.api)
     for role, cluster_role in role_names.items():
-        rbac.create_namespaced_role_binding(namespace, binding(role, cluster_role, user(role)))
+        bind(kube, namespace, user(role), cluster_role, cluster_role=True, name=role)
 
     def not_yet_allowed() -> list[str]:
         return [
@@ -362,9 +362,7 @@ def test_the_region_failover_role_allows_asking_for_failovers_only(kube: KubeEnv
     assert role["aggregateTo"] == []  # a separate duty: in no built-in role
     name, who = f"{namespace}-{CHART}-{FAILOVER_ROLE}", f"user-{FAILOVER_ROLE}"
     rbac = client.RbacAuthorizationV1Api(kube.api)
-    rbac.create_cluster_role({"metadata": {"name": name}, "rules": role["rules"]})
-    body = {**binding(name, name, who), "metadata": {"name": name}}
-    rbac.create_cluster_role_binding(body)
+    grant_cluster(kube, who, role["rules"], name=name)
     try:
         eventually(
             lambda: allows_cluster_wide(kube, who, Action("create", "regionfailovers"), ""),

@@ -14,6 +14,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 
+import pytest
 from cryptography import x509
 from kubernetes import client
 
@@ -21,6 +22,7 @@ from durable_agents.shell.admission.certs import material_of, service_names
 from durable_agents_testkit.cluster import KubeEnv
 from durable_agents_testkit.eventually import Within, eventually
 from durable_agents_testkit.operator_process import OperatorProcess
+from durable_agents_testkit.rbac import grant, rule
 from durable_agents_testkit.runs import Runs
 from durable_agents_testkit.scrape import free_port
 
@@ -41,22 +43,11 @@ def http_status(url: str) -> int:
 
 def grant_the_certificate_secret(kube: KubeEnv, namespace: str) -> None:
     """The chart's Role for the webhook's Secret (templates/webhook.yaml), bound to the operator."""
-    rbac = client.RbacAuthorizationV1Api(kube.api)
-    rules = [
-        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
-        {"apiGroups": [""], "resources": ["secrets"], "resourceNames": [SECRET], "verbs": ["get", "update"]},
-    ]
-    rbac.create_namespaced_role(namespace, {"metadata": {"name": "webhook-tls"}, "rules": rules})
-    rbac.create_namespaced_role_binding(
-        namespace,
-        {
-            "metadata": {"name": "webhook-tls"},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "webhook-tls"},
-            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": OPERATOR_USER}],
-        },
-    )
+    rules = [rule("", "secrets", "create"), rule("", "secrets", "get", "update", names=[SECRET])]
+    grant(kube, namespace, OPERATOR_USER, rules, name="webhook-tls")
 
 
+@pytest.mark.local_plane("webhook")
 def test_replicas_serve_the_webhook_behind_a_service_with_one_shared_certificate(
     kube: KubeEnv, namespace: str, runs: Runs, start_operator: Callable[..., OperatorProcess]
 ) -> None:

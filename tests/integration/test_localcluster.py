@@ -24,13 +24,7 @@ from durable_agents_testkit.cluster import KubeEnv
 from durable_agents_testkit.eventually import Within, eventually
 from durable_agents_testkit.localcluster.controlplane import ControlPlaneError, LocalControlPlane
 
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.skipif(
-        bool(os.environ.get("DURABLE_AGENTS_TEST_KUBECONFIG")),
-        reason="tests the local control plane, not an external cluster",
-    ),
-]
+pytestmark = [pytest.mark.integration, pytest.mark.local_plane("itself")]
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -51,33 +45,26 @@ def process_gone(pid: int) -> bool:
     return stat[stat.rindex(")") + 2] in "ZX"
 
 
-@pytest.fixture
-def local_plane(kube: KubeEnv) -> LocalControlPlane:
-    if kube.plane is None:
-        pytest.skip("needs the local control plane")
-    return kube.plane
-
-
-def test_server_version_is_the_pinned_one(local_plane: LocalControlPlane, kube: KubeEnv) -> None:
+def test_server_version_is_the_pinned_one(plane: LocalControlPlane, kube: KubeEnv) -> None:
     info = client.VersionApi(kube.api).get_code()
     assert info.git_version == pinned_kubernetes_version()
 
 
-def test_built_kubectl_is_the_pinned_version(local_plane: LocalControlPlane) -> None:
-    out = local_plane.kubectl("version", "-o", "json", check=True).stdout
+def test_built_kubectl_is_the_pinned_version(plane: LocalControlPlane) -> None:
+    out = plane.kubectl("version", "-o", "json", check=True).stdout
     versions = json.loads(out)
     assert versions["clientVersion"]["gitVersion"] == pinned_kubernetes_version()
     assert versions["serverVersion"]["gitVersion"] == pinned_kubernetes_version()
 
 
 def test_ordinary_user_is_forbidden_where_admin_is_not(
-    local_plane: LocalControlPlane, kube: KubeEnv, namespace: str
+    plane: LocalControlPlane, kube: KubeEnv, namespace: str
 ) -> None:
     admin_pods = client.CoreV1Api(kube.api).list_namespaced_pod(namespace)
     assert admin_pods.items == []
 
     user = f"user-{uuid.uuid4().hex[:8]}"
-    path = local_plane.write_user_kubeconfig(user, ["durable-agents-test-nobody"])
+    path = plane.write_user_kubeconfig(user, ["durable-agents-test-nobody"])
     api = config.new_client_from_config(config_file=str(path))
     with pytest.raises(ApiException) as err:
         client.CoreV1Api(api).list_namespaced_pod(namespace)
@@ -96,11 +83,9 @@ def test_ordinary_user_is_forbidden_where_admin_is_not(
 
 
 @pytest.fixture(scope="module")
-def bin_dir(kube: KubeEnv) -> Path:
+def bin_dir(plane: LocalControlPlane) -> Path:
     # Same binaries as the session plane (no second build), resolved once.
-    if kube.plane is None:
-        pytest.skip("needs the local control plane")
-    return kube.plane.bin_dir
+    return plane.bin_dir
 
 
 def test_plane_restarts_keep_data_collects_garbage_and_stop_leaves_no_process(bin_dir: Path) -> None:

@@ -7,7 +7,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from test_run_leases import agent_run
+from tests.integration.test_run_leases import agent_run
 
 from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents.shell.ground.kube import Kube

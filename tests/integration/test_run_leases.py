@@ -16,6 +16,7 @@ from durable_agents.shell.ground.kube import Kube
 from durable_agents.shell.ownership.leases import RunLeases, lease_name
 from durable_agents_testkit.cluster import KubeEnv
 from durable_agents_testkit.eventually import Within, eventually, eventually_async
+from durable_agents_testkit.rbac import grant, rule
 
 REPO = Path(__file__).resolve().parents[2]
 ROUNDS = 25
@@ -55,24 +56,7 @@ async def test_a_release_during_a_renewal_still_removes_the_lease(kube: KubeEnv,
 
 def lease_user(kube: KubeEnv, namespace: str) -> client.CoordinationV1Api:
     """Another user, who may create and delete Leases in the namespace (nothing else)."""
-    rbac = client.RbacAuthorizationV1Api(kube.api)
-    rbac.create_namespaced_role(
-        namespace,
-        {
-            "metadata": {"name": "lease-maker"},
-            "rules": [
-                {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create", "delete"]}
-            ],
-        },
-    )
-    rbac.create_namespaced_role_binding(
-        namespace,
-        {
-            "metadata": {"name": "lease-maker"},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "lease-maker"},
-            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "lease-maker"}],
-        },
-    )
+    grant(kube, namespace, "lease-maker", rule("coordination.k8s.io", "leases", "create", "delete"))
     return client.CoordinationV1Api(kube.user_client("lease-maker", []))
 
 

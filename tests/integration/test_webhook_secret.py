@@ -28,6 +28,8 @@ from durable_agents.shell.admission.certs import (
 from durable_agents.shell.ground.certs import generate_ca, issue_serving_cert
 from durable_agents.shell.ground.kube import Kube
 from durable_agents_testkit.cluster import KubeEnv
+from durable_agents_testkit.localcluster.controlplane import LocalControlPlane
+from durable_agents_testkit.rbac import grant, rule
 
 SERVICE, SECRET = "durable-agents-webhook", "durable-agents-webhook-tls"
 
@@ -164,24 +166,13 @@ def tls_secret(names: list[str]) -> dict[str, object]:
     }
 
 
+@pytest.mark.local_plane("users")
 async def test_a_secret_cert_manager_issued_is_served_once_it_fits_and_only_read(
-    kube: KubeEnv, namespace: str
+    kube: KubeEnv, plane: LocalControlPlane, namespace: str
 ) -> None:
-    if kube.plane is None:
-        pytest.skip("mints a user with the local control plane's client CA")
-    rbac = client.RbacAuthorizationV1Api(kube.api)
     reader = "webhook-cert-reader"  # the chart's Role with certManager: get on this one Secret
-    rule = {"apiGroups": [""], "resources": ["secrets"], "resourceNames": [SECRET], "verbs": ["get"]}
-    rbac.create_namespaced_role(namespace, {"metadata": {"name": reader}, "rules": [rule]})
-    rbac.create_namespaced_role_binding(
-        namespace,
-        {
-            "metadata": {"name": reader},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": reader},
-            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": reader}],
-        },
-    )
-    api = config.new_client_from_config(config_file=str(kube.plane.write_user_kubeconfig(reader, [])))
+    grant(kube, namespace, reader, rule("", "secrets", "get", names=[SECRET]))
+    api = config.new_client_from_config(config_file=str(plane.write_user_kubeconfig(reader, [])))
     issued = IssuedCertificates(Kube(api), namespace, SECRET, SERVICE)
     with pytest.raises(CertificateNotIssued, match="not issued yet"):
         await issued.current()

@@ -33,6 +33,8 @@ from durable_agents_testkit.cluster import KubeEnv
 from durable_agents_testkit.demo import approver_kubeconfig, prepare_namespace
 from durable_agents_testkit.eventually import eventually
 from durable_agents_testkit.localcluster.node import NodeTestBed
+from durable_agents_testkit.rbac import grant
+from durable_agents_testkit.rbac import rule as policy_rule
 from durable_agents_testkit.runs import Runs
 
 REPO = Path(__file__).resolve().parents[2]
@@ -210,18 +212,12 @@ def test_an_approval_by_someone_without_the_verb_is_refused_in_cluster(env: Kube
     patch_spec(env, demo_ns, name, {"events": {"maintenance-window-open": "opened by the test"}})
     parked = runs.wait_state(name, "waiting_approval", timeout=60)
     assert env.plane is not None
-    rbac = client.RbacAuthorizationV1Api(env.api)
-    rules = [
-        {"apiGroups": ["durable-agents.io"], "resources": ["agentruns"], "verbs": ["get", "list", "patch"]}
-    ]
-    rbac.create_namespaced_role(demo_ns, {"metadata": {"name": "patcher"}, "rules": rules})
-    rbac.create_namespaced_role_binding(
+    grant(
+        env,
         demo_ns,
-        {
-            "metadata": {"name": "patcher"},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "patcher"},
-            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "mallory"}],
-        },
+        "mallory",
+        policy_rule("durable-agents.io", "agentruns", "get", "list", "patch"),
+        name="patcher",
     )
     mallory = env.plane.write_user_kubeconfig("mallory", [])
     answer = agentrun(mallory, "approve", name, "-n", demo_ns, "--reason", "not mine to give")

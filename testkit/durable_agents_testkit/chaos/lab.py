@@ -22,6 +22,7 @@ from durable_agents_testkit.chaos.workloads import SETTINGS_CONFIGMAP
 from durable_agents_testkit.cluster import KubeEnv
 from durable_agents_testkit.eventually import Within, eventually
 from durable_agents_testkit.operator_process import OperatorProcess
+from durable_agents_testkit.rbac import grant, grant_cluster, group, rule, service_account
 from durable_agents_testkit.refsystem import ReferenceSystemThread
 from durable_agents_testkit.runs import Runs
 from durable_agents_testkit.scrape import free_port
@@ -43,22 +44,13 @@ def _ignore_conflict(fn: Callable[[], Any]) -> None:
 def grant_operator_rules(api: client.ApiClient, rules_file: Path) -> None:
     """The operator's user gets exactly the chart's ClusterRole rules (as e2e/conftest.py does)."""
     rules = yaml.safe_load(rules_file.read_text())
-    rbac = client.RbacAuthorizationV1Api(api)
-    role = {"metadata": {"name": OPERATOR_USER}, "rules": rules}
-    binding = {
-        "metadata": {"name": OPERATOR_USER},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": OPERATOR_USER},
-        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": OPERATOR_USER}],
-    }
-    _ignore_conflict(lambda: rbac.create_cluster_role(role))
-    _ignore_conflict(lambda: rbac.create_cluster_role_binding(binding))
+    grant_cluster(api, OPERATOR_USER, rules, name=OPERATOR_USER, exist_ok=True)
 
 
 def prepare_namespace(api: client.ApiClient, name: str, *, approvers: bool = False) -> None:
     """A namespace whose default ServiceAccount may read the settings ConfigMap; with approvers,
     the group ``approvers`` may approve AgentRuns and ``editors`` may only edit them."""
     core = client.CoreV1Api(api)
-    rbac = client.RbacAuthorizationV1Api(api)
     _ignore_conflict(
         lambda: core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
     )
@@ -67,34 +59,22 @@ def prepare_namespace(api: client.ApiClient, name: str, *, approvers: bool = Fal
             name, {"metadata": {"name": SETTINGS_CONFIGMAP}, "data": {"maxSurge": "25%"}}
         )
     )
-    role = {
-        "metadata": {"name": "read-settings"},
-        "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]}],
-    }
-    _ignore_conflict(lambda: rbac.create_namespaced_role(name, role))
-    binding = {
-        "metadata": {"name": "read-settings"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "read-settings"},
-        "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": name}],
-    }
-    _ignore_conflict(lambda: rbac.create_namespaced_role_binding(name, binding))
+    reads = rule("", "configmaps", "get")
+    grant(api, name, service_account("default", name), reads, name="read-settings", exist_ok=True)
     if not approvers:
         return
     for who, verbs in (
         ("approver", ["get", "list", "create", "patch", "approve"]),
         ("editor", ["get", "list", "create", "patch"]),
     ):
-        body = {
-            "metadata": {"name": f"agentrun-{who}"},
-            "rules": [{"apiGroups": [GROUP], "resources": ["agentruns"], "verbs": verbs}],
-        }
-        _ignore_conflict(lambda body=body: rbac.create_namespaced_role(name, body))  # type: ignore[misc]
-        bind = {
-            "metadata": {"name": f"agentrun-{who}s"},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": f"agentrun-{who}"},
-            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": f"{who}s"}],
-        }
-        _ignore_conflict(lambda bind=bind: rbac.create_namespaced_role_binding(name, bind))  # type: ignore[misc]
+        grant(
+            api,
+            name,
+            group(f"{who}s"),
+            rule(GROUP, "agentruns", *verbs),
+            name=f"agentrun-{who}",
+            exist_ok=True,
+        )
 
 
 class Lab:

@@ -26,7 +26,6 @@ class ScenarioResult:
     wall_seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
     passed: bool = False
-    known_issue: str | None = None  # a known operator bug this scenario shows (the test is xfail)
 
     @property
     def duplicated_effects(self) -> int:
@@ -55,23 +54,18 @@ class ChaosReport:
         """The full size's acceptance: enough kill points, no duplicate, no stuck run, nothing failed."""
         duplicates = sum(r.duplicated_effects for r in self.results)
         stuck = sum(len(r.stuck) for r in self.results)
-        known = [r.scenario for r in self.results if not r.passed and r.known_issue]
-        failed = [r.scenario for r in self.results if not r.passed and not r.known_issue]
+        failed = [r.scenario for r in self.results if not r.passed]
         return {
             "killsRequired": self.size.min_total_kills,
             "kills": self.total_kills,
             "duplicates": duplicates,
             "stuck": stuck,
             "failed": failed,
-            "knownBugs": known,
-            "met": self.total_kills >= self.size.min_total_kills
-            and not (duplicates or stuck or failed or known),
+            "met": self.total_kills >= self.size.min_total_kills and not (duplicates or stuck or failed),
         }
 
     def verdict(self) -> str:
-        failed = [r for r in self.results if not r.passed and not r.known_issue]
-        known = [r for r in self.results if not r.passed and r.known_issue]
-        return "FAILED" if failed else (f"{len(known)} KNOWN BUG(S)" if known else "ok")
+        return "FAILED" if any(not r.passed for r in self.results) else "ok"
 
     def table(self) -> str:
         header = ("scenario", "runs", "kills", "faults", "duplicates", "stuck runs", "wall time", "result")
@@ -84,7 +78,7 @@ class ChaosReport:
                 str(r.duplicated_effects),
                 str(len(r.stuck)),
                 f"{r.wall_seconds:.1f}s",
-                "ok" if r.passed else ("KNOWN BUG" if r.known_issue else "FAILED"),
+                "ok" if r.passed else "FAILED",
             )
             for r in self.results
         ]
