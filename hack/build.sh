@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds etcd, kube-apiserver, kube-controller-manager and kubectl for the local control plane, and
-# helm (tests/integration/test_chart.py), into a cache outside the checkout, keyed by version, and
+# helm (tests/integration/test_chart.py) and kstatus (tests/unit/test_health_table.py), into a cache outside the checkout, keyed by version, and
 # skips what is already there. WITH_NODE=1 also builds kubelet, kube-scheduler, kube-proxy and the
 # probe (the optional node, testkit/durable_agents_testkit/localcluster/node.py).
 # Prints the bin directory on its last line.
@@ -52,6 +52,13 @@ if [ "${WITH_NODE:-0}" = 1 ]; then
   build probe probe . "-s -w"
   echo "$probe_sum" > "$bin/probe.cksum"
 fi
+
+# kstatus (tests/unit/test_health_table.py): ours over a pinned cli-utils, rebuilt whenever its
+# source or go.mod (KSTATUS_VERSION) changes.
+kstatus_sum=$(cat "$here/kstatus/go.mod" "$here/kstatus/main.go" | cksum | cut -d' ' -f1)
+if [ "$(cat "$bin/kstatus.cksum" 2>/dev/null)" != "$kstatus_sum" ]; then rm -f "$bin/kstatus"; fi
+build kstatus kstatus . "-s -w"
+echo "$kstatus_sum" > "$bin/kstatus.cksum"
 
 # helm shares the directory (its name does not carry HELM_VERSION): one built for another version
 # is replaced. Its version variables are set as helm's own Makefile sets them, the Kubernetes
