@@ -110,6 +110,10 @@ def test_read_ask_await_complete_walk() -> None:
         "Succeeded": ("Unknown", "Ready"),
         "Finished": ("False", "Ready"),
         "Quarantined": ("False", "Ready"),
+        # kstatus: a run that works reads InProgress (core/health.py)
+        "Reconciling": ("True", "Ready"),
+        "Ready": ("False", "Ready"),
+        "Stalled": ("False", "Ready"),
     }
     assert all(c.last_transition_time == times[0] for c in accepted.status.conditions)
     entry = accepted.status.history[0]

@@ -36,6 +36,7 @@ from durable_agents.core.checkpoint import (
 )
 from durable_agents.core.engine.decisions import Commit
 from durable_agents.core.engine.snapshot import RunSnapshot, Settings, run_traceparent
+from durable_agents.core.health import run_health
 from durable_agents.core.sealed_values import ValueSealingError, fingerprint, open_data_key
 from durable_agents.core.sealing import Keyring, UndecryptableError
 from durable_agents.core.statemachine import Position as MachinePosition
@@ -235,7 +236,8 @@ def conditions_for(
     outcome: Outcome | None,
     waiting_for: str | None,
 ) -> list[Condition]:
-    """Waiting, Succeeded, Finished, Quarantined: kept current so ``kubectl wait`` is useful."""
+    """Waiting, Succeeded, Finished, Quarantined: kept current so ``kubectl wait`` is useful; and
+    Reconciling, Ready, Stalled: health as kstatus and Argo CD read it (:mod:`durable_agents.core.health`)."""
     true, false, unknown = ConditionStatus.TRUE, ConditionStatus.FALSE, ConditionStatus.UNKNOWN
     camel = "".join(part.capitalize() for part in state.value.split("_"))
     message = (outcome.message if outcome else "") or ""
@@ -250,6 +252,7 @@ def conditions_for(
         "Quarantined": (true, outcome.reason if outcome else camel, message)
         if state is RunState.QUARANTINED
         else (false, camel, ""),
+        **run_health(state, outcome, waiting_for),
     }
     before = {condition.type: condition for condition in previous}
     out: list[Condition] = []
