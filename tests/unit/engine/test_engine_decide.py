@@ -248,6 +248,9 @@ def test_read_ask_await_complete_walk() -> None:
         "Succeeded": ("True", "Completed"),
         "Finished": ("True", "Completed"),
         "Quarantined": ("False", "Completed"),
+        "Reconciling": ("False", "Completed"),
+        "Ready": ("True", "Completed"),
+        "Stalled": ("False", "Completed"),
     }
     final = conditions(done.status)
     assert final["Succeeded"].last_transition_time == final["Finished"].last_transition_time == times[10]

@@ -49,6 +49,9 @@ def test_a_forbidden_read_fails_the_run_with_its_reason_and_message() -> None:
         "Succeeded": ("False", "Forbidden"),
         "Finished": ("True", "Failed"),
         "Quarantined": ("False", "Failed"),
+        "Reconciling": ("False", "Failed"),
+        "Ready": ("False", "Forbidden"),
+        "Stalled": ("True", "Forbidden"),
     }
     assert conditions(failed.status)["Succeeded"].message == message
     assert step(apply(obj, failed), at(2)) == Idle(wake_at=None, reason="run is failed")

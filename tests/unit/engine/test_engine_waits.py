@@ -100,6 +100,9 @@ def test_an_unanswered_wait_is_idle_until_its_expiry_then_expires(kind: str) -> 
             "Succeeded": ("False", reason),
             "Finished": ("True", "Expired"),
             "Quarantined": ("False", "Expired"),
+            "Reconciling": ("False", "Expired"),
+            "Ready": ("False", reason),
+            "Stalled": ("True", reason),
         }
     assert step(apply(obj, expired), expiry) == Idle(wake_at=None, reason="run is expired")
 
