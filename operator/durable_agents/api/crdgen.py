@@ -243,9 +243,16 @@ KINDS: tuple[Kind, ...] = (
         plural="agentpolicies",
         short_names=("apol",),
         spec=api.AgentPolicySpec,
-        status=None,
+        status=api.AgentPolicyStatus,
         columns=(
             Column("Version", ".spec.version"),
+            Column("Ready", '.status.conditions[?(@.type=="Ready")].status'),
+            Column(
+                "Waiting",
+                ".status.runs.waitingForApproval",
+                "integer",
+                description="Runs waiting for an approval under it",
+            ),
             Column("Age", ".metadata.creationTimestamp", "date"),
         ),
     ),

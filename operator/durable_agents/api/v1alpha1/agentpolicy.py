@@ -15,6 +15,7 @@ from durable_agents.api.v1alpha1.meta import (
     ApiModel,
     cel,
 )
+from durable_agents.api.v1alpha1.policystatus import AgentPolicyStatus
 
 # --- AgentPolicy ---------------------------------------------------------------------------
 
@@ -274,3 +275,4 @@ class AgentPolicy(ApiModel):
     kind: Literal["AgentPolicy"] = "AgentPolicy"
     metadata: dict[str, Any] = Field(default_factory=dict)
     spec: AgentPolicySpec
+    status: AgentPolicyStatus | None = None
