@@ -1,7 +1,9 @@
 """AgentPolicies: their watch events keep the manager's one policy cache current (read by the run
 worker, the dispatcher, retention, the stuck check and the admission webhook), and the runs that
-waited for a policy go to the worker once it is known. With the admission webhook on, every
-create, update and delete of a policy is reviewed (:mod:`durable_agents.shell.admission.policies`).
+waited for a policy go to the worker once it is known. The policy status writer (a runnable fed by
+the policy cache and the AgentRun reflector) keeps each policy's status: health, identity, runs.
+With the admission webhook on, every create, update and delete of a policy is reviewed
+(:mod:`durable_agents.shell.admission.policies`).
 """
 
 from __future__ import annotations
@@ -13,10 +15,20 @@ import kopf
 from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents.core.request_stamps import identity_of
 from durable_agents.shell.admission.policies import POLICY_PATH, PolicyReview, check_policy
+from durable_agents.shell.runs.policy_status import PolicyStatusWriter
 from durable_agents_controllers.manager import Manager
 
 
+def build(manager: Manager) -> None:
+    writer = PolicyStatusWriter(manager.kube, manager.runs.synced)
+    manager.policies.watchers.append(writer.observe_policy)
+    manager.runs.subscribe(writer.observe_run)
+    manager.runnables.add(writer)
+
+
 def register(registry: kopf.OperatorRegistry, manager: Manager) -> None:
+    manager.builds.append(build)
+
     @kopf.on.event(GROUP, VERSION, "agentpolicies", registry=registry)
     async def agentpolicy_event(event: kopf.RawEvent, **_: Any) -> None:
         for run in manager.policies.observe(event.get("type"), dict(event["object"])):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -33,6 +34,8 @@ class PolicyCache:
         self.awaiting: dict[ObjectKey, set[ObjectKey]] = {}
         # Policies a read found missing (or invalid), and until when (monotonic) that answer is reused.
         self.absent: dict[ObjectKey, float] = {}
+        # Parts that want every policy event as it comes (the policy status writer).
+        self.watchers: list[Callable[[str | None, dict[str, Any]], None]] = []
 
     def get(self, key: ObjectKey) -> AgentPolicySpec | None:
         return self.policies.get(key)
@@ -41,6 +44,8 @@ class PolicyCache:
         """A watch event for an AgentPolicy; returns the runs that waited for it."""
         meta = body.get("metadata") or {}
         key = (meta.get("namespace", ""), meta.get("name", ""))
+        for watcher in self.watchers:
+            watcher(event_type, body)
         if event_type == "DELETED":
             self.policies.pop(key, None)
             return set()
