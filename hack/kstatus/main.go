@@ -3,7 +3,7 @@
 // (tests/unit/test_health_table.py) runs it over AgentRuns and AgentPolicies.
 //
 // Input on stdin: one JSON array of objects. Output on stdout: one JSON array, in the same order,
-// of {"status": "Current|InProgress|Failed|...", "message": "..."}.
+// of {"status": "Current|InProgress|Failed|...", "message": "...", "reason": "..."}.
 package main
 
 import (
@@ -19,6 +19,7 @@ import (
 type result struct {
 	Status  string `json:"status"`
 	Message string `json:"message"`
+	Reason  string `json:"reason,omitempty"` // the reason of the condition it decided by, if any
 	Error   string `json:"error,omitempty"`
 }
 
@@ -46,7 +47,11 @@ func run(in io.Reader, out io.Writer) error {
 			results = append(results, result{Error: err.Error()})
 			continue
 		}
-		results = append(results, result{Status: string(res.Status), Message: res.Message})
+		out := result{Status: string(res.Status), Message: res.Message}
+		if len(res.Conditions) > 0 {
+			out.Reason = res.Conditions[0].Reason
+		}
+		results = append(results, out)
 	}
 	return json.NewEncoder(out).Encode(results)
 }

@@ -9,10 +9,10 @@ will not act on (its authority cannot be verified) in ``status.refusedRequests``
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
 from durable_agents.api.v1alpha1 import (
     HISTORY_LIMIT,
@@ -270,6 +270,25 @@ def conditions_for(
             )
         )
     return out
+
+
+def noted_waiting(
+    status: Mapping[str, Any], waiting_for: str, generation: int, now: datetime
+) -> dict[str, Any]:
+    """The status (wire) of a run that cannot start yet, saying what it waits for, before any
+    commit: ``waitingFor``, ``observedGeneration`` and its pending conditions (``Reconciling`` with
+    the reason): a run with no status reads as Current to kstatus (Flux, kpt)."""
+    health = [c.wire() for c in conditions_for(RunState.PENDING, [], now, generation, None, waiting_for)]
+    types = {c["type"] for c in health}
+    kept = [
+        c for c in status.get("conditions") or [] if isinstance(c, Mapping) and c.get("type") not in types
+    ]
+    return {
+        **status,
+        "waitingFor": waiting_for,
+        "observedGeneration": generation,
+        "conditions": [*kept, *health],
+    }
 
 
 # --- refusals --------------------------------------------------------------------------------

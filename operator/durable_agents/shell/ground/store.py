@@ -18,8 +18,7 @@ from typing import Any
 from kubernetes.client.rest import ApiException
 
 from durable_agents.api.v1alpha1 import GROUP, VERSION
-from durable_agents.api.v1alpha1.states import RunState
-from durable_agents.core.engine.commits import conditions_for
+from durable_agents.core.engine.commits import noted_waiting
 from durable_agents.shell.ground import metrics
 from durable_agents.shell.ground.faults import FaultPoints, process_faults
 from durable_agents.shell.ground.kube import Kube
@@ -141,19 +140,8 @@ class RunStore(StatusStore):
         status = current.get("status") or {}
         if status.get("checkpoint") is not None or status.get("waitingFor") == waiting_for:
             return
-        # With its health conditions: a run with no status reads Current to kstatus (Flux, kpt).
         generation = int((current.get("metadata") or {}).get("generation") or 0)
-        health = [
-            c.wire()
-            for c in conditions_for(RunState.PENDING, [], datetime.now(UTC), generation, None, waiting_for)
-        ]
-        kept = [c for c in status.get("conditions") or [] if c.get("type") not in {h["type"] for h in health}]
-        noted = {
-            **status,
-            "waitingFor": waiting_for,
-            "observedGeneration": generation,
-            "conditions": [*kept, *health],
-        }
+        noted = noted_waiting(status, waiting_for, generation, datetime.now(UTC))
         try:  # a replace with the resourceVersion read: the operator's rights are update, not patch
             await self.commit_status(current, noted)
         except (Conflict, Gone):
