@@ -16,7 +16,9 @@ class PolicyVersionRecord(ApiModel):
     """One version this policy has had, with the digest of its content under that version."""
 
     version: str = Field(max_length=63)
+    """The policy's spec.version."""
     content_digest: str = Field(max_length=71, pattern=DIGEST_PATTERN)
+    """The digest of its spec under that version, without the version (sha256:...)."""
 
 
 class PolicyRunCounts(ApiModel):
