@@ -105,7 +105,7 @@ class ArgoCD:
     """The chart's Argo CD health checks, run as Argo CD runs them (Lua 5.1, ``obj`` global)."""
 
     def __init__(self) -> None:
-        from lupa.lua51 import LuaRuntime
+        from lupa.lua51 import LuaRuntime  # type: ignore[import-untyped]  # lupa ships no type hints
 
         self.lua = LuaRuntime(unpack_returned_tuples=True)
         self.checks = {kind: path.read_text() for kind, path in LUA.items()}
