@@ -53,7 +53,9 @@ def policy_when(runs: Runs, name: str, test: Callable[[dict[str, Any]], bool], w
 
 
 def condition(obj: dict[str, Any], kind: str) -> dict[str, Any]:
-    found = next((c for c in (obj.get("status") or {}).get("conditions") or [] if c["type"] == kind), None)
+    found: dict[str, Any] | None = next(
+        (c for c in (obj.get("status") or {}).get("conditions") or [] if c["type"] == kind), None
+    )
     assert found is not None, f"{obj['metadata']['name']} has no {kind} condition: {obj.get('status')}"
     return found
 
