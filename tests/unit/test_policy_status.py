@@ -61,6 +61,7 @@ def test_an_invalid_spec_is_stalled_naming_the_field() -> None:
     stalled = next(c for c in status["conditions"] if c["type"] == "Stalled")
     assert "spec.tiers.http.post" in stalled["message"]
     assert status["versions"] == []  # an unusable spec is no version of the policy
+    assert status["runs"] == {"running": 0, "waitingForApproval": 0, "stuck": 3}  # all wait for it
 
 
 def test_a_version_seen_with_other_content_is_stalled_and_kept_in_the_history() -> None:

@@ -142,6 +142,8 @@ def policy_status(policy: Mapping[str, Any], counts: PolicyRunCounts, now: datet
     version = spec.get("version")
     if verdict.reason != INVALID_SPEC and isinstance(version, str):
         versions = versions_with(versions, version, digest)
+    if not verdict.ready:  # nothing under it can go on: every run it governs is stuck because of it
+        counts = PolicyRunCounts(stuck=counts.running + counts.waiting_for_approval + counts.stuck)
     true, false = ConditionStatus.TRUE, ConditionStatus.FALSE
     wanted = {
         READY: (true if verdict.ready else false, verdict.reason, verdict.message),
