@@ -53,9 +53,8 @@ def test_what_it_wrote_is_not_written_again_and_a_change_is() -> None:
 
 
 def test_an_invalid_spec_is_stalled_naming_the_field() -> None:
-    status = policy_status(
-        policy({"version": "v1", "tiers": {"http.post": "harmless"}}), PolicyRunCounts(), NOW
-    )
+    counts = PolicyRunCounts(running=2, waiting_for_approval=1)
+    status = policy_status(policy({"version": "v1", "tiers": {"http.post": "harmless"}}), counts, NOW)
     assert status is not None
     assert conditions(status) == {"Ready": ("False", "InvalidSpec"), "Stalled": ("True", "InvalidSpec")}
     stalled = next(c for c in status["conditions"] if c["type"] == "Stalled")
