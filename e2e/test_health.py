@@ -9,8 +9,11 @@ when nothing changed (its own write triggers no other).
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+import pytest
+import yaml
 from kubernetes import client, watch
 
 from durable_agents.api.v1alpha1 import GROUP, VERSION
@@ -20,9 +23,11 @@ from durable_agents_testkit.cluster import KubeEnv
 from durable_agents_testkit.eventually import Within, eventually
 from durable_agents_testkit.health import POLICY_READY, RUN_HEALTH, ArgoCD, Health, kstatus
 from durable_agents_testkit.operator_process import OperatorProcess
+from durable_agents_testkit.rbac import grant, rule
 from durable_agents_testkit.refsystem import ReferenceSystemThread
 from durable_agents_testkit.runs import Runs
 
+REPO = Path(__file__).resolve().parents[1]
 DONE = {"name": "done", "complete": {"result": "done"}}
 QUIET = 3  # seconds a settled policy is watched for a write it should not get
 
@@ -180,3 +185,58 @@ def test_runs_and_a_policy_read_as_the_health_table_says(
         )
     )
     assert events == [], [(e["type"], e["object"]["metadata"]["resourceVersion"]) for e in events]
+
+
+@pytest.mark.local_plane("users")
+def test_only_the_operator_writes_a_policy_status(kube: KubeEnv, runs: Runs) -> None:
+    """The version history admission reads is the operator's: someone RBAC lets patch
+    agentpolicies/status (too broad a grant) is refused by the chart's ValidatingAdmissionPolicy."""
+    ns = runs.namespace
+    create_policy(runs, "guarded", {"version": "v1"})
+    grant(kube, ns, "eve", rule(GROUP, "agentpolicies/status", "get", "update", "patch"), name="over-broad")
+    eve = client.CustomObjectsApi(kube.user_client("eve", ["forgers"]))
+    api = client.AdmissionregistrationV1Api(kube.api)
+    name = f"operator-writes-{ns}"
+    body = yaml.safe_load((REPO / "charts/durable-agents/files/admission-policy.yaml").read_text())
+    api.create_validating_admission_policy(
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicy",
+            "metadata": {"name": name},
+            "spec": {"variables": [{"name": "operator", "expression": "'durable-agents-operator'"}], **body},
+        }
+    )
+    api.create_validating_admission_policy_binding(
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": {"name": name},
+            "spec": {
+                "policyName": name,
+                "validationActions": ["Deny"],
+                "matchResources": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}}},
+            },
+        }
+    )
+    forged = {"status": {"versions": [{"version": "v1", "contentDigest": "sha256:" + "0" * 64}]}}
+
+    def patch(**dry: str) -> str | None:
+        try:
+            eve.patch_namespaced_custom_object_status(
+                GROUP, VERSION, ns, "agentpolicies", "guarded", forged, **dry
+            )
+        except client.ApiException as err:
+            return str(err.body) if err.status in (403, 422) and "may not" in str(err.body) else None
+        return None
+
+    try:
+        # A dry run (admitted, never stored) until the policy is enforced (its informer), then for real.
+        eventually(lambda: patch(dry_run="All"), Within.COMMIT, "the admission policy to be enforced")
+        message = patch()
+        assert message is not None, "eve's status patch was accepted"
+        assert "durable-agents: eve may not UPDATE agentpolicies/status" in message, message
+        assert "writes ActionRecords and the status of AgentRuns and AgentPolicies" in message, message
+    finally:
+        api.delete_validating_admission_policy_binding(name)
+        api.delete_validating_admission_policy(name)
+    assert not (get_policy(runs, "guarded").get("status") or {}).get("versions"), "the forgery was stored"
