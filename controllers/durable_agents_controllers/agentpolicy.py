@@ -11,6 +11,7 @@ from typing import Any
 import kopf
 
 from durable_agents.api.v1alpha1 import GROUP, VERSION
+from durable_agents.core.policy_integrity import force_reason
 from durable_agents.core.request_stamps import identity_of
 from durable_agents.shell.admission.policies import POLICY_PATH, PolicyReview, check_policy
 from durable_agents_controllers.manager import Manager
@@ -19,8 +20,15 @@ from durable_agents_controllers.manager import Manager
 def register(registry: kopf.OperatorRegistry, manager: Manager) -> None:
     @kopf.on.event(GROUP, VERSION, "agentpolicies", registry=registry)
     async def agentpolicy_event(event: kopf.RawEvent, **_: Any) -> None:
-        for run in manager.policies.observe(event.get("type"), dict(event["object"])):
+        body: dict[str, Any] = dict(event["object"])
+        for run in manager.policies.observe(event.get("type"), body):
             manager.worker.enqueue(run)
+        if event.get("type") == "DELETED" and force_reason(body) is not None:
+            # Force-deleted: every run still using it is quarantined (PolicyDeleted) by its worker.
+            meta = body.get("metadata") or {}
+            namespace = str(meta.get("namespace") or "")
+            for name in await manager.policies.users(namespace, str(meta.get("name") or "")):
+                manager.worker.enqueue((namespace, name))
 
     if manager.config.webhook_port is None:
         return
