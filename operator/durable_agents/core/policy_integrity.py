@@ -104,7 +104,10 @@ def policy_refs(run: Mapping[str, Any]) -> set[str]:
 
 
 def live(run: Mapping[str, Any]) -> bool:
-    """Whether a run (wire form) has not ended: a run without a state yet has not."""
+    """Whether a run (wire form) has not ended: a run without a state yet has not; one being
+    deleted has (it is going: without its policy it waits, it never acts)."""
+    if (run.get("metadata") or {}).get("deletionTimestamp"):
+        return False
     status = run.get("status")
     state = status.get("state") if isinstance(status, Mapping) else None
     try:

@@ -86,6 +86,7 @@ class PolicyCache:
             self.policies.pop(key, None)
             self.conflicts.pop(key, None)
             forced = force_reason(body)
+            log.info("AgentPolicy %s/%s deleted%s", *key, f" (force-deleted: {forced})" if forced else "")
             if forced is not None:
                 self.forced[key] = forced
                 return self.awaiting.pop(key, set())  # to be quarantined

@@ -1,0 +1,131 @@
+"""A policy's integrity and its deletion: the pure rules (core/policy_integrity.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from durable_agents.core.policy_integrity import (
+    FORCE_DELETE,
+    MAX_HISTORY,
+    Identity,
+    deletion_refusal,
+    force_reason,
+    history_of,
+    identity_of,
+    runs_using,
+    version_conflict,
+    with_version,
+)
+
+
+def policy(version: str, tiers: list[str], **status: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "metadata": {"name": "payments"},
+        "spec": {"version": version, "approvalRequiredTiers": tiers},
+    }
+    if status:
+        body["status"] = status
+    return body
+
+
+def run(name: str, policy_name: str | None, state: str | None = None) -> dict[str, Any]:
+    spec: dict[str, Any] = {"policyRef": {"name": policy_name}} if policy_name else {}
+    body: dict[str, Any] = {"metadata": {"name": name}, "spec": spec}
+    if state is not None:
+        body["status"] = {"state": state}
+    return body
+
+
+def test_a_change_of_content_under_the_same_version_is_a_conflict_naming_spec_version() -> None:
+    old, new = identity_of(policy("v1", ["consequential"])), identity_of(policy("v1", []))
+    assert old is not None
+    assert new is not None
+    why = version_conflict("payments", new, {old.version: old.digest})
+    assert why is not None
+    assert why.startswith("spec.version:")
+    assert "'v1'" in why
+
+
+def test_the_same_content_again_is_no_conflict_and_a_new_version_is_none_either() -> None:
+    old = identity_of(policy("v1", ["consequential"]))
+    assert old is not None
+    history = {old.version: old.digest}
+    assert version_conflict("payments", old, history) is None
+    changed = identity_of(policy("v2", []))
+    assert changed is not None
+    assert version_conflict("payments", changed, history) is None
+
+
+def test_an_old_version_reused_with_other_content_is_a_conflict_from_status_versions() -> None:
+    v1 = identity_of(policy("v1", ["consequential"]))
+    assert v1 is not None
+    current = policy(
+        "v2",
+        [],
+        versions=[
+            {"version": "v1", "contentDigest": v1.digest},
+            {"version": "v2", "contentDigest": "sha256:x"},
+        ],
+    )
+    back = identity_of(policy("v1", ["unknown"]))
+    assert back is not None
+    assert version_conflict("payments", back, history_of(current)) is not None
+    same_back = identity_of(policy("v1", ["consequential"]))
+    assert same_back is not None
+    assert version_conflict("payments", same_back, history_of(current)) is None
+
+
+def test_without_status_versions_the_history_is_the_object_itself() -> None:
+    body = policy("v3", ["consequential"])
+    own = identity_of(body)
+    assert own is not None
+    assert history_of(body) == {"v3": own.digest}
+
+
+@given(st.lists(st.tuples(st.sampled_from("abcdefghij"), st.text(max_size=3)), max_size=80))
+def test_status_versions_keep_the_newest_at_most_32_one_entry_per_version(
+    changes: list[tuple[str, str]],
+) -> None:
+    history: list[dict[str, str]] = []
+    for version, digest in changes:
+        history = with_version(history, Identity(version, digest))
+        assert history[-1] == {"version": version, "contentDigest": digest}
+    assert len(history) <= MAX_HISTORY
+    assert len({entry["version"] for entry in history}) == len(history)
+
+
+def test_the_runs_using_a_policy_are_the_live_ones_that_name_it() -> None:
+    listed = [
+        run("b", "payments", "waiting_approval"),
+        run("a", "payments"),  # not accepted yet: it will act under the policy
+        run("c", "payments", "completed"),
+        run("d", "other", "running"),
+        run("e", None, "ready"),
+        run("f", "payments", "quarantined"),
+    ]
+    assert runs_using(listed, "payments") == ["a", "b", "f"]
+
+
+def test_a_refused_deletion_names_ten_runs_and_the_total() -> None:
+    assert deletion_refusal("ns", "payments", []) is None
+    names = [f"run-{i:02d}" for i in range(13)]
+    why = deletion_refusal("ns", "payments", names)
+    assert why is not None
+    assert "13 run(s)" in why
+    assert "run-09" in why
+    assert "run-10" not in why
+    assert "and 3 more" in why
+    assert FORCE_DELETE in why
+    assert "force-delete" in why
+
+
+def test_the_force_mark_is_an_annotation_with_a_reason() -> None:
+    assert force_reason(policy("v1", [])) is None
+    marked = {
+        **policy("v1", []),
+        "metadata": {"name": "p", "annotations": {FORCE_DELETE: "INC-42 broken tiers"}},
+    }
+    assert force_reason(marked) == "INC-42 broken tiers"
