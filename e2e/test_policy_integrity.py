@@ -24,6 +24,7 @@ from kubernetes import client
 
 from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents.core.policy_integrity import FORCE_DELETE
+from durable_agents.kubectl import main as kubectl_plugin
 from durable_agents_testkit.cluster import KubeEnv
 from durable_agents_testkit.eventually import Within, eventually
 from durable_agents_testkit.localcluster.controlplane import LocalControlPlane
@@ -281,8 +282,24 @@ def test_a_forced_deletion_quarantines_its_runs_and_nothing_is_sent(
 
     why = refused(lambda: annotate(bob))
     assert "user 'bob' may not force-delete agentpolicies/payments" in why, why
-    annotate(oncall)
-    delete_policy(runs, "payments", api=oncall)
+    # On call: kubectl agentrun policy force-delete marks the policy, then deletes it.
+    oncall_config = str(plane.write_user_kubeconfig("oncall", []))
+    reason = "INC-7: the approver group is gone"
+    command = [
+        "policy",
+        "force-delete",
+        "payments",
+        "--reason",
+        reason,
+        "-n",
+        ns,
+        "--kubeconfig",
+        oncall_config,
+    ]
+    assert kubectl_plugin.main(command) == 0
+    with pytest.raises(client.ApiException) as gone:
+        get_policy(runs, "payments")
+    assert gone.value.status == 404
 
     for name in names:
         run = runs.wait_state(name, "quarantined", timeout=Within.COMMIT)
