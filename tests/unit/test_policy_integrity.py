@@ -85,16 +85,20 @@ def test_without_status_versions_the_history_is_the_object_itself() -> None:
     assert history_of(body) == {"v3": own.digest}
 
 
-@given(st.lists(st.tuples(st.sampled_from("abcdefghij"), st.text(max_size=3)), max_size=80))
-def test_status_versions_keep_the_newest_at_most_32_one_entry_per_version(
+@given(st.lists(st.tuples(st.integers(0, 40).map(str), st.sampled_from(("d1", "d2"))), max_size=120))
+def test_status_versions_keep_the_newest_at_most_32_and_never_write_over_a_conflict(
     changes: list[tuple[str, str]],
 ) -> None:
     history: list[dict[str, str]] = []
     for version, digest in changes:
+        before = {e["version"]: e["contentDigest"] for e in history}
         history = with_version(history, Identity(version, digest))
-        assert history[-1] == {"version": version, "contentDigest": digest}
-    assert len(history) <= MAX_HISTORY
-    assert len({entry["version"] for entry in history}) == len(history)
+        if before.get(version, digest) == digest:
+            assert history[-1] == {"version": version, "contentDigest": digest}
+        else:  # the same version with another content: the history keeps what it had
+            assert {e["version"]: e["contentDigest"] for e in history} == before
+        assert len(history) <= MAX_HISTORY
+        assert len({entry["version"] for entry in history}) == len(history)
 
 
 def test_the_runs_using_a_policy_are_the_live_ones_that_name_it() -> None:

@@ -85,13 +85,13 @@ def version_conflict(name: str, new: Identity, *histories: Mapping[str, str]) ->
 
 
 def with_version(history: list[dict[str, str]], new: Identity) -> list[dict[str, str]]:
-    """``status.versions`` after ``new`` (newest last, at most :data:`MAX_HISTORY`; a version
-    already listed with the same digest is not listed again)."""
-    entry = {"version": new.version, "contentDigest": new.digest}
-    if history and history[-1] == entry:
+    """``status.versions`` after ``new`` is seen (newest last, at most :data:`MAX_HISTORY`, one
+    entry per version). A version listed with another digest stays as first recorded: a conflict
+    is never written over (the policy is not used; its history keeps the evidence)."""
+    if any(e.get("version") == new.version and e.get("contentDigest") != new.digest for e in history):
         return history
-    kept = [e for e in history if e.get("version") != new.version]
-    return [*kept, entry][-MAX_HISTORY:]
+    entry = {"version": new.version, "contentDigest": new.digest}
+    return [*(e for e in history if e.get("version") != new.version), entry][-MAX_HISTORY:]
 
 
 def policy_refs(run: Mapping[str, Any]) -> set[str]:
