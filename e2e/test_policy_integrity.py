@@ -23,7 +23,7 @@ import pytest
 from kubernetes import client
 
 from durable_agents.api.v1alpha1 import GROUP, VERSION
-from durable_agents.core.policy_integrity import FORCE_DELETE
+from durable_agents.core.policy_integrity import FORCE_DELETE, FORCE_DELETE_BY, FORCE_DELETE_STAMP
 from durable_agents.kubectl import main as kubectl_plugin
 from durable_agents_testkit.cluster import KubeEnv
 from durable_agents_testkit.eventually import Within, eventually
@@ -35,6 +35,7 @@ from durable_agents_testkit.runs import Runs
 from durable_agents_testkit.scrape import free_port
 
 LEASE = 2
+FORGED_STAMP = "test-key-1:" + "QUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUE="
 APPROVED = {"tiers": {"http.post": "consequential"}, "approvalRequiredTiers": ["consequential"]}
 FREE = {"tiers": {"http.post": "reversible"}, "approvalRequiredTiers": []}
 
@@ -113,6 +114,11 @@ def asking(policy: str) -> dict[str, Any]:
 
 def event_reasons(runs: Runs, name: str) -> list[str]:
     return [str(e.reason) for e in runs.events(name)]
+
+
+def told(runs: Runs, name: str, reason: str) -> None:
+    """Wait for an Event with ``reason`` on the run (recorded right after the write it reports)."""
+    eventually(lambda: reason in event_reasons(runs, name), Within.COMMIT, f"a {reason} Event on {name}")
 
 
 def policy_known(op: OperatorProcess, runs: Runs, name: str, version: str) -> None:
@@ -280,6 +286,12 @@ def test_a_forced_deletion_quarantines_its_runs_and_nothing_is_sent(
             GROUP, VERSION, ns, "agentpolicies", "payments", mark
         )
 
+    forged = {"metadata": {"annotations": {FORCE_DELETE_STAMP: FORGED_STAMP}}}
+    # A stamp written by hand (no mark): the webhook drops it.
+    client.CustomObjectsApi(oncall).patch_namespaced_custom_object(
+        GROUP, VERSION, ns, "agentpolicies", "payments", forged
+    )
+    assert FORCE_DELETE_STAMP not in (get_policy(runs, "payments")["metadata"].get("annotations") or {})
     why = refused(lambda: annotate(bob))
     assert "user 'bob' may not force-delete agentpolicies/payments" in why, why
     # On call: kubectl agentrun policy force-delete marks the policy, then deletes it.
@@ -306,7 +318,7 @@ def test_a_forced_deletion_quarantines_its_runs_and_nothing_is_sent(
         outcome = run["status"]["outcome"]
         assert outcome["reason"] == "PolicyDeleted", outcome
         assert "AgentPolicy 'payments' was force-deleted (INC-7" in outcome["message"], outcome
-        assert "PolicyDeleted" in event_reasons(runs, name)
+        told(runs, name, "PolicyDeleted")
     assert refsystem.counts() == {}, "nothing is sent without the policy"
     records = runs.custom.list_namespaced_custom_object(GROUP, VERSION, ns, "actionrecords")["items"]
     assert records == [], "not even intended"
@@ -315,12 +327,22 @@ def test_a_forced_deletion_quarantines_its_runs_and_nothing_is_sent(
 def test_a_policy_deleted_without_review_leaves_its_runs_waiting(
     start_operator: Callable[..., OperatorProcess], runs: Runs, refsystem: ReferenceSystemThread
 ) -> None:
-    """Webhook off: the deletion is not reviewed; the run does not act without its policy."""
+    """Webhook off: the deletion is not reviewed, and a force-delete mark written by hand (a
+    forged stamp) is not honoured: the run is neither quarantined nor acts without its policy."""
     put_policy(runs, "ops", "v1", **FREE)
     op = start_operator("unreviewed", LEASE)
     name = runs.create(pay_after_asking(refsystem.url, "ops"))
     runs.wait_state(name, "waiting_input", timeout=Within.COMMIT)
+    marks = {FORCE_DELETE: "by hand", FORCE_DELETE_BY: "oncall", FORCE_DELETE_STAMP: FORGED_STAMP}
+    runs.custom.patch_namespaced_custom_object(
+        GROUP, VERSION, runs.namespace, "agentpolicies", "ops", {"metadata": {"annotations": marks}}
+    )
     delete_policy(runs, "ops")
+    eventually(
+        lambda: op.logged(f"AgentPolicy {runs.namespace}/ops: force-delete mark not honoured"),
+        Within.COMMIT,
+        "the operator to refuse the unstamped mark",
+    )
     eventually(
         lambda: op.logged(f"AgentPolicy {runs.namespace}/ops deleted"),
         Within.COMMIT,

@@ -6,14 +6,16 @@ create, update and delete of a policy is reviewed (:mod:`durable_agents.shell.ad
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 import kopf
 
 from durable_agents.api.v1alpha1 import GROUP, VERSION
-from durable_agents.core.policy_integrity import force_reason
+from durable_agents.core.authority import instant
+from durable_agents.core.policy_integrity import force_stamps
 from durable_agents.core.request_stamps import identity_of
-from durable_agents.shell.admission.policies import POLICY_PATH, PolicyReview, check_policy
+from durable_agents.shell.admission.policies import POLICY_PATH, POLICY_STAMP_PATH, PolicyReview, check_policy
 from durable_agents_controllers.manager import Manager
 
 
@@ -23,7 +25,9 @@ def register(registry: kopf.OperatorRegistry, manager: Manager) -> None:
         body: dict[str, Any] = dict(event["object"])
         for run in manager.policies.observe(event.get("type"), body):
             manager.worker.enqueue(run)
-        if event.get("type") == "DELETED" and force_reason(body) is not None:
+        if event.get("type") == "DELETED" and (body["metadata"]["namespace"], body["metadata"]["name"]) in (
+            manager.policies.forced
+        ):
             # Force-deleted: every run still using it is quarantined (PolicyDeleted) by its worker.
             meta = body.get("metadata") or {}
             namespace = str(meta.get("namespace") or "")
@@ -58,3 +62,19 @@ def register(registry: kopf.OperatorRegistry, manager: Manager) -> None:
         operations=["CREATE", "UPDATE", "DELETE"],
         registry=registry,
     )(review_policy)
+
+    async def stamp_policy(
+        body: kopf.Body, userinfo: kopf.UserInfo, patch: kopf.Patch, **kwargs: Any
+    ) -> None:
+        old = kwargs.get("old")
+        user = identity_of(dict(userinfo))
+        at = instant(datetime.now(UTC))
+        marks = force_stamps(
+            dict(body), dict(old) if old is not None else None, user.username, at, manager.keyring
+        )
+        for key, value in marks.items():
+            patch.setdefault("metadata", {}).setdefault("annotations", {})[key] = value
+
+    kopf.on.mutate(
+        GROUP, VERSION, "agentpolicies", id=POLICY_STAMP_PATH, operations=["UPDATE"], registry=registry
+    )(stamp_policy)

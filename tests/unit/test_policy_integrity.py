@@ -9,16 +9,21 @@ from hypothesis import strategies as st
 
 from durable_agents.core.policy_integrity import (
     FORCE_DELETE,
+    FORCE_DELETE_BY,
+    FORCE_DELETE_STAMP,
     MAX_HISTORY,
     Identity,
     deletion_refusal,
     force_reason,
+    force_stamps,
+    force_unproven,
     history_of,
     identity_of,
     runs_using,
     version_conflict,
     with_version,
 )
+from durable_agents.core.sealing import Keyring
 
 
 def policy(version: str, tiers: list[str], **status: Any) -> dict[str, Any]:
@@ -133,3 +138,42 @@ def test_the_force_mark_is_an_annotation_with_a_reason() -> None:
         "metadata": {"name": "p", "annotations": {FORCE_DELETE: "INC-42 broken tiers"}},
     }
     assert force_reason(marked) == "INC-42 broken tiers"
+
+
+KEYS = Keyring(keys={"k1": bytes(range(32))}, active_key_id="k1")
+
+
+def marked(reason: str | None, **notes: str) -> dict[str, Any]:
+    annotations = {**({FORCE_DELETE: reason} if reason else {}), **notes}
+    meta = {"name": "payments", "namespace": "ns", "uid": "u-1", "annotations": annotations}
+    return {"metadata": meta, "spec": {"version": "v1"}}
+
+
+def test_a_new_mark_is_stamped_with_who_and_when_and_verifies() -> None:
+    stamps = force_stamps(marked("INC-7"), marked(None), "oncall", "2026-12-03T10:00:00.000000Z", KEYS)
+    assert stamps[FORCE_DELETE_BY] == "oncall"
+    policy = marked("INC-7", **{k: v for k, v in stamps.items() if v is not None})
+    assert force_unproven(KEYS, policy) is None
+    # The stamp covers the reason and the policy's UID: neither can be changed under it.
+    assert force_unproven(KEYS, {**policy, "metadata": {**policy["metadata"], "uid": "u-2"}}) is not None
+    other = marked("another reason", **{k: v for k, v in stamps.items() if v is not None})
+    assert force_unproven(KEYS, other) is not None
+
+
+def test_a_mark_without_the_webhooks_stamp_does_not_verify() -> None:
+    assert force_unproven(KEYS, marked("by hand")) is not None
+    assert (
+        force_unproven(KEYS, marked("by hand", **{FORCE_DELETE_BY: "oncall", FORCE_DELETE_STAMP: "k1:QUJD"}))
+        is not None
+    )
+
+
+def test_the_stamp_is_written_once_per_mark_and_removed_with_it() -> None:
+    stamps = force_stamps(marked("INC-7"), marked(None), "oncall", "t", KEYS)
+    same = marked("INC-7", **{k: v for k, v in stamps.items() if v is not None})
+    assert force_stamps(same, same, "someone-else", "t2", KEYS) == {}  # unchanged mark: nothing
+    unmarked = {
+        **same,
+        "metadata": {**same["metadata"], "annotations": {k: v for k, v in stamps.items() if v}},
+    }
+    assert force_stamps(unmarked, same, "oncall", "t3", KEYS) == dict.fromkeys(stamps)

@@ -11,7 +11,10 @@ operator's policy cache refuses to use such a policy (second line: its runs wait
 A policy that non-terminal runs use cannot be deleted (:func:`deletion_refusal`) unless an
 on-call person with the custom verb ``force-delete`` marked it first with the annotation
 :data:`FORCE_DELETE` (its value: the reason); its runs are then quarantined ``PolicyDeleted``,
-never acted on without a policy.
+never acted on without a policy. Like the on-call controls on runs, the mark is stamped by the
+admission webhook (who, when, ``Purpose.CONTROL`` over the policy's UID and the reason,
+:func:`force_stamps`); the operator quarantines runs only for a mark whose stamp verifies
+(:func:`force_unproven`): a mark written with the webhook off leaves the runs waiting.
 """
 
 from __future__ import annotations
@@ -21,12 +24,20 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from durable_agents.api.v1alpha1.states import RunState
+from durable_agents.core.authority import Unproven, unproven
 from durable_agents.core.policy_identity import content_digest
+from durable_agents.core.sealing import Keyring
+from durable_agents.core.stamps import Purpose, stamp
 
 MAX_HISTORY: Final = 32
 """Entries of ``status.versions`` a policy keeps (the newest)."""
 FORCE_DELETE: Final = "durable-agents.io/force-delete"
 """The annotation that lets a policy in use be deleted; its value is the on-call's reason."""
+FORCE_DELETE_BY: Final = "durable-agents.io/force-delete-by"
+FORCE_DELETE_AT: Final = "durable-agents.io/force-delete-at"
+FORCE_DELETE_STAMP: Final = "durable-agents.io/force-delete-stamp"
+STAMPED_MARKS: Final = (FORCE_DELETE_BY, FORCE_DELETE_AT, FORCE_DELETE_STAMP)
+"""Written by the admission webhook beside :data:`FORCE_DELETE`: who marked it, when, the stamp."""
 FORCE_DELETE_VERB: Final = "force-delete"
 """The custom verb on ``agentpolicies`` needed to set (or change) :data:`FORCE_DELETE`."""
 POLICY_DELETED: Final = "PolicyDeleted"
@@ -138,11 +149,59 @@ def deletion_refusal(namespace: str, policy: str, users: list[str]) -> str | Non
     )
 
 
+def annotation(policy: Mapping[str, Any] | None, key: str) -> str | None:
+    notes = ((policy or {}).get("metadata") or {}).get("annotations") or {}
+    value = notes.get(key) if isinstance(notes, Mapping) else None
+    return str(value) if value else None
+
+
 def force_reason(policy: Mapping[str, Any] | None) -> str | None:
     """The reason of a policy's force-delete mark, or None when it carries none."""
-    notes = ((policy or {}).get("metadata") or {}).get("annotations") or {}
-    reason = notes.get(FORCE_DELETE) if isinstance(notes, Mapping) else None
-    return str(reason) if reason else None
+    return annotation(policy, FORCE_DELETE)
+
+
+def force_proof(policy: Mapping[str, Any], by: str | None, at: str | None) -> dict[str, Any] | None:
+    """What the stamp of a policy's force-delete mark covers; None without a reason, who or when."""
+    meta = policy.get("metadata") or {}
+    reason = force_reason(policy)
+    if reason is None or not by or not at:
+        return None
+    return {
+        "control": "forceDeletePolicy",  # the purpose is shared with other controls: never one of theirs
+        "namespace": str(meta.get("namespace") or ""),
+        "policy": str(meta.get("name") or ""),
+        "uid": str(meta.get("uid") or ""),
+        "reason": reason,
+        "requestedBy": by,
+        "requestedAt": at,
+    }
+
+
+def force_stamps(
+    new: Mapping[str, Any], old: Mapping[str, Any] | None, username: str, at: str, keyring: Keyring
+) -> dict[str, str | None]:
+    """The annotations the mutating webhook writes: who marked the policy, when, and the stamp,
+    for a new (or changed) mark; their removal with the mark; nothing otherwise."""
+    reason = force_reason(new)
+    if reason is None:
+        return {key: None for key in STAMPED_MARKS if annotation(new, key) is not None}
+    if reason == force_reason(old):
+        return {}
+    covered = force_proof(new, username, at)
+    assert covered is not None  # a reason, who and when
+    return {
+        FORCE_DELETE_BY: username,
+        FORCE_DELETE_AT: at,
+        FORCE_DELETE_STAMP: stamp(keyring, Purpose.CONTROL, covered),
+    }
+
+
+def force_unproven(keyring: Keyring | None, policy: Mapping[str, Any]) -> Unproven | None:
+    """None if the policy's force-delete mark carries the webhook's stamp; else why not."""
+    proof = force_proof(policy, annotation(policy, FORCE_DELETE_BY), annotation(policy, FORCE_DELETE_AT))
+    name = ((policy.get("metadata") or {}).get("name")) or ""
+    what = f"the force-delete mark of AgentPolicy {name!r}"
+    return unproven(keyring, Purpose.CONTROL, proof, annotation(policy, FORCE_DELETE_STAMP), what)
 
 
 def deleted_message(policy: str, reason: str) -> str:

@@ -20,6 +20,8 @@ from durable_agents.shell.intake.policies import PolicyCache
 
 POLICY_PATH: Final = "check-policy"
 """The webhook path for AgentPolicies (validating; CREATE, UPDATE, DELETE)."""
+POLICY_STAMP_PATH: Final = "stamp-policy"
+"""The webhook path that stamps an AgentPolicy's force-delete mark (mutating; UPDATE)."""
 
 
 @dataclass(frozen=True)
@@ -43,5 +45,7 @@ async def check_policy(
     kube: Kube, review: PolicyReview, policies: PolicyCache, keyring: Keyring
 ) -> PolicyVerdict:
     """Whether this AgentPolicy change is refused, and the warnings it carries back."""
-    refused = await check_integrity(kube, review.operation, review.new, review.old, review.user, policies)
+    refused = await check_integrity(
+        kube, review.operation, review.new, review.old, review.user, policies, keyring
+    )
     return PolicyVerdict(refused=refused)

@@ -22,12 +22,16 @@ from durable_agents.api.v1alpha1 import Identity
 from durable_agents.core.policy_integrity import (
     FORCE_DELETE,
     FORCE_DELETE_VERB,
+    STAMPED_MARKS,
+    annotation,
     deletion_refusal,
     force_reason,
+    force_unproven,
     history_of,
     identity_of,
     version_conflict,
 )
+from durable_agents.core.sealing import Keyring
 from durable_agents.shell.admission.authority import refused_verb
 from durable_agents.shell.ground.kube import Kube
 from durable_agents.shell.intake.policies import PolicyCache
@@ -45,10 +49,11 @@ async def check_integrity(
     old: Mapping[str, Any] | None,
     user: Identity,
     policies: PolicyCache,
+    keyring: Keyring,
 ) -> str | None:
     """Why this AgentPolicy create, update or delete must be refused, or None."""
     if operation == "DELETE":
-        return await _check_delete(old, policies) if old is not None else None
+        return await _check_delete(old, policies, keyring) if old is not None else None
     if new is None:
         return None
     namespace, name = _key(new)
@@ -63,17 +68,34 @@ async def check_integrity(
         conflict = version_conflict(name, identity, *histories)
         if conflict is not None:
             return conflict
+    return await _check_mark(kube, new, old, user, keyring)
+
+
+async def _check_mark(
+    kube: Kube, new: Mapping[str, Any], old: Mapping[str, Any] | None, user: Identity, keyring: Keyring
+) -> str | None:
+    """A new force-delete mark needs the verb and carries this user's stamp; the stamp's
+    annotations are the webhook's, never written by hand."""
+    namespace, name = _key(new)
+    field = f"metadata.annotations[{FORCE_DELETE!r}]"
     marked = force_reason(new)
     if marked is not None and marked != force_reason(old):
         refused = await refused_verb(kube, user, FORCE_DELETE_VERB, "agentpolicies", namespace, name)
         if refused is not None:
-            return f"{refused} (metadata.annotations[{FORCE_DELETE!r}])"
+            return f"{refused} ({field})"
+        if annotation(new, STAMPED_MARKS[0]) != user.username or force_unproven(keyring, new) is not None:
+            return f"{field} is not stamped by the admission webhook for {user.username!r}"
+        return None
+    for key in STAMPED_MARKS:
+        if annotation(new, key) not in (None, annotation(old, key)):
+            by_hand = f"is written by the admission webhook with {field}, never by hand"
+            return f"metadata.annotations[{key!r}] {by_hand}"
     return None
 
 
-async def _check_delete(old: Mapping[str, Any], policies: PolicyCache) -> str | None:
+async def _check_delete(old: Mapping[str, Any], policies: PolicyCache, keyring: Keyring) -> str | None:
     namespace, name = _key(old)
-    if force_reason(old) is not None:
+    if force_reason(old) is not None and force_unproven(keyring, old) is None:
         return None  # marked by someone with force-delete: its runs are quarantined
     try:
         users = await policies.users(namespace, name)

@@ -28,19 +28,22 @@ from durable_agents.api.v1alpha1 import GROUP, VERSION, AgentPolicySpec
 from durable_agents.core.engine import RunSnapshot, Settings
 from durable_agents.core.policy_integrity import (
     force_reason,
+    force_unproven,
     history_of,
     identity_of,
     runs_using,
     version_conflict,
 )
+from durable_agents.core.sealing import Keyring
 from durable_agents.shell.ground.kube import Kube, ObjectKey
 
 log = logging.getLogger(__name__)
 
 
 class PolicyCache:
-    def __init__(self, kube: Kube) -> None:
+    def __init__(self, kube: Kube, keyring: Keyring | None = None) -> None:
         self.kube = kube
+        self.keyring = keyring  # verifies a force-delete mark's stamp
         self.policies: dict[ObjectKey, AgentPolicySpec] = {}
         # Runs waiting for a policy this process has not seen, by the policy's key.
         self.awaiting: dict[ObjectKey, set[ObjectKey]] = {}
@@ -87,6 +90,10 @@ class PolicyCache:
             self.conflicts.pop(key, None)
             forced = force_reason(body)
             log.info("AgentPolicy %s/%s deleted%s", *key, f" (force-deleted: {forced})" if forced else "")
+            unproven = force_unproven(self.keyring, body) if forced is not None else None
+            if unproven is not None:  # marked by hand (webhook off): its runs wait, not quarantined
+                log.warning("AgentPolicy %s/%s: force-delete mark not honoured: %s", *key, unproven.message)
+                return set()
             if forced is not None:
                 self.forced[key] = forced
                 return self.awaiting.pop(key, set())  # to be quarantined
