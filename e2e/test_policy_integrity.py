@@ -323,6 +323,14 @@ def test_a_forced_deletion_quarantines_its_runs_and_nothing_is_sent(
     records = runs.custom.list_namespaced_custom_object(GROUP, VERSION, ns, "actionrecords")["items"]
     assert records == [], "not even intended"
 
+    # The policy is back (its v1 rules as they were): a retried run resumes under it, and waits
+    # for its approval again; the other stays quarantined.
+    put_policy(runs, "payments", "v1", **APPROVED)
+    assert kubectl_plugin.main(["retry", "pay-a", "-n", ns, "--kubeconfig", str(kube.kubeconfig)]) == 0
+    runs.wait_state("pay-a", "waiting_approval", timeout=Within.COMMIT)
+    assert runs.state("pay-b") == "quarantined"
+    assert refsystem.counts() == {}
+
 
 def test_a_policy_deleted_without_review_leaves_its_runs_waiting(
     start_operator: Callable[..., OperatorProcess], runs: Runs, refsystem: ReferenceSystemThread
