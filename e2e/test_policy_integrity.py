@@ -369,3 +369,36 @@ def test_a_policy_deleted_without_review_leaves_its_runs_waiting(
     done = runs.wait_state(name, "completed", "failed", timeout=Within.RUN)
     assert done["status"]["state"] == "completed", done["status"].get("outcome")
     assert list(refsystem.counts().values()) == [1]
+
+
+def test_the_dispatcher_holds_an_intent_whose_runs_policy_is_gone(
+    start_operator: Callable[..., OperatorProcess], runs: Runs, refsystem: ReferenceSystemThread
+) -> None:
+    """An intent committed under the policy, then the policy deleted (webhook off) before any
+    send: the dispatcher, reading the policy fresh, holds it (neither sent nor failed) until the
+    policy is back, then sends it once."""
+    put_policy(runs, "ops", "v1", **FREE)
+    worker = start_operator("worker", LEASE, DURABLE_AGENTS_DISPATCHER="off")
+    policy_known(worker, runs, "ops", "v1")
+    name = runs.create(pay_after_asking(refsystem.url, "ops"))
+    runs.wait_state(name, "waiting_input", timeout=Within.COMMIT)
+    runs.patch_spec(name, {"answers": {"confirm": "yes"}})
+    runs.wait_state(name, "waiting_external", timeout=Within.COMMIT)
+    listed = runs.custom.list_namespaced_custom_object(GROUP, VERSION, runs.namespace, "actionrecords")
+    (record,) = [item["metadata"]["name"] for item in listed["items"]]
+
+    delete_policy(runs, "ops")
+    dispatcher = start_operator("dispatcher", LEASE, DURABLE_AGENTS_WORKERS="0")
+    eventually(
+        lambda: (
+            dispatcher.logged(f"{runs.namespace}/{record} held back") and dispatcher.logged("PolicyMissing")
+        ),
+        Within.COMMIT,
+        "the dispatcher to hold the intent of a run whose policy is gone",
+    )
+    assert refsystem.counts() == {}, "nothing is sent without the run's policy"
+    held = runs.custom.get_namespaced_custom_object(GROUP, VERSION, runs.namespace, "actionrecords", record)
+    assert (held.get("status") or {}).get("state") not in ("failed", "succeeded"), held.get("status")
+
+    put_policy(runs, "ops", "v1", **FREE)
+    eventually(lambda: list(refsystem.counts().values()) == [1], Within.RUN, "the intent sent once")
