@@ -14,6 +14,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from durable_agents.api.v1alpha1.states import RunState
 from durable_agents.core.engine import RunSnapshot
 from durable_agents.core.policy_integrity import VERSION_CONFLICT
 from durable_agents.shell.ground.kube import ObjectKey
@@ -46,6 +47,8 @@ class PolicyWait:
         policy = (run.namespace, ref.name)
         forced = self.policies.forced.get(policy)
         if forced is not None:
+            if run.state in (RunState.QUARANTINED, RunState.CANCEL_REQUESTED):
+                return True  # to be canceled or retried: neither sends anything, neither needs it
             await self.quarantine(key, ref.name, forced)
             return False
         if self.policies.wait_for(policy, key):
