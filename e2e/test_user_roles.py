@@ -59,7 +59,7 @@ ACTIONS: tuple[Action, ...] = (
     Action("patch", "agentruns", subresource="status"),
     *(Action(verb, "actionrecords") for verb in ("get", "create", "update", "delete")),
     *(Action(verb, "agentrunrecords") for verb in ("get", "create", "delete")),
-    *(Action(verb, "agentpolicies") for verb in ("get", "create", "update", "delete")),
+    *(Action(verb, "agentpolicies") for verb in ("get", "create", "update", "delete", "force-delete")),
     Action("use", "serviceaccounts", group=""),
     Action("get", "secrets", group=""),
     Action("get", "configmaps", group=""),
@@ -89,7 +89,9 @@ MATRIX: dict[str, frozenset[Action]] = {
     "viewer": READS,
     "editor": READS | EDITS,
     "approver": READS | on("agentruns", "patch", "approve"),
-    "on-call": READS | on("agentruns", "patch", "retry", "reconcile", "escalate", "failover"),
+    "on-call": READS
+    | on("agentruns", "patch", "retry", "reconcile", "escalate", "failover")
+    | on("agentpolicies", "force-delete"),
     "policy-author": on("agentpolicies", "get", "create", "update", "delete"),
     "view": READS | on("configmaps", "get"),
     "edit": READS | EDITS | on("configmaps", "get") | on("secrets", "get"),

@@ -8,13 +8,16 @@ With the admission webhook on, every create, update and delete of a policy is re
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 import kopf
 
 from durable_agents.api.v1alpha1 import GROUP, VERSION
+from durable_agents.core.authority import instant
+from durable_agents.core.policy_integrity import force_stamps
 from durable_agents.core.request_stamps import identity_of
-from durable_agents.shell.admission.policies import POLICY_PATH, PolicyReview, check_policy
+from durable_agents.shell.admission.policies import POLICY_PATH, POLICY_STAMP_PATH, PolicyReview, check_policy
 from durable_agents.shell.runs.policy_status import PolicyStatusWriter
 from durable_agents_controllers.manager import Manager
 
@@ -31,8 +34,17 @@ def register(registry: kopf.OperatorRegistry, manager: Manager) -> None:
 
     @kopf.on.event(GROUP, VERSION, "agentpolicies", registry=registry)
     async def agentpolicy_event(event: kopf.RawEvent, **_: Any) -> None:
-        for run in manager.policies.observe(event.get("type"), dict(event["object"])):
+        body: dict[str, Any] = dict(event["object"])
+        for run in manager.policies.observe(event.get("type"), body):
             manager.worker.enqueue(run)
+        if event.get("type") == "DELETED" and (body["metadata"]["namespace"], body["metadata"]["name"]) in (
+            manager.policies.forced
+        ):
+            # Force-deleted: every run still using it is quarantined (PolicyDeleted) by its worker.
+            meta = body.get("metadata") or {}
+            namespace = str(meta.get("namespace") or "")
+            for name in await manager.policies.users(namespace, str(meta.get("name") or "")):
+                manager.worker.enqueue((namespace, name))
 
     if manager.config.webhook_port is None:
         return
@@ -62,3 +74,19 @@ def register(registry: kopf.OperatorRegistry, manager: Manager) -> None:
         operations=["CREATE", "UPDATE", "DELETE"],
         registry=registry,
     )(review_policy)
+
+    async def stamp_policy(
+        body: kopf.Body, userinfo: kopf.UserInfo, patch: kopf.Patch, **kwargs: Any
+    ) -> None:
+        old = kwargs.get("old")
+        user = identity_of(dict(userinfo))
+        at = instant(datetime.now(UTC))
+        marks = force_stamps(
+            dict(body), dict(old) if old is not None else None, user.username, at, manager.keyring
+        )
+        for key, value in marks.items():
+            patch.setdefault("metadata", {}).setdefault("annotations", {})[key] = value
+
+    kopf.on.mutate(
+        GROUP, VERSION, "agentpolicies", id=POLICY_STAMP_PATH, operations=["UPDATE"], registry=registry
+    )(stamp_policy)

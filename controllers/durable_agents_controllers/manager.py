@@ -87,7 +87,7 @@ class Manager:
     def policies(self) -> PolicyCache:
         """The process's one AgentPolicy cache (fed by the AgentPolicy watch)."""
         if self._policies is None:
-            self._policies = PolicyCache(self.kube)
+            self._policies = PolicyCache(self.kube, self.keyring)
         return self._policies
 
     @property

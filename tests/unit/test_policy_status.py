@@ -63,12 +63,12 @@ def test_an_invalid_spec_is_stalled_naming_the_field() -> None:
     assert status["runs"] == {"running": 0, "waitingForApproval": 0, "stuck": 3}  # all wait for it
 
 
-def test_a_version_seen_with_other_content_is_stalled_and_kept_in_the_history() -> None:
+def test_a_version_seen_with_other_content_is_stalled_and_the_history_keeps_the_first() -> None:
     old = {"version": "v1", "contentDigest": content_digest({"approvalRequiredTiers": []})}
     status = policy_status(policy(SPEC, {"versions": [old]}), PolicyRunCounts(), NOW)
     assert status is not None
     assert conditions(status) == {"Ready": ("False", "VersionReused"), "Stalled": ("True", "VersionReused")}
-    assert status["versions"] == [old, {"version": "v1", "contentDigest": content_digest(SPEC)}]
+    assert status["versions"] == [old]  # a version names one content: the first (policy_integrity)
 
 
 def test_the_history_keeps_the_newest_32_and_a_return_moves_to_the_end() -> None:

@@ -140,7 +140,8 @@ def policy_status(policy: Mapping[str, Any], counts: PolicyRunCounts, now: datet
     verdict = usability(spec, versions)
     digest = content_digest(spec)
     version = spec.get("version")
-    if verdict.reason != INVALID_SPEC and isinstance(version, str):
+    # A version seen with other content is not recorded again: the history keeps the first.
+    if verdict.ready and isinstance(version, str):
         versions = versions_with(versions, version, digest)
     if not verdict.ready:  # nothing under it can go on: every run it governs is stuck because of it
         counts = PolicyRunCounts(stuck=counts.running + counts.waiting_for_approval + counts.stuck)

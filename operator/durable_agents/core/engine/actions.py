@@ -184,11 +184,20 @@ def conflicting_record(record: Mapping[str, Any], expected: ActionRecordSpec) ->
 
 
 @dataclass(frozen=True)
+class PolicyUnknown:
+    """The run names an AgentPolicy that is missing or not usable (a version reused with other
+    content): nothing is sent without it."""
+
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
 class Unverified:
     """The run's checkpoint cannot be read or verified here (quarantined, or written by a newer
-    operator): the intent is neither sent nor refused yet."""
+    operator), or its policy is unknown: the intent is neither sent nor refused yet."""
 
-    problem: Quarantine
+    problem: Quarantine | PolicyUnknown
 
 
 NOT_IN_CHECKPOINT = "NotInCheckpoint"

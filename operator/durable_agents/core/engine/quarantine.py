@@ -28,6 +28,7 @@ from durable_agents.core.engine.commits import (
 from durable_agents.core.engine.decisions import Commit, Decision, Idle
 from durable_agents.core.engine.loading import initial_checkpoint, load_stored
 from durable_agents.core.engine.snapshot import RunSnapshot, Settings
+from durable_agents.core.policy_integrity import POLICY_DELETED
 from durable_agents.core.positions import stamp_position
 from durable_agents.core.sealing import Keyring
 from durable_agents.core.statemachine import RunEvent
@@ -59,6 +60,23 @@ def internal_error(
     outcome = Outcome(reason=INTERNAL_ERROR, message=message[:4000])
     commit = commit_untouched(
         run, now, epoch, RunEvent.QUARANTINE, outcome, f"{INTERNAL_ERROR}: {message}"[:512]
+    )
+    if keyring is not None:  # made outside decide, which stamps every other commit's position
+        commit.status.position_stamp = stamp_position(keyring, run.run_id, commit.status)
+    return commit
+
+
+def policy_deleted(
+    run: RunSnapshot, now: datetime, epoch: Fencing, message: str, keyring: Keyring | None = None
+) -> Commit | None:
+    """Quarantine a run whose AgentPolicy was force-deleted (``PolicyDeleted``: ``message`` names
+    the policy and the on-call's reason), its checkpoint as stored: it never acts without its
+    policy. None when there is nothing to quarantine (ended, or quarantined already)."""
+    if run.state.terminal or run.state is RunState.QUARANTINED:
+        return None
+    outcome = Outcome(reason=POLICY_DELETED, message=message[:4000])
+    commit = commit_untouched(
+        run, now, epoch, RunEvent.QUARANTINE, outcome, f"{POLICY_DELETED}: {message}"[:512]
     )
     if keyring is not None:  # made outside decide, which stamps every other commit's position
         commit.status.position_stamp = stamp_position(keyring, run.run_id, commit.status)

@@ -14,11 +14,14 @@ from typing import Any, Final
 
 from durable_agents.api.v1alpha1 import Identity
 from durable_agents.core.sealing import Keyring
+from durable_agents.shell.admission.policy_integrity import check_integrity
 from durable_agents.shell.ground.kube import Kube
 from durable_agents.shell.intake.policies import PolicyCache
 
 POLICY_PATH: Final = "check-policy"
 """The webhook path for AgentPolicies (validating; CREATE, UPDATE, DELETE)."""
+POLICY_STAMP_PATH: Final = "stamp-policy"
+"""The webhook path that stamps an AgentPolicy's force-delete mark (mutating; UPDATE)."""
 
 
 @dataclass(frozen=True)
@@ -42,4 +45,7 @@ async def check_policy(
     kube: Kube, review: PolicyReview, policies: PolicyCache, keyring: Keyring
 ) -> PolicyVerdict:
     """Whether this AgentPolicy change is refused, and the warnings it carries back."""
-    return PolicyVerdict()
+    refused = await check_integrity(
+        kube, review.operation, review.new, review.old, review.user, policies, keyring
+    )
+    return PolicyVerdict(refused=refused)

@@ -19,7 +19,7 @@ from durable_agents.shell.admission.authority import (
     VALIDATE_FAILOVER_PATH,
     VALIDATE_PATH,
 )
-from durable_agents.shell.admission.policies import POLICY_PATH
+from durable_agents.shell.admission.policies import POLICY_PATH, POLICY_STAMP_PATH
 from durable_agents.shell.ground.kube import Kube
 from durable_agents.shell.keys.keyguard import KEYGUARD_PATH, KEYRING_LABEL
 
@@ -133,6 +133,11 @@ def webhook_configurations(
         "webhooks": [
             _hook(target, MUTATE_PATH, "stamp", namespace),
             _failover_hook(target, MUTATE_FAILOVER_PATH, "stamp", namespace),
+            {  # an AgentPolicy's force-delete mark: who, when, the stamp
+                **_hook(target, POLICY_STAMP_PATH, "policy-stamp", namespace),
+                "name": f"policy-stamp.agentpolicies.{GROUP}",
+                "rules": [_rule("agentpolicies", ["UPDATE"], "Namespaced")],
+            },
         ],
     }
     validating = {

@@ -7,6 +7,12 @@ arrives, never without it: a missing policy must not mean "no approval required"
 watch, and the worker's own read of a policy it waits for, release the runs that waited
 (:meth:`PolicyCache.observe`, :meth:`PolicyCache.fetch`); other readers (:meth:`PolicyCache.read`)
 leave them to those.
+
+The second line of a policy's integrity (:mod:`durable_agents.core.policy_integrity`): a policy
+whose version this process saw with other content, or whose own ``status.versions`` lists it with
+other content, is not used (:attr:`PolicyCache.conflicts`): its runs wait until a new version
+arrives. A policy deleted with the force-delete mark is remembered (:attr:`PolicyCache.forced`):
+its runs are quarantined.
 """
 
 from __future__ import annotations
@@ -21,14 +27,24 @@ from kubernetes.client.rest import ApiException
 
 from durable_agents.api.v1alpha1 import GROUP, VERSION, AgentPolicySpec
 from durable_agents.core.engine import RunSnapshot, Settings
+from durable_agents.core.policy_integrity import (
+    force_reason,
+    force_unproven,
+    history_of,
+    identity_of,
+    runs_using,
+    version_conflict,
+)
+from durable_agents.core.sealing import Keyring
 from durable_agents.shell.ground.kube import Kube, ObjectKey
 
 log = logging.getLogger(__name__)
 
 
 class PolicyCache:
-    def __init__(self, kube: Kube) -> None:
+    def __init__(self, kube: Kube, keyring: Keyring | None = None) -> None:
         self.kube = kube
+        self.keyring = keyring  # verifies a force-delete mark's stamp
         self.policies: dict[ObjectKey, AgentPolicySpec] = {}
         # Runs waiting for a policy this process has not seen, by the policy's key.
         self.awaiting: dict[ObjectKey, set[ObjectKey]] = {}
@@ -36,6 +52,34 @@ class PolicyCache:
         self.absent: dict[ObjectKey, float] = {}
         # Parts that want every policy event as it comes (the policy status writer).
         self.watchers: list[Callable[[str | None, dict[str, Any]], None]] = []
+        # Every (version -> content digest) this process saw per policy name, across deletions.
+        self.seen: dict[ObjectKey, dict[str, str]] = {}
+        # Policies not used because they reuse a version with other content: why.
+        self.conflicts: dict[ObjectKey, str] = {}
+        # Policies deleted with the force-delete mark: the on-call's reason.
+        self.forced: dict[ObjectKey, str] = {}
+
+    async def users(self, namespace: str, name: str) -> list[str]:
+        """The non-terminal runs that use the policy, read from the API server (sorted names)."""
+        listed = await self.kube.call(
+            self.kube.custom.list_namespaced_custom_object, GROUP, VERSION, namespace, "agentruns"
+        )
+        return runs_using(listed.get("items") or [], name)
+
+    def seen_versions(self, key: ObjectKey) -> dict[str, str]:
+        return dict(self.seen.get(key, {}))
+
+    def conflict(self, key: ObjectKey, body: dict[str, Any]) -> str | None:
+        """Why this policy object must not be used (a version seen with other content), or None;
+        a usable one's version is remembered."""
+        identity = identity_of(body)
+        if identity is None:
+            return None
+        seen = self.seen.setdefault(key, {})
+        why = version_conflict(key[1], identity, seen, history_of(body))
+        if why is None:
+            seen[identity.version] = identity.digest
+        return why
 
     def get(self, key: ObjectKey) -> AgentPolicySpec | None:
         return self.policies.get(key)
@@ -48,13 +92,32 @@ class PolicyCache:
             watcher(event_type, body)
         if event_type == "DELETED":
             self.policies.pop(key, None)
+            self.conflicts.pop(key, None)
+            forced = force_reason(body)
+            log.info("AgentPolicy %s/%s deleted%s", *key, f" (force-deleted: {forced})" if forced else "")
+            unproven = force_unproven(self.keyring, body) if forced is not None else None
+            if unproven is not None:  # marked by hand (webhook off): its runs wait, not quarantined
+                log.warning("AgentPolicy %s/%s: force-delete mark not honoured: %s", *key, unproven.message)
+                return set()
+            if forced is not None:
+                self.forced[key] = forced
+                return self.awaiting.pop(key, set())  # to be quarantined
             return set()
         self.absent.pop(key, None)
+        self.forced.pop(key, None)
         try:
-            self.policies[key] = AgentPolicySpec.model_validate(body.get("spec") or {})
+            spec = AgentPolicySpec.model_validate(body.get("spec") or {})
         except ValueError:
             log.warning("ignoring invalid AgentPolicy %s/%s", *key)
             return set()
+        conflict = self.conflict(key, body)
+        if conflict is not None:
+            self.policies.pop(key, None)
+            self.conflicts[key] = conflict
+            log.warning("AgentPolicy %s/%s not used: %s", *key, conflict)
+            return set()
+        self.conflicts.pop(key, None)
+        self.policies[key] = spec
         waiting = self.awaiting.pop(key, set())
         log.info(
             "AgentPolicy %s/%s version %s known (%d run(s) waited for it)",
@@ -108,6 +171,8 @@ class PolicyCache:
                 name,
             )
             policy: AgentPolicySpec | None = AgentPolicySpec.model_validate(body.get("spec") or {})
+            if self.conflict(key, body) is not None:
+                policy = None  # a version reused with other content is as good as none
         except ApiException as err:
             if err.status != 404:
                 raise

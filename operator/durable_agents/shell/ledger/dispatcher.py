@@ -362,7 +362,7 @@ class Dispatcher(Background):
             spec.effect if spec.effect in self.effects else "unknown", "Unverified"
         ).inc()
         log.warning(
-            "%s/%s held back: run %s's checkpoint cannot be verified (%s: %s)",
+            "%s/%s held back: run %s's checkpoint or policy cannot be verified (%s: %s)",
             *self._key(body),
             spec.run_ref.name,
             verdict.problem.reason,

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from durable_agents.api.v1alpha1 import ActionRecordSpec
 from durable_agents.core.engine import RunSnapshot, Settings
-from durable_agents.core.engine.actions import Refused, Unverified, intent_refusal
+from durable_agents.core.engine.actions import PolicyUnknown, Refused, Unverified, intent_refusal
 from durable_agents.shell.agent.resolver import AgentResolver
 from durable_agents.shell.ground.store import Gone, RunStore
 from durable_agents.shell.intake.policies import PolicyCache
@@ -43,6 +43,9 @@ async def check_intent(
         return Refused(f"its run {spec.run_ref.name!r} cannot be read: {err}"[:1024]), run_body
     if run.spec.policy_ref is not None:  # its approval rules: a fresh read, as the worker waits for it
         read = await policies.read(namespace, run.spec.policy_ref.name, fresh=True)
+        if read is None:  # never sent without its policy: held until the policy is usable again
+            why = f"its AgentPolicy {run.spec.policy_ref.name!r} is missing or not usable"
+            return Unverified(PolicyUnknown("PolicyMissing", why)), run_body
         settings = policies.settings_for(run, settings, read)
     # A model run's pending call is rebuilt from its tools (MCP servers listed) and the
     # checkpoint's sealed arguments; inputs that cannot be resolved send nothing.

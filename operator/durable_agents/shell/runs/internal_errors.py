@@ -14,7 +14,8 @@ from datetime import UTC, datetime, timedelta
 from durable_agents.api.v1alpha1.states import RunState
 from durable_agents.core.engine import RunSnapshot
 from durable_agents.core.engine.fencing import recorded_epoch
-from durable_agents.core.engine.quarantine import INTERNAL_ERROR, internal_error
+from durable_agents.core.engine.quarantine import INTERNAL_ERROR, internal_error, policy_deleted
+from durable_agents.core.policy_integrity import POLICY_DELETED, deleted_message
 from durable_agents.core.sealing import Keyring
 from durable_agents.shell.ground import metrics
 from durable_agents.shell.ground.kube import ObjectKey
@@ -87,3 +88,27 @@ class InternalErrors:
             message = f"the operator failed on this quarantined run at {where}: {error} ({attempts} attempts)"
             await self.events.record(body, INTERNAL_ERROR, message, warning=True)
         self.failures.forget(key)
+
+    async def policy_deleted(self, key: ObjectKey, policy: str, reason: str) -> None:
+        """Quarantine the run ``PolicyDeleted``: its AgentPolicy was force-deleted (``reason``:
+        the on-call's), with a Warning Event; nothing runs without a policy."""
+        try:
+            body = await self.store.get(*key)
+        except Gone:
+            return
+        snap, now = RunSnapshot.from_object(body), datetime.now(UTC)
+        right = self.ownership.right(key, recorded_epoch(snap))
+        if right is None:
+            return
+        message = deleted_message(policy, reason)
+        commit = policy_deleted(snap, now, right.epoch, message, keyring=self.keyring)
+        if commit is None:
+            return
+        status = commit.wire_status()
+        status = self.regions.stamped(status) or status
+        written = await self.batches.write(key, body, status, [(snap.state, commit, None)], quarantine=True)
+        if written is None:
+            self.queue.wake_at(key, now)  # the run moved: decided again from what is stored
+            return
+        log.warning("run %s/%s quarantined: %s", *key, message)
+        await self.events.record(written, POLICY_DELETED, message, warning=True)

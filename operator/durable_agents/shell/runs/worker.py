@@ -172,7 +172,6 @@ class RunWorker(Background):
         self.batches = BatchWriter(self.store, self.reporter, self.failures, self.versions, self.policies)
         held = self.shard_leases.hold_for
         self.controls = Controls(kube, self.store, self.events, self.config.keyring, held)  # on-call controls
-        self.policy_wait = PolicyWait(self.policies, self.events, self.store, self.enqueue)
         self.observers = Observers(self.reader, self.actions, self.children)
         self.region_epochs = RegionEpochs(self.shard_leases, self.config.region, self.config.keyring)
         self.internal_errors = InternalErrors(
@@ -185,6 +184,8 @@ class RunWorker(Background):
             self.events,
             self.config.keyring,
         )
+        wait = (self.policies, self.events, self.store, self.enqueue, self.internal_errors.policy_deleted)
+        self.policy_wait = PolicyWait(*wait)  # a run waits for its policy (quarantined if force-deleted)
 
     # --- intake ---------------------------------------------------------------------------
 
