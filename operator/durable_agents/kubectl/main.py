@@ -13,6 +13,7 @@
     kubectl agentrun reconcile NAME [--action RECORD] [--wait 10s]   (ask the system now)
     kubectl agentrun escalate  NAME --reason TEXT
     kubectl agentrun list [-n NS | -A] [--state S] [--stuck] [--escalated] [-o wide|json|yaml]
+    kubectl agentrun policy diff -f FILE [-n NS] [-o json]   (what a policy version would do to live runs)
 
 approve/reject read the pending approval request from the run's status and send the decision
 (request ID + digest) as a patch on spec.approvals. Who you are is decided by the API server, and
@@ -68,6 +69,7 @@ from durable_agents.core.sealed_values import is_sealed
 from durable_agents.kubectl import answer as kubectl_answer
 from durable_agents.kubectl import controls as kubectl_controls
 from durable_agents.kubectl import list as kubectl_list
+from durable_agents.kubectl import policy as kubectl_policy
 from durable_agents.kubectl import reconcile as kubectl_reconcile
 from durable_agents.kubectl import region as kubectl_region
 from durable_agents.kubectl import why as kubectl_why
@@ -390,6 +392,10 @@ def main(argv: list[str] | None = None) -> int:
         return kubectl_why.main(args_given[1:])
     if args_given[:1] == ["answer"]:  # the question or event waited for now (durable_agents.kubectl.answer)
         return kubectl_answer.main(args_given[1:])
+    if args_given[:1] == [
+        "policy"
+    ]:  # what a policy version would do to live runs (durable_agents.kubectl.policy)
+        return kubectl_policy.main(args_given[1:])
     if args_given[:1] == ["list"]:  # the queue (durable_agents.kubectl.list)
         return kubectl_list.main(args_given[1:])
     if args_given[:1] == ["escalate"]:  # mark for a person (durable_agents.kubectl.controls)
