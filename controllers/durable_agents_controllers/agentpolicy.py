@@ -13,6 +13,8 @@ import kopf
 from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents.core.request_stamps import identity_of
 from durable_agents.shell.admission.policies import POLICY_PATH, PolicyReview, check_policy
+from durable_agents.shell.admission.policy_preview import PolicyPreviewer
+from durable_agents.shell.runs.evidence import EvidenceReader
 from durable_agents_controllers.manager import Manager
 
 
@@ -24,6 +26,8 @@ def register(registry: kopf.OperatorRegistry, manager: Manager) -> None:
 
     if manager.config.webhook_port is None:
         return
+    # The preview reads the runs' evidence again as the worker does (as each run's ServiceAccount).
+    previewer = PolicyPreviewer(manager.kube, manager.keyring, EvidenceReader(manager.kube))
 
     async def review_policy(
         body: kopf.Body, userinfo: kopf.UserInfo, warnings: list[str], **kwargs: Any
@@ -37,7 +41,7 @@ def register(registry: kopf.OperatorRegistry, manager: Manager) -> None:
             user=identity_of(dict(userinfo)),
             dry_run=bool(kwargs.get("dryrun")),
         )
-        verdict = await check_policy(manager.kube, review, manager.policies, manager.keyring)
+        verdict = await check_policy(manager.kube, review, manager.policies, manager.keyring, previewer)
         warnings.extend(verdict.warnings)
         if verdict.refused is not None:
             raise kopf.AdmissionError(verdict.refused, code=403)

@@ -14,7 +14,7 @@ from typing import Any, Final
 
 from durable_agents.api.v1alpha1 import Identity
 from durable_agents.core.sealing import Keyring
-from durable_agents.shell.admission.policy_preview import preview_warnings, previewer_for
+from durable_agents.shell.admission.policy_preview import PolicyPreviewer, preview_warnings, previewer_for
 from durable_agents.shell.ground.kube import Kube
 from durable_agents.shell.intake.policies import PolicyCache
 
@@ -40,11 +40,15 @@ class PolicyVerdict:
 
 
 async def check_policy(
-    kube: Kube, review: PolicyReview, policies: PolicyCache, keyring: Keyring
+    kube: Kube,
+    review: PolicyReview,
+    policies: PolicyCache,
+    keyring: Keyring,
+    previewer: PolicyPreviewer | None = None,
 ) -> PolicyVerdict:
     """Whether this AgentPolicy change is refused, and the warnings it carries back."""
     verdict = PolicyVerdict()
     # What the new version does to the runs under the policy now: on a dry run and a real apply.
-    previewer = previewer_for(kube, keyring)
+    previewer = previewer or previewer_for(kube, keyring)
     verdict.warnings += await preview_warnings(previewer, review.operation, review.old, review.new)
     return verdict

@@ -21,7 +21,7 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import replace
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from durable_agents.api.v1alpha1 import GROUP, VERSION, AgentPolicySpec
 from durable_agents.api.v1alpha1.states import RunState
@@ -32,7 +32,6 @@ from durable_agents.core.sealing import Keyring
 from durable_agents.shell.agent.resolver import AgentResolver
 from durable_agents.shell.effects.plugins import load_effects, load_planners
 from durable_agents.shell.ground.kube import Kube
-from durable_agents.shell.runs.evidence import EvidenceReader
 
 log = logging.getLogger(__name__)
 
@@ -82,16 +81,25 @@ def _spec(obj: Mapping[str, Any] | None) -> AgentPolicySpec | None:
         return None  # an invalid stored policy governs nothing (the policy cache ignores it)
 
 
+class Rereader(Protocol):
+    """Reads a run's evidence again as its ServiceAccount (the worker's reader, shell/runs)."""
+
+    async def reread(
+        self, run: RunSnapshot, ref: KubernetesEvidenceRef, now: datetime
+    ) -> KubernetesEvidenceRef | None: ...
+
+
 class PolicyPreviewer:
     """What the admission webhook needs to preview a policy: the operator's effect tiers and
-    planners (as the worker has them), a reader of evidence, the keyring."""
+    planners (as the worker has them), the worker's evidence reader (None: evidence is taken as
+    recorded, and the summary says for how many runs), the keyring."""
 
-    def __init__(self, kube: Kube, keyring: Keyring | None) -> None:
+    def __init__(self, kube: Kube, keyring: Keyring | None, reader: Rereader | None) -> None:
         tiers = {name: effect.tier for name, effect in load_effects().items()}
         self.kube = kube
         self.base = Settings(tiers=tiers, available_effects=frozenset(tiers), keyring=keyring)
         self.agents = AgentResolver(kube, keyring, load_planners())
-        self.reader = EvidenceReader(kube)
+        self.reader = reader
 
     async def preview(
         self, namespace: str, name: str, old: Mapping[str, Any] | None, new: Mapping[str, Any]
@@ -112,7 +120,7 @@ class PolicyPreviewer:
             current = _settings(self.base, name, current_spec)
             proposed = _settings(self.base, name, proposed_spec)
             fresh, reads = await self._fresh_evidence(run, now, reads)
-            unread += fresh is None and run.state is RunState.WAITING_APPROVAL
+            unread += int(fresh is None and run.state is RunState.WAITING_APPROVAL)
             await self.agents.prepare(run, proposed)
             planner = self.agents.planner_for(run)
             out.append(
@@ -126,7 +134,7 @@ class PolicyPreviewer:
         self, run: RunSnapshot, now: datetime, budget: int
     ) -> tuple[dict[str, KubernetesEvidenceRef | None] | None, int]:
         """The run's Kubernetes evidence as it reads now (a waiting approval's only), within budget."""
-        if run.state is not RunState.WAITING_APPROVAL:
+        if run.state is not RunState.WAITING_APPROVAL or self.reader is None:
             return None, budget
         loaded = load_checkpoint(run.raw_checkpoint)
         if not isinstance(loaded, Loaded):
@@ -193,8 +201,9 @@ _PREVIEWERS: dict[int, PolicyPreviewer] = {}
 
 
 def previewer_for(kube: Kube, keyring: Keyring | None) -> PolicyPreviewer:
-    """The process's previewer for ``kube`` (made once: loading plugins is not per review)."""
+    """A previewer without an evidence reader for ``kube`` (made once: loading plugins is not per
+    review), for a caller that has none of its own (the manager passes one that reads)."""
     held = _PREVIEWERS.get(id(kube))
     if held is None or held.kube is not kube:
-        held = _PREVIEWERS[id(kube)] = PolicyPreviewer(kube, keyring)
+        held = _PREVIEWERS[id(kube)] = PolicyPreviewer(kube, keyring, None)
     return held
