@@ -242,3 +242,47 @@ def test_a_run_without_a_pending_policy_decision_is_unaffected() -> None:
     v1 = Settings(policy_name="payments", policy_version="v1", keyring=KEYRING)
     said = preview_run(snap(obj), now=T0, planner=PLANNER, current=v1, proposed=v1)
     assert said.prediction is Prediction.UNAFFECTED
+
+
+# --- the warnings and what kubectl agentrun policy diff reads back ----------------------------------
+
+
+def test_the_webhook_warnings_read_back_run_by_run_and_stay_short() -> None:
+    from durable_agents.core.policy_preview import RunPreview
+    from durable_agents.kubectl import policy as kubectl_policy
+    from durable_agents.shell.admission import policy_preview as admission
+
+    assert kubectl_policy.RUN_PREFIX == admission.RUN_PREFIX, "the plugin parses what the webhook writes"
+    previews = [
+        RunPreview(
+            "team-a", f"run-{i}", "waiting_approval", Prediction.NEEDS_REAPPROVAL, "x" * 400, f"pay-{i}"
+        )
+        for i in range(admission.MAX_NAMED + 3)
+    ] + [RunPreview("team-a", "idle", "ready", Prediction.UNAFFECTED, "ready: nothing pending")]
+    warnings = admission.warnings_for("team-a", "payments", "v1", "v2", previews)
+    assert all(len(w) <= 256 for w in warnings[1:]), "the API server passes each on whole"
+    assert f"{admission.MAX_NAMED + 3} need re-approval" in warnings[0]
+    # As the API server sends them: 299 warn-agent "text", joined by the HTTP client.
+    header = ", ".join('299 - "' + w.replace("\\", "\\\\").replace('"', '\\"') + '"' for w in warnings)
+    parsed = kubectl_policy.parse(kubectl_policy.warnings_of({"Warning": header}))
+    assert parsed["summary"] == warnings[0]
+    assert [r["name"] for r in parsed["runs"]] == [f"run-{i}" for i in range(admission.MAX_NAMED)]
+    assert {r["prediction"] for r in parsed["runs"]} == {"needsReapproval"}
+    assert parsed["runs"][0]["requestId"] == "pay-0"
+    assert parsed["unnamed"] == 3, "the rest counted, not named"
+
+
+def test_runs_under_a_policy_are_those_that_name_it() -> None:
+    from durable_agents.shell.admission.policy_preview import runs_under_policy
+
+    def run(ns: str, policy: str | None) -> dict[str, Any]:
+        spec = {"policyRef": {"name": policy}} if policy else {}
+        return {"metadata": {"namespace": ns, "name": f"{ns}-{policy}"}, "spec": spec}
+
+    listed = [
+        run("team-a", "payments"),
+        run("team-a", "other"),
+        run("team-b", "payments"),
+        run("team-a", None),
+    ]
+    assert runs_under_policy(listed, "team-a", "payments") == [listed[0]]
