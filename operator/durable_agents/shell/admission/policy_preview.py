@@ -10,12 +10,13 @@ the same lines back from a server-side dry run.
 Cost per review: one LIST of the namespace's AgentRuns, and a read of each Kubernetes evidence
 reference a waiting approval relies on (as the run's ServiceAccount, like the worker's read before
 acting), at most :data:`MAX_READS`; beyond that the evidence is taken as recorded, and said so.
-No sealed value is read or shown: a warning names runs, states, request IDs and the policy's
+No sealed value is shown (the checkpoint is verified as the worker verifies it): a warning names runs, states, request IDs and the policy's
 reasons, never a question, an argument or an outcome.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import Counter
 from collections.abc import Mapping
@@ -37,6 +38,8 @@ log = logging.getLogger(__name__)
 
 MAX_NAMED: Final = 10
 """Runs named one per warning; the others are counted in the first warning only."""
+PREVIEW_SECONDS: Final = 6.0
+"""The preview's share of the webhook's 10 s: past it, the review goes on with a warning saying so."""
 MAX_READS: Final = 64
 """Evidence references read again per review; beyond, taken as recorded."""
 WARNING_LENGTH: Final = 250
@@ -121,7 +124,8 @@ class PolicyPreviewer:
             proposed = _settings(self.base, name, proposed_spec)
             fresh, reads = await self._fresh_evidence(run, now, reads)
             unread += int(fresh is None and run.state is RunState.WAITING_APPROVAL)
-            await self.agents.prepare(run, proposed)
+            if run.state in _WAITING:  # a model run's inputs (its tools' tiers): only where it counts
+                await self.agents.prepare(run, proposed)
             planner = self.agents.planner_for(run)
             out.append(
                 preview_run(
@@ -185,7 +189,7 @@ async def preview_warnings(
     meta = new.get("metadata") or {}
     namespace, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
     try:
-        previews = await previewer.preview(namespace, name, old, new)
+        previews = await asyncio.wait_for(previewer.preview(namespace, name, old, new), PREVIEW_SECONDS)
     except Exception as err:  # the preview is advice: a failure is said, never a refusal
         log.warning("policy preview of %s/%s failed: %s", namespace, name, err)
         return [f"policy preview {namespace}/{name}: not available ({type(err).__name__})"]
