@@ -59,11 +59,15 @@ CHANGE = st.sampled_from(["reapprove", "refresh", "immaterial"])
 
 @st.composite
 def policies(draw: st.DrawFn, version: str) -> Settings:
+    tier = draw(TIERS)
+    required = draw(st.sets(TIERS, min_size=0, max_size=3))
+    if draw(st.booleans()):  # as often as not, the effect's tier still needs an approval
+        required.add(tier)
     spec = AgentPolicySpec.model_validate(
         {
             "version": version,
-            "tiers": {"http.post": draw(TIERS).value},
-            "approvalRequiredTiers": [t.value for t in draw(st.sets(TIERS, min_size=0, max_size=3))],
+            "tiers": {"http.post": tier.value},
+            "approvalRequiredTiers": [t.value for t in required],
             "approvalExpiry": "10m",
             "freshness": {
                 "evidenceChanged": draw(CHANGE),
@@ -157,7 +161,7 @@ def engine_does(obj: dict[str, Any], now: datetime, v2: Settings, fresh: dict[st
     raise AssertionError("the engine decided nothing the policy decides")
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     v1=policies("v1"),
     v2=st.one_of(policies("v2"), policies("v1")),
@@ -168,6 +172,69 @@ def engine_does(obj: dict[str, Any], now: datetime, v2: Settings, fresh: dict[st
 def test_the_preview_is_what_the_engine_then_does(
     v1: Settings, v2: Settings, reads: int, evidence: list[str], late: bool
 ) -> None:
+    compare(v1, v2, reads, evidence, late)
+
+
+def settings_of(version: str, tier: str = "consequential", **spec: Any) -> Settings:
+    policy = AgentPolicySpec.model_validate(
+        {"version": version, "tiers": {"http.post": tier}, "approvalExpiry": "10m", **spec}
+    )
+    return Settings(
+        policy_name="payments",
+        policy_version=version,
+        tiers={"http.post": policy.tiers["http.post"]},
+        policy=policy,
+        available_effects=frozenset({"http.post"}),
+        keyring=KEYRING,
+    )
+
+
+@pytest.mark.parametrize(
+    ("v2", "evidence", "late", "expected"),
+    [
+        (settings_of("v1"), ["same", "same"], False, Prediction.STAYS_VALID),
+        (settings_of("v2"), ["same", "same"], False, Prediction.NEEDS_REAPPROVAL),
+        (
+            settings_of("v2", freshness={"policyChanged": "immaterial", "evidenceChanged": "refresh"}),
+            ["changed", "same"],
+            False,
+            Prediction.NEEDS_REFRESHED_EVIDENCE,
+        ),
+        (
+            settings_of("v2", freshness={"policyChanged": "immaterial", "evidenceChanged": "refresh"}),
+            ["same", "gone"],
+            False,
+            Prediction.NEEDS_REFRESHED_EVIDENCE,
+        ),
+        (
+            settings_of("v2", freshness={"policyChanged": "immaterial"}),
+            ["changed", "same"],
+            False,
+            Prediction.NEEDS_REAPPROVAL,
+        ),
+        (
+            settings_of("v2", freshness={"approvalExpired": "expire"}),
+            ["same", "same"],
+            True,
+            Prediction.EXPIRES,
+        ),
+        (
+            settings_of("v2", freshness={"approvalExpired": "reapprove"}),
+            ["same", "same"],
+            True,
+            Prediction.NEEDS_REAPPROVAL,
+        ),
+        (settings_of("v2", "reversible"), ["changed", "changed"], False, Prediction.NO_LONGER_NEEDS_APPROVAL),
+    ],
+)
+def test_each_prediction_is_what_the_engine_then_does(
+    v2: Settings, evidence: list[str], late: bool, expected: Prediction
+) -> None:
+    assert compare(settings_of("v1"), v2, 2, evidence, late) is expected
+
+
+def compare(v1: Settings, v2: Settings, reads: int, evidence: list[str], late: bool) -> Prediction:
+    """The preview under v2 of a run waiting under v1, checked against what the engine does."""
     v1 = replace(v1, tiers={"http.post": ActionTier.CONSEQUENTIAL})
     assert v1.policy is not None
     v1 = replace(
@@ -190,6 +257,7 @@ def test_the_preview_is_what_the_engine_then_does(
     assert obj == before, "the preview changes nothing it reads"
     assert said.request_id == "pay-1"
     assert said.prediction == engine_does(obj, now, v2, fresh), said
+    return said.prediction
 
 
 def test_a_retiered_effect_goes_on_without_the_approval_and_is_sent_once() -> None:
