@@ -354,3 +354,30 @@ def test_runs_under_a_policy_are_those_that_name_it() -> None:
         run("team-a", None),
     ]
     assert runs_under_policy(listed, "team-a", "payments") == [listed[0]]
+
+
+def test_an_intent_the_new_version_requires_an_approval_for_is_refused_by_the_dispatcher_as_predicted() -> (
+    None
+):
+    """A pending action (committed, not sent) of a tier v1 let go without approval: v2 requires
+    one, so the dispatcher refuses it (PolicyChanged) and the retry asks: as predicted."""
+    from tests.unit.builders import waiting_on_action
+
+    from durable_agents.core.engine.actions import POLICY_CHANGED, Refused, intent_refusal
+    from durable_agents.core.ledger import action_record_name
+
+    v1 = settings_of("v1", "reversible")
+    v2 = settings_of("v2", "consequential")
+    obj, spec = waiting_on_action(v1, [effect("pay"), DONE])
+    said = preview_run(snap(obj), now=T0, planner=PLANNER, current=v1, proposed=v2)
+    assert said.prediction is Prediction.NEWLY_NEEDS_APPROVAL
+    name = action_record_name(spec.idempotency_key)
+    assert said.request_id == name
+    refused = intent_refusal(snap(obj), name, spec, PLANNER, v2)
+    assert isinstance(refused, Refused)
+    assert refused.reason == POLICY_CHANGED
+    assert intent_refusal(snap(obj), name, spec, PLANNER, v1) is None
+    unchanged = preview_run(
+        snap(obj), now=T0, planner=PLANNER, current=v1, proposed=settings_of("v2", "reversible")
+    )
+    assert unchanged.prediction is Prediction.UNAFFECTED

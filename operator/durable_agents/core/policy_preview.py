@@ -34,10 +34,9 @@ from durable_agents.core.checkpoint import (
     Loaded,
     load_checkpoint,
 )
-from durable_agents.core.engine.actions import pending_specs
+from durable_agents.core.engine.actions import POLICY_CHANGED, Refused, intent_refusal, pending_specs
 from durable_agents.core.engine.approvals import await_decision
 from durable_agents.core.engine.commits import CommitBuilder
-from durable_agents.core.engine.currency import intent_outdated
 from durable_agents.core.engine.decisions import Commit, Decision, NeedEvidence
 from durable_agents.core.engine.loading import load_stored
 from durable_agents.core.engine.plan import plan
@@ -186,17 +185,24 @@ def _intents(
     said: Callable[..., RunPreview],
 ) -> RunPreview:
     """A committed intent the dispatcher has not sent yet is checked again before it is sent,
-    under the policy as it is then (:func:`intent_outdated`)."""
-    expected = pending_specs(run, cp, planner, proposed)
+    under the policy as it is then: the dispatcher's own check (:func:`intent_refusal`) of the
+    record as committed under ``current``, asked under ``proposed``."""
+    committed = pending_specs(run, cp, planner, current)
     for pending in cp.pending_actions:
-        spec = expected.get(pending.action_record_name)
-        if spec is None:
+        name = pending.action_record_name
+        record = committed.get(name)
+        if record is None or intent_refusal(run, name, record, planner, current) is not None:
             continue
-        now_ok = intent_outdated(cp, pending, spec, current) is None
-        refused = intent_outdated(cp, pending, spec, proposed)
-        if refused is not None and now_ok:
-            detail = f"if not sent yet: refused by the dispatcher ({refused}); its retry asks for approval"
-            return said(Prediction.NEWLY_NEEDS_APPROVAL, detail, pending.action_record_name)
+        refused = intent_refusal(run, name, record, planner, proposed)
+        if isinstance(refused, Refused) and refused.reason == POLICY_CHANGED:
+            why = (
+                f"if not sent yet: the dispatcher refuses it ({refused.message}); its retry asks for approval"
+            )
+            return said(Prediction.NEWLY_NEEDS_APPROVAL, why, name)
+        if isinstance(refused, Refused):
+            return said(
+                Prediction.REFUSED, f"if not sent yet: the dispatcher refuses it ({refused.message})", name
+            )
     return said(Prediction.UNAFFECTED, "its committed intents are sent as they are")
 
 
