@@ -10,8 +10,9 @@ the same lines back from a server-side dry run.
 Cost per review: one LIST of the namespace's AgentRuns, and a read of each Kubernetes evidence
 reference a waiting approval relies on (as the run's ServiceAccount, like the worker's read before
 acting), at most :data:`MAX_READS`; beyond that the evidence is taken as recorded, and said so.
-No sealed value is shown (the checkpoint is verified as the worker verifies it): a warning names runs, states, request IDs and the policy's
-reasons, never a question, an argument or an outcome.
+No sealed value is shown (the checkpoint is verified as the worker verifies it): a warning
+names runs, states, request IDs and the policy's reasons, never a question, an argument or an
+outcome.
 """
 
 from __future__ import annotations
