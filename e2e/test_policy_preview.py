@@ -189,6 +189,9 @@ def test_the_preview_predicts_what_the_new_version_does_run_by_run(
         "dry runs store nothing"
     )
     assert refsystem.counts() == {}
+    assert op.logged(
+        f"policy preview of {runs.namespace}/payments: 6 run(s) under it, from the AgentRun watch"
+    )
 
     # v2 for real (the real apply carries the same warnings), then every request is approved.
     body = {**V2, "metadata": {"name": "payments", "resourceVersion": stored["metadata"]["resourceVersion"]}}

@@ -13,7 +13,7 @@ import kopf
 from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents.core.request_stamps import identity_of
 from durable_agents.shell.admission.policies import POLICY_PATH, PolicyReview, check_policy
-from durable_agents.shell.admission.policy_preview import PolicyPreviewer
+from durable_agents.shell.admission.policy_preview import PolicyPreviewer, RunIndex
 from durable_agents.shell.runs.evidence import EvidenceReader
 from durable_agents_controllers.manager import Manager
 
@@ -26,8 +26,16 @@ def register(registry: kopf.OperatorRegistry, manager: Manager) -> None:
 
     if manager.config.webhook_port is None:
         return
-    # The preview reads the runs' evidence again as the worker does (as each run's ServiceAccount).
-    previewer = PolicyPreviewer(manager.kube, manager.keyring, EvidenceReader(manager.kube))
+    # The preview reads the runs' evidence again as the worker does (as each run's ServiceAccount),
+    # and takes the runs from the manager's one AgentRun watch (no LIST per review).
+    index = RunIndex()
+    previewer = PolicyPreviewer(manager.kube, manager.keyring, EvidenceReader(manager.kube), index)
+
+    def build(manager: Manager) -> None:
+        index.follow(manager.runs.synced)
+        manager.runs.subscribe(index.observe)
+
+    manager.builds.append(build)
 
     async def review_policy(
         body: kopf.Body, userinfo: kopf.UserInfo, warnings: list[str], **kwargs: Any

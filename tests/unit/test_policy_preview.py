@@ -381,3 +381,31 @@ def test_an_intent_the_new_version_requires_an_approval_for_is_refused_by_the_di
         snap(obj), now=T0, planner=PLANNER, current=v1, proposed=settings_of("v2", "reversible")
     )
     assert unchanged.prediction is Prediction.UNAFFECTED
+
+
+def test_the_run_index_keeps_waiting_runs_whole_and_others_as_stubs() -> None:
+    import asyncio
+
+    from durable_agents.shell.admission.policy_preview import RunIndex
+
+    def run(name: str, state: str) -> dict[str, Any]:
+        meta = {"namespace": "team-a", "name": name}
+        spec = {"policyRef": {"name": "payments"}, "steps": [effect("pay")]}
+        return {"metadata": meta, "spec": spec, "status": {"state": state, "checkpoint": {"big": "x" * 100}}}
+
+    index, synced = RunIndex(), asyncio.Event()
+    index.follow(synced)
+    index.observe(None, run("waits", "waiting_approval"))
+    index.observe(None, run("done", "completed"))
+    assert index.listed("team-a") is None, "not before the first list is delivered: the caller LISTs"
+    synced.set()
+    held = {r["metadata"]["name"]: r for r in index.listed("team-a") or []}
+    assert held["waits"] == run("waits", "waiting_approval")
+    assert held["done"] == {
+        "metadata": {"namespace": "team-a", "name": "done"},
+        "spec": {"policyRef": {"name": "payments"}},
+        "status": {"state": "completed"},
+    }
+    index.observe("DELETED", run("waits", "waiting_approval"))
+    assert [r["metadata"]["name"] for r in index.listed("team-a") or []] == ["done"]
+    assert index.listed("team-b") == []

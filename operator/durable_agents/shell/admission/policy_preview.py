@@ -7,7 +7,8 @@ line of counts, then one line per run for at most :data:`MAX_NAMED` runs (the re
 each short enough that the API server passes it on whole. ``kubectl agentrun policy diff`` reads
 the same lines back from a server-side dry run.
 
-Cost per review: one LIST of the namespace's AgentRuns, and a read of each Kubernetes evidence
+Cost per review: the namespace's AgentRuns from the manager's one AgentRun watch (:class:`RunIndex`;
+one LIST while it has not synced), and a read of each Kubernetes evidence
 reference a waiting approval relies on (as the run's ServiceAccount, like the worker's read before
 acting), at most :data:`MAX_READS`; beyond that the evidence is taken as recorded, and said so.
 No sealed value is shown (the checkpoint is verified as the worker verifies it): a warning
@@ -93,14 +94,51 @@ class Rereader(Protocol):
     ) -> KubernetesEvidenceRef | None: ...
 
 
+class RunIndex:
+    """The AgentRuns the preview looks at, fed by the manager's one AgentRun list-and-watch (so a
+    review costs no LIST): a waiting run whole, any other as a stub (its name, policy and state:
+    it is counted, never previewed), by namespace."""
+
+    def __init__(self) -> None:
+        self.runs: dict[str, dict[str, Mapping[str, Any]]] = {}
+        self.synced: asyncio.Event | None = None  # the watch's: set once its first list is delivered
+
+    def follow(self, synced: asyncio.Event) -> None:
+        """Start afresh from a new list-and-watch (each start of the manager makes one)."""
+        self.runs.clear()
+        self.synced = synced
+
+    def observe(self, event_type: str | None, body: dict[str, Any]) -> None:
+        meta = body.get("metadata") or {}
+        namespace, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
+        held = self.runs.setdefault(namespace, {})
+        if event_type == "DELETED":
+            held.pop(name, None)
+            return
+        state = (body.get("status") or {}).get("state")
+        if state in {s.value for s in _WAITING}:
+            held[name] = body
+        else:
+            spec = {"policyRef": (body.get("spec") or {}).get("policyRef")}
+            held[name] = {"metadata": meta, "spec": spec, "status": {"state": state or "pending"}}
+
+    def listed(self, namespace: str) -> list[Mapping[str, Any]] | None:
+        """The namespace's runs, or None until the first list has been delivered."""
+        if self.synced is None or not self.synced.is_set():
+            return None
+        return list(self.runs.get(namespace, {}).values())
+
+
 class PolicyPreviewer:
     """What the admission webhook needs to preview a policy: the operator's effect tiers and
     planners (as the worker has them), the worker's evidence reader (None: evidence is taken as
     recorded, and the summary says for how many runs), the keyring."""
 
-    def __init__(self, kube: Kube, keyring: Keyring | None, reader: Rereader | None) -> None:
+    def __init__(
+        self, kube: Kube, keyring: Keyring | None, reader: Rereader | None, index: RunIndex | None = None
+    ) -> None:
         tiers = {name: effect.tier for name, effect in load_effects().items()}
-        self.kube = kube
+        self.kube, self.index = kube, index
         self.base = Settings(tiers=tiers, available_effects=frozenset(tiers), keyring=keyring)
         self.agents = AgentResolver(kube, keyring, load_planners())
         self.reader = reader
@@ -113,13 +151,32 @@ class PolicyPreviewer:
         proposed_spec = _spec(new)
         if proposed_spec is None:
             return None
-        listed = await self.kube.call(
-            self.kube.custom.list_namespaced_custom_object, GROUP, VERSION, namespace, "agentruns"
-        )
+        items = self.index.listed(namespace) if self.index is not None else None
+        source = "the AgentRun watch" if items is not None else "a LIST"
+        if items is None:  # no index (or not synced yet): one LIST
+            listed = await self.kube.call(
+                self.kube.custom.list_namespaced_custom_object, GROUP, VERSION, namespace, "agentruns"
+            )
+            items = listed.get("items") or []
         now, reads, unread = datetime.now(UTC), MAX_READS, 0
         current_spec = _spec(old)
         out = []
-        for obj in runs_under_policy(listed.get("items") or [], namespace, name):
+        under = runs_under_policy(items, namespace, name)
+        log.info("policy preview of %s/%s: %d run(s) under it, from %s", namespace, name, len(under), source)
+        for obj in under:
+            if obj.get("status", {}).get("state") not in {s.value for s in _WAITING}:
+                state = str(obj.get("status", {}).get("state") or "pending")
+                meta = obj.get("metadata") or {}
+                out.append(
+                    RunPreview(
+                        namespace,
+                        str(meta.get("name")),
+                        state,
+                        Prediction.UNAFFECTED,
+                        f"{state}: no decision of the policy is pending",
+                    )
+                )
+                continue
             run = RunSnapshot.from_object(obj)
             current = _settings(self.base, name, current_spec)
             proposed = _settings(self.base, name, proposed_spec)
