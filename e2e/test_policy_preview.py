@@ -12,7 +12,9 @@ run does is compared with what was predicted for it.
 
 from __future__ import annotations
 
+import json
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -178,7 +180,19 @@ def test_the_preview_predicts_what_the_new_version_does_run_by_run(
     assert "amount" not in said, "no argument (sealed) in the preview"
 
     # The same, per run, as JSON (kubectl agentrun policy diff -o json): a server-side dry run too.
-    diff = kubectl_policy.diff(paula, runs.namespace, V2)
+    # (In a process of its own, as kubectl runs a plugin: it loads the author's kubeconfig.)
+    plugin = [sys.executable, "-m", "durable_agents.kubectl.main", "policy", "diff", "-f", str(file)]
+    out = subprocess.run(
+        [*plugin, "-o", "json", "--kubeconfig", str(author)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    diff = json.loads(out.stdout)
+    assert diff["policy"] == f"{runs.namespace}/payments"
+    assert diff["summary"] in said
     predicted = {r["name"]: r["prediction"] for r in diff["runs"]}
     assert predicted == dry_run
     assert {r["name"]: r["requestId"] for r in diff["runs"]} == {
