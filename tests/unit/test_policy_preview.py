@@ -409,3 +409,21 @@ def test_the_run_index_keeps_waiting_runs_whole_and_others_as_stubs() -> None:
     index.observe("DELETED", run("waits", "waiting_approval"))
     assert [r["metadata"]["name"] for r in index.listed("team-a") or []] == ["done"]
     assert index.listed("team-b") == []
+
+
+def test_an_update_that_leaves_the_rules_as_they_are_is_previewed_quietly() -> None:
+    """An idempotent GitOps sync (or a label) changes nothing for any run: no warning, no work."""
+    import asyncio
+
+    from durable_agents.shell.admission.policy_preview import preview_warnings
+
+    class Unused:
+        async def preview(self, *args: Any) -> None:
+            raise AssertionError("nothing to preview")
+
+    spec = {"version": "v1", "tiers": {"http.post": "consequential"}}
+    old = {"metadata": {"namespace": "team-a", "name": "payments"}, "spec": spec}
+    new = {"metadata": {**old["metadata"], "labels": {"team": "a"}}, "spec": dict(spec)}
+    said = asyncio.run(preview_warnings(Unused(), "UPDATE", old, new))  # type: ignore[arg-type]
+    assert said == []
+    assert asyncio.run(preview_warnings(Unused(), "DELETE", old, None)) == []  # type: ignore[arg-type]

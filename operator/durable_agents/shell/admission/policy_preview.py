@@ -244,6 +244,8 @@ async def preview_warnings(
     preview that fails costs the review nothing but its warnings: it never refuses a policy."""
     if operation not in ("CREATE", "UPDATE") or new is None:
         return []
+    if old is not None and (old.get("spec") or {}) == (new.get("spec") or {}):
+        return []  # the same rules (a re-apply, a label): nothing changes for any run, quiet
     meta = new.get("metadata") or {}
     namespace, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
     try:
