@@ -18,6 +18,8 @@ from durable_agents.core.authority import instant
 from durable_agents.core.policy_integrity import force_stamps
 from durable_agents.core.request_stamps import identity_of
 from durable_agents.shell.admission.policies import POLICY_PATH, POLICY_STAMP_PATH, PolicyReview, check_policy
+from durable_agents.shell.admission.policy_preview import PolicyPreviewer, RunIndex
+from durable_agents.shell.runs.evidence import EvidenceReader
 from durable_agents.shell.runs.policy_status import PolicyStatusWriter
 from durable_agents_controllers.manager import Manager
 
@@ -48,6 +50,16 @@ def register(registry: kopf.OperatorRegistry, manager: Manager) -> None:
 
     if manager.config.webhook_port is None:
         return
+    # The preview reads the runs' evidence again as the worker does (as each run's ServiceAccount),
+    # and takes the runs from the manager's one AgentRun watch (no LIST per review).
+    index = RunIndex()
+    previewer = PolicyPreviewer(manager.kube, manager.keyring, EvidenceReader(manager.kube), index)
+
+    def build_preview(manager: Manager) -> None:
+        index.follow(manager.runs.synced)
+        manager.runs.subscribe(index.observe)
+
+    manager.builds.append(build_preview)
 
     async def review_policy(
         body: kopf.Body, userinfo: kopf.UserInfo, warnings: list[str], **kwargs: Any
@@ -61,7 +73,7 @@ def register(registry: kopf.OperatorRegistry, manager: Manager) -> None:
             user=identity_of(dict(userinfo)),
             dry_run=bool(kwargs.get("dryrun")),
         )
-        verdict = await check_policy(manager.kube, review, manager.policies, manager.keyring)
+        verdict = await check_policy(manager.kube, review, manager.policies, manager.keyring, previewer)
         warnings.extend(verdict.warnings)
         if verdict.refused is not None:
             raise kopf.AdmissionError(verdict.refused, code=403)

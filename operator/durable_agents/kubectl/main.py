@@ -14,6 +14,7 @@
     kubectl agentrun escalate  NAME --reason TEXT
     kubectl agentrun list [-n NS | -A] [--state S] [--stuck] [--escalated] [-o wide|json|yaml]
     kubectl agentrun policy force-delete NAME --reason TEXT   (on call: a policy live runs use)
+    kubectl agentrun policy diff -f FILE [-n NS] [-o json]   (what a policy version would do to live runs)
 
 approve/reject read the pending approval request from the run's status and send the decision
 (request ID + digest) as a patch on spec.approvals. Who you are is decided by the API server, and
@@ -69,6 +70,7 @@ from durable_agents.core.sealed_values import is_sealed
 from durable_agents.kubectl import answer as kubectl_answer
 from durable_agents.kubectl import controls as kubectl_controls
 from durable_agents.kubectl import list as kubectl_list
+from durable_agents.kubectl import policy as kubectl_policy
 from durable_agents.kubectl import policy_force_delete as kubectl_policy_force_delete
 from durable_agents.kubectl import reconcile as kubectl_reconcile
 from durable_agents.kubectl import region as kubectl_region
@@ -396,6 +398,8 @@ def main(argv: list[str] | None = None) -> int:
         return kubectl_list.main(args_given[1:])
     if args_given[:2] == ["policy", "force-delete"]:  # (durable_agents.kubectl.policy_force_delete)
         return kubectl_policy_force_delete.main(args_given[2:])
+    if args_given[:1] == ["policy"]:  # policy diff: what a version would do (durable_agents.kubectl.policy)
+        return kubectl_policy.main(args_given[1:])
     if args_given[:1] == ["escalate"]:  # mark for a person (durable_agents.kubectl.controls)
         return kubectl_controls.main("escalate", args_given[1:])
     parser = argparse.ArgumentParser(prog="kubectl agentrun", description=__doc__.split("\n\n")[0])

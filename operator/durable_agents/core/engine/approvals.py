@@ -242,6 +242,12 @@ def revalidate_approval(
     if not isinstance(step, PerformEffect) or policy is None:
         return builder.commit(RunEvent.REVALIDATED, detail="the approved step no longer needs approval")
     spec = action_spec(run, cp.position.step, step, settings, cp.retry.attempts)
+    if spec.tier not in policy.approval_required_tiers:
+        # The policy changed its tiers during the wait: the action is planned again as any other
+        # of its tier (no approval asked, none used), never held for one nobody needs to give.
+        return builder.commit(
+            RunEvent.REVALIDATED, detail=f"a {spec.tier.value} effect no longer needs approval"
+        )
 
     def reapprove(reason: str, checkpoint: Checkpoint | None = None) -> Commit:
         return request_approval(

@@ -15,6 +15,7 @@ from typing import Any, Final
 from durable_agents.api.v1alpha1 import Identity
 from durable_agents.core.sealing import Keyring
 from durable_agents.shell.admission.policy_integrity import check_integrity
+from durable_agents.shell.admission.policy_preview import PolicyPreviewer, preview_warnings, previewer_for
 from durable_agents.shell.ground.kube import Kube
 from durable_agents.shell.intake.policies import PolicyCache
 
@@ -42,10 +43,20 @@ class PolicyVerdict:
 
 
 async def check_policy(
-    kube: Kube, review: PolicyReview, policies: PolicyCache, keyring: Keyring
+    kube: Kube,
+    review: PolicyReview,
+    policies: PolicyCache,
+    keyring: Keyring,
+    previewer: PolicyPreviewer | None = None,
 ) -> PolicyVerdict:
     """Whether this AgentPolicy change is refused, and the warnings it carries back."""
     refused = await check_integrity(
         kube, review.operation, review.new, review.old, review.user, policies, keyring
     )
-    return PolicyVerdict(refused=refused)
+    if refused is not None:
+        return PolicyVerdict(refused=refused)
+    verdict = PolicyVerdict()
+    # What the new version does to the runs under the policy now: on a dry run and a real apply.
+    previewer = previewer or previewer_for(kube, keyring)
+    verdict.warnings += await preview_warnings(previewer, review.operation, review.old, review.new)
+    return verdict
