@@ -14,6 +14,7 @@ from typing import Any, Final
 
 from durable_agents.api.v1alpha1 import Identity
 from durable_agents.core.sealing import Keyring
+from durable_agents.shell.admission.destinations import policy_entry_refusal
 from durable_agents.shell.ground.kube import Kube
 from durable_agents.shell.intake.policies import PolicyCache
 
@@ -42,4 +43,4 @@ async def check_policy(
     kube: Kube, review: PolicyReview, policies: PolicyCache, keyring: Keyring
 ) -> PolicyVerdict:
     """Whether this AgentPolicy change is refused, and the warnings it carries back."""
-    return PolicyVerdict()
+    return PolicyVerdict(refused=policy_entry_refusal(review.new))
