@@ -217,10 +217,14 @@ def named_destinations(spec: Mapping[str, Any]) -> list[Named]:
             out += _effect_urls(f"spec.agent.tools[{i}].effect", tool["effect"])
     for i, server in enumerate(agent.get("mcpServers") or []):
         if isinstance(server, Mapping):
-            out.append(Named(f"spec.agent.mcpServers[{i}].url", "mcpServers", "mcpServers", server.get("url")))
+            out.append(
+                Named(f"spec.agent.mcpServers[{i}].url", "mcpServers", "mcpServers", server.get("url"))
+            )
     endpoint = agent.get("endpoint")
     if isinstance(endpoint, Mapping) and "baseUrl" in endpoint:
-        out.append(Named("spec.agent.endpoint.baseUrl", "modelEndpoints", "modelEndpoints", endpoint["baseUrl"]))
+        out.append(
+            Named("spec.agent.endpoint.baseUrl", "modelEndpoints", "modelEndpoints", endpoint["baseUrl"])
+        )
     return out
 
 
@@ -232,9 +236,7 @@ class PolicyDestinations:
     destinations: Mapping[str, Any] | None
 
 
-def allowlists_for(
-    policies: Sequence[PolicyDestinations], category: str, kind: str
-) -> list[Allowlist]:
+def allowlists_for(policies: Sequence[PolicyDestinations], category: str, kind: str) -> list[Allowlist]:
     """The lists that govern one destination: one per policy that restricts its category."""
     out: list[Allowlist] = []
     for policy in policies:

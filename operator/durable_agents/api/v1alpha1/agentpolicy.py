@@ -226,7 +226,10 @@ class Destinations(ApiModel):
     mcp_servers: list[DestinationEntry] | None = Field(
         default=None,
         max_length=64,
-        description="Prefixes spec.agent.mcpServers[].url may name (listing, read and consequential calls). Unset: any.",
+        description=(
+            "Prefixes spec.agent.mcpServers[].url may name (listing, read and consequential calls). "
+            "Unset: any."
+        ),
     )
     model_endpoints: list[DestinationEntry] | None = Field(
         default=None,

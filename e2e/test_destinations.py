@@ -1,0 +1,204 @@
+"""Issue 32, item 7: where effects may go. A policy's ``spec.destinations`` lists the URL prefixes
+its runs' effects, MCP servers and model endpoints may name.
+
+Real API server, the operator as a separate process, the reference system, model server and MCP
+server, each counting what reaches it. Every destination refused here is REACHABLE (the counting
+server listens there), so a send that slipped through would be counted:
+
+- webhook on: a run naming an effect URL, an MCP server or a model endpoint outside the list is
+  refused at admission naming the field; so are a URL with userinfo and a policy entry that does
+  not parse; a URL that differs from an allowed one only by case, default port and dot segments
+  is admitted (dry run).
+- webhook off, the same runs created stamped as the webhook would (forged past admission): the
+  dispatcher refuses the effect (its ActionRecord fails ``DestinationNotAllowed``) and the worker
+  refuses the model planner's endpoint and MCP server before any listing or call; each server
+  counts 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from e2e.test_agent import agent_namespace, agent_spec, model
+from e2e.test_agent_recovery import LEASE
+from e2e.test_authority import webhook_off
+from kubernetes import client
+
+from durable_agents.api.v1alpha1 import GROUP, VERSION
+from durable_agents_testkit.cluster import KubeEnv
+from durable_agents_testkit.eventually import Within
+from durable_agents_testkit.mcpserver import McpServerThread
+from durable_agents_testkit.modelserver import ModelServerThread
+from durable_agents_testkit.operator_process import OperatorProcess
+from durable_agents_testkit.refsystem import ReferenceSystemThread
+from durable_agents_testkit.runs import Runs
+from durable_agents_testkit.scrape import free_port
+
+__all__ = ["agent_namespace", "model"]  # the fixtures, as test_agent.py defines them
+
+POLICY = "narrow"
+
+
+@pytest.fixture
+def tickets() -> Iterator[McpServerThread]:
+    with McpServerThread() as server:
+        yield server
+
+
+def policy_body(destinations: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "AgentPolicy",
+        "metadata": {"name": POLICY},
+        # No approval: an allowed effect would be sent at once, so a refusal is what stops it.
+        "spec": {"version": "1", "approvalRequiredTiers": [], "destinations": destinations},
+    }
+
+
+def narrow(
+    refsystem: ReferenceSystemThread, model: ModelServerThread, tickets: McpServerThread
+) -> dict[str, Any]:
+    """Allowed: the reference system's /allowed, the MCP server's /other path, the model server as
+    127.0.0.1. Each run below names a reachable neighbour of these."""
+    return {
+        "effects": {"http.post": [f"{refsystem.url}/allowed"]},
+        "mcpServers": [tickets.url.rsplit("/", 1)[0] + "/other"],
+        "modelEndpoints": [model.base_url],
+    }
+
+
+def effect_run(refsystem: ReferenceSystemThread) -> dict[str, Any]:
+    pay = {"effect": "http.post", "target": {"url": f"{refsystem.url}/effects"}, "arguments": {"n": 1}}
+    return {
+        "taskType": "e2e",
+        "objective": "pay outside the allowlist",
+        "policyRef": {"name": POLICY},
+        "steps": [{"name": "pay", "effect": pay}, {"name": "done", "complete": {}}],
+    }
+
+
+def model_run(model: ModelServerThread, refsystem: ReferenceSystemThread, base_url: str) -> dict[str, Any]:
+    spec = agent_spec(model, refsystem)
+    spec["policyRef"] = {"name": POLICY}
+    spec["agent"]["tools"] = [t for t in spec["agent"]["tools"] if "effect" not in t]
+    spec["agent"]["endpoint"]["baseUrl"] = base_url
+    return spec
+
+
+def runs_outside(
+    refsystem: ReferenceSystemThread, model: ModelServerThread, tickets: McpServerThread
+) -> dict[str, tuple[dict[str, Any], str]]:
+    """Each run naming one reachable destination outside the list, and the field a refusal names."""
+    mcp = model_run(model, refsystem, model.base_url)
+    mcp["agent"]["mcpServers"] = [{"name": "tickets", "url": tickets.url}]
+    # localhost is another host than the allowed 127.0.0.1, though it reaches the same server.
+    elsewhere = model.base_url.replace("127.0.0.1", "localhost")
+    return {
+        "effect": (effect_run(refsystem), "spec.steps[0].effect.target.url"),
+        "mcp": (mcp, "spec.agent.mcpServers[0].url"),
+        "model": (model_run(model, refsystem, elsewhere), "spec.agent.endpoint.baseUrl"),
+    }
+
+
+def create_policy(custom: client.CustomObjectsApi, namespace: str, body: dict[str, Any]) -> None:
+    custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "agentpolicies", body)
+
+
+def refused(create: Callable[[], Any]) -> str:
+    """The API server's refusal of ``create`` (the webhook's message)."""
+    with pytest.raises(client.ApiException) as caught:
+        create()
+    assert caught.value.status in (403, 422), caught.value.body
+    return str(caught.value.body)
+
+
+def assert_nothing_sent(
+    refsystem: ReferenceSystemThread, model: ModelServerThread, tickets: McpServerThread
+) -> None:
+    assert refsystem.counts() == {}, f"an effect reached the reference system: {refsystem.counts()}"
+    assert model.calls()["total"] == 0, f"the model server was called: {model.calls()}"
+    assert tickets.http_requests() == 0, "the MCP server was contacted"
+
+
+@pytest.mark.local_plane("webhook")
+def test_destinations_outside_the_allowlist_are_refused_at_admission_with_the_field(
+    start_operator: Callable[..., OperatorProcess],
+    runs: Runs,
+    agent_namespace: str,
+    model: ModelServerThread,
+    refsystem: ReferenceSystemThread,
+    tickets: McpServerThread,
+) -> None:
+    start_operator("webhook", LEASE, DURABLE_AGENTS_WEBHOOK_PORT=str(free_port()))
+    runs.await_webhook()
+    custom = runs.custom
+    # An allowlist entry that does not parse: refused naming the entry.
+    bad = policy_body({"effects": {"http.post": ["https://ok.example/"]}, "mcpServers": ["http://[::1/mcp"]})
+    message = refused(lambda: create_policy(custom, agent_namespace, bad))
+    assert "spec.destinations.mcpServers[0]" in message, message
+    create_policy(custom, agent_namespace, policy_body(narrow(refsystem, model, tickets)))
+
+    for kind, (spec, field) in runs_outside(refsystem, model, tickets).items():
+        message = refused(lambda spec=spec: runs.create(spec, name=f"outside-{kind}", stamped=False))
+        assert field in message and "is not in AgentPolicy" in message, (kind, message)
+        assert "spec.destinations" in message, (kind, message)
+
+    # Userinfo in front of an allowed host: refused, naming what is wrong.
+    spec = effect_run(refsystem)
+    host = refsystem.url.split("://", 1)[1]
+    spec["steps"][0]["effect"]["target"]["url"] = f"http://{host}@127.0.0.2:1/allowed"
+    message = refused(lambda: runs.create(spec, name="userinfo", stamped=False))
+    assert "spec.steps[0].effect.target.url" in message and "userinfo" in message, message
+
+    # The allowed prefix spelled otherwise (case, dot segments, a query): one destination, admitted.
+    spec = effect_run(refsystem)
+    spelled = refsystem.url.replace("http://", "HTTP://") + "/allowed/./pay/../pay?x=1"
+    spec["steps"][0]["effect"]["target"]["url"] = spelled
+    body = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "AgentRun",
+        "metadata": {"name": "spelled"},
+        "spec": spec,
+    }
+    made = custom.create_namespaced_custom_object(
+        GROUP, VERSION, agent_namespace, "agentruns", body, dry_run="All"
+    )
+    assert made["spec"]["createdBy"]["stamp"], "admitted and stamped"
+    assert_nothing_sent(refsystem, model, tickets)
+
+
+@pytest.mark.local_plane("webhook")
+def test_destinations_forged_past_admission_are_never_sent(
+    kube: KubeEnv,
+    start_operator: Callable[..., OperatorProcess],
+    runs: Runs,
+    agent_namespace: str,
+    model: ModelServerThread,
+    refsystem: ReferenceSystemThread,
+    tickets: McpServerThread,
+) -> None:
+    op = start_operator("webhook", LEASE, DURABLE_AGENTS_WEBHOOK_PORT=str(free_port()))
+    runs.await_webhook()
+    create_policy(runs.custom, agent_namespace, policy_body(narrow(refsystem, model, tickets)))
+    webhook_off(kube, runs, op)
+    start_operator("no-webhook", LEASE)
+    outside = runs_outside(refsystem, model, tickets)
+    for kind, (spec, _) in outside.items():
+        runs.create(spec, name=f"forged-{kind}")  # stamped as the webhook would have: past admission
+    for kind, (_, field) in outside.items():
+        done = runs.wait_state(f"forged-{kind}", "failed", "completed", timeout=Within.RUN)
+        outcome = done["status"]["outcome"]
+        assert done["status"]["state"] == "failed", (kind, outcome)
+        assert "not allowed" in str(outcome) or "not in AgentPolicy" in str(outcome), (kind, outcome)
+        if kind != "effect":
+            assert field in str(outcome), (kind, outcome)
+    records = runs.custom.list_namespaced_custom_object(GROUP, VERSION, agent_namespace, "actionrecords")[
+        "items"
+    ]
+    assert [(r["spec"]["effect"], r["status"]["state"], r["status"]["reason"]) for r in records] == [
+        ("http.post", "failed", "DestinationNotAllowed")
+    ], records
+    assert "ActionRecord spec.target.url" in records[0]["status"]["message"], records[0]["status"]
+    assert_nothing_sent(refsystem, model, tickets)
