@@ -141,8 +141,11 @@ def test_destinations_outside_the_allowlist_are_refused_at_admission_with_the_fi
     create_policy(custom, agent_namespace, policy_body(narrow(refsystem, model, tickets)))
 
     for kind, (spec, field) in runs_outside(refsystem, model, tickets).items():
-        message = refused(lambda spec=spec: runs.create(spec, name=f"outside-{kind}", stamped=False))
-        assert field in message and "is not in AgentPolicy" in message, (kind, message)
+        message = refused(
+            lambda spec=spec, kind=kind: runs.create(spec, name=f"outside-{kind}", stamped=False)
+        )
+        assert field in message, (kind, message)
+        assert "is not in AgentPolicy" in message, (kind, message)
         assert "spec.destinations" in message, (kind, message)
 
     # Userinfo in front of an allowed host: refused, naming what is wrong.
@@ -150,7 +153,8 @@ def test_destinations_outside_the_allowlist_are_refused_at_admission_with_the_fi
     host = refsystem.url.split("://", 1)[1]
     spec["steps"][0]["effect"]["target"]["url"] = f"http://{host}@127.0.0.2:1/allowed"
     message = refused(lambda: runs.create(spec, name="userinfo", stamped=False))
-    assert "spec.steps[0].effect.target.url" in message and "userinfo" in message, message
+    assert "spec.steps[0].effect.target.url" in message, message
+    assert "userinfo" in message, message
 
     # The allowed prefix spelled otherwise (case, dot segments, a query): one destination, admitted.
     spec = effect_run(refsystem)
