@@ -206,3 +206,38 @@ def test_destinations_forged_past_admission_are_never_sent(
     ], records
     assert "ActionRecord spec.target.url" in records[0]["status"]["message"], records[0]["status"]
     assert_nothing_sent(refsystem, model, tickets)
+
+
+def test_a_policy_narrowed_under_a_waiting_run_stops_its_send(
+    start_operator: Callable[..., OperatorProcess],
+    runs: Runs,
+    namespace: str,
+    refsystem: ReferenceSystemThread,
+) -> None:
+    """Admitted under a list that allowed its effect; the policy narrows (a new version) while the
+    run waits for approval; approved, the intent is refused by the dispatcher before the send."""
+    wide = policy_body({"effects": {"http.post": [f"{refsystem.url}/"]}})
+    wide["spec"].update(
+        approvalRequiredTiers=["consequential"], tiers={"http.post": "consequential"}, version="wide"
+    )
+    wide["spec"]["freshness"] = {"policyChanged": "immaterial"}  # the approval still binds
+    create_policy(runs.custom, namespace, wide)
+    start_operator("narrowed", LEASE)
+    name = runs.create(effect_run(refsystem))
+    runs.wait_state(name, "waiting_approval", timeout=Within.RUN)
+    narrowed = runs.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, "agentpolicies", POLICY)
+    narrowed["spec"]["version"] = "narrow"
+    narrowed["spec"]["destinations"] = {"effects": {"http.post": [f"{refsystem.url}/allowed"]}}
+    runs.custom.replace_namespaced_custom_object(GROUP, VERSION, namespace, "agentpolicies", POLICY, narrowed)
+    request = runs.get(name)["status"]["approvalRequest"]
+    runs.patch_spec(
+        name, {"approvals": {request["requestId"]: {"digest": request["digest"], "decision": "approve"}}}
+    )
+    done = runs.wait_state(name, "failed", "completed", timeout=Within.RUN)
+    assert done["status"]["state"] == "failed", done["status"].get("outcome")
+    records = runs.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, "actionrecords")["items"]
+    assert [(r["status"]["state"], r["status"]["reason"]) for r in records] == [
+        ("failed", "DestinationNotAllowed")
+    ], [r.get("status") for r in records]
+    assert "spec.destinations.effects['http.post']" in records[0]["status"]["message"]
+    assert refsystem.counts() == {}, "the effect reached the reference system"
