@@ -65,6 +65,22 @@ def test_another_host_or_port_or_scheme_is_outside(host: str, other: str) -> Non
     assert not normalise(f"https://{host}.{other}/").within(prefix)
 
 
+@given(st.lists(st.sampled_from("abcdeüöäéñç"), min_size=1, max_size=12).map("".join), st.booleans())
+def test_an_internationalised_host_is_its_punycode_in_any_case(label: str, upper: bool) -> None:
+    host = f"{label}.example"
+    spelled = host.upper() if upper else host
+    assert normalise(f"https://{spelled}/x") == normalise(f"https://{host.encode('idna').decode()}/x")
+
+
+@pytest.mark.parametrize(
+    "host", ["stra\u00dfe.example", "\uff21\uff30\uff29.example", "\u03c3\u03bf\u03c6\u03bf\u03c2.example"]
+)
+def test_an_internationalised_host_idna_2003_would_map_is_refused(host: str) -> None:
+    problem = refusal(f"https://{host}/v1", ALLOWED, FIELD)
+    assert problem is not None
+    assert "ambiguous internationalised name" in problem, problem
+
+
 def test_idn_is_compared_in_punycode() -> None:
     assert normalise("https://BÜCHER.example/").host == "xn--bcher-kva.example"
     assert normalise("https://bücher.example/x") == normalise("https://xn--bcher-kva.example/x")

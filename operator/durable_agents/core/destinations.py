@@ -11,7 +11,8 @@ Both a URL and an entry are normalised the same way before they are compared, so
 differs only by case, a default port, IDN spelling or a trailing dot is the same destination,
 and nothing that could land elsewhere slips through a string prefix:
 
-- scheme and host lowercased; an internationalised host in punycode (the stdlib ``idna`` codec);
+- scheme and host lowercased; an internationalised host in punycode (the stdlib ``idna`` codec),
+  refused when IDNA 2003 maps it (``straße`` to ``strasse``): IDNA 2008 would connect elsewhere;
   one trailing dot of the host dropped; the port made explicit (80, 443);
 - userinfo (``user:pass@``) refused: it hides the host from a reader (``https://ok@evil``);
 - the path with dot segments removed, and refused when it carries an encoded dot, slash or
@@ -69,6 +70,11 @@ def _host(raw: str) -> str:
         ascii_host = host.encode("idna").decode("ascii").lower()
     except UnicodeError as err:
         raise DestinationError(f"host {host!r} is not a valid (internationalised) name: {err}") from None
+    if not host.isascii() and ascii_host.encode("ascii").decode("idna") != host.lower():
+        # IDNA 2003 (the stdlib's) maps some names (ß to ss, final sigma, full-width forms) where
+        # IDNA 2008 (what a client may use) does not: the name compared is not surely the name
+        # connected to, so it is refused.
+        raise DestinationError(f"host {host!r} is an ambiguous internationalised name: spell it in punycode")
     if not all(_HOST_LABEL.match(label) for label in ascii_host.split(".")):
         raise DestinationError(f"host {host!r} is not a DNS name or IP address")
     return ascii_host
