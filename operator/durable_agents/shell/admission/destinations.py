@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from kubernetes.client.rest import ApiException
+
 from durable_agents.core.destinations import entry_problems, of_policy, run_refusal
 from durable_agents.shell.intake.policies import PolicyCache
 
@@ -24,7 +26,10 @@ async def check_run_destinations(new: Mapping[str, Any], policies: PolicyCache) 
     if not name:
         return None
     namespace = str((new.get("metadata") or {}).get("namespace") or "")
-    policy = await policies.read(namespace, str(name), fresh=True)
+    try:
+        policy = await policies.read(namespace, str(name), fresh=True)
+    except ApiException as err:  # fail closed, saying why: nothing is admitted unchecked
+        return f"could not read AgentPolicy {namespace}/{name} to check spec.destinations: {err.reason}"
     if policy is None:
         return None
     return run_refusal(spec, [of_policy(f"AgentPolicy {namespace}/{name}", policy)])
