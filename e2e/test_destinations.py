@@ -17,12 +17,13 @@ server listens there), so a send that slipped through would be counted:
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 from e2e.test_agent import agent_namespace, agent_spec, model
-from e2e.test_agent_recovery import LEASE
+from e2e.test_agent_recovery import FAST_CLAIMS, LEASE
 from e2e.test_authority import webhook_off
 from kubernetes import client
 
@@ -195,49 +196,78 @@ def test_destinations_forged_past_admission_are_never_sent(
         done = runs.wait_state(f"forged-{kind}", "failed", "completed", timeout=Within.RUN)
         outcome = done["status"]["outcome"]
         assert done["status"]["state"] == "failed", (kind, outcome)
-        assert "not allowed" in str(outcome) or "not in AgentPolicy" in str(outcome), (kind, outcome)
-        if kind != "effect":
-            assert field in str(outcome), (kind, outcome)
-    records = runs.custom.list_namespaced_custom_object(GROUP, VERSION, agent_namespace, "actionrecords")[
-        "items"
-    ]
-    assert [(r["spec"]["effect"], r["status"]["state"], r["status"]["reason"]) for r in records] == [
-        ("http.post", "failed", "DestinationNotAllowed")
-    ], records
-    assert "ActionRecord spec.target.url" in records[0]["status"]["message"], records[0]["status"]
+        assert field in outcome["message"], (kind, outcome)
+        assert "not in AgentPolicy" in outcome["message"], (kind, outcome)
+    # The engine refused the effect before its intent: nothing to approve, dispatch or reconcile.
+    effect = runs.get("forged-effect")["status"]["outcome"]
+    assert effect["reason"] == "DestinationNotAllowed", effect
+    listed = runs.custom.list_namespaced_custom_object(GROUP, VERSION, agent_namespace, "actionrecords")
+    assert listed["items"] == [], "an intent was committed"
     assert_nothing_sent(refsystem, model, tickets)
 
 
-def test_a_policy_narrowed_under_a_waiting_run_stops_its_send(
+@pytest.mark.parametrize("point", ["waiting", "after:2"])
+def test_a_policy_narrowed_under_a_live_run_stops_its_send(
     start_operator: Callable[..., OperatorProcess],
     runs: Runs,
     namespace: str,
     refsystem: ReferenceSystemThread,
+    point: str,
 ) -> None:
-    """Admitted under a list that allowed its effect; the policy narrows (a new version) while the
-    run waits for approval; approved, the intent is refused by the dispatcher before the send."""
+    """Admitted under a list that allowed its effect; the policy narrows (a new version):
+
+    - ``waiting``: while the run waits for approval; once approved, the engine refuses the effect
+      before any intent (or, its cache not yet updated, the dispatcher refuses the intent);
+    - ``after:2``: after the approved intent is committed, before it is sent (the operator acting
+      on the approval dies right after the intent's write); the next operator's dispatcher reads
+      the narrowed policy and fails the record ``DestinationNotAllowed``.
+
+    Either way 0 sent."""
     wide = policy_body({"effects": {"http.post": [f"{refsystem.url}/"]}})
     wide["spec"].update(
         approvalRequiredTiers=["consequential"], tiers={"http.post": "consequential"}, version="wide"
     )
     wide["spec"]["freshness"] = {"policyChanged": "immaterial"}  # the approval still binds
     create_policy(runs.custom, namespace, wide)
-    start_operator("narrowed", LEASE)
+    first = start_operator("first", LEASE, **FAST_CLAIMS)
     name = runs.create(effect_run(refsystem))
-    runs.wait_state(name, "waiting_approval", timeout=Within.RUN)
+    request = runs.wait_state(name, "waiting_approval", timeout=Within.RUN)["status"]["approvalRequest"]
+    if point != "waiting":
+        first.kill()
+        assert first.wait_exit(0) == -signal.SIGKILL
+    approve = {"approvals": {request["requestId"]: {"digest": request["digest"], "decision": "approve"}}}
+    if point != "waiting":
+        runs.patch_spec(name, approve)
+        victim = start_operator("victim", LEASE, DURABLE_AGENTS_TEST_KILL_AT=point, **FAST_CLAIMS)
+        assert victim.wait_killed(Within.RUN) == -signal.SIGKILL
+        pending = runs.get(name)["status"]["checkpoint"]["pendingActions"]
+        assert [p["effect"] for p in pending] == ["http.post"], "the approved intent is committed"
+        assert refsystem.counts() == {}, "sent before the policy narrowed"
     narrowed = runs.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, "agentpolicies", POLICY)
     narrowed["spec"]["version"] = "narrow"
     narrowed["spec"]["destinations"] = {"effects": {"http.post": [f"{refsystem.url}/allowed"]}}
     runs.custom.replace_namespaced_custom_object(GROUP, VERSION, namespace, "agentpolicies", POLICY, narrowed)
-    request = runs.get(name)["status"]["approvalRequest"]
-    runs.patch_spec(
-        name, {"approvals": {request["requestId"]: {"digest": request["digest"], "decision": "approve"}}}
-    )
+    if point == "waiting":
+        runs.patch_spec(name, approve)
+    else:
+        start_operator("rescuer", LEASE, **FAST_CLAIMS)
     done = runs.wait_state(name, "failed", "completed", timeout=Within.RUN)
     assert done["status"]["state"] == "failed", done["status"].get("outcome")
-    records = runs.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, "actionrecords")["items"]
-    assert [(r["status"]["state"], r["status"]["reason"]) for r in records] == [
-        ("failed", "DestinationNotAllowed")
-    ], [r.get("status") for r in records]
-    assert "spec.destinations.effects['http.post']" in records[0]["status"]["message"]
+    if point == "waiting":
+        # The engine refuses before an intent once its policy cache has the new version; an approval
+        # acted on before the watch delivered it commits the intent, and the dispatcher (which reads
+        # the policy fresh) refuses it: either way, named, and nothing sent.
+        outcome = done["status"]["outcome"]
+        assert "DestinationNotAllowed" in f"{outcome['reason']} {outcome['message']}", outcome
+    else:
+        [record] = records_of(runs, namespace)
+        status = record["status"]
+        assert (status["state"], status["reason"]) == ("failed", "DestinationNotAllowed"), status
+        assert "ActionRecord spec.target.url" in status["message"], status
+        assert "spec.destinations.effects['http.post']" in status["message"], status
     assert refsystem.counts() == {}, "the effect reached the reference system"
+
+
+def records_of(runs: Runs, namespace: str) -> list[dict[str, Any]]:
+    listed = runs.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, "actionrecords")
+    return list(listed["items"])

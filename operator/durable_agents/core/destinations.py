@@ -281,3 +281,19 @@ def of_policy(source: str, policy: Any) -> PolicyDestinations:
     if destinations is None:
         return PolicyDestinations(source, None)
     return PolicyDestinations(source, destinations.model_dump(by_alias=True, exclude_none=True))
+
+
+def effect_refusal(
+    source: str, policy: Any, effect: str, target: Mapping[str, Any] | None, field: str
+) -> str | None:
+    """Why an effect's target (``target.url``, ``target.queryUrl``; ``field`` names where the
+    target is written) is outside the policy's list for its kind now, or None. ``policy``: an
+    ``AgentPolicySpec`` or None (nothing restricts)."""
+    governing = [of_policy(source, policy)]
+    category = "mcpServers" if effect == MCP_EFFECT else "effects"
+    for key in URL_TARGET_KEYS:
+        if target and key in target:
+            problem = destination_refusal(governing, f"{field}.{key}", category, effect, target[key])
+            if problem is not None:
+                return problem
+    return None

@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from durable_agents.api.v1alpha1 import ActionRecordSpec
-from durable_agents.core.destinations import MCP_EFFECT, URL_TARGET_KEYS, destination_refusal, of_policy
+from durable_agents.core.destinations import effect_refusal
 from durable_agents.core.engine import RunSnapshot, Settings
 from durable_agents.core.engine.actions import Refused, Unverified, intent_refusal
 from durable_agents.shell.agent.resolver import AgentResolver
@@ -28,15 +28,8 @@ def target_refusal(namespace: str, spec: ActionRecordSpec, settings: Settings) -
     """Why this record's target names a URL its run's policy does not allow now, or None."""
     if settings.policy is None:
         return None
-    governing = [of_policy(f"AgentPolicy {namespace}/{settings.policy_name}", settings.policy)]
-    category = "mcpServers" if spec.effect == MCP_EFFECT else "effects"
-    for key in URL_TARGET_KEYS:
-        if key in (spec.target or {}):
-            field = f"ActionRecord spec.target.{key}"
-            problem = destination_refusal(governing, field, category, spec.effect, (spec.target or {})[key])
-            if problem is not None:
-                return problem
-    return None
+    source = f"AgentPolicy {namespace}/{settings.policy_name}"
+    return effect_refusal(source, settings.policy, spec.effect, spec.target, "ActionRecord spec.target")
 
 
 async def check_intent(
