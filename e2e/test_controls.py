@@ -209,8 +209,13 @@ def test_list_reconcile_and_escalate_as_on_call_and_refused_without_the_verb(
     )
     assert (escalated["status"], escalated["reason"]) == ("True", "Escalated")
     assert escalated["message"] == "escalated by carol: the bank is down: call them"
-    assert any(
-        e.reason == "Escalated" and e.type == "Warning" and "carol" in e.message for e in runs.events(run)
+    # The Event is recorded right after the commit that sets the condition: awaited, not raced.
+    eventually(
+        lambda: any(
+            e.reason == "Escalated" and e.type == "Warning" and "carol" in e.message for e in runs.events(run)
+        ),
+        Within.COMMIT,
+        "the Escalated Warning Event naming carol",
     )
     code, out, _ = agentrun(carol, "list", "-n", ns, "--escalated", "-o", "wide")
     assert code == 0, out

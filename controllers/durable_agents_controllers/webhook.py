@@ -31,6 +31,7 @@ from durable_agents.core.sealing_admission import SealingRefused, sealing_change
 from durable_agents.shell.admission import authority as admission
 from durable_agents.shell.admission import failover as failover_admission
 from durable_agents.shell.admission import registration
+from durable_agents.shell.admission.destinations import check_run_destinations
 from durable_agents_controllers.manager import Manager
 from durable_agents_controllers.reveal import reveal_hook
 from durable_agents_controllers.webhook_serving import WebhookServing
@@ -139,7 +140,8 @@ class Admission:
     ) -> str | None:
         kube = self.manager.kube
         if operation == "CREATE":
-            return await admission.check_create(kube, new, user, keyring)
+            refused = await admission.check_create(kube, new, user, keyring)
+            return refused or await check_run_destinations(new, self.manager.policies)
         if operation != "UPDATE":
             return None
         spec = AgentRunSpec.model_validate(new.get("spec") or {})

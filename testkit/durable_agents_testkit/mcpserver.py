@@ -412,9 +412,11 @@ class _ConnectionDropper:
 
     def __init__(self, app: _ASGIApp) -> None:
         self._app = app
+        self.http_requests = 0  # every HTTP request that reached the server (a listing, a call)
 
     async def __call__(self, scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
         if scope.get("type") == "http":
+            self.http_requests += 1
             transport = getattr(getattr(receive, "__self__", None), "transport", None)
             if transport is not None:
                 scope[_DROP_SCOPE_KEY] = transport.close
@@ -442,6 +444,7 @@ class McpServerThread(LoopThread[int]):
         self._server = make_server(self.system, hide=hide, page_size=page_size)
         self._host = host
         self._requested_port = port
+        self._dropper: _ConnectionDropper | None = None
         super().__init__("the MCP server", self._listen)
 
     @property
@@ -463,8 +466,9 @@ class McpServerThread(LoopThread[int]):
             app = self._server.streamable_http_app(streamable_http_path=MCP_PATH, host=self._host)
             # log_config=None: leave the process's logging configuration alone (but for uvicorn's
             # own loggers' level: its start/stop lines at INFO are noise here).
+            self._dropper = _ConnectionDropper(app)
             config = uvicorn.Config(
-                _ConnectionDropper(app),
+                self._dropper,
                 http="h11",
                 lifespan="on",
                 log_config=None,
@@ -488,6 +492,10 @@ class McpServerThread(LoopThread[int]):
     def counts(self) -> dict[str, int]:
         """Applications of ``close_ticket`` per idempotency key."""
         return self.call(self.system.counts)
+
+    def http_requests(self) -> int:
+        """HTTP requests the server received (listings and calls alike, answered or not)."""
+        return self.call(lambda: self._dropper.http_requests if self._dropper is not None else 0)
 
     def applied(self, key: str) -> int:
         return self.call(lambda: self.system.applied(key))

@@ -51,6 +51,16 @@ SWITCHED = {
     "monitoring.prometheusRule.enabled": "PrometheusRule",
 }
 
+# The operator's egress built from the policies' destinations (issue 32, item 7).
+EGRESS: dict[str, Any] = {
+    "enabled": True,
+    "apiServer": {"to": [{"ipBlock": {"cidr": "10.0.0.1/32"}}]},
+    "destinations": [
+        {"url": "https://payments.example.com/v1", "to": [{"ipBlock": {"cidr": "203.0.113.10/32"}}]},
+        {"url": "HTTP://tickets.example.com:8080/mcp", "to": [{"ipBlock": {"cidr": "203.0.113.11/32"}}]},
+    ],
+}
+
 # Values the chart supports besides its defaults, each rendered, linted and dry-run applied.
 VALUE_SETS: dict[str, dict[str, Any]] = {
     "defaults": {},
@@ -78,6 +88,10 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "nodeSelector": {"kubernetes.io/os": "linux"},
         "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "ops", "effect": "NoSchedule"}],
         "podAnnotations": {"example.com/team": "ops"},
+    },
+    "egress-network-policy": {
+        # both NetworkPolicies (the SWITCHED check looks at the kind): ingress and egress
+        "networkPolicy": {"enabled": True, "egress": EGRESS},
     },
     "cert-manager-self-signed": {"webhook": {"certManager": {"enabled": True}}},
     "monitoring": {
@@ -445,3 +459,43 @@ def test_with_cert_manager_the_operator_may_only_read_its_certificate(helm: str)
     [deployment] = [d for d in default if d["kind"] == "Deployment"]
     names = {e["name"] for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert "DURABLE_AGENTS_WEBHOOK_CERT_ISSUER" not in names
+
+
+def test_the_egress_network_policy_takes_each_destinations_port_from_its_url(
+    helm: str, tmp_path: Path
+) -> None:
+    path = tmp_path / "values.yaml"
+    path.write_text(yaml.safe_dump({"networkPolicy": {"egress": EGRESS}}))
+    docs = render(helm, "ns", "--values", str(path))
+    [egress] = [doc for doc in docs if doc["kind"] == "NetworkPolicy"]
+    assert egress["spec"]["policyTypes"] == ["Egress"]
+    ports = [([p["port"] for p in rule["ports"]], rule.get("to")) for rule in egress["spec"]["egress"]]
+    assert ports[0] == ([443, 6443], EGRESS["apiServer"]["to"]), "the API server first"
+    assert ports[1][0] == [53, 53], "cluster DNS"
+    assert ports[2:] == [([443], EGRESS["destinations"][0]["to"]), ([8080], EGRESS["destinations"][1]["to"])]
+
+
+@pytest.mark.parametrize(
+    ("egress", "said"),
+    [
+        ({"enabled": True}, "networkPolicy.egress.apiServer.to"),
+        ({**EGRESS, "destinations": [{"url": "https://a.example/", "to": []}]}, "to"),
+        (
+            {
+                **EGRESS,
+                "destinations": [
+                    {"url": "https://u@a.example/", "to": [{"ipBlock": {"cidr": "1.2.3.4/32"}}]}
+                ],
+            },
+            "url",
+        ),
+    ],
+)
+def test_an_egress_that_would_allow_everything_or_names_no_url_is_refused(
+    helm: str, tmp_path: Path, egress: dict[str, Any], said: str
+) -> None:
+    path = tmp_path / "values.yaml"
+    path.write_text(yaml.safe_dump({"networkPolicy": {"egress": egress}}))
+    result = run([helm, "template", RELEASE, str(CHART), "--values", str(path)])
+    assert result.returncode != 0, f"helm template accepted {egress}"
+    assert said in result.stderr, result.stderr

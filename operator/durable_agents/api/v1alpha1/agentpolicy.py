@@ -205,6 +205,40 @@ class McpPolicy(ApiModel):
     )
 
 
+DESTINATION_PATTERN = r"^[hH][tT][tT][pP][sS]?://[^\s@?#]+$"  # no userinfo, query or fragment
+DestinationEntry = Annotated[str, Field(max_length=2048, pattern=DESTINATION_PATTERN)]
+
+
+class Destinations(ApiModel):
+    """Where the runs this policy governs may send (core/destinations.py): URL prefixes (scheme,
+    host, optional port, path prefix matched on segment boundaries), compared after normalisation
+    (case, default port, IDN, trailing dot). A category left out is not restricted by this policy;
+    an empty list allows nothing. A cluster baseline may narrow: a URL must be allowed by every
+    policy that applies."""
+
+    effects: dict[str, list[DestinationEntry]] | None = Field(
+        default=None,
+        max_length=32,
+        description=(
+            "Per effect kind (http.post, an installed one), the prefixes its target.url and "
+            "target.queryUrl may name; an effect kind not listed may name no URL. Unset: any."
+        ),
+    )
+    mcp_servers: list[DestinationEntry] | None = Field(
+        default=None,
+        max_length=64,
+        description=(
+            "Prefixes spec.agent.mcpServers[].url may name (listing, read and consequential calls). "
+            "Unset: any."
+        ),
+    )
+    model_endpoints: list[DestinationEntry] | None = Field(
+        default=None,
+        max_length=64,
+        description="Prefixes spec.agent.endpoint.baseUrl may name. Unset: any.",
+    )
+
+
 class AgentPolicySpec(ApiModel):
     """GitOps-owned: the operator reads it and records ``version`` in every run it governs."""
 
@@ -255,6 +289,13 @@ class AgentPolicySpec(ApiModel):
     mcp: McpPolicy = Field(
         default_factory=lambda: McpPolicy(),
         description="MCP servers whose tool annotations are trusted (none by default).",
+    )
+    destinations: Destinations | None = Field(
+        default=None,
+        description=(
+            "Where effects, MCP calls and model calls of the runs it governs may go (refused at "
+            "admission, checked again before every send). Unset: anywhere."
+        ),
     )
     default_region: str | None = Field(
         default=None,

@@ -7,6 +7,7 @@ from dataclasses import replace
 from durable_agents.api.v1alpha1 import Outcome
 from durable_agents.core.agent.planner import ModelPlanner, ModelTurnNeeded
 from durable_agents.core.checkpoint import PendingAction, ToolCallRecord
+from durable_agents.core.destinations import effect_refusal
 from durable_agents.core.engine.actions import action_spec
 from durable_agents.core.engine.approvals import approved_for, request_approval
 from durable_agents.core.engine.children import start_child
@@ -159,12 +160,29 @@ def _read_object(
     )
 
 
+DESTINATION_NOT_ALLOWED = "DestinationNotAllowed"
+
+
+def _destination_refused(run: RunSnapshot, step: PerformEffect, settings: Settings, index: int) -> str | None:
+    """Why the effect's target is outside the run's policy's ``spec.destinations`` now, or None."""
+    if settings.policy is None:
+        return None
+    where = f"tool {step.tool} target" if step.tool else f"spec.steps[{index}].effect.target"
+    source = f"AgentPolicy {run.namespace}/{settings.policy_name}"
+    return effect_refusal(source, settings.policy, step.effect, step.target, where)
+
+
 def _perform_effect(
     builder: CommitBuilder, run: RunSnapshot, step: PerformEffect, settings: Settings
 ) -> Commit:
     """Commit the effect's intent and wait for its outcome; first an approval, if the policy wants one."""
     cp = builder.cp
     index = cp.position.step
+    refused = _destination_refused(run, step, settings, index)
+    if refused is not None:  # nothing to approve or send: the policy does not allow where it lands
+        return attempt_failed(
+            builder, settings, DESTINATION_NOT_ALLOWED, refused, f"step {step.name}: refused"
+        )
     spec = action_spec(run, index, step, settings, cp.retry.attempts)
     policy = settings.policy
     approved = None

@@ -14,6 +14,7 @@ from typing import Any, Final
 
 from durable_agents.api.v1alpha1 import Identity
 from durable_agents.core.sealing import Keyring
+from durable_agents.shell.admission.destinations import policy_entry_refusal
 from durable_agents.shell.admission.policy_integrity import check_integrity
 from durable_agents.shell.admission.policy_preview import PolicyPreviewer, preview_warnings, previewer_for
 from durable_agents.shell.ground.kube import Kube
@@ -50,7 +51,7 @@ async def check_policy(
     previewer: PolicyPreviewer | None = None,
 ) -> PolicyVerdict:
     """Whether this AgentPolicy change is refused, and the warnings it carries back."""
-    refused = await check_integrity(
+    refused = policy_entry_refusal(review.new) or await check_integrity(
         kube, review.operation, review.new, review.old, review.user, policies, keyring
     )
     if refused is not None:

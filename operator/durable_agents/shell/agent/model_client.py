@@ -79,6 +79,9 @@ class ModelClient:
                 api_key=endpoint.api_key or NO_KEY,
                 max_retries=0,
                 timeout=endpoint.timeout_seconds,
+                # A redirect is not followed (the SDK's default would): it could land on a host
+                # outside the policy's modelEndpoints; it reaches the run as a failed call.
+                http_client=openai.DefaultAsyncHttpxClient(follow_redirects=False),
             )
             self._clients[endpoint] = client
         return client

@@ -35,6 +35,7 @@ from durable_agents.core.agent.mcp_trust import McpTrust, hinted_tier, mcp_trust
 from durable_agents.core.agent.planner import AgentInputs, ModelPlanner
 from durable_agents.core.agent.tools import DESCRIPTION_MAX, ToolDeclaration, ToolDeclarationError, mcp_tool
 from durable_agents.core.checkpoint import ActionTier as TierName
+from durable_agents.core.destinations import of_policy, run_refusal
 from durable_agents.core.durations import parse_duration
 from durable_agents.core.engine import RunSnapshot, Settings
 from durable_agents.core.planner import PlannedStep, Planner, PlannerError, PlanningContext
@@ -59,6 +60,16 @@ class RefusingPlanner:
 
     def next_step(self, context: PlanningContext) -> PlannedStep:
         raise PlannerError(self.why)
+
+
+def destinations_refused(run: RunSnapshot, settings: Settings) -> str | None:
+    """Why the model endpoint, an MCP server or an effect tool's target of this run is outside
+    its policy's allowlist now (the worker's second line, before any listing or call), or None."""
+    if settings.policy is None:
+        return None
+    source = f"AgentPolicy {run.namespace}/{settings.policy_name}"
+    wire = {"agent": run.spec.agent.model_dump(mode="json", by_alias=True) if run.spec.agent else {}}
+    return run_refusal(wire, [of_policy(source, settings.policy)])
 
 
 class Unresolvable(Exception):
@@ -118,6 +129,11 @@ class AgentResolver:
         key = (run.namespace, run.name)
         held, tiers = self._resolved.get(key), _mcp_tiers(settings)
         trust = mcp_trust(settings.policy)  # the policy's, at every unit of work: never stale
+        refused = destinations_refused(run, settings)
+        if refused is not None:  # nothing is listed, called or sent: checked at every unit of work
+            log.warning("run %s/%s: %s", *key, refused)
+            self._resolved[key] = Resolved(None, None, refused, time.monotonic(), tiers, trust)
+            return
         if held is not None and time.monotonic() - held.at < self.ttl:
             if (held.mcp_tiers, held.mcp_trust) != (tiers, trust):
                 self._resolved[key] = replace(held, mcp_tiers=tiers, mcp_trust=trust)

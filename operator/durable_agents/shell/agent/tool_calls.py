@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING
 
 from opentelemetry.trace import SpanKind
 
+from durable_agents.core.destinations import destination_refusal, of_policy
 from durable_agents.core.durations import parse_duration
-from durable_agents.core.engine import NeedToolCall, ReadResult, RunSnapshot
+from durable_agents.core.engine import NeedToolCall, ReadResult, RunSnapshot, Settings
 from durable_agents.shell.agent.mcp_tools import McpError, bounded_content, call_tool
 from durable_agents.shell.ground import metrics, tracing
 
@@ -27,6 +28,24 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT = 30.0
+DESTINATION_NOT_ALLOWED = "DestinationNotAllowed"
+
+
+def refused_destination(run: RunSnapshot, need: NeedToolCall, settings: Settings | None) -> ReadResult | None:
+    """The call's error result when its server's URL is outside the run's policy's allowlist now
+    (checked before every call: a policy may have narrowed since the call was proposed), else None."""
+    if settings is None or settings.policy is None:
+        return None
+    source = f"AgentPolicy {run.namespace}/{settings.policy_name}"
+    field = f"the MCP server {need.step.server!r} (spec.agent.mcpServers[].url)"
+    problem = destination_refusal(
+        [of_policy(source, settings.policy)], field, "mcpServers", "", need.step.url
+    )
+    if problem is None:
+        return None
+    metrics.MCP_CALLS.labels(DESTINATION_NOT_ALLOWED).inc()
+    log.warning("%s/%s MCP read %s not sent: %s", run.namespace, run.name, need.step.tool, problem)
+    return ReadResult(need.step_index, error_reason=DESTINATION_NOT_ALLOWED, error_message=problem[:1024])
 
 
 def _timeout(run: RunSnapshot, server: str) -> float:

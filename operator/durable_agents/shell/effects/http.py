@@ -4,6 +4,8 @@ target: ``{"url": "...", "queryUrl": "..."}``; the query is ``GET queryUrl?key=<
 applied, 404: not applied). 2xx is applied; 4xx other than 408/409/425/429 is a definite failure;
 5xx, timeouts and dropped connections are unknown. A target that is no http(s) URL (missing,
 unparseable, no host) is a definite ``InvalidTarget`` failure: nothing was sent, so nothing is unknown.
+A redirect is never followed (it could lead outside the policy's ``spec.destinations``): a 3xx
+answer to the POST is unknown (the receiver may have applied it), reconciled by the query.
 """
 
 from __future__ import annotations
@@ -83,7 +85,9 @@ class HttpPost:
         try:
             async with (
                 aiohttp.ClientSession(timeout=timeout) as session,
-                session.post(url, json=action.arguments, headers=_headers(action.key)) as resp,
+                session.post(
+                    url, json=action.arguments, headers=_headers(action.key), allow_redirects=False
+                ) as resp,
             ):
                 body = await _json(resp)
                 if 200 <= resp.status < 300:
@@ -110,7 +114,7 @@ class HttpPost:
         try:
             async with (
                 aiohttp.ClientSession(timeout=timeout) as session,
-                session.get(url, params={"key": action.key}) as resp,
+                session.get(url, params={"key": action.key}, allow_redirects=False) as resp,
             ):
                 body = await _json(resp)
                 if resp.status == 200:

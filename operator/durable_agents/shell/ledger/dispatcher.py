@@ -49,7 +49,7 @@ from durable_agents.shell.ground.store import Conflict, Gone, RunStore
 from durable_agents.shell.ground.workqueue import WorkQueue
 from durable_agents.shell.intake.policies import PolicyCache
 from durable_agents.shell.ledger.actions import ActionStore, FirstClaims
-from durable_agents.shell.ledger.intent_checks import check_intent
+from durable_agents.shell.ledger.intent_checks import DESTINATION_NOT_ALLOWED, check_intent, query_refusal
 from durable_agents.shell.ledger.query_pacing import QueryPacing, observe_unknown_duration
 from durable_agents.shell.ledger.reconciling import PersonAnswers, system_said
 from durable_agents.shell.ledger.record_writes import RecordWrites
@@ -441,6 +441,11 @@ class Dispatcher(Background):
             run_body = await self.runs.get(body["metadata"]["namespace"], spec.run_ref.name)
         except Gone:
             run_body = None
+        refused = await query_refusal(body, spec, run_body, self.policies)
+        if refused is not None:  # kept unknown and visible: a person reconciles it, or the list grows
+            await self.writes.event(body, DESTINATION_NOT_ALLOWED, f"not queried: {refused}", warning=True)
+            self.queue.wake_at(self._key(body), self.pacing.asked(self._key(body), status.queries))
+            return None
         ctx = self._context(spec, body["metadata"]["namespace"], run_body)
         try:
             action = action_of(spec, run_body, self.config.keyring)

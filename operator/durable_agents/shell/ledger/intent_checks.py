@@ -13,6 +13,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from durable_agents.api.v1alpha1 import ActionRecordSpec
+from durable_agents.core.destinations import effect_refusal
 from durable_agents.core.engine import RunSnapshot, Settings
 from durable_agents.core.engine.actions import PolicyUnknown, Refused, Unverified, intent_refusal
 from durable_agents.shell.agent.resolver import AgentResolver
@@ -20,6 +21,15 @@ from durable_agents.shell.ground.store import Gone, RunStore
 from durable_agents.shell.intake.policies import PolicyCache
 
 Verdict = Refused | Unverified | None
+DESTINATION_NOT_ALLOWED = "DestinationNotAllowed"
+
+
+def target_refusal(namespace: str, spec: ActionRecordSpec, settings: Settings) -> str | None:
+    """Why this record's target names a URL its run's policy does not allow now, or None."""
+    if settings.policy is None:
+        return None
+    source = f"AgentPolicy {namespace}/{settings.policy_name}"
+    return effect_refusal(source, settings.policy, spec.effect, spec.target, "ActionRecord spec.target")
 
 
 async def check_intent(
@@ -47,8 +57,30 @@ async def check_intent(
             why = f"its AgentPolicy {run.spec.policy_ref.name!r} is missing or not usable"
             return Unverified(PolicyUnknown("PolicyMissing", why)), run_body
         settings = policies.settings_for(run, settings, read)
+    problem = target_refusal(namespace, spec, settings)
+    if problem is not None:  # where it would land: the policy's allowlist, now (the second line)
+        return Refused(problem, reason=DESTINATION_NOT_ALLOWED), run_body
     # A model run's pending call is rebuilt from its tools (MCP servers listed) and the
     # checkpoint's sealed arguments; inputs that cannot be resolved send nothing.
     await agents.prepare(run, settings)
     planner = agents.planner_for(run)
     return intent_refusal(run, body["metadata"]["name"], spec, planner, settings), run_body
+
+
+async def query_refusal(
+    body: dict[str, Any], spec: ActionRecordSpec, run_body: dict[str, Any] | None, policies: PolicyCache
+) -> str | None:
+    """Why a reconciliation query of this record may not be sent now (its target is outside its
+    run's policy's allowlist), or None. Without its run the record's own target is all there is."""
+    if run_body is None:
+        return None
+    try:
+        run = RunSnapshot.from_object(run_body)
+    except (ValidationError, KeyError):
+        return None  # the query path keeps asking as before; the dispatch path refuses such a run
+    if run.spec.policy_ref is None:
+        return None
+    namespace = body["metadata"]["namespace"]
+    policy = await policies.read(namespace, run.spec.policy_ref.name, fresh=True)
+    settings = Settings(policy_name=run.spec.policy_ref.name, policy=policy)
+    return target_refusal(namespace, spec, settings)

@@ -21,8 +21,9 @@ from durable_agents.core.engine import (
     NeedToolCall,
     Observations,
     RunSnapshot,
+    Settings,
 )
-from durable_agents.shell.agent.tool_calls import call_read_tool
+from durable_agents.shell.agent.tool_calls import call_read_tool, refused_destination
 from durable_agents.shell.ledger.actions import ActionStore
 from durable_agents.shell.runs.children import ChildRuns
 from durable_agents.shell.runs.evidence import EvidenceReader
@@ -46,7 +47,12 @@ class Observers:
         return None
 
     async def observe(
-        self, run: RunSnapshot, decision: Decision, now: datetime, seen: Observations
+        self,
+        run: RunSnapshot,
+        decision: Decision,
+        now: datetime,
+        seen: Observations,
+        settings: Settings | None = None,
     ) -> Observations | None:
         """``seen`` with whatever ``decision`` asks to be observed; None when it asks for nothing
         observed here (a model turn, an idle, a commit)."""
@@ -55,6 +61,7 @@ class Observers:
         if isinstance(decision, NeedEvidence):
             fresh = {ref.id: await self.reader.reread(run, ref, now) for ref in decision.refs}
             return replace(seen, fresh_evidence=fresh)
-        if isinstance(decision, NeedToolCall):
-            return replace(seen, read=await call_read_tool(run, decision))
+        if isinstance(decision, NeedToolCall):  # its server: the policy's allowlist, now
+            refused = refused_destination(run, decision, settings)
+            return replace(seen, read=refused or await call_read_tool(run, decision))
         return await self.records(run, decision, seen)

@@ -427,7 +427,7 @@ class RunWorker(Background):
             decision = decide(
                 snap, now=now, epoch=right.epoch, planner=planner, settings=settings, observed=observed
             )
-            seen = await self.observers.observe(snap, decision, now, observed)
+            seen = await self.observers.observe(snap, decision, now, observed, settings)
             if seen is not None:
                 observed = seen
                 continue
