@@ -23,16 +23,17 @@ import pytest
 import yaml
 from e2e.test_approvals import decide, pending, people, policy_known, webhook_operator
 from kubernetes import client
+from kubernetes.client.rest import ApiException
 
 from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents.kubectl import policy as kubectl_policy
 from durable_agents_testkit.cluster import KubeEnv
-from durable_agents_testkit.eventually import Within
+from durable_agents_testkit.eventually import Within, eventually
 from durable_agents_testkit.localcluster.controlplane import LocalControlPlane
 from durable_agents_testkit.operator_process import OperatorProcess
 from durable_agents_testkit.rbac import grant, group, rule, service_account
 from durable_agents_testkit.refsystem import ReferenceSystemThread
-from durable_agents_testkit.runs import Runs, assert_history_is_gapless
+from durable_agents_testkit.runs import Runs, assert_history_is_gapless, written_by_clients
 
 __all__ = ["people", "webhook_operator"]  # fixtures, shared with test_approvals
 pytestmark = pytest.mark.local_plane("users", "webhook")
@@ -199,19 +200,34 @@ def test_the_preview_predicts_what_the_new_version_does_run_by_run(
         n: r["requestId"] for n, r in requests.items()
     }
     after = paula.get_namespaced_custom_object(GROUP, VERSION, runs.namespace, "agentpolicies", "payments")
-    assert after["metadata"]["resourceVersion"] == stored["metadata"]["resourceVersion"], (
-        "dry runs store nothing"
-    )
+    # (the operator writes the policy's status meanwhile: the object as clients wrote it is compared)
+    assert written_by_clients(after) == written_by_clients(stored), "dry runs store nothing"
     assert refsystem.counts() == {}
     assert op.logged(
         f"policy preview of {runs.namespace}/payments: 6 run(s) under it, from the AgentRun watch"
     )
 
     # v2 for real (the real apply carries the same warnings), then every request is approved.
-    body = {**V2, "metadata": {"name": "payments", "resourceVersion": stored["metadata"]["resourceVersion"]}}
-    _, _, headers = paula.replace_namespaced_custom_object_with_http_info(
-        GROUP, VERSION, runs.namespace, "agentpolicies", "payments", body
-    )
+    # (a replace under the resourceVersion read: the operator's status writes may move it first)
+    def replace_with_v2() -> Any:
+        current = paula.get_namespaced_custom_object(
+            GROUP, VERSION, runs.namespace, "agentpolicies", "payments"
+        )
+        body = {
+            **V2,
+            "metadata": {"name": "payments", "resourceVersion": current["metadata"]["resourceVersion"]},
+        }
+        try:
+            return paula.replace_namespaced_custom_object_with_http_info(
+                GROUP, VERSION, runs.namespace, "agentpolicies", "payments", body
+            )
+        except ApiException as err:
+            if err.status != 409:
+                raise
+            return None
+
+    replaced = eventually(replace_with_v2, Within.COMMIT, "v2 replaced under a current resourceVersion")
+    _, _, headers = replaced
     real = kubectl_policy.parse(kubectl_policy.warnings_of(headers))
     assert {r["name"]: r["prediction"] for r in real["runs"]} == predicted
     policy_known(op, runs, "v2")

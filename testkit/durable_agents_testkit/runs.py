@@ -221,3 +221,16 @@ def assert_one_holder_at_a_time(run: dict[str, Any]) -> set[str]:
     epochs = [epoch for _, epoch in pairs]
     assert epochs == sorted(epochs), f"{name}: an epoch went back: {pairs}"
     return {holder for holder, _ in pairs}
+
+
+def written_by_clients(obj: dict[str, Any]) -> dict[str, Any]:
+    """What clients wrote of an object: all but its status, its resourceVersion and the status
+    subresource's managedFields entries. The operator writes an AgentPolicy's status on its own
+    pace; a write of the object itself (spec, labels, annotations, a field manager) still shows."""
+    meta = {k: v for k, v in obj.get("metadata", {}).items() if k != "resourceVersion"}
+    meta["managedFields"] = [
+        {k: v for k, v in m.items() if k != "time"}
+        for m in meta.get("managedFields") or []
+        if m.get("subresource") != "status"
+    ]
+    return {k: v for k, v in obj.items() if k != "status"} | {"metadata": meta}
