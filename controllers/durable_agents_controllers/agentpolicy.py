@@ -12,7 +12,14 @@ import kopf
 
 from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents.core.request_stamps import identity_of
-from durable_agents.shell.admission.policies import POLICY_PATH, PolicyReview, check_policy
+from durable_agents.shell.admission.policies import (
+    CLUSTER_POLICY_PATH,
+    CLUSTER_POLICY_PLURAL,
+    POLICY_PATH,
+    PolicyReview,
+    check_policy,
+)
+from durable_agents.shell.intake.policies import CLUSTER
 from durable_agents_controllers.manager import Manager
 
 
@@ -20,6 +27,14 @@ def register(registry: kopf.OperatorRegistry, manager: Manager) -> None:
     @kopf.on.event(GROUP, VERSION, "agentpolicies", registry=registry)
     async def agentpolicy_event(event: kopf.RawEvent, **_: Any) -> None:
         for run in manager.policies.observe(event.get("type"), dict(event["object"])):
+            manager.worker.enqueue(run)
+
+    # ClusterAgentPolicies: the same cache, keyed ("", name) (a cluster baseline, or named).
+    @kopf.on.event(GROUP, VERSION, CLUSTER_POLICY_PLURAL, registry=registry)
+    async def clusteragentpolicy_event(event: kopf.RawEvent, **_: Any) -> None:
+        body: dict[str, Any] = dict(event["object"])
+        body["metadata"] = {**dict(body.get("metadata") or {}), "namespace": CLUSTER}
+        for run in manager.policies.observe(event.get("type"), body):
             manager.worker.enqueue(run)
 
     if manager.config.webhook_port is None:
@@ -48,5 +63,13 @@ def register(registry: kopf.OperatorRegistry, manager: Manager) -> None:
         "agentpolicies",
         id=POLICY_PATH,
         operations=["CREATE", "UPDATE", "DELETE"],
+        registry=registry,
+    )(review_policy)
+    kopf.on.validate(
+        GROUP,
+        VERSION,
+        CLUSTER_POLICY_PLURAL,
+        id=CLUSTER_POLICY_PATH,
+        operations=["CREATE", "UPDATE"],
         registry=registry,
     )(review_policy)

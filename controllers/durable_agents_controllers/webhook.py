@@ -143,10 +143,9 @@ class Admission:
         if operation != "UPDATE":
             return None
         spec = AgentRunSpec.model_validate(new.get("spec") or {})
-        policy = None
-        if spec.policy_ref is not None:
-            namespace = (new.get("metadata") or {}).get("namespace") or ""
-            policy = self.manager.policies.get((namespace, spec.policy_ref.name))
+        namespace = (new.get("metadata") or {}).get("namespace") or ""
+        status = (old or {}).get("status") or {}
+        policy = self.manager.policies.governing_spec(namespace, spec, status)  # named or default
         previous = dict(old) if old is not None else None
         return await admission.check_update(kube, new, previous, user, policy, keyring)
 

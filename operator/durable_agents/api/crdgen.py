@@ -193,6 +193,12 @@ KINDS: tuple[Kind, ...] = (
             Column("Waiting For", ".status.waitingFor", description="What a waiting run needs"),
             Column("In State", ".status.stateSince", "date", "Time in the current state"),
             Column("Outcome", ".status.outcome.reason", description="Terminal outcome"),
+            Column(
+                "Policy",
+                ".status.checkpoint.policy.name",
+                description="The policy resolved at acceptance (none: read-only work only)",
+            ),
+            Column("Policy Version", ".status.checkpoint.policy.version", priority=1),
             Column("Task", ".spec.taskType", priority=1),
             Column("Region", ".spec.region", description="Home region (the deployment serving it)"),
             Column(
@@ -246,6 +252,22 @@ KINDS: tuple[Kind, ...] = (
         status=None,
         columns=(
             Column("Version", ".spec.version"),
+            Column("Default", ".spec.default", "boolean", "Governs the namespace's runs that name none"),
+            Column("Mandatory", ".spec.mandatory", "boolean", "Runs of the namespace may name no other", 1),
+            Column("Age", ".metadata.creationTimestamp", "date"),
+        ),
+    ),
+    Kind(
+        kind="ClusterAgentPolicy",
+        model=api.ClusterAgentPolicy,
+        plural="clusteragentpolicies",
+        short_names=("capol",),
+        spec=api.AgentPolicySpec,
+        status=None,
+        scope="Cluster",
+        columns=(
+            Column("Version", ".spec.version"),
+            Column("Default", ".spec.default", "boolean", "The baseline of namespaces without a default"),
             Column("Age", ".metadata.creationTimestamp", "date"),
         ),
     ),

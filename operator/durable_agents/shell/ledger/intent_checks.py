@@ -15,6 +15,7 @@ from pydantic import ValidationError
 from durable_agents.api.v1alpha1 import ActionRecordSpec
 from durable_agents.core.engine import RunSnapshot, Settings
 from durable_agents.core.engine.actions import Refused, Unverified, intent_refusal
+from durable_agents.core.policy_resolution import Resolved
 from durable_agents.shell.agent.resolver import AgentResolver
 from durable_agents.shell.ground.store import Gone, RunStore
 from durable_agents.shell.intake.policies import PolicyCache
@@ -41,9 +42,14 @@ async def check_intent(
         run = RunSnapshot.from_object(run_body)
     except (ValidationError, KeyError) as err:
         return Refused(f"its run {spec.run_ref.name!r} cannot be read: {err}"[:1024]), run_body
-    if run.spec.policy_ref is not None:  # its approval rules: a fresh read, as the worker waits for it
-        read = await policies.read(namespace, run.spec.policy_ref.name, fresh=True)
+    found = policies.governing(run)
+    if isinstance(found, Resolved):  # its approval rules: a fresh read, as the worker waits for it
+        read = await policies.read(*found.key, fresh=True)
+        if read is None:
+            return Refused(f"its run's {found.describe()} cannot be read: nothing is sent"), run_body
         settings = policies.settings_for(run, settings, read)
+    else:  # no policy governs the run (or its scope's policies contradict): read-only work only
+        settings = policies.settings_for(run, settings)
     # A model run's pending call is rebuilt from its tools (MCP servers listed) and the
     # checkpoint's sealed arguments; inputs that cannot be resolved send nothing.
     await agents.prepare(run, settings)

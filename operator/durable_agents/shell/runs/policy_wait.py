@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from durable_agents.core.engine import RunSnapshot
+from durable_agents.core.policy_resolution import Blocked, Resolved, Ungoverned
 from durable_agents.shell.ground.kube import ObjectKey
 from durable_agents.shell.ground.store import RunStore
 from durable_agents.shell.intake.policies import PolicyCache
@@ -33,20 +34,35 @@ class PolicyWait:
         self.enqueue = enqueue  # a run that waited for a policy read here is looked at again
 
     async def ready(self, key: ObjectKey, body: dict[str, Any], run: RunSnapshot) -> bool:
-        """False (and the run waits, saying why once) while the AgentPolicy it names is not known.
-        A run that ended needs none."""
-        ref = run.spec.policy_ref
-        if ref is None or run.state.terminal or await self._known(run.namespace, ref.name):
+        """False (and the run waits, saying why once) while the policy that governs it is not
+        known, or its scope's policies contradict each other (two defaults; a mandatory default
+        and a run naming another). A run that ended needs none; a run no policy governs goes on
+        (read-only work only: the engine refuses the rest with PolicyRequired)."""
+        if run.state.terminal:
             return True
-        if self.policies.wait_for((run.namespace, ref.name), key):
-            log.warning("run %s/%s waits for its AgentPolicy %r to be known", *key, ref.name)
+        found = self.policies.governing(run)
+        if not isinstance(found, Resolved):  # judged on a full list, not on a watch still filling
+            await self.policies.refresh_scope(run.namespace)
+            found = self.policies.governing(run)
+        if isinstance(found, Ungoverned):
+            return True
+        if isinstance(found, Blocked):
+            if self.policies.wait_for((run.namespace, ""), key):
+                log.warning("run %s/%s waits: %s", *key, found.message)
+                await self.events.record(body, found.reason, f"{found.message}: nothing runs", warning=True)
+                await self.store.note_waiting(body, f"agentpolicy:{found.reason}")
+            return False
+        if await self._known(*found.key):
+            return True
+        if self.policies.wait_for(found.key, key):
+            log.warning("run %s/%s waits for its %s to be known", *key, found.describe())
             await self.events.record(
                 body,
                 "PolicyNotFound",
-                f"waiting for AgentPolicy {ref.name!r}: nothing runs without it",
+                f"waiting for {found.describe()}: nothing runs without it",
                 warning=True,
             )
-            await self.store.note_waiting(body, f"agentpolicy:{ref.name}")
+            await self.store.note_waiting(body, f"{found.kind.lower()}:{found.name}")
         return False
 
     async def _known(self, namespace: str, name: str) -> bool:
