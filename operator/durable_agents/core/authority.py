@@ -325,8 +325,10 @@ def service_account_unproven(
     if found is None:
         return None
     who = f" by {creator.username!r}" if creator is not None else ""
+    ref = spec.policy_ref
+    under = f" under {ref.kind.value} {ref.name!r}" if ref is not None else ""
     return Unproven(
-        found.reason, f"{found.message}; no proof that its creator{who} may use ServiceAccount {sa!r}"
+        found.reason, f"{found.message}; no proof that its creator{who} may use ServiceAccount {sa!r}{under}"
     )
 
 
