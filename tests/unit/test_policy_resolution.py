@@ -33,7 +33,7 @@ def policy(draw: st.DrawFn, cluster: bool = False) -> AgentPolicySpec:
     return AgentPolicySpec(version=draw(st.sampled_from(["1", "2"])), default=default, mandatory=mandatory)
 
 
-REFS = st.none() | st.builds(PolicyReference, kind=st.sampled_from(list(PolicyKind)), name=NAMES)
+REFS = st.none() | st.builds(PolicyReference, kind=st.none() | st.sampled_from(list(PolicyKind)), name=NAMES)
 
 
 def expected(
@@ -47,10 +47,10 @@ def expected(
     mandatory = [n for n in defaults if local[n].mandatory]
     if ref is not None:
         if mandatory and not (
-            len(mandatory) == 1 and ref.kind is PolicyKind.AGENT_POLICY and ref.name == mandatory[0]
+            len(mandatory) == 1 and ref.policy_kind is PolicyKind.AGENT_POLICY and ref.name == mandatory[0]
         ):
             return ("blocked", POLICY_MANDATORY, None)
-        return ("resolved", ref.kind.value, ref.name)
+        return ("resolved", ref.policy_kind.value, ref.name)
     if len(defaults) == 1:
         return ("resolved", "AgentPolicy", defaults[0])
     if defaults:

@@ -101,7 +101,7 @@ def retry_proof(run_id: str, token: str, request: ControlRequest | None) -> dict
 
 def policy_proof(ref: PolicyReference | None) -> dict[str, str] | None:
     """What a creation stamp says of the policy the run names (None: it names none)."""
-    return None if ref is None else {"kind": ref.kind.value, "name": ref.name}
+    return None if ref is None else {"kind": ref.policy_kind.value, "name": ref.name}
 
 
 def service_account_proof(
@@ -326,7 +326,7 @@ def service_account_unproven(
         return None
     who = f" by {creator.username!r}" if creator is not None else ""
     ref = spec.policy_ref
-    under = f" under {ref.kind.value} {ref.name!r}" if ref is not None else ""
+    under = f" under {ref.policy_kind.value} {ref.name!r}" if ref is not None else ""
     return Unproven(
         found.reason, f"{found.message}; no proof that its creator{who} may use ServiceAccount {sa!r}{under}"
     )

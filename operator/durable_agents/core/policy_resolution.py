@@ -80,12 +80,12 @@ def resolve_policy(
     local = _defaults(policies)
     mandatory = [name for name in local if policies[name].mandatory]
     if ref is not None:
-        named_local = ref.kind is PolicyKind.AGENT_POLICY
+        named_local = ref.policy_kind is PolicyKind.AGENT_POLICY
         if mandatory and not (len(mandatory) == 1 and named_local and ref.name == mandatory[0]):
             return Blocked(
                 POLICY_MANDATORY,
                 f"namespace {namespace!r} has a mandatory default AgentPolicy "
-                f"{', '.join(repr(n) for n in mandatory)}: its runs may not name {ref.kind.value} "
+                f"{', '.join(repr(n) for n in mandatory)}: its runs may not name {ref.policy_kind.value} "
                 f"{ref.name!r}; create the run without spec.policyRef",
             )
         if named_local:

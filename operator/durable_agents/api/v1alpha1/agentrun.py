@@ -71,10 +71,15 @@ class PolicyKind(StrEnum):
 class PolicyReference(ApiModel):
     """A policy by kind and name: an AgentPolicy of the run's namespace or a ClusterAgentPolicy."""
 
-    kind: PolicyKind = PolicyKind.AGENT_POLICY
-    """AgentPolicy (the run's namespace; the default) or ClusterAgentPolicy."""
+    kind: PolicyKind | None = None
+    """AgentPolicy (of the run's namespace; unset: this) or ClusterAgentPolicy."""
     name: str = Field(max_length=253, pattern=NAME_PATTERN)
     """The policy's name."""
+
+    @property
+    def policy_kind(self) -> PolicyKind:
+        """The kind named, AgentPolicy when unset."""
+        return self.kind or PolicyKind.AGENT_POLICY
 
 
 class AgentRunSpec(ApiModel):

@@ -145,7 +145,7 @@ async def check_policy_choice(kube: Kube, spec: AgentRunSpec, namespace: str, us
     found = resolve_policy(namespace, ref, await _namespace_policies(kube, namespace), {})
     if isinstance(found, Blocked) and found.reason == POLICY_MANDATORY:
         return f"spec.policyRef: {found.message}"
-    cluster = ref.kind is PolicyKind.CLUSTER_AGENT_POLICY
+    cluster = ref.policy_kind is PolicyKind.CLUSTER_AGENT_POLICY
     resource = "clusteragentpolicies" if cluster else "agentpolicies"
     refused = await refused_verb(kube, user, USE_VERB, resource, "" if cluster else namespace, ref.name)
     if refused is not None:
