@@ -176,7 +176,6 @@ def test_a_run_no_policy_governs_may_only_read_then_a_namespace_default_governs(
     assert columns["Policy"] == ".status.checkpoint.policy.name"
 
 
-@pytest.mark.local_plane("webhook")
 def test_with_the_webhook_off_a_run_no_policy_governs_sends_nothing(
     start_operator: Callable[..., OperatorProcess],
     runs: Runs,
