@@ -21,13 +21,14 @@ import pytest
 from kubernetes import client
 
 from durable_agents.api.v1alpha1 import GROUP, VERSION
+from durable_agents.core.engine.children import child_run_name
 from durable_agents.core.policy_identity import content_digest
 from durable_agents.kubectl import why as kubectl_why
 from durable_agents_testkit.cluster import KubeEnv
 from durable_agents_testkit.eventually import Within, eventually
 from durable_agents_testkit.keys import admitted
 from durable_agents_testkit.operator_process import OperatorProcess
-from durable_agents_testkit.rbac import grant, rule
+from durable_agents_testkit.rbac import grant, rule, service_account
 from durable_agents_testkit.refsystem import ReferenceSystemThread
 from durable_agents_testkit.runs import Runs
 from durable_agents_testkit.scrape import free_port
@@ -308,4 +309,81 @@ def test_with_the_webhook_off_a_run_naming_a_policy_without_a_stamp_for_it_is_no
     # Control: stamped for the policy it names, the same run is acted on (and sent once).
     runs.create(read_then_pay(refsystem.url, readable_configmap, "permissive"), name="control")
     runs.wait_state("control", "completed", timeout=Within.TAKEOVER)
+    assert len(refsystem.counts()) == 1
+
+
+@pytest.mark.local_plane("webhook")
+def test_the_cluster_baseline_governs_a_namespace_without_a_default(
+    kube: KubeEnv,
+    webhook_operator: Callable[[], OperatorProcess],
+    runs: Runs,
+    refsystem: ReferenceSystemThread,
+    readable_configmap: str,
+) -> None:
+    """A ClusterAgentPolicy with default: true governs the runs of a namespace that has no default
+    of its own; a second cluster default is refused. Deleted afterwards: it would govern every
+    other test's runs."""
+    custom = runs.custom
+    baseline = f"baseline-{runs.namespace}"
+    spec = {
+        "version": "b1",
+        "default": True,
+        "tiers": {"http.post": "consequential"},
+        "approvalRequiredTiers": ["consequential"],
+    }
+    body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ClusterAgentPolicy", "metadata": {"name": baseline}}
+    made = custom.create_cluster_custom_object(GROUP, VERSION, "clusteragentpolicies", {**body, "spec": spec})
+    try:
+        webhook_operator()
+        second = {**body, "metadata": {"name": f"{baseline}-2"}, "spec": spec}
+        message = refused(
+            lambda: custom.create_cluster_custom_object(GROUP, VERSION, "clusteragentpolicies", second)
+        )
+        assert "spec.default: the cluster already has a default ClusterAgentPolicy" in message, message
+        runs.create(read_then_pay(refsystem.url, readable_configmap), name="baseline-run", stamped=False)
+        waiting = runs.wait_state("baseline-run", "waiting_approval", timeout=Within.TAKEOVER)
+        assert waiting["status"]["checkpoint"]["policy"] == {
+            "name": baseline,
+            "version": "b1",
+            "kind": "ClusterAgentPolicy",
+            "digest": content_digest(made["spec"]),
+        }
+        assert refsystem.counts() == {}
+    finally:
+        for name in (baseline, f"{baseline}-2"):
+            try:
+                custom.delete_cluster_custom_object(GROUP, VERSION, "clusteragentpolicies", name)
+            except client.ApiException as err:
+                if err.status != 404:
+                    raise
+
+
+@pytest.mark.local_plane("webhook")
+def test_a_child_run_inherits_its_parents_policy_without_a_new_use(
+    kube: KubeEnv,
+    webhook_operator: Callable[[], OperatorProcess],
+    runs: Runs,
+    refsystem: ReferenceSystemThread,
+    readable_configmap: str,
+) -> None:
+    """The parent's creator may use the permissive policy; the child is created by the operator AS
+    the run's ServiceAccount, which may create runs but holds no use on any policy: naming its
+    parent's policy is no new choice, so it is admitted, and its effect sent under that policy."""
+    create_policy(runs, "permissive", approvals=False)
+    children = rule(GROUP, "agentruns", "get", "create", "patch")
+    grant(kube, runs.namespace, service_account("default", runs.namespace), children, name="start-children")
+    webhook_operator()
+    child = {"name": "child", "child": read_then_pay(refsystem.url, readable_configmap)}
+    parent = {
+        "taskType": "tree",
+        "objective": "pay through a child",
+        "policyRef": {"name": "permissive"},
+        "steps": [child, {"name": "done", "complete": {}}],
+    }
+    runs.create(parent, name="parent", stamped=False)
+    runs.wait_state("parent", "completed", timeout=Within.RUN)
+    made = runs.get(child_run_name("parent", "child"))
+    assert made["spec"]["policyRef"] == {"name": "permissive"}
+    assert made["spec"]["createdBy"]["username"] == f"system:serviceaccount:{runs.namespace}:default"
+    assert made["status"]["checkpoint"]["policy"]["name"] == "permissive"
     assert len(refsystem.counts()) == 1

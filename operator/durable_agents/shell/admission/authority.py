@@ -135,6 +135,29 @@ async def _namespace_policies(kube: Kube, namespace: str) -> dict[str, AgentPoli
     return out
 
 
+async def _inherited(kube: Kube, spec: AgentRunSpec, namespace: str, user: Identity) -> bool:
+    """Whether this is a child run, created as its ServiceAccount (the operator, impersonating it),
+    naming its parent's policy: that choice was made, and checked, when the parent was created."""
+    ref, parent = spec.policy_ref, spec.parent_ref
+    if (
+        ref is None
+        or parent is None
+        or user.username != service_account_user(namespace, spec.service_account_name)
+    ):
+        return False
+    try:
+        body = await kube.call(
+            kube.custom.get_namespaced_custom_object, GROUP, VERSION, namespace, "agentruns", parent.name
+        )
+    except ApiException:
+        return False
+    try:
+        theirs = AgentRunSpec.model_validate(body.get("spec") or {}).policy_ref
+    except ValueError:
+        return False
+    return theirs is not None and (theirs.policy_kind, theirs.name) == (ref.policy_kind, ref.name)
+
+
 async def check_policy_choice(kube: Kube, spec: AgentRunSpec, namespace: str, user: Identity) -> str | None:
     """Why this new run may not name its policy, or None. Naming one (``spec.policyRef``) is an
     authority like choosing a ServiceAccount: verb ``use`` on it; a namespace's mandatory default
@@ -145,6 +168,8 @@ async def check_policy_choice(kube: Kube, spec: AgentRunSpec, namespace: str, us
     found = resolve_policy(namespace, ref, await _namespace_policies(kube, namespace), {})
     if isinstance(found, Blocked) and found.reason == POLICY_MANDATORY:
         return f"spec.policyRef: {found.message}"
+    if await _inherited(kube, spec, namespace, user):
+        return None
     cluster = ref.policy_kind is PolicyKind.CLUSTER_AGENT_POLICY
     resource = "clusteragentpolicies" if cluster else "agentpolicies"
     refused = await refused_verb(kube, user, USE_VERB, resource, "" if cluster else namespace, ref.name)
