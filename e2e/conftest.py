@@ -12,6 +12,7 @@ from kubernetes import client
 from durable_agents_testkit import local_plane
 from durable_agents_testkit.chaos.warm import ForkServer, WarmOperator, runs_this_checkout
 from durable_agents_testkit.cluster import KubeEnv
+from durable_agents_testkit.governance import permissive_default
 from durable_agents_testkit.operator_process import OperatorProcess
 from durable_agents_testkit.rbac import grant, grant_cluster, rule, service_account
 from durable_agents_testkit.refsystem import ReferenceSystemThread
@@ -19,6 +20,17 @@ from durable_agents_testkit.runs import Runs
 
 REPO = Path(__file__).resolve().parents[1]
 OPERATOR_USER = "durable-agents-operator"
+
+
+@pytest.fixture(autouse=True)
+def governed_namespace(request: pytest.FixtureRequest) -> None:
+    """Every test namespace gets a permissive default AgentPolicy (no approvals): runs are governed
+    by default now (issue 32), and the tests written before sent effects of runs naming no policy
+    without approval. A test of ungoverned runs is marked ``ungoverned``."""
+    if "namespace" not in request.fixturenames or request.node.get_closest_marker("ungoverned"):
+        return
+    kube: KubeEnv = request.getfixturevalue("kube")
+    permissive_default(kube.api, request.getfixturevalue("namespace"))
 
 
 @pytest.fixture(scope="session")

@@ -38,8 +38,12 @@ def people(kube: KubeEnv, plane: LocalControlPlane, namespace: str) -> dict[str,
         "editor": ["get", "list", "create", "patch"],
     }
     for role, verbs in roles.items():
-        # Creating a run acts as its ServiceAccount: allowed to use it.
-        rules = [rule(GROUP, "agentruns", *verbs), rule("", "serviceaccounts", "use")]
+        # Creating a run acts as its ServiceAccount, under the policy it names: allowed to use both.
+        rules = [
+            rule(GROUP, "agentruns", *verbs),
+            rule("", "serviceaccounts", "use"),
+            rule(GROUP, "agentpolicies", "use"),
+        ]
         grant(kube, namespace, group(f"{role}s"), rules, name=f"agentrun-{role}")
     return {
         "alice": kube.user_client("alice", ["approvers"]),

@@ -49,6 +49,7 @@ def people(kube: KubeEnv, plane: LocalControlPlane, namespace: str) -> dict[str,
             rule(GROUP, "agentruns", *verbs),
             rule(GROUP, "actionrecords", "get", "list"),
             rule("", "serviceaccounts", "use"),
+            rule(GROUP, "agentpolicies", "use"),  # the runs they create name a policy
         ]
         grant(kube, namespace, group(f"{role}s"), rules, name=f"agentrun-{role}")
     return {"alice": kube.user_client("alice", ["approvers"]), "bob": kube.user_client("bob", ["editors"])}

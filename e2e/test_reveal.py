@@ -66,11 +66,19 @@ def kubeconfigs(kube: KubeEnv, plane: LocalControlPlane, namespace: str) -> Iter
     of other tests stay as they are), and are deleted afterwards."""
     rules = yaml.safe_load(USER_ROLES.read_text())["roles"]
     rbac = client.RbacAuthorizationV1Api(kube.api)
-    names = {role: f"{namespace}-reveal-{role}" for role in ROLES}
+    names = {role: f"{namespace}-reveal-{role}" for role in (*ROLES, "policy-user")}
     try:
         for role, name in names.items():
             rbac.create_cluster_role({"metadata": {"name": name}, "rules": rules[role]["rules"]})
-            bind(kube, namespace, role, name, cluster_role=True, name=role)
+            # The editor's run names the payments policy: the editor also holds policy-user.
+            bind(
+                kube,
+                namespace,
+                "editor" if role == "policy-user" else role,
+                name,
+                cluster_role=True,
+                name=role,
+            )
         wanted = (("viewer", "get"), ("editor", "patch"), ("approver", "approve"))
         eventually(
             lambda: all(allows(kube, namespace, who, verb) for who, verb in wanted),

@@ -59,7 +59,7 @@ ACTIONS: tuple[Action, ...] = (
     Action("patch", "agentruns", subresource="status"),
     *(Action(verb, "actionrecords") for verb in ("get", "create", "update", "delete")),
     *(Action(verb, "agentrunrecords") for verb in ("get", "create", "delete")),
-    *(Action(verb, "agentpolicies") for verb in ("get", "create", "update", "delete", "force-delete")),
+    *(Action(verb, "agentpolicies") for verb in ("get", "create", "update", "delete", "force-delete", "use")),
     Action("use", "serviceaccounts", group=""),
     Action("get", "secrets", group=""),
     Action("get", "configmaps", group=""),
@@ -83,7 +83,7 @@ EDITS = on("agentruns", "create", "update", "patch", "delete", "answer", "cancel
 )
 # The chart's roles, then the built-in ClusterRoles they aggregate into: what each allows.
 # Everything else in ACTIONS is refused.
-CHART_ROLES = ("viewer", "editor", "approver", "on-call", "policy-author")
+CHART_ROLES = ("viewer", "editor", "approver", "on-call", "policy-user", "policy-author")
 BUILT_IN_ROLES = ("view", "edit", "admin")
 MATRIX: dict[str, frozenset[Action]] = {
     "viewer": READS,
@@ -92,6 +92,7 @@ MATRIX: dict[str, frozenset[Action]] = {
     "on-call": READS
     | on("agentruns", "patch", "retry", "reconcile", "escalate", "failover")
     | on("agentpolicies", "force-delete"),
+    "policy-user": on("agentpolicies", "use"),
     "policy-author": on("agentpolicies", "get", "create", "update", "delete"),
     "view": READS | on("configmaps", "get"),
     "edit": READS | EDITS | on("configmaps", "get") | on("secrets", "get"),
@@ -323,6 +324,7 @@ def test_a_namespace_admin_grants_viewer_and_editor_but_not_the_separate_duties(
         "editor": 200,
         "approver": 403,
         "on-call": 403,
+        "policy-user": 403,
         "policy-author": 403,
     }
 

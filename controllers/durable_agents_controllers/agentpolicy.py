@@ -17,8 +17,16 @@ from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents.core.authority import instant
 from durable_agents.core.policy_integrity import force_stamps
 from durable_agents.core.request_stamps import identity_of
-from durable_agents.shell.admission.policies import POLICY_PATH, POLICY_STAMP_PATH, PolicyReview, check_policy
+from durable_agents.shell.admission.policies import (
+    CLUSTER_POLICY_PATH,
+    CLUSTER_POLICY_PLURAL,
+    POLICY_PATH,
+    POLICY_STAMP_PATH,
+    PolicyReview,
+    check_policy,
+)
 from durable_agents.shell.admission.policy_preview import PolicyPreviewer, RunIndex
+from durable_agents.shell.intake.policies import CLUSTER
 from durable_agents.shell.runs.evidence import EvidenceReader
 from durable_agents.shell.runs.policy_status import PolicyStatusWriter
 from durable_agents_controllers.manager import Manager
@@ -47,6 +55,14 @@ def register(registry: kopf.OperatorRegistry, manager: Manager) -> None:
             namespace = str(meta.get("namespace") or "")
             for name in await manager.policies.users(namespace, str(meta.get("name") or "")):
                 manager.worker.enqueue((namespace, name))
+
+    # ClusterAgentPolicies: the same cache, keyed ("", name) (a cluster baseline, or named).
+    @kopf.on.event(GROUP, VERSION, CLUSTER_POLICY_PLURAL, registry=registry)
+    async def clusteragentpolicy_event(event: kopf.RawEvent, **_: Any) -> None:
+        body: dict[str, Any] = dict(event["object"])
+        body["metadata"] = {**dict(body.get("metadata") or {}), "namespace": CLUSTER}
+        for run in manager.policies.observe(event.get("type"), body):
+            manager.worker.enqueue(run)
 
     if manager.config.webhook_port is None:
         return
@@ -102,3 +118,12 @@ def register(registry: kopf.OperatorRegistry, manager: Manager) -> None:
     kopf.on.mutate(
         GROUP, VERSION, "agentpolicies", id=POLICY_STAMP_PATH, operations=["UPDATE"], registry=registry
     )(stamp_policy)
+
+    kopf.on.validate(
+        GROUP,
+        VERSION,
+        CLUSTER_POLICY_PLURAL,
+        id=CLUSTER_POLICY_PATH,
+        operations=["CREATE", "UPDATE"],
+        registry=registry,
+    )(review_policy)

@@ -23,11 +23,9 @@ async def reveal_hook(
 ) -> None:
     """Answer a reveal request (a dry run by an approver) in ``patch``, or refuse it."""
     new = dict(body)
-    meta = new.get("metadata") or {}
-    policy_ref = ((old or {}).get("spec") or {}).get("policyRef") or {}
-    policy = None
-    if policy_ref.get("name"):
-        policy = manager.policies.get((str(meta.get("namespace") or ""), str(policy_ref["name"])))
+    # The run's policy (named, or its namespace's or the cluster's default): its approver rule.
+    governing = manager.policies.governing_key(dict(old)) if old is not None else None
+    policy = manager.policies.get(governing) if governing is not None else None
     try:
         changes = await reveal_changes(
             manager.kube,

@@ -59,10 +59,9 @@ async def home_region(manager: Manager, body: dict[str, Any], loop: asyncio.Abst
     region this operator serves. A policy not yet cached is read on the operator's ``loop`` (the
     cache is that loop's; the webhook serves on its own thread). The read only fills the cache:
     runs that waited for the policy go on when its watch event arrives, not from a review."""
-    ref = (body.get("spec") or {}).get("policyRef") or {}
-    namespace = (body.get("metadata") or {}).get("namespace") or ""
-    if isinstance(ref, dict) and isinstance(ref.get("name"), str):
-        policies, key = manager.policies, (namespace, ref["name"])
+    policies = manager.policies
+    key = policies.governing_key(body)  # named, else the namespace's default, else the baseline
+    if key is not None:
         policy = policies.get(key)
         if policy is None:
             policy = await on_loop(loop, policies.read(*key))
@@ -145,10 +144,9 @@ class Admission:
         if operation != "UPDATE":
             return None
         spec = AgentRunSpec.model_validate(new.get("spec") or {})
-        policy = None
-        if spec.policy_ref is not None:
-            namespace = (new.get("metadata") or {}).get("namespace") or ""
-            policy = self.manager.policies.get((namespace, spec.policy_ref.name))
+        namespace = (new.get("metadata") or {}).get("namespace") or ""
+        status = (old or {}).get("status") or {}
+        policy = self.manager.policies.governing_spec(namespace, spec, status)  # named or default
         previous = dict(old) if old is not None else None
         return await admission.check_update(kube, new, previous, user, policy, keyring)
 

@@ -55,8 +55,16 @@ def _objects(suffix: str) -> dict[str, dict[str, Any]]:
         "metadata": {"name": f"failover-{suffix}"},
         "spec": {"from": "eu", "to": "us"},
     }
+    # Not a default: a cluster-wide baseline would govern the runs of every other test here.
+    cluster_policy = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "ClusterAgentPolicy",
+        "metadata": {"name": f"cluster-policy-{suffix}"},
+        "spec": {"version": "1"},
+    }
     found = {
         "AgentRun": _sample("agentrun-read-ask-complete.yaml"),
+        "ClusterAgentPolicy": cluster_policy,
         "ActionRecord": _sample("actionrecord-example.yaml"),
         "AgentPolicy": _sample("agentpolicy-default.yaml"),
         "AgentRunRecord": record,
@@ -81,11 +89,12 @@ def made(kube: KubeEnv, namespace: str) -> Iterator[dict[str, str]]:
             custom.create_namespaced_custom_object(GROUP, VERSION, namespace, plural, body)
         names[kind] = body["metadata"]["name"]
     yield names
-    try:
-        custom.delete_cluster_custom_object(GROUP, VERSION, FAILOVER_PLURAL, names["RegionFailover"])
-    except ApiException as err:
-        if err.status != 404:
-            raise
+    for plural, kind in ((FAILOVER_PLURAL, "RegionFailover"), ("clusteragentpolicies", "ClusterAgentPolicy")):
+        try:
+            custom.delete_cluster_custom_object(GROUP, VERSION, plural, names[kind])
+        except ApiException as err:
+            if err.status != 404:
+                raise
 
 
 def test_kubectl_get_the_category_lists_every_kind(

@@ -29,6 +29,7 @@ from durable_agents.shell.ledger.dispatcher import Dispatcher, DispatcherConfig
 from durable_agents.shell.runs.worker import RunWorker, WorkerConfig
 from durable_agents_testkit.cluster import KubeEnv
 from durable_agents_testkit.eventually import Within, eventually_async
+from durable_agents_testkit.governance import permissive_default
 from durable_agents_testkit.keys import session_keyring
 from durable_agents_testkit.refsystem import ReferenceSystemThread
 from durable_agents_testkit.runs import Runs, assert_history_is_gapless
@@ -119,6 +120,8 @@ async def run_loop(
 
 @pytest.fixture
 async def operator_loop(kube: KubeEnv, namespace: str) -> AsyncIterator[InProcess]:
+    # Runs are governed by default: the namespace's default asks for no approval (as before).
+    await asyncio.to_thread(permissive_default, kube.api, namespace)
     async with run_loop(kube, namespace) as loop:
         yield loop
 
@@ -209,6 +212,7 @@ async def test_two_dispatchers_racing_for_the_same_intents_send_each_once(
     intent is under a first claim: both try to claim each intent, by compare-and-swap. Each is sent
     by the one that won, once."""
     runs = Runs(kube, namespace)
+    await asyncio.to_thread(permissive_default, kube.api, namespace)  # governed, no approvals
     async with run_loop(kube, namespace, dispatchers=2, first_claim=False) as loop:
         with ReferenceSystemThread() as system:
             names = [await asyncio.to_thread(runs.create, payment(system.url)) for _ in range(PAYMENTS)]

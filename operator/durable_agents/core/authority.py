@@ -37,7 +37,9 @@ from durable_agents.api.v1alpha1 import (
     ApprovalDecision,
     CancelRequest,
     ControlRequest,
+    Creator,
     Identity,
+    PolicyReference,
     RegionFailoverSpec,
 )
 from durable_agents.core.sealing import Keyring
@@ -97,18 +99,34 @@ def retry_proof(run_id: str, token: str, request: ControlRequest | None) -> dict
     }
 
 
+def policy_proof(ref: PolicyReference | None) -> dict[str, str] | None:
+    """What a creation stamp says of the policy the run names (None: it names none)."""
+    return None if ref is None else {"kind": ref.policy_kind.value, "name": ref.name}
+
+
 def service_account_proof(
-    namespace: str, name: str, service_account: str, creator: Identity, stamped_at: datetime
+    namespace: str,
+    name: str,
+    service_account: str,
+    creator: Identity,
+    stamped_at: datetime,
+    policy_ref: PolicyReference | None = None,
 ) -> dict[str, Any]:
-    """What the creator's stamp covers: this creator may act as this ServiceAccount in the run of
-    this name created at ``stamped_at`` (the uid is not known when a creation is stamped)."""
-    return {
+    """What the creator's stamp covers: this creator may act as this ServiceAccount, under the
+    policy it names (``policyRef``: they may ``use`` it; absent when it names none, so stamps of
+    runs naming no policy are what they were), in the run of this name created at ``stamped_at``
+    (the uid is not known when a creation is stamped)."""
+    proof: dict[str, Any] = {
         "namespace": namespace,
         "name": name,
         "serviceAccountName": service_account,
         "creator": _who(creator),
         "stampedAt": instant(stamped_at),
     }
+    named = policy_proof(policy_ref)
+    if named is not None:
+        proof["policyRef"] = named
+    return proof
 
 
 # How far the stamp's time and the object's creationTimestamp may be apart. The webhook stamps
@@ -184,11 +202,18 @@ def stamp_failover(keyring: Keyring, name: str, spec: RegionFailoverSpec) -> str
 
 
 def stamp_creator(
-    keyring: Keyring, namespace: str, name: str, service_account: str, creator: Identity, at: datetime
+    keyring: Keyring,
+    namespace: str,
+    name: str,
+    service_account: str,
+    creator: Identity,
+    at: datetime,
+    policy_ref: PolicyReference | None = None,
 ) -> dict[str, Any]:
-    """``spec.createdBy`` for a run this creator may create as ``service_account``, in the request
-    that creates it (``at``: now): the identity, the time and the operator's stamp over them."""
-    proof = service_account_proof(namespace, name, service_account, creator, at)
+    """``spec.createdBy`` for a run this creator may create as ``service_account`` under
+    ``policy_ref``, in the request that creates it (``at``: now): the identity, the time and the
+    operator's stamp over them."""
+    proof = service_account_proof(namespace, name, service_account, creator, at, policy_ref)
     stamped = stamp(keyring, Purpose.SERVICE_ACCOUNT, proof)
     return {**_who(creator), "stampedAt": instant(at), "stamp": stamped}
 
@@ -288,19 +313,44 @@ def service_account_unproven(
             found = creation_unbound(None, created_at)
     else:
         proof = (
-            service_account_proof(namespace, name, sa, creator, creator.stamped_at)
+            service_account_proof(namespace, name, sa, creator, creator.stamped_at, spec.policy_ref)
             if creator is not None and creator.stamped_at is not None
             else None
         )
         found = unproven(keyring, Purpose.SERVICE_ACCOUNT, proof, creator.stamp if creator else None, what)
+        if found is not None and proof is not None and "policyRef" in proof:
+            found = _before_policy_stamps(keyring, proof, creator, created_at, untimed_before, found, what)
         if found is None and keyring is not None and creator is not None:
             found = creation_unbound(creator.stamped_at, created_at)
     if found is None:
         return None
     who = f" by {creator.username!r}" if creator is not None else ""
+    ref = spec.policy_ref
+    under = f" under {ref.policy_kind.value} {ref.name!r}" if ref is not None else ""
     return Unproven(
-        found.reason, f"{found.message}; no proof that its creator{who} may use ServiceAccount {sa!r}"
+        found.reason, f"{found.message}; no proof that its creator{who} may use ServiceAccount {sa!r}{under}"
     )
+
+
+def _before_policy_stamps(
+    keyring: Keyring | None,
+    proof: dict[str, Any],
+    creator: Creator | None,
+    created_at: datetime | None,
+    untimed_before: datetime | None,
+    found: Unproven,
+    what: str,
+) -> Unproven | None:
+    """A stamp of the release before creation stamps covered ``policyRef`` (the same proof without
+    it) counts only on a run created before ``untimed_before`` (this operator's start: a run that
+    waited across the upgrade); one created since could have switched policy under a copied stamp."""
+    legacy = {key: value for key, value in proof.items() if key != "policyRef"}
+    upgraded = untimed_before is not None and created_at is not None and created_at < untimed_before
+    if not upgraded or creator is None:
+        return found
+    if unproven(keyring, Purpose.SERVICE_ACCOUNT, legacy, creator.stamp, what) is not None:
+        return found
+    return None
 
 
 NO_KEYRING = "NoKeyring"

@@ -24,6 +24,7 @@ from durable_agents.api.v1alpha1 import (
     CancelRequest,
     ControlRequest,
     Identity,
+    PolicyReference,
 )
 from durable_agents.core.authority import (
     cancellation_unproven,
@@ -116,7 +117,8 @@ def stamps(
         meta = new.get("metadata") or {}
         sa = spec.get("serviceAccountName") or "default"
         namespace, name = meta.get("namespace") or "", meta.get("name") or ""
-        creator = stamp_creator(keyring, namespace, name, str(sa), user, now)
+        policy_ref = _parsed(PolicyReference, spec.get("policyRef"))  # invalid: refused by validation
+        creator = stamp_creator(keyring, namespace, name, str(sa), user, now, policy_ref)
         return {"createdBy": {**creator, "uid": user.uid}}
     run_id, at = run_id_of(old), instant(now)
     out: dict[str, Any] = {}

@@ -23,6 +23,7 @@ from kubernetes.client.rest import ApiException
 from pydantic import ValidationError
 
 from durable_agents.api.v1alpha1 import GROUP, VERSION, AgentRunSpec, AgentRunStatus
+from durable_agents.core.policy_resolution import POLICY_AMBIGUOUS, POLICY_MANDATORY, POLICY_REQUIRED
 from durable_agents.core.stuck import STUCK, wait_expiry
 from durable_agents.kubectl.errors import api_message
 from durable_agents.kubectl.reconcile import unknown_actions
@@ -50,6 +51,8 @@ def wakes(run: dict[str, Any], unknown: list[str] | None = None) -> list[dict[st
     patch = f"kubectl patch agentrun {ref} --type merge -p"
     if state in ("completed", "failed", "canceled", "expired"):
         outcome = status.get("outcome") or {}
+        if outcome.get("reason") == POLICY_REQUIRED:
+            return _policy_required(name, ns)
         return [{"what": f"nothing: the run has ended ({outcome.get('reason', state)})", "commands": []}]
     if state == "quarantined":
         return [{"what": "a retry, once the cause is fixed", "commands": [f"kubectl agentrun retry {ref}"]}]
@@ -99,6 +102,15 @@ def wakes(run: dict[str, Any], unknown: list[str] | None = None) -> list[dict[st
         return [
             {"what": f"its child run {what} ending", "commands": [f"kubectl agentrun why {what} -n {ns}"]}
         ]
+    if kind == "agentpolicy" and what in (POLICY_AMBIGUOUS, POLICY_MANDATORY):
+        return _policy_conflict(what, ns)
+    if kind == "clusteragentpolicy":
+        return [
+            {
+                "what": f"its ClusterAgentPolicy {what}",
+                "commands": [f"kubectl apply -f <ClusterAgentPolicy {what}>"],
+            }
+        ]
     if kind == "agentpolicy":
         return [
             {
@@ -107,6 +119,43 @@ def wakes(run: dict[str, Any], unknown: list[str] | None = None) -> list[dict[st
             }
         ]
     return [{"what": f"nothing from you: the operator is working on it ({state})", "commands": []}]
+
+
+def _policy_required(name: str, ns: str) -> list[dict[str, Any]]:
+    """A run no policy governed ended at its first action that was not read-only: the fix."""
+    return [
+        {
+            "what": "a policy to govern it (nothing was sent: no policy governed this run, so it could "
+            "only read): give the namespace a default AgentPolicy (spec.default: true), or the cluster "
+            "a default ClusterAgentPolicy, or name one in spec.policyRef (verb use on it); then create "
+            "the run again",
+            "commands": [
+                f"kubectl get agentpolicies -n {ns}",
+                "kubectl get clusteragentpolicies",
+                f"kubectl auth can-i use agentpolicies/<name> -n {ns}",
+                f"kubectl get agentrun {name} -n {ns} -o yaml > run.yaml  # name a policy, re-create",
+            ],
+        }
+    ]
+
+
+def _policy_conflict(reason: str, ns: str) -> list[dict[str, Any]]:
+    if reason == POLICY_MANDATORY:
+        what = (
+            f"nothing while namespace {ns}'s default AgentPolicy is mandatory: this run names another "
+            "policy; create it again without spec.policyRef"
+        )
+    else:
+        what = "one default left: two policies of its scope say spec.default: true; unset it on one"
+    return [
+        {
+            "what": what,
+            "commands": [
+                f"kubectl get agentpolicies -n {ns}  # the Default column",
+                "kubectl get clusteragentpolicies  # the Default column",
+            ],
+        }
+    ]
 
 
 def explain(run: dict[str, Any], unknown: list[str] | None = None) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from durable_agents_testkit.chaos.warm import ForkServer, WarmOperator, runs_thi
 from durable_agents_testkit.chaos.workloads import SETTINGS_CONFIGMAP
 from durable_agents_testkit.cluster import KubeEnv
 from durable_agents_testkit.eventually import Within, eventually
+from durable_agents_testkit.governance import permissive_default
 from durable_agents_testkit.operator_process import OperatorProcess
 from durable_agents_testkit.rbac import grant, grant_cluster, group, rule, service_account
 from durable_agents_testkit.refsystem import ReferenceSystemThread
@@ -61,6 +62,8 @@ def prepare_namespace(api: client.ApiClient, name: str, *, approvers: bool = Fal
     )
     reads = rule("", "configmaps", "get")
     grant(api, name, service_account("default", name), reads, name="read-settings", exist_ok=True)
+    # Runs are governed by default: runs naming no policy send without approval, as they did.
+    _ignore_conflict(lambda: permissive_default(api, name))
     if not approvers:
         return
     for who, verbs in (
@@ -71,7 +74,7 @@ def prepare_namespace(api: client.ApiClient, name: str, *, approvers: bool = Fal
             api,
             name,
             group(f"{who}s"),
-            rule(GROUP, "agentruns", *verbs),
+            [rule(GROUP, "agentruns", *verbs), rule(GROUP, "agentpolicies", "use")],
             name=f"agentrun-{who}",
             exist_ok=True,
         )

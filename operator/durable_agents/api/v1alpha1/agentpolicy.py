@@ -5,7 +5,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from durable_agents.api.v1alpha1.meta import (
     API_VERSION,
@@ -242,6 +242,18 @@ class Destinations(ApiModel):
 class AgentPolicySpec(ApiModel):
     """GitOps-owned: the operator reads it and records ``version`` in every run it governs."""
 
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "!has(self.mandatory) || !self.mandatory || (has(self.default) && self.default)",
+                    "mandatory: only a default policy (default: true) can be mandatory",
+                    fieldPath=".mandatory",
+                )
+            ]
+        }
+    )
+
     version: str = Field(max_length=63)
     """The policy's version, set by its owner: recorded in every run it governs and in approval
     digests; a new version makes pending approvals answer to freshness.policyChanged."""
@@ -297,6 +309,22 @@ class AgentPolicySpec(ApiModel):
             "admission, checked again before every send). Unset: anywhere."
         ),
     )
+    default: bool = Field(
+        default=False,
+        description=(
+            "This policy governs the runs of its scope that name none (an AgentPolicy: its "
+            "namespace; a ClusterAgentPolicy: every namespace without a default of its own). At "
+            "most one default per scope (refused at admission; two defaults govern nothing: runs "
+            "wait). Naming a default needs no verb."
+        ),
+    )
+    mandatory: bool = Field(
+        default=False,
+        description=(
+            "On a namespace's default AgentPolicy: runs of the namespace may not name another "
+            "policy (refused at admission; the operator does not act on one that does)."
+        ),
+    )
     default_region: str | None = Field(
         default=None,
         max_length=63,
@@ -317,3 +345,15 @@ class AgentPolicy(ApiModel):
     metadata: dict[str, Any] = Field(default_factory=dict)
     spec: AgentPolicySpec
     status: AgentPolicyStatus | None = None
+
+
+class ClusterAgentPolicy(ApiModel):
+    """An AgentPolicy for every namespace (cluster-scoped, as cert-manager's ClusterIssuer beside
+    Issuer): the baseline with ``default: true`` governs the runs of namespaces without a default
+    of their own; a run names one with ``policyRef.kind: ClusterAgentPolicy`` (verb ``use`` on
+    clusteragentpolicies)."""
+
+    api_version: Literal["durable-agents.io/v1alpha1"] = API_VERSION  # type: ignore[assignment]
+    kind: Literal["ClusterAgentPolicy"] = "ClusterAgentPolicy"
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    spec: AgentPolicySpec

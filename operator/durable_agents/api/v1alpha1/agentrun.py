@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
+from enum import StrEnum
 from typing import Any, Literal
 
 from pydantic import ConfigDict, Field
@@ -21,7 +22,6 @@ from durable_agents.api.v1alpha1.meta import (
     Answer,
     ApiModel,
     Condition,
-    LocalReference,
     RunReference,
     append_only,
     cel,
@@ -59,6 +59,27 @@ def _not_withdrawn(field: str) -> dict[str, Any]:
         f"{field} cannot be withdrawn once given",
         fieldPath=f".{field}",
     )
+
+
+class PolicyKind(StrEnum):
+    """The kinds of policy a run can name."""
+
+    AGENT_POLICY = "AgentPolicy"
+    CLUSTER_AGENT_POLICY = "ClusterAgentPolicy"
+
+
+class PolicyReference(ApiModel):
+    """A policy by kind and name: an AgentPolicy of the run's namespace or a ClusterAgentPolicy."""
+
+    kind: PolicyKind | None = None
+    """AgentPolicy (of the run's namespace; unset: this) or ClusterAgentPolicy."""
+    name: str = Field(max_length=253, pattern=NAME_PATTERN)
+    """The policy's name."""
+
+    @property
+    def policy_kind(self) -> PolicyKind:
+        """The kind named, AgentPolicy when unset."""
+        return self.kind or PolicyKind.AGENT_POLICY
 
 
 class AgentRunSpec(ApiModel):
@@ -133,9 +154,12 @@ class AgentRunSpec(ApiModel):
     )
     """The ServiceAccount the run acts as (reads, effects, child runs). Its creator must be allowed
     verb use on it (checked and stamped by the admission webhook). Immutable."""
-    policy_ref: LocalReference | None = Field(default=None, json_schema_extra=immutable("policyRef"))
-    """The AgentPolicy in the run's namespace that governs it; the run waits until it exists.
-    Unset: the operator's defaults, no approvals. Immutable once set."""
+    policy_ref: PolicyReference | None = Field(default=None, json_schema_extra=immutable("policyRef"))
+    """The policy that governs the run: an AgentPolicy in the run's namespace or a
+    ClusterAgentPolicy; the run waits until it exists. Naming one needs verb use on it (checked
+    and stamped by the admission webhook). Unset: the namespace's default AgentPolicy, else the
+    cluster's default ClusterAgentPolicy, else none: the run may only read (PolicyRequired).
+    Immutable once set."""
     agent: AgentConfig | None = Field(default=None, json_schema_extra=immutable("agent"))
     """Which planner drives the run and, for the model planner, its model and tools. Unset: the
     scripted planner runs spec.steps. Immutable once set."""

@@ -164,10 +164,16 @@ class ApprovalRecord(_Contract):
 
 
 class PolicyRef(_Contract):
-    """The AgentPolicy the run was evaluated under."""
+    """The policy the run was accepted under (resolved: named, its namespace's default, or the
+    cluster's baseline). ``kind`` and ``digest`` are optional additions within schema version 3
+    (absent: an AgentPolicy, recorded before they were)."""
 
     name: Identifier
     version: Identifier | None = None
+    kind: Literal["AgentPolicy", "ClusterAgentPolicy"] | None = None
+    """AgentPolicy (of the run's namespace) or ClusterAgentPolicy."""
+    digest: Digest | None = None
+    """The content digest of the policy's spec (core/policy_identity.content_digest)."""
 
 
 class RuntimeConfig(_Contract):

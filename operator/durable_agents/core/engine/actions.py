@@ -23,6 +23,7 @@ from durable_agents.core.engine.loading import load_stored
 from durable_agents.core.engine.snapshot import ActionObservation, RunSnapshot, Settings
 from durable_agents.core.ledger import action_record_name, idempotency_key
 from durable_agents.core.planner import PerformEffect, Planner, PlannerError, PlanningContext
+from durable_agents.core.policy_resolution import POLICY_REQUIRED, policy_required_message
 from durable_agents.core.statemachine import RunEvent
 
 # An action in one of these states has its final answer: the run can take it into account.
@@ -250,6 +251,10 @@ def intent_refusal(
     expected = pending_specs(run, cp, planner, settings).get(name) if planner is not None else None
     if expected is None:
         return Refused(f"run {run.name!r} does not intend {record.idempotency_key!r} at its current step")
+    if settings.policy is None and settings.policy_required and expected.tier is not ActionTier.READ_ONLY:
+        # The engine commits no such intent for an ungoverned run: this one was forged (or the
+        # policy it was committed under no longer resolves): nothing is sent.
+        return Refused(policy_required_message(record.effect, expected.tier.value), reason=POLICY_REQUIRED)
     wanted, asked = intent_digest(expected), intent_digest(record)
     if wanted != asked:
         return Refused(

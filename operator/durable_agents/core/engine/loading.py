@@ -52,7 +52,12 @@ def initial_checkpoint(run: RunSnapshot, now: datetime, epoch: Fencing, settings
             tool_set=agent.tool_set if agent else None,
             operator=settings.operator_version,
         ),
-        policy=PolicyRef(name=settings.policy_name, version=settings.policy_version)
+        policy=PolicyRef(
+            name=settings.policy_name,
+            version=settings.policy_version,
+            kind=settings.policy_kind,
+            digest=settings.policy_digest,
+        )
         if settings.policy_name
         else None,
         timestamps=Timestamps(created_at=now, updated_at=now, entered_state_at=now),
@@ -148,6 +153,14 @@ def _uncorroborated(run: RunSnapshot, cp: Checkpoint, settings: Settings) -> str
             )
     policy = settings.policy
     if policy is None:
+        if not settings.policy_required:
+            return None
+        for pending in cp.pending_actions:  # the engine commits none without a policy
+            tier = settings.tiers.get(pending.effect, ActionTier.CONSEQUENTIAL)
+            if tier is not ActionTier.READ_ONLY:
+                return (
+                    f"pending action {pending.idempotency_key!r} ({tier.value}) but no policy governs the run"
+                )
         return None
     approved = {record.request_id for record in cp.approvals if record.decision == "approved"}
     for pending in cp.pending_actions:

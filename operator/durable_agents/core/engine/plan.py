@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from durable_agents.api.v1alpha1 import Outcome
+from durable_agents.api.v1alpha1 import ActionTier, Outcome
 from durable_agents.core.agent.planner import ModelPlanner, ModelTurnNeeded
 from durable_agents.core.checkpoint import PendingAction, ToolCallRecord
 from durable_agents.core.destinations import effect_refusal
@@ -32,6 +32,7 @@ from durable_agents.core.planner import (
     ReadTool,
     StartChild,
 )
+from durable_agents.core.policy_resolution import POLICY_REQUIRED, policy_required_message
 from durable_agents.core.statemachine import RunEvent
 
 
@@ -186,6 +187,13 @@ def _perform_effect(
     spec = action_spec(run, index, step, settings, cp.retry.attempts)
     policy = settings.policy
     approved = None
+    if policy is None and settings.policy_required and spec.tier is not ActionTier.READ_ONLY:
+        return builder.commit(  # ungoverned: read-only work only, and nothing is sent
+            RunEvent.ATTEMPT_FAILED,
+            outcome=Outcome(
+                reason=POLICY_REQUIRED, message=policy_required_message(step.effect, spec.tier.value)
+            ),
+        )
     if policy is not None and spec.tier in policy.approval_required_tiers:
         approved = approved_for(cp, index, run, spec, step)
         if approved is None:

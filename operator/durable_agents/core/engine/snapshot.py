@@ -172,6 +172,11 @@ class Settings:
     wait_expiries: WaitExpiries = field(default_factory=WaitExpiries)
     policy_name: str | None = None
     policy_version: str | None = None
+    policy_kind: str | None = None  # AgentPolicy or ClusterAgentPolicy (None: AgentPolicy)
+    policy_digest: str | None = None  # the policy's content digest, recorded at acceptance
+    # No policy resolved for the run (core/policy_resolution.py): only read-only actions; every
+    # other is refused with PolicyRequired. False in pure tests that give no policy on purpose.
+    policy_required: bool = False
     # Tier of each effect: the plugin's declared tier, overridden by the policy's.
     tiers: Mapping[str, ActionTier] = field(default_factory=dict)
     policy: AgentPolicySpec | None = None

@@ -41,6 +41,7 @@ from durable_agents.api.v1alpha1 import (
     AgentRunStatus,
     ApproverRule,
     Identity,
+    PolicyKind,
 )
 from durable_agents.core.approvals import check_decision
 from durable_agents.core.authority import (
@@ -48,6 +49,7 @@ from durable_agents.core.authority import (
     service_account_unproven,
 )
 from durable_agents.core.engine.snapshot import creation_time
+from durable_agents.core.policy_resolution import POLICY_MANDATORY, Blocked, resolve_policy
 from durable_agents.core.request_stamps import (
     added_requests,
     rewritten,
@@ -119,9 +121,72 @@ async def refused_verb(
     return None if allowed else denied(user, verb, resource, namespace, name, group)
 
 
-async def check_create(kube: Kube, new: Mapping[str, Any], user: Identity, keyring: Keyring) -> str | None:
+async def _namespace_policies(kube: Kube, namespace: str) -> dict[str, AgentPolicySpec]:
+    """The namespace's AgentPolicies as the API server has them now (invalid ones left out)."""
+    listed = await kube.call(
+        kube.custom.list_namespaced_custom_object, GROUP, VERSION, namespace, "agentpolicies"
+    )
+    out: dict[str, AgentPolicySpec] = {}
+    for item in listed.get("items") or []:
+        try:
+            out[str(item["metadata"]["name"])] = AgentPolicySpec.model_validate(item.get("spec") or {})
+        except (KeyError, ValueError):
+            continue
+    return out
+
+
+async def _inherited(kube: Kube, spec: AgentRunSpec, namespace: str, user: Identity) -> bool:
+    """Whether this is a child run, created as its ServiceAccount (the operator, impersonating it),
+    naming its parent's policy: that choice was made, and checked, when the parent was created."""
+    ref, parent = spec.policy_ref, spec.parent_ref
+    if (
+        ref is None
+        or parent is None
+        or user.username != service_account_user(namespace, spec.service_account_name)
+    ):
+        return False
+    try:
+        body = await kube.call(
+            kube.custom.get_namespaced_custom_object, GROUP, VERSION, namespace, "agentruns", parent.name
+        )
+    except ApiException:
+        return False
+    try:
+        theirs = AgentRunSpec.model_validate(body.get("spec") or {}).policy_ref
+    except ValueError:
+        return False
+    return theirs is not None and (theirs.policy_kind, theirs.name) == (ref.policy_kind, ref.name)
+
+
+async def check_policy_choice(kube: Kube, spec: AgentRunSpec, namespace: str, user: Identity) -> str | None:
+    """Why this new run may not name its policy, or None. Naming one (``spec.policyRef``) is an
+    authority like choosing a ServiceAccount: verb ``use`` on it; a namespace's mandatory default
+    leaves no choice. The default (no policyRef) needs no verb."""
+    ref = spec.policy_ref
+    if ref is None:
+        return None
+    found = resolve_policy(namespace, ref, await _namespace_policies(kube, namespace), {})
+    if isinstance(found, Blocked) and found.reason == POLICY_MANDATORY:
+        return f"spec.policyRef: {found.message}"
+    if await _inherited(kube, spec, namespace, user):
+        return None
+    cluster = ref.policy_kind is PolicyKind.CLUSTER_AGENT_POLICY
+    resource = "clusteragentpolicies" if cluster else "agentpolicies"
+    refused = await refused_verb(kube, user, USE_VERB, resource, "" if cluster else namespace, ref.name)
+    if refused is not None:
+        return f"spec.policyRef: {refused}: naming a policy is choosing the rules the run acts under"
+    return None
+
+
+async def check_create(
+    kube: Kube,
+    new: Mapping[str, Any],
+    user: Identity,
+    keyring: Keyring,
+) -> str | None:
     """Why this new AgentRun must be refused, or None: its creator must be allowed to ``use`` its
-    ServiceAccount (the run acts as it), and it carries no request yet."""
+    ServiceAccount (the run acts as it) and the policy it names (:func:`check_policy_choice`),
+    and it carries no request yet."""
     spec = spec_of(new)
     present = [field for field in CONTROLS if spec.get(field)]
     if present:
@@ -136,10 +201,13 @@ async def check_create(kube: Kube, new: Mapping[str, Any], user: Identity, keyri
         refused = await refused_verb(kube, user, USE_VERB, "serviceaccounts", namespace, sa, group="")
         if refused is not None:
             return f"{refused}: an AgentRun acts as its ServiceAccount"
+    spec_ = AgentRunSpec.model_validate(spec)
+    refused_policy = await check_policy_choice(kube, spec_, namespace, user)
+    if refused_policy is not None:
+        return refused_policy
     # The API server has set creationTimestamp by now (validating admission follows it); a
     # client never can. Without it (an API server that did not), the time is now.
     created = creation_time(meta) or datetime.now(UTC)
-    spec_ = AgentRunSpec.model_validate(spec)
     problem = service_account_unproven(keyring, namespace, name, spec_, created)
     if problem is not None:
         return (

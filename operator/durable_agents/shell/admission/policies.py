@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from durable_agents.api.v1alpha1 import Identity
+from durable_agents.api.v1alpha1 import GROUP, VERSION, Identity
 from durable_agents.core.sealing import Keyring
 from durable_agents.shell.admission.destinations import policy_entry_refusal
 from durable_agents.shell.admission.policy_integrity import check_integrity
@@ -24,6 +24,9 @@ POLICY_PATH: Final = "check-policy"
 """The webhook path for AgentPolicies (validating; CREATE, UPDATE, DELETE)."""
 POLICY_STAMP_PATH: Final = "stamp-policy"
 """The webhook path that stamps an AgentPolicy's force-delete mark (mutating; UPDATE)."""
+CLUSTER_POLICY_PATH: Final = "check-cluster-policy"
+"""The webhook path for ClusterAgentPolicies (validating; CREATE, UPDATE)."""
+CLUSTER_POLICY_PLURAL: Final = "clusteragentpolicies"
 
 
 @dataclass(frozen=True)
@@ -51,7 +54,10 @@ async def check_policy(
     previewer: PolicyPreviewer | None = None,
 ) -> PolicyVerdict:
     """Whether this AgentPolicy change is refused, and the warnings it carries back."""
-    refused = policy_entry_refusal(review.new) or await check_integrity(
+    refused = await second_default(kube, review) or policy_entry_refusal(review.new)
+    if (review.new or review.old or {}).get("kind") == "ClusterAgentPolicy":
+        return PolicyVerdict(refused=refused)  # integrity and the preview: namespaced policies only
+    refused = refused or await check_integrity(
         kube, review.operation, review.new, review.old, review.user, policies, keyring
     )
     if refused is not None:
@@ -61,3 +67,38 @@ async def check_policy(
     previewer = previewer or previewer_for(kube, keyring)
     verdict.warnings += await preview_warnings(previewer, review.operation, review.old, review.new)
     return verdict
+
+
+async def second_default(kube: Kube, review: PolicyReview) -> str | None:
+    """Why this policy may not be its scope's default: another one already is (at most one
+    default per namespace, and one ClusterAgentPolicy baseline). None when it may, or is none."""
+    new = review.new
+    if new is None or review.operation not in ("CREATE", "UPDATE"):
+        return None
+    if (new.get("spec") or {}).get("default") is not True:
+        return None
+    meta = new.get("metadata") or {}
+    name, namespace = str(meta.get("name") or ""), str(meta.get("namespace") or "")
+    cluster = new.get("kind") == "ClusterAgentPolicy"
+    if cluster:
+        listed = await kube.call(
+            kube.custom.list_cluster_custom_object, GROUP, VERSION, CLUSTER_POLICY_PLURAL
+        )
+    else:
+        listed = await kube.call(
+            kube.custom.list_namespaced_custom_object, GROUP, VERSION, namespace, "agentpolicies"
+        )
+    others = sorted(
+        str((item.get("metadata") or {}).get("name"))
+        for item in listed.get("items") or []
+        if (item.get("spec") or {}).get("default") is True
+        and (item.get("metadata") or {}).get("name") != name
+    )
+    if not others:
+        return None
+    scope = "the cluster" if cluster else f"namespace {namespace!r}"
+    kind = "ClusterAgentPolicy" if cluster else "AgentPolicy"
+    return (
+        f"spec.default: {scope} already has a default {kind} ({', '.join(repr(o) for o in others)}); "
+        "at most one default per scope: unset spec.default there first"
+    )

@@ -19,7 +19,12 @@ from durable_agents.shell.admission.authority import (
     VALIDATE_FAILOVER_PATH,
     VALIDATE_PATH,
 )
-from durable_agents.shell.admission.policies import POLICY_PATH, POLICY_STAMP_PATH
+from durable_agents.shell.admission.policies import (
+    CLUSTER_POLICY_PATH,
+    CLUSTER_POLICY_PLURAL,
+    POLICY_PATH,
+    POLICY_STAMP_PATH,
+)
 from durable_agents.shell.ground.kube import Kube
 from durable_agents.shell.keys.keyguard import KEYGUARD_PATH, KEYRING_LABEL
 
@@ -109,6 +114,14 @@ def _policy_hooks(target: Target, namespace: str | None) -> list[dict[str, Any]]
             "name": f"policy-delete.agentpolicies.{GROUP}",
             "rules": [_rule("agentpolicies", ["DELETE"], "Namespaced")],
             "failurePolicy": "Ignore",
+        },
+        {  # cluster-scoped: never skipped by a namespaceSelector, so it fails closed only for a
+            # cluster-wide operator (as failovers); the operator ignores two defaults anyway
+            **_hook(target, CLUSTER_POLICY_PATH, "policy", namespace),
+            "name": f"policy.{CLUSTER_POLICY_PLURAL}.{GROUP}",
+            "rules": [_rule(CLUSTER_POLICY_PLURAL, ["CREATE", "UPDATE"], "Cluster")],
+            "namespaceSelector": {},
+            "failurePolicy": "Ignore" if namespace else "Fail",
         },
     ]
 

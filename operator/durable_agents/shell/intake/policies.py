@@ -19,14 +19,15 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import Any
+from typing import Any, Final
 
 from kubernetes.client.rest import ApiException
 
-from durable_agents.api.v1alpha1 import GROUP, VERSION, AgentPolicySpec
+from durable_agents.api.v1alpha1 import GROUP, VERSION, AgentPolicySpec, AgentRunSpec, PolicyReference
 from durable_agents.core.engine import RunSnapshot, Settings
+from durable_agents.core.policy_identity import content_digest
 from durable_agents.core.policy_integrity import (
     force_reason,
     force_unproven,
@@ -35,17 +36,47 @@ from durable_agents.core.policy_integrity import (
     runs_using,
     version_conflict,
 )
+from durable_agents.core.policy_resolution import (
+    AGENT_POLICY,
+    CLUSTER_AGENT_POLICY,
+    Resolution,
+    Resolved,
+    resolve_policy,
+)
 from durable_agents.core.sealing import Keyring
 from durable_agents.shell.ground.kube import Kube, ObjectKey
 
 log = logging.getLogger(__name__)
 
 
+CLUSTER: Final = ""
+"""The namespace part of a ClusterAgentPolicy's key: no namespace is named ""."""
+
+
+def _plural(namespace: str) -> str:
+    return "clusteragentpolicies" if namespace == CLUSTER else "agentpolicies"
+
+
+def _recorded(checkpoint: Any, namespace: str) -> Resolved | None:
+    """The policy a run's checkpoint recorded at acceptance (it governs the run from then on), if
+    any. Read before the checkpoint's stamp is verified: the engine verifies it before acting."""
+    recorded = checkpoint.get("policy") if isinstance(checkpoint, Mapping) else None
+    if not isinstance(recorded, Mapping) or not isinstance(recorded.get("name"), str) or not recorded["name"]:
+        return None
+    kind = str(recorded.get("kind") or AGENT_POLICY)
+    return Resolved(
+        kind, recorded["name"], CLUSTER if kind == CLUSTER_AGENT_POLICY else namespace, "recorded"
+    )
+
+
 class PolicyCache:
+    """AgentPolicies by (namespace, name) and ClusterAgentPolicies by ("", name)."""
+
     def __init__(self, kube: Kube, keyring: Keyring | None = None) -> None:
         self.kube = kube
         self.keyring = keyring  # verifies a force-delete mark's stamp
         self.policies: dict[ObjectKey, AgentPolicySpec] = {}
+        self.digests: dict[ObjectKey, str] = {}  # content digests (core/policy_identity)
         # Runs waiting for a policy this process has not seen, by the policy's key.
         self.awaiting: dict[ObjectKey, set[ObjectKey]] = {}
         # Policies a read found missing (or invalid), and until when (monotonic) that answer is reused.
@@ -88,37 +119,44 @@ class PolicyCache:
         """A watch event for an AgentPolicy; returns the runs that waited for it."""
         meta = body.get("metadata") or {}
         key = (meta.get("namespace", ""), meta.get("name", ""))
-        for watcher in self.watchers:
-            watcher(event_type, body)
+        if key[0] != CLUSTER:  # the status writer keeps AgentPolicies' status (not the cluster's)
+            for watcher in self.watchers:
+                watcher(event_type, body)
+        # Runs that waited for their scope's policies to agree (two defaults, a mandatory one).
+        blocked = self._release_scope(key[0])
         if event_type == "DELETED":
             self.policies.pop(key, None)
+            self.digests.pop(key, None)
             self.conflicts.pop(key, None)
             forced = force_reason(body)
-            log.info("AgentPolicy %s/%s deleted%s", *key, f" (force-deleted: {forced})" if forced else "")
+            log.info("policy %s/%s deleted%s", *key, f" (force-deleted: {forced})" if forced else "")
             unproven = force_unproven(self.keyring, body) if forced is not None else None
             if unproven is not None:  # marked by hand (webhook off): its runs wait, not quarantined
-                log.warning("AgentPolicy %s/%s: force-delete mark not honoured: %s", *key, unproven.message)
-                return set()
+                log.warning("policy %s/%s: force-delete mark not honoured: %s", *key, unproven.message)
+                return blocked
             if forced is not None:
                 self.forced[key] = forced
-                return self.awaiting.pop(key, set())  # to be quarantined
-            return set()
+                return self.awaiting.pop(key, set()) | blocked  # to be quarantined
+            return blocked
         self.absent.pop(key, None)
         self.forced.pop(key, None)
+        spec = body.get("spec") or {}
         try:
-            spec = AgentPolicySpec.model_validate(body.get("spec") or {})
+            parsed = AgentPolicySpec.model_validate(spec)
         except ValueError:
-            log.warning("ignoring invalid AgentPolicy %s/%s", *key)
-            return set()
+            log.warning("ignoring invalid policy %s/%s", *key)
+            self.policies.pop(key, None)
+            return blocked
         conflict = self.conflict(key, body)
         if conflict is not None:
             self.policies.pop(key, None)
             self.conflicts[key] = conflict
-            log.warning("AgentPolicy %s/%s not used: %s", *key, conflict)
-            return set()
+            log.warning("policy %s/%s not used: %s", *key, conflict)
+            return blocked
         self.conflicts.pop(key, None)
-        self.policies[key] = spec
-        waiting = self.awaiting.pop(key, set())
+        self.policies[key] = parsed
+        self.digests[key] = content_digest(spec)
+        waiting = self.awaiting.pop(key, set()) | blocked
         log.info(
             "AgentPolicy %s/%s version %s known (%d run(s) waited for it)",
             *key,
@@ -127,11 +165,25 @@ class PolicyCache:
         )
         return waiting
 
-    async def fetch(self, namespace: str, name: str) -> set[ObjectKey] | None:
-        """Read a policy the watch has not delivered (yet): the runs that waited for it, or None
-        if it does not exist or is invalid."""
-        try:
-            body = await self.kube.call(
+    def _release_scope(self, namespace: str) -> set[ObjectKey]:
+        """The runs blocked on the policies of ``namespace`` (a cluster policy: of any)."""
+        scopes = [
+            key for key in self.awaiting if key[1] == "" and (namespace == CLUSTER or key[0] == namespace)
+        ]
+        released: set[ObjectKey] = set()
+        for scope in scopes:
+            released |= self.awaiting.pop(scope, set())
+        return released
+
+    async def _get(self, namespace: str, name: str) -> dict[str, Any]:
+        if namespace == CLUSTER:
+            return dict(
+                await self.kube.call(
+                    self.kube.custom.get_cluster_custom_object, GROUP, VERSION, _plural(namespace), name
+                )
+            )
+        return dict(
+            await self.kube.call(
                 self.kube.custom.get_namespaced_custom_object,
                 GROUP,
                 VERSION,
@@ -139,6 +191,45 @@ class PolicyCache:
                 "agentpolicies",
                 name,
             )
+        )
+
+    def resolve(self, namespace: str, ref: PolicyReference | None) -> Resolution:
+        """Which policy governs a run of ``namespace`` naming ``ref``, by the policies known here."""
+        local = {name: spec for (ns, name), spec in self.policies.items() if ns == namespace}
+        cluster = {name: spec for (ns, name), spec in self.policies.items() if ns == CLUSTER}
+        return resolve_policy(namespace, ref, local, cluster)
+
+    async def refresh_scope(self, namespace: str) -> None:
+        """Read the AgentPolicies of ``namespace`` and the ClusterAgentPolicies from the API server
+        into the cache: a run is judged ungoverned (or blocked) on a full list, not on a watch that
+        may not have delivered everything yet. Releases no run."""
+        for scope in (namespace, CLUSTER):
+            if scope == CLUSTER:
+                listed = await self.kube.call(
+                    self.kube.custom.list_cluster_custom_object, GROUP, VERSION, _plural(scope)
+                )
+            else:
+                listed = await self.kube.call(
+                    self.kube.custom.list_namespaced_custom_object, GROUP, VERSION, scope, "agentpolicies"
+                )
+            seen = set()
+            for body in listed.get("items") or []:
+                name = str((body.get("metadata") or {}).get("name") or "")
+                seen.add((scope, name))
+                try:
+                    self.policies[(scope, name)] = AgentPolicySpec.model_validate(body.get("spec") or {})
+                    self.digests[(scope, name)] = content_digest(body.get("spec") or {})
+                except ValueError:
+                    self.policies.pop((scope, name), None)
+            for key in [key for key in self.policies if key[0] == scope and key not in seen]:
+                self.policies.pop(key, None)  # deleted: the list is newer than the cache
+                self.digests.pop(key, None)
+
+    async def fetch(self, namespace: str, name: str) -> set[ObjectKey] | None:
+        """Read a policy the watch has not delivered (yet): the runs that waited for it, or None
+        if it does not exist or is invalid."""
+        try:
+            body = await self._get(namespace, name)
         except ApiException as err:
             if err.status == 404:
                 return None
@@ -162,14 +253,7 @@ class PolicyCache:
             if self.absent.get(key, 0.0) > time.monotonic():
                 return None
         try:
-            body = await self.kube.call(
-                self.kube.custom.get_namespaced_custom_object,
-                GROUP,
-                VERSION,
-                namespace,
-                "agentpolicies",
-                name,
-            )
+            body = await self._get(namespace, name)
             policy: AgentPolicySpec | None = AgentPolicySpec.model_validate(body.get("spec") or {})
             if self.conflict(key, body) is not None:
                 policy = None  # a version reused with other content is as good as none
@@ -193,20 +277,49 @@ class PolicyCache:
         waiting.add(run)
         return first
 
+    def governing(self, run: RunSnapshot) -> Resolution:
+        """The run's policy: the one its checkpoint recorded at acceptance, else as it resolves now."""
+        recorded = _recorded(run.raw_checkpoint, run.namespace)
+        return recorded or self.resolve(run.namespace, run.spec.policy_ref)
+
+    def governing_key(self, body: Mapping[str, Any]) -> ObjectKey | None:
+        """The cache key of the policy governing a run given as its raw object (None: none)."""
+        namespace = str((body.get("metadata") or {}).get("namespace") or "")
+        recorded = _recorded(((body.get("status") or {}).get("checkpoint")), namespace)
+        if recorded is not None:
+            return recorded.key
+        raw = (body.get("spec") or {}).get("policyRef")
+        try:
+            ref = PolicyReference.model_validate(raw) if raw else None
+        except ValueError:
+            ref = None
+        found = self.resolve(namespace, ref)
+        return found.key if isinstance(found, Resolved) else None
+
+    def governing_spec(
+        self, namespace: str, spec: AgentRunSpec, status: Mapping[str, Any]
+    ) -> AgentPolicySpec | None:
+        """The cached policy of a run given as its spec and raw status (the webhook's view)."""
+        found = _recorded(status.get("checkpoint"), namespace) or self.resolve(namespace, spec.policy_ref)
+        return self.policies.get(found.key) if isinstance(found, Resolved) else None
+
     def settings_for(self, run: RunSnapshot, base: Settings, read: AgentPolicySpec | None = None) -> Settings:
         """The engine settings of ``run``: the operator's ``base`` with its policy's rules (``read``
-        when the caller has just read it, else the cached one)."""
-        ref = run.spec.policy_ref
-        if ref is None:
-            return base
-        policy = read or self.policies.get((run.namespace, ref.name))
+        when the caller has just read it, else the cached one). A run no policy governs (or whose
+        scope's policies contradict each other) may only read (``policy_required``)."""
+        found = self.governing(run)
+        if not isinstance(found, Resolved):
+            return replace(base, policy_required=True)
+        policy = read or self.policies.get(found.key)
         if policy is None:
-            return replace(base, policy_name=ref.name)
+            return replace(base, policy_name=found.name, policy_kind=found.kind)
         return replace(
             base,
             wait_expiries=policy.wait_expiries,
-            policy_name=ref.name,
+            policy_name=found.name,
+            policy_kind=found.kind,
             policy_version=policy.version,
+            policy_digest=self.digests.get(found.key),
             tiers={**base.tiers, **policy.tiers},
             policy=policy,
         )

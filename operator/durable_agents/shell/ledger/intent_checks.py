@@ -16,6 +16,7 @@ from durable_agents.api.v1alpha1 import ActionRecordSpec
 from durable_agents.core.destinations import effect_refusal
 from durable_agents.core.engine import RunSnapshot, Settings
 from durable_agents.core.engine.actions import PolicyUnknown, Refused, Unverified, intent_refusal
+from durable_agents.core.policy_resolution import Resolved
 from durable_agents.shell.agent.resolver import AgentResolver
 from durable_agents.shell.ground.store import Gone, RunStore
 from durable_agents.shell.intake.policies import PolicyCache
@@ -51,12 +52,15 @@ async def check_intent(
         run = RunSnapshot.from_object(run_body)
     except (ValidationError, KeyError) as err:
         return Refused(f"its run {spec.run_ref.name!r} cannot be read: {err}"[:1024]), run_body
-    if run.spec.policy_ref is not None:  # its approval rules: a fresh read, as the worker waits for it
-        read = await policies.read(namespace, run.spec.policy_ref.name, fresh=True)
+    found = policies.governing(run)
+    if isinstance(found, Resolved):  # its approval rules: a fresh read, as the worker waits for it
+        read = await policies.read(*found.key, fresh=True)
         if read is None:  # never sent without its policy: held until the policy is usable again
-            why = f"its AgentPolicy {run.spec.policy_ref.name!r} is missing or not usable"
+            why = f"its run's {found.describe()} is missing or not usable"
             return Unverified(PolicyUnknown("PolicyMissing", why)), run_body
         settings = policies.settings_for(run, settings, read)
+    else:  # no policy governs the run (or its scope's policies contradict): read-only work only
+        settings = policies.settings_for(run, settings)
     problem = target_refusal(namespace, spec, settings)
     if problem is not None:  # where it would land: the policy's allowlist, now (the second line)
         return Refused(problem, reason=DESTINATION_NOT_ALLOWED), run_body

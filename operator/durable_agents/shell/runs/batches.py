@@ -92,12 +92,12 @@ class BatchWriter:
 
     def _still_current(self, key: ObjectKey, written: dict[str, Any], batch: Batch) -> Precondition:
         """The write's precondition: the batch was decided under the policy the run has now."""
-        ref = (written.get("spec") or {}).get("policyRef") or {}
-        name = ref.get("name") if isinstance(ref, dict) else None
+        governing = self.policies.governing_key(written)
+        name = governing[1] if governing is not None else None
         commits, decided_under = [commit for _, commit, _ in batch], [policy for *_, policy in batch]
 
         def outdated() -> str | None:
-            current = self.policies.get((key[0], name)) if name else None
+            current = self.policies.get(governing) if governing is not None else None
             return batch_outdated(commits, decided_under, current, name)
 
         return outdated

@@ -17,6 +17,7 @@ from typing import Any
 from durable_agents.api.v1alpha1.states import RunState
 from durable_agents.core.engine import RunSnapshot
 from durable_agents.core.policy_integrity import VERSION_CONFLICT
+from durable_agents.core.policy_resolution import Blocked, Resolved, Ungoverned
 from durable_agents.shell.ground.kube import ObjectKey
 from durable_agents.shell.ground.store import RunStore
 from durable_agents.shell.intake.policies import PolicyCache
@@ -39,28 +40,43 @@ class PolicyWait:
         self.quarantine = quarantine  # (run, policy, reason): a run whose policy was force-deleted
 
     async def ready(self, key: ObjectKey, body: dict[str, Any], run: RunSnapshot) -> bool:
-        """False (and the run waits, saying why once) while the AgentPolicy it names is not known.
-        A run that ended needs none."""
-        ref = run.spec.policy_ref
-        if ref is None or run.state.terminal or await self._known(run.namespace, ref.name):
+        """False (and the run waits, saying why once) while the policy that governs it is not
+        known, or its scope's policies contradict each other (two defaults; a mandatory default
+        and a run naming another). A run that ended needs none; a run no policy governs goes on
+        (read-only work only: the engine refuses the rest with PolicyRequired)."""
+        if run.state.terminal:
             return True
-        policy = (run.namespace, ref.name)
+        found = self.policies.governing(run)
+        if not isinstance(found, Resolved):  # judged on a full list, not on a watch still filling
+            await self.policies.refresh_scope(run.namespace)
+            found = self.policies.governing(run)
+        if isinstance(found, Ungoverned):
+            return True
+        if isinstance(found, Blocked):
+            if self.policies.wait_for((run.namespace, ""), key):
+                log.warning("run %s/%s waits: %s", *key, found.message)
+                await self.events.record(body, found.reason, f"{found.message}: nothing runs", warning=True)
+                await self.store.note_waiting(body, f"agentpolicy:{found.reason}")
+            return False
+        if await self._known(*found.key):
+            return True
+        policy = found.key
         forced = self.policies.forced.get(policy)
         if forced is not None:
             if run.state in (RunState.QUARANTINED, RunState.CANCEL_REQUESTED):
                 return True  # to be canceled or retried: neither sends anything, neither needs it
-            await self.quarantine(key, ref.name, forced)
+            await self.quarantine(key, found.name, forced)
             return False
         if self.policies.wait_for(policy, key):
             conflict = self.policies.conflicts.get(policy)
             reason, why = (
                 (VERSION_CONFLICT, f"{conflict}: not used")
                 if conflict is not None
-                else ("PolicyNotFound", f"waiting for AgentPolicy {ref.name!r}: nothing runs without it")
+                else ("PolicyNotFound", f"waiting for {found.describe()}: nothing runs without it")
             )
-            log.warning("run %s/%s waits for its AgentPolicy %r: %s", *key, ref.name, why)
+            log.warning("run %s/%s waits for its %s: %s", *key, found.describe(), why)
             await self.events.record(body, reason, why, warning=True)
-            await self.store.note_waiting(body, f"agentpolicy:{ref.name}")
+            await self.store.note_waiting(body, f"{found.kind.lower()}:{found.name}")
         return False
 
     async def _known(self, namespace: str, name: str) -> bool:

@@ -322,11 +322,10 @@ class RetentionController(Background):
     # -- reads and writes ------------------------------------------------------------------------
 
     async def _retention(self, run: dict[str, Any]) -> Retention:
-        ref = (run.get("spec") or {}).get("policyRef") or {}
-        if not ref.get("name"):
+        key = self.policies.governing_key(run)  # named, or its namespace's or the cluster's default
+        if key is None:
             return Retention()
-        namespace, name = run["metadata"]["namespace"], str(ref["name"])
-        policy = await self.policies.read(namespace, name, absent_for=self.config.policy_cache)
+        policy = await self.policies.read(*key, absent_for=self.config.policy_cache)
         return policy.retention if policy is not None else Retention()
 
     async def _get(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
