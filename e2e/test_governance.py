@@ -246,7 +246,7 @@ def test_naming_a_policy_needs_use_on_it(
 
     # A mandatory default leaves no choice, whatever one may use.
     runs.custom.patch_namespaced_custom_object(
-        GROUP, VERSION, ns, "agentpolicies", "guarded", {"spec": {"mandatory": True}}
+        GROUP, VERSION, ns, "agentpolicies", "guarded", {"spec": {"mandatory": True, "version": "2"}}
     )
     message = refused(
         lambda: as_user(

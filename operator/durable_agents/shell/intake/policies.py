@@ -122,6 +122,7 @@ class PolicyCache:
         if key[0] != CLUSTER:  # the status writer keeps AgentPolicies' status (not the cluster's)
             for watcher in self.watchers:
                 watcher(event_type, body)
+        kind = "ClusterAgentPolicy" if key[0] == CLUSTER else "AgentPolicy"
         # Runs that waited for their scope's policies to agree (two defaults, a mandatory one).
         blocked = self._release_scope(key[0])
         if event_type == "DELETED":
@@ -129,10 +130,10 @@ class PolicyCache:
             self.digests.pop(key, None)
             self.conflicts.pop(key, None)
             forced = force_reason(body)
-            log.info("policy %s/%s deleted%s", *key, f" (force-deleted: {forced})" if forced else "")
+            log.info("%s %s/%s deleted%s", kind, *key, f" (force-deleted: {forced})" if forced else "")
             unproven = force_unproven(self.keyring, body) if forced is not None else None
             if unproven is not None:  # marked by hand (webhook off): its runs wait, not quarantined
-                log.warning("policy %s/%s: force-delete mark not honoured: %s", *key, unproven.message)
+                log.warning("%s %s/%s: force-delete mark not honoured: %s", kind, *key, unproven.message)
                 return blocked
             if forced is not None:
                 self.forced[key] = forced
@@ -144,21 +145,22 @@ class PolicyCache:
         try:
             parsed = AgentPolicySpec.model_validate(spec)
         except ValueError:
-            log.warning("ignoring invalid policy %s/%s", *key)
+            log.warning("ignoring invalid %s %s/%s", kind, *key)
             self.policies.pop(key, None)
             return blocked
         conflict = self.conflict(key, body)
         if conflict is not None:
             self.policies.pop(key, None)
             self.conflicts[key] = conflict
-            log.warning("policy %s/%s not used: %s", *key, conflict)
+            log.warning("%s %s/%s not used: %s", kind, *key, conflict)
             return blocked
         self.conflicts.pop(key, None)
         self.policies[key] = parsed
         self.digests[key] = content_digest(spec)
         waiting = self.awaiting.pop(key, set()) | blocked
         log.info(
-            "AgentPolicy %s/%s version %s known (%d run(s) waited for it)",
+            "%s %s/%s version %s known (%d run(s) waited for it)",
+            kind,
             *key,
             self.policies[key].version,
             len(waiting),
