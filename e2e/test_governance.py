@@ -231,6 +231,17 @@ def test_naming_a_policy_needs_use_on_it(
     waiting = runs.wait_state("by-default", "waiting_approval", timeout=Within.TAKEOVER)
     assert waiting["status"]["checkpoint"]["policy"]["name"] == "guarded"
 
+    # The default governs that run as if named: its status counts it, and it is not deleted under it.
+    def waiting_under_guarded() -> bool:
+        policy = runs.custom.get_namespaced_custom_object(GROUP, VERSION, ns, "agentpolicies", "guarded")
+        return bool(((policy.get("status") or {}).get("runs") or {}).get("waitingForApproval") == 1)
+
+    eventually(waiting_under_guarded, Within.COMMIT, "the default's status counting the run waiting under it")
+    message = refused(
+        lambda: runs.custom.delete_namespaced_custom_object(GROUP, VERSION, ns, "agentpolicies", "guarded")
+    )
+    assert "by-default" in message, message
+
     # With use on that one policy (resourceNames), dave may name it, and its rules govern.
     grant(kube, ns, "dave", rule(GROUP, "agentpolicies", "use", names=["permissive"]), name="dave-permissive")
     eventually(

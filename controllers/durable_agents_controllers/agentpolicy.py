@@ -33,7 +33,7 @@ from durable_agents_controllers.manager import Manager
 
 
 def build(manager: Manager) -> None:
-    writer = PolicyStatusWriter(manager.kube, manager.runs.synced)
+    writer = PolicyStatusWriter(manager.kube, manager.runs.synced, governs=manager.policies.governing_key)
     manager.policies.watchers.append(writer.observe_policy)
     manager.runs.subscribe(writer.observe_run)
     manager.runnables.add(writer)
@@ -69,7 +69,9 @@ def register(registry: kopf.OperatorRegistry, manager: Manager) -> None:
     # The preview reads the runs' evidence again as the worker does (as each run's ServiceAccount),
     # and takes the runs from the manager's one AgentRun watch (no LIST per review).
     index = RunIndex()
-    previewer = PolicyPreviewer(manager.kube, manager.keyring, EvidenceReader(manager.kube), index)
+    previewer = PolicyPreviewer(
+        manager.kube, manager.keyring, EvidenceReader(manager.kube), index, manager.policies.governing_key
+    )
 
     def build_preview(manager: Manager) -> None:
         index.follow(manager.runs.synced)

@@ -19,7 +19,7 @@ admission webhook (who, when, ``Purpose.CONTROL`` over the policy's UID and the 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -127,12 +127,17 @@ def live(run: Mapping[str, Any]) -> bool:
         return True  # a state this operator does not know: assume it may still act
 
 
-def runs_using(runs: Iterable[Mapping[str, Any]], policy: str) -> list[str]:
-    """The names of the non-terminal runs that use ``policy`` (sorted)."""
+def runs_using(
+    runs: Iterable[Mapping[str, Any]],
+    policy: str,
+    governed: Callable[[Mapping[str, Any]], bool] | None = None,
+) -> list[str]:
+    """The names of the non-terminal runs that use ``policy`` (sorted): those naming it, and those
+    ``governed`` says it governs (by default, or as recorded at acceptance)."""
     return sorted(
         str((run.get("metadata") or {}).get("name") or "")
         for run in runs
-        if live(run) and policy in policy_refs(run)
+        if live(run) and (policy in policy_refs(run) or (governed is not None and governed(run)))
     )
 
 

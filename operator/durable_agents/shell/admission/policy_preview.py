@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any, Final, Protocol
@@ -34,7 +34,7 @@ from durable_agents.core.policy_preview import Prediction, RunPreview, preview_r
 from durable_agents.core.sealing import Keyring
 from durable_agents.shell.agent.resolver import AgentResolver
 from durable_agents.shell.effects.plugins import load_effects, load_planners
-from durable_agents.shell.ground.kube import Kube
+from durable_agents.shell.ground.kube import Kube, ObjectKey
 
 log = logging.getLogger(__name__)
 
@@ -52,14 +52,22 @@ RUN_PREFIX: Final = "policy preview run "
 _WAITING: Final = (RunState.WAITING_APPROVAL, RunState.WAITING_EXTERNAL)
 
 
-def runs_under_policy(runs: list[Mapping[str, Any]], namespace: str, name: str) -> list[Mapping[str, Any]]:
-    """The runs the AgentPolicy ``namespace/name`` governs: those whose ``spec.policyRef`` names it.
-    (Resolution through a namespace default or a cluster baseline extends this one function.)"""
+def runs_under_policy(
+    runs: list[Mapping[str, Any]],
+    namespace: str,
+    name: str,
+    governs: Callable[[Mapping[str, Any]], ObjectKey | None] | None = None,
+) -> list[Mapping[str, Any]]:
+    """The runs the AgentPolicy ``namespace/name`` governs: those whose ``spec.policyRef`` names it,
+    and those ``governs`` resolves to it (the namespace's default, or recorded at acceptance)."""
     return [
         run
         for run in runs
         if (run.get("metadata") or {}).get("namespace") == namespace
-        and ((run.get("spec") or {}).get("policyRef") or {}).get("name") == name
+        and (
+            ((run.get("spec") or {}).get("policyRef") or {}).get("name") == name
+            or (governs is not None and governs(run) == (namespace, name))
+        )
     ]
 
 
@@ -135,8 +143,14 @@ class PolicyPreviewer:
     recorded, and the summary says for how many runs), the keyring."""
 
     def __init__(
-        self, kube: Kube, keyring: Keyring | None, reader: Rereader | None, index: RunIndex | None = None
+        self,
+        kube: Kube,
+        keyring: Keyring | None,
+        reader: Rereader | None,
+        index: RunIndex | None = None,
+        governs: Callable[[Mapping[str, Any]], ObjectKey | None] | None = None,
     ) -> None:
+        self.governs = governs  # which policy governs a run (the policy cache's resolution)
         tiers = {name: effect.tier for name, effect in load_effects().items()}
         self.kube, self.index = kube, index
         self.base = Settings(tiers=tiers, available_effects=frozenset(tiers), keyring=keyring)
@@ -161,7 +175,7 @@ class PolicyPreviewer:
         now, reads, unread = datetime.now(UTC), MAX_READS, 0
         current_spec = _spec(old)
         out = []
-        under = runs_under_policy(items, namespace, name)
+        under = runs_under_policy(items, namespace, name, self.governs)
         log.info("policy preview of %s/%s: %d run(s) under it, from %s", namespace, name, len(under), source)
         for obj in under:
             if obj.get("status", {}).get("state") not in {s.value for s in _WAITING}:

@@ -91,11 +91,14 @@ class PolicyCache:
         self.forced: dict[ObjectKey, str] = {}
 
     async def users(self, namespace: str, name: str) -> list[str]:
-        """The non-terminal runs that use the policy, read from the API server (sorted names)."""
+        """The non-terminal runs that use the policy, read from the API server (sorted names): the
+        runs naming it and the runs it governs (as their namespace's default, or recorded)."""
         listed = await self.kube.call(
             self.kube.custom.list_namespaced_custom_object, GROUP, VERSION, namespace, "agentruns"
         )
-        return runs_using(listed.get("items") or [], name)
+        return runs_using(
+            listed.get("items") or [], name, lambda run: self.governing_key(run) == (namespace, name)
+        )
 
     def seen_versions(self, key: ObjectKey) -> dict[str, str]:
         return dict(self.seen.get(key, {}))

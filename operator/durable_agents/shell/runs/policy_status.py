@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -42,7 +43,15 @@ MERGE_PATCH = "application/merge-patch+json"
 
 
 class PolicyStatusWriter(Background):
-    def __init__(self, kube: Kube, synced: asyncio.Event, interval: float = 1.0) -> None:
+    def __init__(
+        self,
+        kube: Kube,
+        synced: asyncio.Event,
+        interval: float = 1.0,
+        governs: Callable[[Mapping[str, Any]], PolicyKey | None] | None = None,
+    ) -> None:
+        # Which policy governs a run: the policy cache's resolution (named, default, recorded).
+        self.governs = governs
         self.kube = kube
         self.synced = synced  # the AgentRun reflector's first list is delivered
         self.interval = interval
@@ -71,7 +80,8 @@ class PolicyStatusWriter(Background):
         before = self.governed.get(key)
         after: tuple[PolicyKey, str] | None = None
         if event_type != "DELETED":
-            policy = governing_policy(key[0], body.get("spec") or {})
+            named = governing_policy(key[0], body.get("spec") or {})
+            policy = self.governs(body) if self.governs is not None else named
             bucket = run_bucket(body.get("status") or {})
             if policy is not None and bucket is not None:
                 after = (policy, bucket)
