@@ -11,9 +11,11 @@ from typing import Any
 
 import pytest
 
+from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents.shell.runs.worker import WorkerConfig
 from durable_agents_testkit.audit import audit_offset, count_by, read_audit
 from durable_agents_testkit.eventually import Within, eventually
+from durable_agents_testkit.governance import PERMISSIVE_DEFAULT
 from durable_agents_testkit.localcluster.controlplane import LocalControlPlane
 from durable_agents_testkit.operator_process import OperatorProcess
 from durable_agents_testkit.runs import Runs
@@ -54,6 +56,17 @@ def test_parked_runs_cost_no_lease_and_no_requests_and_expire_on_time(
     eventually(all_parked, Within.RUN, f"{PARKED} runs to park in waiting_input", interval=0.5)
     parked_at = datetime.now(UTC)
     eventually(lambda: runs.leases() == [], Within.COMMIT, "parked runs to hold no Lease")
+    # The namespace's default policy counts the runs it governs (its status, written after a change):
+    # once it counts every parked run, nothing changes any more and the idle minute can begin.
+
+    def default_counts_them() -> bool:
+        policy = runs.custom.get_namespaced_custom_object(
+            GROUP, VERSION, runs.namespace, "agentpolicies", PERMISSIVE_DEFAULT
+        )
+        counted = ((policy.get("status") or {}).get("runs")) or {}
+        return sum(int(n) for n in counted.values()) == PARKED
+
+    eventually(default_counts_them, Within.COMMIT, f"the default policy's status to count the {PARKED} runs")
 
     # Writes while parking (2 transitions each, accepted and input_requested, in one write).
     parking = read_audit(audit, offset=offset, user=OPERATOR_USER, since=started, until=parked_at)
