@@ -9,12 +9,39 @@ webhook enforces except the RBAC question (a SubjectAccessReview, asked by the s
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
 from durable_agents.api.v1alpha1 import ApprovalDecision, ApprovalRequest, Identity
 from durable_agents.core.digest import canonical_digest
+
+# A request's ID is ``<step>-<n>``. Under a quorum, the first decision goes under the request ID and
+# each further one under ``<request ID>.<k>`` (k = 2, 3, ...): one key per decision, so two approvers
+# deciding at once never overwrite each other (spec.approvals is append-only).
+_QUORUM_KEY = re.compile(r"^(?P<request>.+-[0-9]+)\.(?P<k>[0-9]+)$")
+
+
+def request_of_key(key: str) -> str:
+    """The request ID a ``spec.approvals`` key decides (itself, or the part before ``.<k>``)."""
+    match = _QUORUM_KEY.match(key)
+    return match["request"] if match else key
+
+
+def decision_keys(approvals: Mapping[str, Any], request_id: str) -> list[str]:
+    """The ``spec.approvals`` keys that decide ``request_id``, in the order they were numbered."""
+    keys = [key for key in approvals if request_of_key(key) == request_id]
+    return sorted(keys, key=lambda key: 1 if key == request_id else int(key.rsplit(".", 1)[1]))
+
+
+def next_decision_key(approvals: Mapping[str, Any], request_id: str) -> str:
+    """Where a new decision on ``request_id`` goes: the request ID, or the next ``.<k>``."""
+    keys = decision_keys(approvals, request_id)
+    if not keys:
+        return request_id
+    numbered = [int(key.rsplit(".", 1)[1]) for key in keys if key != request_id]
+    return f"{request_id}.{max([1, *numbered]) + 1}"
 
 
 def approval_digest(

@@ -63,6 +63,46 @@ class ApproverRule(ApiModel):
     resource: str = Field(default="agentruns", max_length=63)
     """The resource of group durable-agents.io the verb is asked on, for the run's name."""
     four_eyes: bool = Field(default=False, description="The run's creator may not approve it.")
+    quorum: int = Field(
+        default=1,
+        ge=1,
+        le=10,
+        description=(
+            "How many distinct people must approve a request (each holding the verb; the creator "
+            "never counts under fourEyes). One rejection decides."
+        ),
+    )
+    quorum_by_tier: dict[str, Annotated[int, Field(ge=1, le=10)]] = Field(
+        default_factory=dict,
+        max_length=3,
+        description="A quorum for a tier, overriding quorum (e.g. consequential: 2).",
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "self.all(t, t in ['read-only', 'reversible', 'consequential'])",
+                    "quorumByTier keys are tiers: read-only, reversible, consequential",
+                )
+            ]
+        },
+    )
+
+
+class RejectionResponse(StrEnum):
+    """What an approver's rejection does to the run."""
+
+    END = "end"
+    REPLAN = "replan"
+
+
+class RejectionRule(ApiModel):
+    """What a rejection does: end the run, or (for a call the model proposed) tell the model the
+    approver's reason and let it propose again, at most ``maxRejections`` times in a run."""
+
+    response: RejectionResponse = RejectionResponse.END
+    """end: the run ends (ApprovalRejected); replan: the model is told the reason and asked again
+    (a scripted step still fails)."""
+    max_rejections: int = Field(default=3, ge=1, le=100)
+    """Rejections a run may take under replan; the next one ends it."""
 
 
 class FreshnessRules(ApiModel):
@@ -279,6 +319,8 @@ class AgentPolicySpec(ApiModel):
         json_schema_extra={"x-kubernetes-list-type": "set"},
     )
     """The decisions an approver may give (approve, reject)."""
+    rejection: RejectionRule = Field(default_factory=RejectionRule)
+    """What an approver's rejection does (end the run, or replan with the reason)."""
     freshness: FreshnessRules = Field(default_factory=FreshnessRules)
     """What a change of evidence or policy, or an expiry, means for an approval."""
     wait_expiries: WaitExpiries = Field(default_factory=WaitExpiries)

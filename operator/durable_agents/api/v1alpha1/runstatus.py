@@ -37,6 +37,17 @@ class ModelProposal(ApiModel):
     )
 
 
+class ApprovalVote(ApiModel):
+    """One verified approval of a request that needs more than one (a policy's quorum)."""
+
+    approver: str = Field(max_length=253)
+    """Who approved (the stamped, verified username)."""
+    key: str = Field(max_length=160)
+    """The spec.approvals key the decision was written under."""
+    decided_at: datetime | None = None
+    """When (stamped by the admission webhook)."""
+
+
 class ApprovalRequest(ApiModel):
     """The pending approval request: what exactly is to be approved, by whom, until when."""
 
@@ -76,6 +87,17 @@ class ApprovalRequest(ApiModel):
     """When the request expires (then the policy's freshness.approvalExpired applies)."""
     allowed_decisions: list[Literal["approve", "reject"]] = Field(max_length=2)
     """The decisions the policy allows (allowedDecisions)."""
+    approver_verb: str | None = Field(default=None, max_length=63)
+    """The RBAC verb a decision needs (the policy's approvers.verb), asked by SubjectAccessReview."""
+    approver_resource: str | None = Field(default=None, max_length=63)
+    """The resource of group durable-agents.io the verb is asked on, for the run's name."""
+    four_eyes: bool = Field(default=False, description="The run's creator may not decide it.")
+    quorum: int = Field(default=1, ge=1, le=10, description="Distinct approvals needed.")
+    approved_by: list[ApprovalVote] = Field(
+        default_factory=list,
+        max_length=10,
+        description="The verified approvals so far (a quorum above 1): quorum minus these are missing.",
+    )
     proposal: ModelProposal | None = Field(
         default=None, description="For a call the model planner proposed: the model's tool and words."
     )

@@ -119,6 +119,10 @@ def request_approval(
         expires_at=expires,
         allowed_decisions=[decision.value for decision in policy.allowed_decisions],
         proposal=_proposal(cp, index, step),
+        approver_verb=rule.verb,
+        approver_resource=rule.resource,
+        four_eyes=rule.four_eyes,
+        quorum=rule.quorum_by_tier.get(spec.tier.value, rule.quorum),
     )
     record = ApprovalRecord(
         request_id=request_id, digest=digest, expires_at=expires, policy_version=version, step_index=index
