@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import yaml
+from e2e.test_reveal import IBAN, MEMO, USER_ROLES, allows, assert_nothing_in_clear, plugin, policy, user_api
 from kubernetes import client
 
 from durable_agents.api.v1alpha1 import GROUP, VERSION
@@ -32,7 +33,6 @@ from durable_agents_testkit.rbac import bind
 from durable_agents_testkit.refsystem import ReferenceSystemThread
 from durable_agents_testkit.runs import Runs
 from durable_agents_testkit.scrape import free_port
-from e2e.test_reveal import IBAN, MEMO, USER_ROLES, allows, assert_nothing_in_clear, plugin, policy, user_api
 
 PEOPLE = ("editor", "approver", "responder")
 QUESTION = "Send the receipt of INV-7731 to ACME's accounts team? (responder-question-3e81)"
@@ -139,8 +139,9 @@ def test_a_responder_reads_and_answers_the_question_and_nothing_else(
     for refused in (nothing, approve, cancel):
         assert MEMO not in refused.stdout + refused.stderr
         assert IBAN not in refused.stdout + refused.stderr
-    assert runs.get("invoice")["status"]["state"] == "waiting_approval", "nothing was decided"
-    assert not (runs.get("invoice")["spec"].get("cancellations") or {})
+    stored = runs.get("invoice")
+    assert stored["status"]["state"] == "waiting_approval", "nothing was decided"
+    assert not stored["spec"].get("cancellations"), "no cancellation was stored"
     assert refsystem.counts() == {}
 
     approved = plugin(kubeconfigs["approver"], ns, "approve", "invoice")

@@ -284,7 +284,9 @@ def test_requests_as_each_person(namespace: str, people: dict[str, client.ApiCli
     # deletes a run, nor reads the ledger.
     answer = {"spec": {"answers": {"confirm.2": "yes"}}}
     runs["responder"]("patch_namespaced_custom_object", "rollout", answer)
-    assert status_of(lambda: runs["responder"]("create_namespaced_custom_object", a_run("by-responder"))) == 403
+    assert (
+        status_of(lambda: runs["responder"]("create_namespaced_custom_object", a_run("by-responder"))) == 403
+    )
     assert status_of(lambda: runs["responder"]("delete_namespaced_custom_object", "rollout")) == 403
     records = client.CustomObjectsApi(people["responder"]).list_namespaced_custom_object
     assert status_of(lambda: records(GROUP, VERSION, namespace, "actionrecords")) == 403

@@ -43,10 +43,10 @@ arguments, its stated reason) and what its tools returned: ``status`` shows the 
 it) and a table of the turns; revealed, the model's words are printed quoted and marked as
 written by the model: they are the model's, never authority. ``status --reveal`` shows them to
 who may approve the run (the policy's verb, default "approve"), and to who may answer it (verb
-"answer") the question it waits on and nothing else (what was withheld is named): it sends a server-side dry-run
-patch carrying a public key made for this one request, and the operator's admission webhook
-answers, in the dry-run response, with the values encrypted to that key. Nothing is stored;
-only this command can read the answer.
+"answer") the question it waits on and nothing else (what was withheld is named): it sends a
+server-side dry-run patch carrying a public key made for this one request, and the operator's
+admission webhook answers, in the dry-run response, with the values encrypted to that key.
+Nothing is stored; only this command can read the answer.
 """
 
 from __future__ import annotations
@@ -416,7 +416,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--context")
     parser.add_argument("--reason", help="why (recorded with the decision or cancellation)")
     parser.add_argument("--scope", default="task", choices=["task", "children", "toolCall", "turn"])
-    parser.add_argument("--reveal", action="store_true", help="status: show sealed values (approvers; the waiting question to who may answer)")
+    parser.add_argument(
+        "--reveal",
+        action="store_true",
+        help="status: show sealed values (approvers; the waiting question to who may answer)",
+    )
     args = parser.parse_args(args_given)
     api, default_ns = _api(args.kubeconfig, args.context)
     ns = args.namespace or default_ns

@@ -69,7 +69,8 @@ def withheld(run: Mapping[str, Any], shown: set[str]) -> list[str]:
         found.append("the approval request's arguments and proposal")
     turns = _dict(_dict(status.get("checkpoint")).get("agent")).get("turns")
     if isinstance(turns, list) and turns:
-        found.append(f"the model's {len(turns)} turns (arguments, reasons, results)")
+        many = f"{len(turns)} turns" if len(turns) > 1 else "turn"
+        found.append(f"the model's {many} (arguments, reasons, results)")
     if isinstance(status.get("outcome"), Mapping) and is_sealed(status["outcome"].get("result")):
         found.append("the model's final answer")
     found.append("the actions' arguments and outcomes (ActionRecords)")
