@@ -6,7 +6,9 @@ with ONE RoleBinding: editor (who starts the run, with policy-user), approver, a
 responder's ``status --reveal`` shows the question and names what it withheld (the effect's
 arguments, the action's arguments and outcome) and the verb that shows it, never their values; a
 run that waits on no question reveals nothing to them, with a message that says so; the responder
-cannot approve or cancel, and answers the question, which the run acts on.
+cannot approve or cancel, and answers the question, which the run acts on. The same for a
+model's question (``askHuman``): shown as the model's words, its turns withheld, and the answer
+reaches the model.
 """
 
 from __future__ import annotations
@@ -19,15 +21,18 @@ from typing import Any
 
 import pytest
 import yaml
+from e2e.test_agent import agent_namespace, agent_spec  # noqa: F401 (a fixture)
 from e2e.test_reveal import IBAN, MEMO, USER_ROLES, allows, assert_nothing_in_clear, plugin, policy, user_api
 from kubernetes import client
 
 from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents.api.v1alpha1.labels import REVEAL_ANNOTATION, REVEALED_ANNOTATION
 from durable_agents.core.disclosure import new_reader_key, open_as_reader
+from durable_agents_testkit.agent_sample import API_KEY, sample_of, script
 from durable_agents_testkit.cluster import KubeEnv
 from durable_agents_testkit.eventually import Within, eventually
 from durable_agents_testkit.localcluster.controlplane import LocalControlPlane
+from durable_agents_testkit.modelserver import ModelServerThread
 from durable_agents_testkit.operator_process import OperatorProcess
 from durable_agents_testkit.rbac import bind
 from durable_agents_testkit.refsystem import ReferenceSystemThread
@@ -187,3 +192,81 @@ def test_a_responder_reads_and_answers_the_question_and_nothing_else(
     after = plugin(responder, ns, "status", "invoice", "--reveal")
     assert after.returncode != 0
     assert "waits on no question (state 'completed'" in after.stderr, after.stderr
+
+
+# The sample's model (config/samples/reference-model/refunds-script.yaml) reads the limits and
+# proposes the refund; then, here, it asks a person, and answers only once told the marker.
+MODEL_QUESTION = "Tell the customer by e-mail? \u202e(responder-model-question-5b9c)"
+MARKER = "responder-model-answer-e2d4"
+REFUND = script()["rules"][1]["toolCalls"][0]["arguments"]
+
+
+def asking_script() -> dict[str, Any]:
+    read, refund, _ = script()["rules"]
+    asked = {"called": ["refund"], "notCalled": ["ask_owner"]}
+    ask = {"name": "ask_owner", "arguments": {"question": MODEL_QUESTION}}
+    told = {"called": ["ask_owner"], "lastToolResultContains": MARKER}
+    return {
+        "model": "scripted-refunds",
+        "rules": [
+            read,
+            refund,
+            {"when": asked, "content": "Should I tell the customer?", "toolCalls": [ask]},
+            {"when": told, "content": f"Refunded; the owner said: {MARKER}."},
+        ],
+    }
+
+
+@pytest.mark.local_plane("users", "webhook")
+def test_a_responder_reads_and_answers_a_models_question_and_nothing_else(
+    start_operator: Callable[..., OperatorProcess],
+    runs: Runs,
+    agent_namespace: str,  # noqa: F811
+    kubeconfigs: dict[str, Path],
+    refsystem: ReferenceSystemThread,
+) -> None:
+    op = start_operator("responder-model", DURABLE_AGENTS_WEBHOOK_PORT=str(free_port()))
+    eventually(lambda: op.logged("admission webhook serving"), Within.COMMIT, "the admission webhook")
+    runs.await_webhook()
+    ns, name, responder = agent_namespace, "refund", kubeconfigs["responder"]
+    with ModelServerThread(asking_script(), api_key=API_KEY) as model:
+        spec = agent_spec(model, refsystem)
+        ask = {"name": "ask_owner", "description": "Ask the shop owner.", "askHuman": {"expiresIn": "1h"}}
+        spec["agent"]["tools"].append(ask)
+        body = {**sample_of("AgentRun"), "spec": spec}
+        user_api(kubeconfigs["editor"]).create_namespaced_custom_object(GROUP, VERSION, ns, "agentruns", body)
+        runs.wait_state(name, "waiting_approval", timeout=Within.TAKEOVER)
+        with pytest.raises(client.ApiException) as refused:  # the model's proposal is not a question
+            revealed_as(responder, ns, name)
+        assert refused.value.status == 409, refused.value.body
+        assert "waits on no question" in str(refused.value.body)
+        assert REFUND["orderId"] not in str(refused.value.body)
+        approved = plugin(kubeconfigs["approver"], ns, "approve", name)
+        assert approved.returncode == 0, approved.stderr
+        runs.wait_state(name, "waiting_input", timeout=Within.RUN)
+
+        document = revealed_as(responder, ns, name)
+        assert document["pendingInput"]["question"] == MODEL_QUESTION
+        assert document["pendingInput"]["askedBy"] == "model"
+        assert "the model's 3 turns (arguments, reasons, results)" in document["withheld"]["what"]
+        text = json.dumps(document)
+        for secret in (REFUND["orderId"], "The limit is 200 EUR", "maxAmount", "Should I tell"):
+            assert secret not in text, f"the responder sees {secret!r}"
+        shown = plugin(responder, ns, "status", name, "--reveal")
+        assert shown.returncode == 0, shown.stderr
+        question = next(line for line in shown.stdout.splitlines() if line.startswith("Question:"))
+        assert question.startswith("Question:    asked by the model (its words, not authority): ")
+        assert "\\u202e(responder-model-question-5b9c)" in question, (
+            "the model's control character is escaped"
+        )
+        assert REFUND["orderId"] not in shown.stdout
+        assert "withheld: the model's 3 turns (arguments, reasons, results)" in shown.stdout
+
+        answered = plugin(responder, ns, "answer", name, f"yes, tell them ({MARKER})")
+        assert answered.returncode == 0, answered.stderr
+        runs.wait_state(name, "completed", timeout=Within.RUN)
+    # The model was told the answer: only then does its script answer (and the run complete).
+    final = revealed_as(kubeconfigs["approver"], ns, name)["answer"]
+    assert final == {"writtenBy": "model", "text": f"Refunded; the owner said: {MARKER}."}
+    assert list(refsystem.counts().values()) == [1]
+    assert not op.logged("Traceback")
