@@ -161,7 +161,7 @@ def test_a_responder_reads_and_answers_the_question_and_nothing_else(
     assert f"Question:    {QUESTION}" in shown.stdout, shown.stdout
     assert "only the question this run waits on" in shown.stdout
     assert "withheld: spec value steps/pay/arguments (verb 'approve' on agentruns shows it)" in shown.stdout
-    assert "withheld: the actions' arguments and outcomes (ActionRecords)" in shown.stdout
+    assert "withheld: its actions' arguments and outcomes (ActionRecords), if any" in shown.stdout
     assert MEMO not in shown.stdout
     assert IBAN not in shown.stdout
     assert "  action " not in shown.stdout

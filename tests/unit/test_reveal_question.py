@@ -69,7 +69,7 @@ def test_the_question_and_its_answers_only() -> None:
             "spec value answers/other",
             "spec value steps/later/question",
             "spec value steps/pay/arguments",
-            "the actions' arguments and outcomes (ActionRecords)",
+            "its actions' arguments and outcomes (ActionRecords), if any",
         ],
         "verb": "approve-payments",
         "resource": "agentruns",

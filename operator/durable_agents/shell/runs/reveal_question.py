@@ -73,7 +73,7 @@ def withheld(run: Mapping[str, Any], shown: set[str]) -> list[str]:
         found.append(f"the model's {many} (arguments, reasons, results)")
     if isinstance(status.get("outcome"), Mapping) and is_sealed(status["outcome"].get("result")):
         found.append("the model's final answer")
-    found.append("the actions' arguments and outcomes (ActionRecords)")
+    found.append("its actions' arguments and outcomes (ActionRecords), if any")
     return found
 
 
