@@ -42,10 +42,11 @@ arguments, its stated reason) and what its tools returned: ``status`` shows the 
 (tool, call, turn), the evidence the request rests on (IDs, content digests, the turn that read
 it) and a table of the turns; revealed, the model's words are printed quoted and marked as
 written by the model: they are the model's, never authority. ``status --reveal`` shows them to
-who may approve the run (the policy's verb, default "approve"): it sends a server-side dry-run
-patch carrying a public key made for this one request, and the operator's admission webhook
-answers, in the dry-run response, with the values encrypted to that key. Nothing is stored;
-only this command can read the answer.
+who may approve the run (the policy's verb, default "approve"), and to who may answer it (verb
+"answer") the question it waits on and nothing else (what was withheld is named): it sends a
+server-side dry-run patch carrying a public key made for this one request, and the operator's
+admission webhook answers, in the dry-run response, with the values encrypted to that key.
+Nothing is stored; only this command can read the answer.
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ from durable_agents.kubectl import policy as kubectl_policy
 from durable_agents.kubectl import policy_force_delete as kubectl_policy_force_delete
 from durable_agents.kubectl import reconcile as kubectl_reconcile
 from durable_agents.kubectl import region as kubectl_region
+from durable_agents.kubectl import revealed as kubectl_revealed
 from durable_agents.kubectl import why as kubectl_why
 
 
@@ -297,6 +299,8 @@ def _revealed_turn_lines(turn: Mapping[str, Any]) -> list[str]:
 
 def _revealed_lines(document: dict[str, Any]) -> list[str]:
     lines = ["Revealed (only to you; nothing was stored):"]
+    if kubectl_revealed.question_only(document):  # a responder's: the question, what was withheld
+        lines += kubectl_revealed.question_lines(document)
     for label, value in sorted((document.get("values") or {}).items()):
         lines.append(f"  {label}: {_shown(value)}")
     for turn in document.get("turns") or []:
@@ -321,6 +325,8 @@ def describe(run: dict[str, Any], revealed: dict[str, Any] | None = None) -> str
     if pending:
         shown = (revealed or {}).get("pendingInput") or {}
         question = _shown(pending.get("question"), shown.get("question"), "question" in shown)
+        if shown.get("askedBy") == kubectl_revealed.ASKED_BY_MODEL and isinstance(shown.get("question"), str):
+            question = f"asked by the model (its words, not authority): {_quoted(shown['question'])}"
         key = pending.get("key") or pending.get("requestId")  # a new key once an answer was refused
         lines.append(f"Question:    {question} (answer as spec.answers[{key!r}]: kubectl agentrun answer)")
     request = status.get("approvalRequest")
@@ -410,7 +416,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--context")
     parser.add_argument("--reason", help="why (recorded with the decision or cancellation)")
     parser.add_argument("--scope", default="task", choices=["task", "children", "toolCall", "turn"])
-    parser.add_argument("--reveal", action="store_true", help="status: show sealed values (approvers)")
+    parser.add_argument(
+        "--reveal",
+        action="store_true",
+        help="status: show sealed values (approvers; the waiting question to who may answer)",
+    )
     args = parser.parse_args(args_given)
     api, default_ns = _api(args.kubeconfig, args.context)
     ns = args.namespace or default_ns
