@@ -228,3 +228,31 @@ def test_a_rejection_written_past_the_webhook_tells_the_model_nothing(
     tool_results = [m for r in requests for m in r["messages"] if m["role"] == "tool"]
     assert tool_results == [], "the model was told nothing: its call is still the pending one"
     assert refsystem.total() == 0
+
+
+@pytest.mark.parametrize(
+    "reason",
+    ["\x1b[2J\x1b[31mapproved\x1b[0m", "nul\x00byte", "c1\x9bcontrol", "r" * 1025],
+    ids=["ansi-escape", "nul", "c1-control", "over-1024"],
+)
+def test_a_reason_with_control_characters_or_over_its_bound_is_refused_naming_the_field(
+    runs: Runs,
+    kube: KubeEnv,
+    namespace: str,
+    model: ModelServerThread,
+    refsystem: ReferenceSystemThread,
+    reason: str,
+) -> None:
+    """The reason is shown to people and, under replan, told to the model: the API server refuses
+    one it could not show as plain text, naming the field; nothing is recorded."""
+    install(kube, namespace, response="replan")
+    name = runs.create(spec(model, refsystem))
+    body = {"digest": "sha256:" + "0" * 64, "decision": "reject", "reason": reason}
+    with pytest.raises(client.ApiException) as refused:
+        runs.patch_spec(name, {"approvals": {"agent-0-1": body}}, stamped=False)
+    assert refused.value.status == 422
+    assert "spec.approvals.agent-0-1.reason" in str(refused.value.body)
+    assert (runs.get(name)["spec"].get("approvals") or {}) == {}
+    fine = {**body, "reason": "too much,\tat most 100\r\nsee the limits page"}
+    runs.patch_spec(name, {"approvals": {"agent-0-1": fine}}, stamped=False)  # tabs and line breaks pass
+    assert runs.get(name)["spec"]["approvals"]["agent-0-1"]["reason"] == fine["reason"]
