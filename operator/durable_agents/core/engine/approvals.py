@@ -29,6 +29,7 @@ from durable_agents.core.engine.actions import action_spec
 from durable_agents.core.engine.commits import CommitBuilder, refusal_of, refuse_in
 from durable_agents.core.engine.currency import policy_moved
 from durable_agents.core.engine.decisions import Commit, Decision, Idle, NeedEvidence
+from durable_agents.core.engine.rejections import after_rejection
 from durable_agents.core.engine.snapshot import RunSnapshot, Settings
 from durable_agents.core.planner import PerformEffect, Planner, PlannerError, PlanningContext
 from durable_agents.core.statemachine import RunEvent
@@ -232,13 +233,8 @@ def revalidate_approval(
     """Before acting on an approval, check it still binds what will happen: the action's digest,
     the installed effect, the policy version and the evidence the approver was shown."""
     cp, policy = builder.cp, settings.policy
-    if record.decision == "rejected":
-        return builder.commit(
-            RunEvent.ATTEMPT_FAILED,
-            outcome=Outcome(
-                reason="ApprovalRejected", message=f"{record.decided_by} rejected {record.request_id}"
-            ),
-        )
+    if record.decision == "rejected":  # the run ends, or (replan) the model is told why
+        return after_rejection(builder, run, planner, settings, record)
     try:
         step = planner.next_step(PlanningContext(run.spec, cp))
     except PlannerError as err:
