@@ -11,7 +11,7 @@ from pydantic import Field
 
 from durable_agents.api.v1alpha1.identity import Identity
 from durable_agents.api.v1alpha1.identity import stamp_field as _stamp
-from durable_agents.api.v1alpha1.meta import ApiModel
+from durable_agents.api.v1alpha1.meta import ApiModel, cel
 from durable_agents.api.v1alpha1.runstatus import CancelScope
 
 
@@ -42,8 +42,20 @@ class ApprovalDecision(ApiModel):
     """The request's digest, copied from status.approvalRequest.digest."""
     decision: Literal["approve", "reject"]
     """approve or reject (as the policy's allowedDecisions allow)."""
-    reason: str | None = Field(default=None, max_length=1024)
-    """Why, for the record."""
+    reason: str | None = Field(
+        default=None,
+        max_length=1024,
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    r"!self.matches(r'[\x00-\x08\x0B-\x1F\x7F-\x9F]')",
+                    "reason: no control characters but newline and tab",
+                )
+            ]
+        },
+    )
+    """Why, for the record (shown to people; under replan, to the model): at most 1024 characters,
+    no control characters but newline and tab."""
     approver: Identity | None = None
     """Who decided: written by the admission webhook from the request's user."""
     decided_at: datetime | None = None
