@@ -9,11 +9,14 @@ from datetime import datetime
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from tests.unit.builders import (
     DONE,
     KEYRING,
     apply,
     at,
+    checkpoint_of,
     commit_of,
     cp_of,
     decide_on,
@@ -28,6 +31,7 @@ from tests.unit.builders import (
 
 from durable_agents.api.v1alpha1 import ActionTier
 from durable_agents.api.v1alpha1.states import RunState
+from durable_agents.core.approvals import next_decision_key
 from durable_agents.core.engine import Idle, Settings
 from durable_agents.core.engine.commits import Refusal, StatusNote
 from durable_agents.core.statemachine import RunEvent
@@ -170,3 +174,60 @@ def test_a_partly_approved_request_expires_as_any() -> None:
     expires = datetime.fromisoformat(request["expiresAt"].replace("Z", "+00:00"))
     expired = commit_of(decide_on(obj, expires, settings=QUORUM_2))
     assert (expired.event, expired.state) == (RunEvent.WAIT_EXPIRED, RunState.EXPIRED)
+
+
+# --- for any set of decisions ---------------------------------------------------------------------
+
+PEOPLE = ["alice", "carol", "dave", "erin"]  # alice is the creator (builders.CREATOR)
+WAITING = {q: _waiting(_settings(q, four_eyes=True))[0] for q in (1, 2, 3)}
+WAITING_OPEN = {q: _waiting(_settings(q))[0] for q in (1, 2, 3)}
+
+
+def _outcome(obj: dict[str, Any], settings: Settings) -> str | None:
+    """Decide until the engine rests or moves: ``approved``, ``rejected`` or None (waiting, or
+    asked again under a new request)."""
+    for n in range(40):
+        decided = decide_on(obj, at(2 + n), settings=settings)
+        if isinstance(decided, Idle):
+            return None
+        commit = commit_of(decided)
+        if isinstance(commit, StatusNote) or (isinstance(commit, Refusal) and not commit.moved):
+            obj = apply(obj, commit)
+            continue
+        if commit.event is not RunEvent.APPROVAL_DECIDED:
+            return None
+        return checkpoint_of(commit).approvals[0].decision
+    raise AssertionError("the engine did not rest")
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    decisions=st.lists(
+        st.tuples(st.sampled_from(PEOPLE), st.sampled_from(["approve", "reject"]), st.booleans()),
+        max_size=6,
+    ),
+    quorum=st.sampled_from([1, 2, 3]),
+    four_eyes=st.booleans(),
+)
+def test_approved_iff_a_quorum_of_distinct_verified_non_creator_approvals_and_no_verified_rejection(
+    decisions: list[tuple[str, str, bool]], quorum: int, four_eyes: bool
+) -> None:
+    rules = _settings(quorum, four_eyes=four_eyes)
+    obj = (WAITING if four_eyes else WAITING_OPEN)[quorum]
+    digest = obj["status"]["approvalRequest"]["digest"]
+    written: dict[str, Any] = {}
+    for who, verdict, stamped in decisions:
+        key = next_decision_key(written, "pay-1")
+        written[key] = (
+            decision(obj, key, digest, verdict, by=who)
+            if stamped
+            else {"digest": digest, "decision": verdict, "approver": {"username": who}}
+        )
+    eligible = [(w, v) for w, v, stamped in decisions if stamped and not (four_eyes and w == "alice")]
+    if any(v == "reject" for _, v in eligible):
+        expected: str | None = "rejected"
+    elif len({w for w, v in eligible if v == "approve"}) >= quorum:
+        expected = "approved"
+    else:
+        expected = None
+    assert _outcome(patch_spec(obj, approvals=written), rules) == expected
