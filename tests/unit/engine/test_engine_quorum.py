@@ -54,8 +54,8 @@ def _waiting(settings: Settings = QUORUM_2) -> tuple[dict[str, Any], dict[str, A
 
 def _decide(obj: dict[str, Any], key: str, by: str, verdict: str = "approve") -> dict[str, Any]:
     digest = obj["status"]["approvalRequest"]["digest"]
-    given = {**obj["spec"].get("approvals", {}), key: decision(obj, key, digest, verdict, by=by)}
-    return patch_spec(obj, approvals=given)
+    approvals = {**obj["spec"].get("approvals", {}), key: decision(obj, key, digest, verdict, by=by)}
+    return patch_spec(obj, approvals=approvals)
 
 
 def _shown(obj: dict[str, Any]) -> list[tuple[str, str]]:
@@ -200,7 +200,7 @@ def _outcome(obj: dict[str, Any], settings: Settings) -> str | None:
     raise AssertionError("the engine did not rest")
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     decisions=st.lists(
         st.tuples(st.sampled_from(PEOPLE), st.sampled_from(["approve", "reject"]), st.booleans()),
