@@ -5,6 +5,13 @@ Only a decision the operator's admission webhook stamped counts (:mod:`durable_a
 One it cannot verify is never recorded as a decision: it is refused once (status
 ``refusedRequests``, condition ``RequestRefused``, an Event) and, since its request ID is taken
 for good (``spec.approvals`` is append-only), the run asks again under a new request ID.
+
+Under a quorum (the policy's ``approvers.quorum``/``quorumByTier``, recorded with the request in
+the checkpoint), each decision has its own key (``<request ID>.<k>``); the request is approved once
+that many distinct people's verified approvals are in, rejected by any one verified rejection
+(:func:`durable_agents.core.approvals.tally`), and until then the approvals so far are shown on the
+request without a transition. There, a decision that cannot be verified is refused in place: its
+key blocks nobody, and the verified approvals of others stand.
 """
 
 from __future__ import annotations
@@ -252,11 +259,11 @@ def _decided(builder: CommitBuilder, record: ApprovalRecord, counted: Tally) -> 
     )
     cp = builder.cp
     approvals = [decided if a.request_id == record.request_id else a for a in cp.approvals]
-    by = vote.approver if record.quorum is None else ", ".join(v.approver for v in counted.approvals)
+    by = vote.approver if counted.rejection else ", ".join(v.approver for v in counted.approvals)
     commit = builder.commit(
         RunEvent.APPROVAL_DECIDED,
         checkpoint=cp.model_copy(update={"approvals": approvals}),
-        detail=f"{vote.decision} {record.request_id} by {vote.approver if vote.decision == 'reject' else by}",
+        detail=f"{vote.decision} {record.request_id} by {by}",
     )
     commit.status.approval_request = None
     return commit
