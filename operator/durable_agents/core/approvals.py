@@ -4,7 +4,9 @@ The digest is SHA-256 over RFC 8785 canonical JSON of the consequential fields (
 arguments, target, the ServiceAccount the effect runs as, policy version, run UID, request ID),
 so an approval binds to exactly one action, done as one identity, under one policy version in one
 run. :func:`check_decision` holds every rule the admission
-webhook enforces except the RBAC question (a SubjectAccessReview, asked by the shell). Pure.
+webhook enforces except the RBAC question (a SubjectAccessReview, asked by the shell);
+:func:`tally` counts the decisions on a request under its quorum, for the webhook and the engine
+alike (each person once, never the creator under four-eyes, one rejection decides). Pure.
 """
 
 from __future__ import annotations
