@@ -314,6 +314,16 @@ def _revealed_lines(document: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _quorum_lines(request: Mapping[str, Any]) -> list[str]:
+    """``approvals: 1 of 2 (alice); missing 1`` for a request that needs more than one."""
+    quorum = int(request.get("quorum") or 1)
+    if quorum <= 1:
+        return []
+    who = [str(vote.get("approver")) for vote in request.get("approvedBy") or []]
+    named = f" ({', '.join(who)})" if who else ""
+    return [f"  approvals:   {len(who)} of {quorum}{named}; missing {max(0, quorum - len(who))}"]
+
+
 def describe(run: dict[str, Any], revealed: dict[str, Any] | None = None) -> str:
     status = run.get("status") or {}
     lines = [
@@ -346,6 +356,7 @@ def describe(run: dict[str, Any], revealed: dict[str, Any] | None = None) -> str
             f"  runs as:     serviceaccount {request.get('serviceAccount', '-')}",
             f"  expires at:  {request['expiresAt']}",
             f"  decisions:   {', '.join(request['allowedDecisions'])}",
+            *_quorum_lines(request),
         ]
     agent = (status.get("checkpoint") or {}).get("agent")
     if isinstance(agent, Mapping):
