@@ -23,6 +23,7 @@ from kubernetes.client.rest import ApiException
 from pydantic import ValidationError
 
 from durable_agents.api.v1alpha1 import GROUP, VERSION, AgentRunSpec, AgentRunStatus
+from durable_agents.core.inbox import decide_command
 from durable_agents.core.policy_resolution import POLICY_AMBIGUOUS, POLICY_MANDATORY, POLICY_REQUIRED
 from durable_agents.core.stuck import STUCK, wait_expiry
 from durable_agents.kubectl.errors import api_message
@@ -63,7 +64,10 @@ def wakes(run: dict[str, Any], unknown: list[str] | None = None) -> list[dict[st
             {
                 "what": f"a decision on approval request {request.get('requestId')} ({request.get('effect')})"
                 f" by someone with verb {role}",
-                "commands": [f"kubectl agentrun approve {ref}", f"kubectl agentrun reject {ref}"],
+                "commands": [
+                    decide_command(name, ns, request, decision)
+                    for decision in request.get("allowedDecisions") or ["approve", "reject"]
+                ],
             }
         ]
     if kind == "input":
