@@ -42,6 +42,19 @@ def _unknown_actions(api: client.CustomObjectsApi, ns: str, run: str) -> list[st
         return None
 
 
+def _approval_wake(name: str, ns: str, request: dict[str, Any]) -> dict[str, Any]:
+    """A decision on the pending request: the pinned commands (its ID and digest)."""
+    role = request.get("approverRole", "approve on agentruns")
+    return {
+        "what": f"a decision on approval request {request.get('requestId')} ({request.get('effect')})"
+        f" by someone with verb {role}",
+        "commands": [
+            decide_command(name, ns, request, decision)
+            for decision in request.get("allowedDecisions") or ["approve", "reject"]
+        ],
+    }
+
+
 def wakes(run: dict[str, Any], unknown: list[str] | None = None) -> list[dict[str, Any]]:
     """What would move the run on: one entry per way, each with the commands that do it."""
     meta, status = run.get("metadata") or {}, run.get("status") or {}
@@ -58,18 +71,7 @@ def wakes(run: dict[str, Any], unknown: list[str] | None = None) -> list[dict[st
     if state == "quarantined":
         return [{"what": "a retry, once the cause is fixed", "commands": [f"kubectl agentrun retry {ref}"]}]
     if state == "waiting_approval":
-        request = status.get("approvalRequest") or {}
-        role = request.get("approverRole", "approve on agentruns")
-        return [
-            {
-                "what": f"a decision on approval request {request.get('requestId')} ({request.get('effect')})"
-                f" by someone with verb {role}",
-                "commands": [
-                    decide_command(name, ns, request, decision)
-                    for decision in request.get("allowedDecisions") or ["approve", "reject"]
-                ],
-            }
-        ]
+        return [_approval_wake(name, ns, status.get("approvalRequest") or {})]
     if kind == "input":
         body = json.dumps({"spec": {"answers": {what: "<answer>"}}})
         commands = [f"kubectl agentrun answer {ref} '<answer>'", f"{patch} '{body}'"]
