@@ -12,7 +12,12 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 import shlex
+import signal
+import subprocess
+import sys
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -96,14 +101,15 @@ def ns2(kube: KubeEnv) -> Iterator[Runs]:
 
 @pytest.fixture
 def people(kube: KubeEnv, plane: LocalControlPlane, namespace: str, ns2: Runs) -> Iterator[dict[str, Path]]:
-    """alice, carol: approve (and create); bob: approve and answer; dave: neither, in ns1. In ns2
+    """alice, carol: approve (and create); bob: approve, answer and watch; dave: neither, in ns1. In ns2
     alice approves, bob reads. alice lists runs cluster-wide, bob lists namespaces (-A's two ways)."""
     runs_rule = {"apiGroups": [GROUP], "resources": ["agentruns"]}
     use = [rule("", "serviceaccounts", "use"), rule(GROUP, "agentpolicies", "use")]
     creator = [{**runs_rule, "verbs": ["get", "list", "create", "patch", "approve"]}, *use]
     grant(kube, namespace, "alice", creator)
     grant(kube, namespace, "carol", creator)
-    grant(kube, namespace, "bob", {**runs_rule, "verbs": ["get", "list", "patch", "approve", "answer"]})
+    bob = ["get", "list", "watch", "patch", "approve", "answer"]
+    grant(kube, namespace, "bob", {**runs_rule, "verbs": bob})
     grant(kube, namespace, "dave", {**runs_rule, "verbs": ["get", "list", "patch"]})
     grant(kube, ns2.namespace, "alice", {**runs_rule, "verbs": ["get", "list", "patch", "approve"]})
     grant(kube, ns2.namespace, "bob", {**runs_rule, "verbs": ["get", "list"]})
@@ -263,3 +269,55 @@ def test_after_one_of_two_approvals_only_the_second_approver_sees_the_request(
     assert f"as spec.approvals['{request['requestId']}.2']" in out, "the second decision, the next key"
     runs.wait_state("two-eyes", "completed", timeout=Within.RUN)
     assert list(refsystem.counts().values()) == [1]
+
+
+def documents(text: str) -> list[dict[str, Any]]:
+    """The JSON documents ``inbox -o json --watch`` printed so far, one after another."""
+    decoder, found, rest = json.JSONDecoder(), [], text.lstrip()
+    while rest:
+        try:
+            document, used = decoder.raw_decode(rest)
+        except ValueError:
+            break  # a document still being written
+        found.append(document)
+        rest = rest[used:].lstrip()
+    return found
+
+
+def test_watch_prints_the_inbox_again_when_it_changes_and_ends_cleanly_on_ctrl_c(
+    kube: KubeEnv,
+    webhook_operator: Callable[..., OperatorProcess],
+    runs: Runs,
+    people: dict[str, Path],
+    refsystem: ReferenceSystemThread,
+) -> None:
+    ns1 = runs.namespace
+    policy(runs)
+    webhook_operator()
+    create_as(kube.user_client("carol", []), runs, "watched", payment(refsystem.url))
+    request = runs.wait_state("watched", "waiting_approval", timeout=Within.RUN)["status"]["approvalRequest"]
+    argv = [sys.executable, "-m", "durable_agents.kubectl.main", "inbox", "-n", ns1, "-o", "json", "--watch"]
+    env = {**os.environ, "KUBECONFIG": str(people["bob"])}
+    with subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as bob:
+        printed: list[str] = []
+        reader = threading.Thread(target=lambda: printed.extend(iter(bob.stdout.readline, "")), daemon=True)  # type: ignore[union-attr]
+        reader.start()
+        first = eventually(lambda: documents("".join(printed)), Within.COMMIT, "the first inbox")
+        assert [i["run"] for i in first[0]["items"]] == ["watched"]
+        pinned = ("--request", request["requestId"], "--digest", request["digest"])
+        code, _, err = agentrun(people["alice"], "approve", "watched", "-n", ns1, *pinned)
+        assert code == 0, err
+        try:
+            again = eventually(
+                lambda: len(documents("".join(printed))) > 1 and documents("".join(printed)),
+                Within.COMMIT,
+                "the inbox printed again once the request was decided",
+            )
+        except TimeoutError:
+            bob.kill()
+            raise AssertionError(f"printed: {''.join(printed)}; said: {bob.communicate()[1]}") from None
+        assert again[-1]["items"] == [], "decided: it waits for nobody"
+        bob.send_signal(signal.SIGINT)  # Ctrl-C
+        _, err = bob.communicate(timeout=Within.COMMIT)
+    assert bob.returncode == 0, err
+    assert "Traceback" not in err

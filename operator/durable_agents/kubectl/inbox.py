@@ -85,6 +85,13 @@ class Listed:
     runs: list[dict[str, Any]]
     forbidden: list[str] = field(default_factory=list)
     cluster_wide: bool = False
+    resource_version: str | None = None
+    """The list's (a watch goes on from it: no event for what was listed)."""
+
+
+def _listed(answer: dict[str, Any], cluster_wide: bool = False) -> Listed:
+    version = (answer.get("metadata") or {}).get("resourceVersion")
+    return Listed(list(answer.get("items") or []), cluster_wide=cluster_wide, resource_version=version)
 
 
 def list_runs(api: client.ApiClient, namespace: str | None) -> Listed:
@@ -92,15 +99,11 @@ def list_runs(api: client.ApiClient, namespace: str | None) -> Listed:
     custom = client.CustomObjectsApi(api)
     if namespace is not None:
         try:
-            return Listed(
-                custom.list_namespaced_custom_object(GROUP, VERSION, namespace, "agentruns")["items"]
-            )
+            return _listed(custom.list_namespaced_custom_object(GROUP, VERSION, namespace, "agentruns"))
         except ApiException as err:
             raise InboxError(refusal(err, "list", "agentruns", namespace)[len("error: ") :]) from None
     try:
-        return Listed(
-            custom.list_cluster_custom_object(GROUP, VERSION, "agentruns")["items"], cluster_wide=True
-        )
+        return _listed(custom.list_cluster_custom_object(GROUP, VERSION, "agentruns"), cluster_wide=True)
     except ApiException as err:
         if err.status != 403:
             raise
@@ -195,24 +198,40 @@ def _notes(listed: Listed, namespace: str | None, found: list[InboxEntry]) -> li
 
 
 def _events(api: client.ApiClient, namespace: str | None, listed: Listed, until: float) -> Iterator[None]:
-    """Yields whenever the runs may have changed: on watch events, else every few seconds."""
+    """Yields whenever the runs may have changed: on watch events (from the list's version on),
+    else every few seconds (no single watch covers the namespaces, or verb watch is not held)."""
     custom = client.CustomObjectsApi(api)
+    version, polling = listed.resource_version, namespace is None and not listed.cluster_wide
     while time.monotonic() < until:
-        bound = max(1, min(WATCH_SECONDS, int(until - time.monotonic())))
-        if namespace is None and not listed.cluster_wide:
+        bound = max(1, int(min(WATCH_SECONDS, until - time.monotonic())))  # until: inf without --timeout
+        if polling:
             time.sleep(min(POLL_SECONDS, bound))
             yield None
             continue
-        args: tuple[Any, ...] = (
-            (GROUP, VERSION, "agentruns") if namespace is None else (GROUP, VERSION, namespace, "agentruns")
-        )
+        where = () if namespace is None else (namespace,)
         func = (
             custom.list_cluster_custom_object if namespace is None else custom.list_namespaced_custom_object
         )
-        for _ in watch.Watch().stream(func, *args, timeout_seconds=bound):
+        stream = watch.Watch()
+        try:
+            for _ in stream.stream(
+                func, GROUP, VERSION, *where, "agentruns", resource_version=version, timeout_seconds=bound
+            ):
+                version = stream.resource_version
+                yield None
+                if time.monotonic() >= until:
+                    return
+        except ApiException as err:
+            if err.status == 403:
+                polling = True
+                print(
+                    f"you may not watch agentruns: listing again every {POLL_SECONDS:.0f}s", file=sys.stderr
+                )
+            elif err.status == 410:
+                version = None  # too old: the next stream starts from now (its first events re-list)
+            else:
+                raise
             yield None
-            if time.monotonic() >= until:
-                return
 
 
 def run(api: client.ApiClient, args: argparse.Namespace, namespace: str | None) -> int:
