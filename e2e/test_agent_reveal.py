@@ -143,7 +143,9 @@ def test_an_approver_sees_the_models_proposal_its_reason_and_evidence_and_nobody
     assert_nothing_in_clear(runs.get(name))
 
     # Approved and done: the ActionRecord's arguments (sealed for the turn) are revealed too.
-    approved = plugin(kubeconfigs["approver"], ns, "approve", name)
+    request = runs.get(name)["status"]["approvalRequest"]  # the request the approver reviewed
+    pinned = ("--request", request["requestId"], "--digest", request["digest"])
+    approved = plugin(kubeconfigs["approver"], ns, "approve", name, *pinned)
     assert approved.returncode == 0, approved.stderr
     runs.wait_state(name, "completed", timeout=Within.RUN)
     assert list(refsystem.counts().values()) == [1]

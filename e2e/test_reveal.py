@@ -252,7 +252,9 @@ def test_an_approver_sees_what_they_approve_and_nobody_else_does(
     assert "answers/confirm: yes, pay it" in revealed.stdout
 
     # Approved and done: the ledger's arguments and outcome are revealed too, and stored sealed.
-    approved = plugin(kubeconfigs["approver"], ns, "approve", "invoice")
+    request = runs.get("invoice")["status"]["approvalRequest"]  # the request the approver reviewed
+    pinned = ("--request", request["requestId"], "--digest", request["digest"])
+    approved = plugin(kubeconfigs["approver"], ns, "approve", "invoice", *pinned)
     assert approved.returncode == 0, approved.stderr
     runs.wait_state("invoice", "completed", timeout=60)
     assert list(refsystem.counts().values()) == [1]
