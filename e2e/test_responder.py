@@ -135,7 +135,9 @@ def test_a_responder_reads_and_answers_the_question_and_nothing_else(
     assert "(state 'waiting_approval', waiting for approval:" in nothing.stderr, nothing.stderr
     assert "need verb 'approve' on agentruns" in nothing.stderr
     # It may neither approve nor cancel (the webhook's SubjectAccessReview refuses both).
-    approve = plugin(responder, ns, "approve", "invoice")
+    request = runs.get("invoice")["status"]["approvalRequest"]
+    pinned = ("--request", request["requestId"], "--digest", request["digest"])
+    approve = plugin(responder, ns, "approve", "invoice", *pinned)
     assert approve.returncode != 0
     assert "user 'responder' may not approve agentruns/invoice" in approve.stderr, approve.stderr
     cancel = plugin(responder, ns, "cancel", "invoice")
@@ -149,7 +151,7 @@ def test_a_responder_reads_and_answers_the_question_and_nothing_else(
     assert not stored["spec"].get("cancellations"), "no cancellation was stored"
     assert refsystem.counts() == {}
 
-    approved = plugin(kubeconfigs["approver"], ns, "approve", "invoice")
+    approved = plugin(kubeconfigs["approver"], ns, "approve", "invoice", *pinned)
     assert approved.returncode == 0, approved.stderr
     runs.wait_state("invoice", "waiting_input", timeout=60)
     assert list(refsystem.counts().values()) == [1]
@@ -241,7 +243,9 @@ def test_a_responder_reads_and_answers_a_models_question_and_nothing_else(
         assert refused.value.status == 409, refused.value.body
         assert "waits on no question" in str(refused.value.body)
         assert REFUND["orderId"] not in str(refused.value.body)
-        approved = plugin(kubeconfigs["approver"], ns, "approve", name)
+        request = runs.get(name)["status"]["approvalRequest"]
+        pinned = ("--request", request["requestId"], "--digest", request["digest"])
+        approved = plugin(kubeconfigs["approver"], ns, "approve", name, *pinned)
         assert approved.returncode == 0, approved.stderr
         runs.wait_state(name, "waiting_input", timeout=Within.RUN)
 
