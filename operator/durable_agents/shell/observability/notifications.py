@@ -1,0 +1,272 @@
+"""The notifier: tells a policy's ``spec.notifications`` targets that a run waits, ended or is stuck
+(what is due: :mod:`durable_agents.core.notifications`; one attempt: :mod:`.notify_http`).
+
+Off the commit path. It is one more subscriber of the manager's AgentRun list-and-watch: a watch
+event only stores a slim copy of a run that is due a notice and wakes the pass, on the event loop,
+never awaiting anything. The pass (on each wake, at most every ``interval`` seconds when nothing
+wakes it) starts one task per delivery not yet done, for the runs whose shard this replica holds in
+its region; the run worker never waits for it and nothing it does delays a commit.
+
+At least once. A delivery is retried with exponential backoff and jitter (the randomness handed to
+the core) until it is delivered or ``give_up_after`` has passed: then a Warning Event
+``NotificationAbandoned`` on the run. A target outside the policy's
+``spec.destinations.notifications`` is never sent to (the second line behind admission): a Warning
+Event ``NotificationRefused``. Each done delivery (delivered, refused, abandoned) is recorded in the
+run's annotation ``durable-agents.io/notified`` (a merge patch of the run's metadata, never its
+status, written only once the delivery is done: a parked or ended run, which the worker does not
+commit), so a restarted operator sends what was missed and not what was sent. A crash between a
+delivery and its record sends it again, with the same event ID: receivers deduplicate by it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import aiohttp
+from kubernetes.client.rest import ApiException
+
+from durable_agents.api.v1alpha1 import GROUP, VERSION, AgentPolicySpec
+from durable_agents.core import notifications as core
+from durable_agents.core.destinations import allowlists_for, of_policy, refusal
+from durable_agents.core.entropy import Entropy
+from durable_agents.core.regions import owning_region_of
+from durable_agents.core.sealing import Keyring
+from durable_agents.shell.ground import metrics
+from durable_agents.shell.ground.kube import Kube, ObjectKey
+from durable_agents.shell.ground.lifecycle import Background
+from durable_agents.shell.intake.policies import PolicyCache
+from durable_agents.shell.observability.events import EventRecorder
+from durable_agents.shell.observability.notify_http import ABANDONED, DELIVERIES, REFUSED, attempt
+
+log = logging.getLogger(__name__)
+
+_APPROVAL_KEEP = ("requestId", "digest", "step", "effect", "tier", "expiresAt", "allowedDecisions")
+
+
+@dataclass(frozen=True)
+class NotifyConfig:
+    interval: float = 5.0  # seconds between passes when no watch event wakes one
+    timeout: float = 10.0  # seconds one attempt may take, answer included
+    backoff: float = 1.0  # seconds before the second attempt (doubled each time, jittered)
+    backoff_cap: float = 60.0
+    give_up_after: float = 900.0  # seconds after the first attempt: then abandoned, with an Event
+    concurrency: int = 16  # attempts in flight at once
+
+
+def slim(body: Mapping[str, Any]) -> dict[str, Any]:
+    """What the notifier keeps of a run: enough to derive its notices, its policy and its region
+    (never arguments, questions or the model's words)."""
+    meta, spec, status = body.get("metadata") or {}, body.get("spec") or {}, body.get("status") or {}
+    raw_checkpoint = status.get("checkpoint")
+    checkpoint: Mapping[str, Any] = raw_checkpoint if isinstance(raw_checkpoint, Mapping) else {}
+    kept_status: dict[str, Any] = {
+        k: status.get(k) for k in ("state", "stateSince", "runId", "ownership", "conditions")
+    }
+    outcome = status.get("outcome")
+    kept_status["outcome"] = {"reason": outcome.get("reason")} if isinstance(outcome, Mapping) else None
+    request = status.get("approvalRequest")
+    if isinstance(request, Mapping):
+        kept: dict[str, Any] = {k: request.get(k) for k in _APPROVAL_KEEP if k in request}
+        proposal = request.get("proposal")
+        if isinstance(proposal, Mapping):
+            kept["proposal"] = {"tool": proposal.get("tool")}
+        kept_status["approvalRequest"] = kept
+    pending = checkpoint.get("pendingInput")
+    kept_status["checkpoint"] = {
+        "policy": checkpoint.get("policy"),
+        "pendingInput": {k: pending.get(k) for k in ("requestId", "key", "expiresAt")}
+        if isinstance(pending, Mapping)
+        else None,
+    }
+    annotations = meta.get("annotations") or {}
+    return {
+        "metadata": {
+            **{k: meta.get(k) for k in ("name", "namespace", "uid", "resourceVersion")},
+            "annotations": {core.NOTIFIED_ANNOTATION: annotations.get(core.NOTIFIED_ANNOTATION)},
+        },
+        "spec": {k: spec.get(k) for k in ("region", "policyRef")},
+        "status": kept_status,
+    }
+
+
+class Notifier(Background):
+    def __init__(
+        self,
+        kube: Kube,
+        policies: PolicyCache,
+        *,
+        holds: Callable[[ObjectKey], bool],  # whether this replica holds the run's shard
+        region: str,
+        keyring: Keyring | None,
+        events: EventRecorder,
+        config: NotifyConfig | None = None,
+        entropy: Entropy = os.urandom,
+    ) -> None:
+        self.kube, self.policies = kube, policies
+        self.holds, self.region, self.keyring, self.events = holds, region, keyring, events
+        self.config = config or NotifyConfig()
+        self.entropy = entropy
+        self.runs: dict[ObjectKey, dict[str, Any]] = {}  # slim copies of runs due a notice
+        self.done: dict[ObjectKey, set[str]] = {}  # delivery keys done here, per run
+        self.inflight: dict[str, asyncio.Task[None]] = {}
+        self._wake = asyncio.Event()
+        self._slots = asyncio.Semaphore(self.config.concurrency)
+        self._session: aiohttp.ClientSession | None = None
+
+    # --- intake (watch events, on the event loop: store and wake, nothing else) ------------------
+
+    def observe(self, event_type: str | None, body: dict[str, Any]) -> None:
+        meta = body.get("metadata") or {}
+        key = (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+        if event_type == "DELETED" or not core.notices_for(body, datetime.now(UTC)):
+            self.runs.pop(key, None)
+            self.done.pop(key, None)
+            return
+        self.runs[key] = slim(body)
+        self._wake.set()
+
+    # --- the pass ---------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        self._session = aiohttp.ClientSession()
+        try:
+            while True:
+                with contextlib.suppress(TimeoutError):  # woken, or the interval passed
+                    await asyncio.wait_for(self._wake.wait(), self.config.interval)
+                self._wake.clear()
+                try:
+                    await self.pass_once()
+                except asyncio.CancelledError:
+                    raise
+                except Exception:  # one bad pass must not end notifications: the next one tries again
+                    log.exception("notification pass failed")
+        finally:
+            for task in list(self.inflight.values()):
+                task.cancel()
+            await asyncio.gather(*self.inflight.values(), return_exceptions=True)
+            await self._session.close()
+            self._session = None
+
+    def _policy(self, body: Mapping[str, Any]) -> tuple[ObjectKey, AgentPolicySpec] | None:
+        found = self.policies.governing_key(body)
+        policy = self.policies.get(found) if found is not None else None
+        if found is None or policy is None or not policy.notifications:
+            return None
+        return found, policy
+
+    async def pass_once(self) -> None:
+        now = datetime.now(UTC)
+        for key in list(self.runs):
+            body = self.runs.get(key)
+            if body is None or not self.holds(key) or owning_region_of(body, self.keyring) != self.region:
+                continue
+            governing = self._policy(body)
+            if governing is None:
+                continue
+            found, policy = governing
+            due = core.deliveries(core.notices_for(body, now), policy.notifications or [])
+            seen = core.recorded((body.get("metadata") or {}).get("annotations"))
+            done = self.done.setdefault(key, set())
+            for delivery in due:
+                if (
+                    delivery.key not in seen
+                    and delivery.key not in done
+                    and delivery.key not in self.inflight
+                ):
+                    task = asyncio.create_task(self._deliver(key, body, found, delivery))
+                    self.inflight[delivery.key] = task
+            if (done & {d.key for d in due}) - seen:
+                await self._record(key, body, core.record(due, seen | done))
+
+    # --- one delivery -----------------------------------------------------------------------------
+
+    def _refusal(self, found: ObjectKey, delivery: core.Delivery) -> str | None:
+        """Why the target may not be sent to under the run's policy as cached now, or None."""
+        kind = "ClusterAgentPolicy" if found[0] == "" else "AgentPolicy"
+        source = f"{kind} {'/'.join(part for part in found if part)}"
+        policy = self.policies.get(found)
+        if policy is None:
+            return f"{source} is gone: its allowlist cannot be checked"
+        index = next((i for i, t in enumerate(policy.notifications or []) if t == delivery.target), None)
+        field = f"{source} spec.notifications[{index}].url" if index is not None else "a removed target's url"
+        lists = allowlists_for([of_policy(source, policy)], "notifications", "notifications")
+        return refusal(delivery.target.url, lists, field)
+
+    async def _deliver(
+        self, key: ObjectKey, body: dict[str, Any], found: ObjectKey, delivery: core.Delivery
+    ) -> None:
+        started, tries = time.monotonic(), 0
+        try:
+            while True:
+                refused = self._refusal(found, delivery)
+                if refused is not None:
+                    DELIVERIES.labels(REFUSED).inc()
+                    log.warning("notification %s not sent: %s", delivery.notice.id, refused)
+                    await self._tell(body, "NotificationRefused", f"not sent: {refused}")
+                    break
+                async with self._slots:
+                    assert self._session is not None
+                    tried = await attempt(self._session, delivery, self.config.timeout)
+                tries += 1
+                DELIVERIES.labels(tried.outcome).inc()
+                if tried.delivered:
+                    log.info(
+                        "notification %s delivered to %s (attempt %d)",
+                        delivery.notice.id,
+                        delivery.endpoint,
+                        tries,
+                    )
+                    break
+                log.warning(
+                    "notification %s: attempt %d failed: %s", delivery.notice.id, tries, tried.message
+                )
+                pause = core.backoff(tries, self.entropy, self.config.backoff, self.config.backoff_cap)
+                if time.monotonic() - started + pause > self.config.give_up_after:
+                    DELIVERIES.labels(ABANDONED).inc()
+                    message = (
+                        f"notification {delivery.notice.type} to {delivery.endpoint} abandoned after {tries} "
+                        f"attempts in {time.monotonic() - started:.0f}s; the last: {tried.message}"
+                    )
+                    log.warning("%s", message)
+                    await self._tell(body, "NotificationAbandoned", message)
+                    break
+                await asyncio.sleep(pause)
+            if key in self.runs:  # still due something: the pass records it
+                self.done.setdefault(key, set()).add(delivery.key)
+                self._wake.set()
+        finally:
+            self.inflight.pop(delivery.key, None)
+
+    async def _tell(self, body: dict[str, Any], reason: str, message: str) -> None:
+        try:
+            await self.events.record(body, reason, message, warning=True)
+        except ApiException as err:  # an Event is a courtesy: never a reason to lose the delivery
+            log.warning("could not record Event %s (%s %s)", reason, err.status, err.reason)
+
+    async def _record(self, key: ObjectKey, body: dict[str, Any], value: str) -> None:
+        """Merge-patch the run's record of done deliveries (metadata only: never the status the
+        worker commits; no resourceVersion: the value is ours alone)."""
+        patch = {"metadata": {"annotations": {core.NOTIFIED_ANNOTATION: value or None}}}
+        try:
+            await self.kube.call(
+                self.kube.merge_patch_namespaced_object, GROUP, VERSION, key[0], "agentruns", key[1], patch
+            )
+        except ApiException as err:
+            if err.status != 404:  # gone: nothing to record; else the next pass tries again
+                log.warning(
+                    "could not record notifications of run %s/%s (%s %s)", *key, err.status, err.reason
+                )
+            return
+        finally:
+            metrics.API_WRITES.labels("agentruns", "patch").inc()
+        current = self.runs.get(key)
+        if current is not None:  # until the watch says so: not written again on the next pass
+            current["metadata"]["annotations"][core.NOTIFIED_ANNOTATION] = value
