@@ -74,6 +74,7 @@ def build(manager: Manager) -> None:
             config=NotifyConfig(
                 timeout=config.notify_timeout,
                 backoff=config.notify_backoff,
+                backoff_cap=config.notify_backoff_max,
                 give_up_after=config.notify_give_up,
             ),
         )
