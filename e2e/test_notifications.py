@@ -224,6 +224,7 @@ def test_notifications_are_delivered_at_least_once_never_delaying_the_run_never_
     assert receiver.script == [], f"not every failure was served: {receiver.script}"
     assert {"500", "redirect", "huge", "drop", "held"} <= set(receiver.answered)
     text = scrape_when(port, {'durable_agents_notification_deliveries_total{outcome="delivered"}': 4})
+    assert metric(text, 'durable_agents_commit_conflicts_total{resource="agentruns"}', default=0) == 0
     counted = {
         outcome: metric(text, f'durable_agents_notification_deliveries_total{{outcome="{outcome}"}}')
         for outcome in ("timeout", "http_error", "redirect", "too_large", "connection_error", "refused")
@@ -283,6 +284,48 @@ def test_notifications_are_delivered_at_least_once_never_delaying_the_run_never_
         Within.COMMIT,
         "the run's record of done deliveries",
     )
+
+
+def test_a_restarted_operator_sends_what_was_missed_and_not_what_was_sent(
+    runs: Runs,
+    namespace: str,
+    start_operator: Callable[..., OperatorProcess],
+    receiver: Receiver,
+) -> None:
+    """One shard (``SHARDS=1``): the pass that sends the second run's notice holds the first run's
+    shard too, so it has judged the first run by then: a re-send would have been started."""
+    receiver.script.clear()
+    body = policy(receiver.url, None)
+    body["spec"]["notifications"] = [
+        {"name": "ce", "url": f"{receiver.url}/ok/ce", "events": ["inputRequested"]}
+    ]
+    runs.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "agentpolicies", body)
+    fast = {"DURABLE_AGENTS_SHARDS": "1", "DURABLE_AGENTS_NOTIFY_TIMEOUT_SECONDS": "1"}
+    ask = {"taskType": "e2e", "objective": "ask", "policyRef": {"name": POLICY}}
+    ask["steps"] = [{"name": "confirm", "ask": {"question": "go?"}}, {"name": "done", "complete": {}}]
+
+    first = start_operator("first", 2, **fast)
+    one = runs.create(ask)
+    uid = runs.wait_state(one, "waiting_input")["metadata"]["uid"]
+    eventually(lambda: "/ok/ce" in receiver.paths(), Within.COMMIT, "an attempt the receiver holds")
+    first.kill()  # before anything was delivered
+
+    receiver.gate.set()
+    second = start_operator("second", 2, **fast)
+    eventually(lambda: f"{uid}.input.confirm" in receiver.ids(), Within.TAKEOVER, "the missed notice sent")
+    eventually(
+        lambda: (runs.get(one)["metadata"].get("annotations") or {}).get(NOTIFIED_ANNOTATION),
+        Within.COMMIT,
+        "the delivery recorded on the run",
+    )
+    second.kill()
+
+    start_operator("third", 2, **fast)
+    two = runs.create(ask)
+    uid_two = runs.wait_state(two, "waiting_input")["metadata"]["uid"]
+    eventually(lambda: f"{uid_two}.input.confirm" in receiver.ids(), Within.TAKEOVER, "the new run's notice")
+    assert receiver.ids().count(f"{uid}.input.confirm") == 1, receiver.ids()
+    assert runs.state(one) == "waiting_input"  # still due: only the record kept it from a re-send
 
 
 @pytest.mark.local_plane("webhook")
