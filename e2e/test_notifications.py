@@ -24,8 +24,8 @@ from cloudevents.core.bindings.http import HTTPMessage, from_structured
 from cloudevents.core.formats.json import JSONFormat
 from e2e.test_destinations import refused
 
-from durable_agents.api.v1alpha1 import GROUP, VERSION
-from durable_agents.core.notifications import NOTIFIED_ANNOTATION
+from durable_agents.api.v1alpha1 import GROUP, VERSION, NotificationTarget
+from durable_agents.core.notifications import NOTIFIED_ANNOTATION, delivery_key
 from durable_agents_testkit.eventually import Within, eventually
 from durable_agents_testkit.operator_process import OperatorProcess
 from durable_agents_testkit.refsystem import ReferenceSystemThread
@@ -58,6 +58,9 @@ class Receiver:
         if not self.gate.is_set():
             self.gate.wait(30)  # hangs: the operator's attempt times out long before
             self._answer(handler, 503, "held")
+            return
+        if handler.path == "/ok/broken":  # never accepts
+            self._answer(handler, 500, "500")
             return
         with self.lock:
             step = self.script.pop(0) if handler.path == "/ok/ce" and self.script else "accept"
@@ -326,6 +329,68 @@ def test_a_restarted_operator_sends_what_was_missed_and_not_what_was_sent(
     eventually(lambda: f"{uid_two}.input.confirm" in receiver.ids(), Within.TAKEOVER, "the new run's notice")
     assert receiver.ids().count(f"{uid}.input.confirm") == 1, receiver.ids()
     assert runs.state(one) == "waiting_input"  # still due: only the record kept it from a re-send
+
+
+def test_a_stuck_run_is_told_and_a_receiver_that_never_accepts_is_given_up_on_without_touching_the_run(
+    runs: Runs,
+    namespace: str,
+    start_operator: Callable[..., OperatorProcess],
+    refsystem: ReferenceSystemThread,
+    receiver: Receiver,
+) -> None:
+    """Nobody holds the policy's approver verb (``sign-off``): the run waits for an approval and is
+    Stuck ``NoApprover``. One target accepts both events; the other answers 500 until abandoned."""
+    receiver.gate.set()
+    receiver.script.clear()
+    body = policy(receiver.url, None)
+    body["spec"]["approvers"] = {"verb": "sign-off"}
+    broken = {"name": "broken", "url": f"{receiver.url}/ok/broken", "events": ["approvalRequested"]}
+    body["spec"]["notifications"] = [
+        {"name": "ce", "url": f"{receiver.url}/ok/ce", "events": ["approvalRequested", "runStuck"]},
+        broken,
+    ]
+    runs.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "agentpolicies", body)
+    port = free_port()
+    start_operator(
+        "stuck",
+        2,
+        DURABLE_AGENTS_METRICS_PORT=str(port),
+        DURABLE_AGENTS_STUCK_CHECK_SECONDS="1",
+        DURABLE_AGENTS_NOTIFY_BACKOFF_SECONDS="0.1",
+        DURABLE_AGENTS_NOTIFY_BACKOFF_MAX_SECONDS="0.5",
+        DURABLE_AGENTS_NOTIFY_GIVE_UP_AFTER="2s",
+    )
+    spec = paying_run(refsystem, "unused", "unused")
+    spec["steps"] = spec["steps"][1:]  # pay, done
+    name = runs.create(spec)
+    run = runs.wait_state(name, "waiting_approval")
+    uid, request = run["metadata"]["uid"], run["status"]["approvalRequest"]["requestId"]
+
+    def stuck_id() -> str | None:
+        return next((i for i in receiver.ids() if i.startswith(f"{uid}.stuck.NoApprover.")), None)
+
+    eventually(stuck_id, Within.COMMIT, "the runStuck notice")
+    assert f"{uid}.approval.{request}" in receiver.ids()
+    eventually(
+        lambda: any(
+            e.reason == "NotificationAbandoned" and "broken" in e.message and "500" in e.message
+            for e in runs.events(name)
+        ),
+        Within.COMMIT,
+        "a NotificationAbandoned Event naming the target and its answer",
+    )
+    scrape_when(port, {'durable_agents_notification_deliveries_total{outcome="abandoned"}': 1})
+    # Abandoned is done: recorded with the delivered ones, so never retried after a restart.
+    gave_up = delivery_key(NotificationTarget.model_validate(broken), f"{uid}.approval.{request}")
+    eventually(
+        lambda: (
+            gave_up in ((runs.get(name)["metadata"].get("annotations") or {}).get(NOTIFIED_ANNOTATION) or "")
+        ),
+        Within.COMMIT,
+        "the abandoned delivery recorded",
+    )
+    assert runs.state(name) == "waiting_approval"  # the run is untouched by it
+    assert refsystem.counts() == {}
 
 
 @pytest.mark.local_plane("webhook")

@@ -44,7 +44,13 @@ from durable_agents.shell.ground.kube import Kube, ObjectKey
 from durable_agents.shell.ground.lifecycle import Background
 from durable_agents.shell.intake.policies import PolicyCache
 from durable_agents.shell.observability.events import EventRecorder
-from durable_agents.shell.observability.notify_http import ABANDONED, DELIVERIES, REFUSED, attempt
+from durable_agents.shell.observability.notify_http import (
+    ABANDONED,
+    DELIVERIES,
+    REFUSED,
+    WITHDRAWN,
+    attempt,
+)
 
 log = logging.getLogger(__name__)
 
@@ -188,17 +194,20 @@ class Notifier(Background):
 
     # --- one delivery -----------------------------------------------------------------------------
 
-    def _refusal(self, found: ObjectKey, delivery: core.Delivery) -> str | None:
-        """Why the target may not be sent to under the run's policy as cached now, or None."""
+    def _refusal(self, found: ObjectKey, delivery: core.Delivery) -> tuple[str, str] | None:
+        """Why not to send now under the run's policy as cached now: (``refused``, why) when the
+        target is outside the allowlist, (``withdrawn``, why) when the policy or the target is gone;
+        None: send."""
         kind = "ClusterAgentPolicy" if found[0] == "" else "AgentPolicy"
         source = f"{kind} {'/'.join(part for part in found if part)}"
         policy = self.policies.get(found)
-        if policy is None:
-            return f"{source} is gone: its allowlist cannot be checked"
-        index = next((i for i, t in enumerate(policy.notifications or []) if t == delivery.target), None)
-        field = f"{source} spec.notifications[{index}].url" if index is not None else "a removed target's url"
+        targets = (policy.notifications or []) if policy is not None else []
+        index = next((i for i, target in enumerate(targets) if target == delivery.target), None)
+        if policy is None or index is None:
+            return WITHDRAWN, f"{source} no longer names target {delivery.endpoint}"
         lists = allowlists_for([of_policy(source, policy)], "notifications", "notifications")
-        return refusal(delivery.target.url, lists, field)
+        problem = refusal(delivery.target.url, lists, f"{source} spec.notifications[{index}].url")
+        return (REFUSED, problem) if problem is not None else None
 
     async def _deliver(
         self, key: ObjectKey, body: dict[str, Any], found: ObjectKey, delivery: core.Delivery
@@ -206,11 +215,13 @@ class Notifier(Background):
         started, tries = time.monotonic(), 0
         try:
             while True:
-                refused = self._refusal(found, delivery)
-                if refused is not None:
-                    DELIVERIES.labels(REFUSED).inc()
-                    log.warning("notification %s not sent: %s", delivery.notice.id, refused)
-                    await self._tell(body, "NotificationRefused", f"not sent: {refused}")
+                stop = self._refusal(found, delivery)
+                if stop is not None:
+                    outcome, why = stop
+                    DELIVERIES.labels(outcome).inc()
+                    log.warning("notification %s not sent: %s", delivery.notice.id, why)
+                    if outcome == REFUSED:
+                        await self._tell(body, "NotificationRefused", f"not sent: {why}")
                     break
                 async with self._slots:
                     assert self._session is not None

@@ -35,12 +35,14 @@ DELIVERED: Final = "delivered"
 FAILED_OUTCOMES: Final = ("timeout", "http_error", "redirect", "too_large", "connection_error")
 REFUSED: Final = "refused"  # outside the policy's allowlist: never sent
 ABANDONED: Final = "abandoned"  # given up after the bounded time
-OUTCOMES: Final = (DELIVERED, *FAILED_OUTCOMES, REFUSED, ABANDONED)
+WITHDRAWN: Final = "withdrawn"  # the policy no longer names the target (or is gone): not sent
+OUTCOMES: Final = (DELIVERED, *FAILED_OUTCOMES, REFUSED, ABANDONED, WITHDRAWN)
 
 DELIVERIES = Counter(
     "durable_agents_notification_deliveries_total",
     "Notification delivery attempts and their ends, by outcome (delivered, timeout, http_error, "
-    "redirect, too_large, connection_error: one attempt each; refused, abandoned: one delivery each)",
+    "redirect, too_large, connection_error: one attempt each; refused, abandoned, withdrawn: one "
+    "delivery each)",
     ["outcome"],
 )
 for _outcome in OUTCOMES:  # the series exist (at 0) on a live operator
