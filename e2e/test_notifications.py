@@ -295,8 +295,9 @@ def test_a_restarted_operator_sends_what_was_missed_and_not_what_was_sent(
     start_operator: Callable[..., OperatorProcess],
     receiver: Receiver,
 ) -> None:
-    """One shard (``SHARDS=1``): the pass that sends the second run's notice holds the first run's
-    shard too, so it has judged the first run by then: a re-send would have been started."""
+    """A record of deliveries someone else wrote is ignored. One shard (``SHARDS=1``): the pass
+    that sends the second run's notice holds the first run's shard too, so it has judged the first
+    run by then: a re-send would have been started."""
     receiver.script.clear()
     body = policy(receiver.url, None)
     body["spec"]["notifications"] = [
@@ -307,9 +308,17 @@ def test_a_restarted_operator_sends_what_was_missed_and_not_what_was_sent(
     ask = {"taskType": "e2e", "objective": "ask", "policyRef": {"name": POLICY}}
     ask["steps"] = [{"name": "confirm", "ask": {"question": "go?"}}, {"name": "done", "complete": {}}]
 
-    first = start_operator("first", 2, **fast)
     one = runs.create(ask)
-    uid = runs.wait_state(one, "waiting_input")["metadata"]["uid"]
+    uid = runs.get(one)["metadata"]["uid"]
+    # Someone with patch on the run writes a record of the delivery before any operator runs, to
+    # silence it: without the operator's stamp it is ignored.
+    target = NotificationTarget.model_validate(body["spec"]["notifications"][0])
+    forged = {NOTIFIED_ANNOTATION: delivery_key(target, f"{uid}.input.confirm")}
+    runs.custom.patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, "agentruns", one, {"metadata": {"annotations": forged}}
+    )
+    first = start_operator("first", 2, **fast)
+    runs.wait_state(one, "waiting_input")
     eventually(lambda: "/ok/ce" in receiver.paths(), Within.COMMIT, "an attempt the receiver holds")
     first.kill()  # before anything was delivered
 

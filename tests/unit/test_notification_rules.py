@@ -14,9 +14,11 @@ from hypothesis import strategies as st
 
 from durable_agents.api.v1alpha1 import NotificationEvent, NotificationTarget
 from durable_agents.core import notifications as core
+from durable_agents.core.sealing import Keyring
 from durable_agents.shell.admission.destinations import policy_notification_refusal
 from durable_agents.shell.observability.notify_http import request_of
 
+KEYRING = Keyring(keys={"k1": b"\x01" * 32}, active_key_id="k1")
 NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
 SEALED = {"sealed": "v1:k1:AAAAciphertextBBBB"}
 CE = NotificationTarget(name="ce", url="https://hooks.example/ce")
@@ -141,9 +143,25 @@ def test_deliveries_go_to_the_targets_that_asked_and_the_record_keeps_only_what_
     keys = {d.key for d in due}
     assert len(keys) == 3
     stale = "f" * core.KEY_LENGTH
-    value = core.record(due[:1], keys | {stale})
-    assert core.recorded({core.NOTIFIED_ANNOTATION: value}) == {due[0].key}
-    assert core.recorded(None) == frozenset()
+    value = core.record(due[:1], keys | {stale}, KEYRING, "u-1")
+    assert core.recorded({core.NOTIFIED_ANNOTATION: value}, KEYRING, "u-1") == {due[0].key}
+    assert core.recorded(None, KEYRING, "u-1") == frozenset()
+
+
+def test_a_record_the_operator_did_not_stamp_or_of_another_run_is_ignored() -> None:
+    due = core.deliveries(core.notices_for(waiting_approval(), NOW), [CE, CHAT])
+    keys = {d.key for d in due}
+    value = core.record(due, keys, KEYRING, "u-1")
+    listed = value.split(core.STAMP_SEPARATOR)[0]
+    other = Keyring(keys={"k9": b"\x09" * 32}, active_key_id="k9")
+    for forged in (
+        listed,  # written by hand, no stamp
+        f"{listed};k1:AAAA",  # a stamp that does not verify
+        core.record(due, keys, other, "u-1"),  # another key
+    ):
+        assert core.recorded({core.NOTIFIED_ANNOTATION: forged}, KEYRING, "u-1") == frozenset(), forged
+    assert core.recorded({core.NOTIFIED_ANNOTATION: value}, KEYRING, "u-2") == frozenset()  # copied
+    assert core.recorded({core.NOTIFIED_ANNOTATION: value}, KEYRING, "u-1") == keys
     # Another URL (or format) for a target of the same name is another delivery.
     moved = CE.model_copy(update={"url": "https://hooks.example/other"})
     assert core.delivery_key(moved, "x") != core.delivery_key(CE, "x")

@@ -31,9 +31,13 @@ from typing import Any, Final
 from durable_agents.api.v1alpha1 import NotificationEvent, NotificationTarget
 from durable_agents.api.v1alpha1.states import TERMINAL_STATES, RunState
 from durable_agents.core.entropy import Entropy, draw
+from durable_agents.core.sealing import Keyring
+from durable_agents.core.stamps import Purpose, stamp, verify
 
 NOTIFIED_ANNOTATION: Final = "durable-agents.io/notified"
-"""On a run: the keys of the deliveries done (delivered, refused or given up) of its due notices."""
+"""On a run: the keys of the deliveries done (delivered, refused or given up) of its due notices,
+then ``;`` and the operator's stamp over them and the run's UID."""
+STAMP_SEPARATOR: Final = ";"
 KEY_LENGTH: Final = 16  # hex characters of a delivery key (64 bits: no collision among a run's few)
 SOURCE_PREFIX: Final = "/apis/durable-agents.io/v1alpha1/namespaces"
 EVENT_TYPES: Final[Mapping[NotificationEvent, str]] = {
@@ -254,17 +258,29 @@ def deliveries(notices: Iterable[Notice], targets: Sequence[NotificationTarget])
     ]
 
 
-def recorded(annotations: Mapping[str, Any] | None) -> frozenset[str]:
-    """The delivery keys a run's annotation records as done."""
+def _payload(run_uid: str, keys: Iterable[str]) -> dict[str, Any]:
+    return {"run": run_uid, "keys": sorted(keys)}
+
+
+def recorded(annotations: Mapping[str, Any] | None, keyring: Keyring | None, run_uid: str) -> frozenset[str]:
+    """The delivery keys a run's annotation records as done, if the operator's stamp over them (and
+    the run's UID) verifies; else none: a record written by someone else (to silence the
+    notifications of a run) or copied from another run is ignored, and what is due is sent again
+    (with the same event IDs: receivers deduplicate)."""
     raw = (annotations or {}).get(NOTIFIED_ANNOTATION)
-    return frozenset(raw.split()) if isinstance(raw, str) else frozenset()
+    if not isinstance(raw, str):
+        return frozenset()
+    listed, _, tag = raw.rpartition(STAMP_SEPARATOR)
+    keys = frozenset(listed.split())
+    return keys if verify(keyring, Purpose.NOTIFIED, _payload(run_uid, keys), tag) else frozenset()
 
 
-def record(due: Iterable[Delivery], done: Iterable[str]) -> str:
+def record(due: Iterable[Delivery], done: Iterable[str], keyring: Keyring, run_uid: str) -> str:
     """The annotation's new value: the done keys of what is due now (what is no longer due is
-    never derived again, so it is dropped: the value stays a few keys long)."""
-    done = set(done)
-    return " ".join(sorted({d.key for d in due} & done))
+    never derived again, so it is dropped: the value stays a few keys long), stamped."""
+    keys = {d.key for d in due} & set(done)
+    tag = stamp(keyring, Purpose.NOTIFIED, _payload(run_uid, keys))
+    return f"{' '.join(sorted(keys))}{STAMP_SEPARATOR}{tag}"
 
 
 def backoff(attempt: int, entropy: Entropy, base: float, cap: float) -> float:

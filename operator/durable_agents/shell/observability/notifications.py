@@ -12,10 +12,12 @@ the core) until it is delivered or ``give_up_after`` has passed: then a Warning 
 ``NotificationAbandoned`` on the run. A target outside the policy's
 ``spec.destinations.notifications`` is never sent to (the second line behind admission): a Warning
 Event ``NotificationRefused``. Each done delivery (delivered, refused, abandoned) is recorded in the
-run's annotation ``durable-agents.io/notified`` (a merge patch of the run's metadata, never its
-status, written only once the delivery is done: a parked or ended run, which the worker does not
-commit), so a restarted operator sends what was missed and not what was sent. A crash between a
-delivery and its record sends it again, with the same event ID: receivers deduplicate by it.
+run's annotation ``durable-agents.io/notified``, stamped with the operator's key (a record it did
+not write is ignored: nobody silences a run's notifications by writing one). It is a merge patch
+of the run's metadata, never its status, written only once the delivery is done (a parked or ended
+run, which the worker does not commit), so a restarted operator sends what was missed and not what
+was sent. A crash between a delivery and its record sends it again, with the same event ID:
+receivers deduplicate by it.
 """
 
 from __future__ import annotations
@@ -111,7 +113,7 @@ class Notifier(Background):
         *,
         holds: Callable[[ObjectKey], bool],  # whether this replica holds the run's shard
         region: str,
-        keyring: Keyring | None,
+        keyring: Keyring,
         events: EventRecorder,
         config: NotifyConfig | None = None,
         entropy: Entropy = os.urandom,
@@ -179,7 +181,9 @@ class Notifier(Background):
                 continue
             found, policy = governing
             due = core.deliveries(core.notices_for(body, now), policy.notifications or [])
-            seen = core.recorded((body.get("metadata") or {}).get("annotations"))
+            meta = body.get("metadata") or {}
+            uid = str(meta.get("uid") or "")
+            seen = core.recorded(meta.get("annotations"), self.keyring, uid)
             done = self.done.setdefault(key, set())
             for delivery in due:
                 if (
@@ -190,7 +194,7 @@ class Notifier(Background):
                     task = asyncio.create_task(self._deliver(key, body, found, delivery))
                     self.inflight[delivery.key] = task
             if (done & {d.key for d in due}) - seen:
-                await self._record(key, body, core.record(due, seen | done))
+                await self._record(key, body, core.record(due, seen | done, self.keyring, uid))
 
     # --- one delivery -----------------------------------------------------------------------------
 
