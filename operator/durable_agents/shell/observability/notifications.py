@@ -125,6 +125,9 @@ class Notifier(Background):
         self.runs: dict[ObjectKey, dict[str, Any]] = {}  # slim copies of runs due a notice
         self.done: dict[ObjectKey, set[str]] = {}  # delivery keys done here, per run
         self.inflight: dict[str, asyncio.Task[None]] = {}
+        # Runs whose every due delivery is recorded, at (resourceVersion, policy, its version): a
+        # pass skips them until one changes (what is due only shrinks with time: expiries).
+        self.settled: dict[ObjectKey, tuple[Any, ...]] = {}
         self._wake = asyncio.Event()
         self._slots = asyncio.Semaphore(self.config.concurrency)
         self._session: aiohttp.ClientSession | None = None
@@ -137,6 +140,7 @@ class Notifier(Background):
         if event_type == "DELETED" or not core.notices_for(body, datetime.now(UTC)):
             self.runs.pop(key, None)
             self.done.pop(key, None)
+            self.settled.pop(key, None)
             return
         self.runs[key] = slim(body)
         self._wake.set()
@@ -174,27 +178,28 @@ class Notifier(Background):
         now = datetime.now(UTC)
         for key in list(self.runs):
             body = self.runs.get(key)
-            if body is None or not self.holds(key) or owning_region_of(body, self.keyring) != self.region:
-                continue
-            governing = self._policy(body)
-            if governing is None:
+            governing = self._policy(body) if body is not None else None
+            if body is None or governing is None:
                 continue
             found, policy = governing
-            due = core.deliveries(core.notices_for(body, now), policy.notifications or [])
             meta = body.get("metadata") or {}
+            marker = (meta.get("resourceVersion"), found, policy.version)
+            if self.settled.get(key) == marker:
+                continue  # checked before the (HMAC) checks below: a parked run costs a lookup
+            if not self.holds(key) or owning_region_of(body, self.keyring) != self.region:
+                continue
             uid = str(meta.get("uid") or "")
+            due = core.deliveries(core.notices_for(body, now), policy.notifications or [])
             seen = core.recorded(meta.get("annotations"), self.keyring, uid)
             done = self.done.setdefault(key, set())
             for delivery in due:
-                if (
-                    delivery.key not in seen
-                    and delivery.key not in done
-                    and delivery.key not in self.inflight
-                ):
+                if delivery.key not in seen | done and delivery.key not in self.inflight:
                     task = asyncio.create_task(self._deliver(key, body, found, delivery))
                     self.inflight[delivery.key] = task
             if (done & {d.key for d in due}) - seen:
-                await self._record(key, body, core.record(due, seen | done, self.keyring, uid))
+                seen = await self._record(key, body, core.record(due, seen | done, self.keyring, uid))
+            if {d.key for d in due} <= seen:
+                self.settled[key] = marker
 
     # --- one delivery -----------------------------------------------------------------------------
 
@@ -266,10 +271,10 @@ class Notifier(Background):
         except ApiException as err:  # an Event is a courtesy: never a reason to lose the delivery
             log.warning("could not record Event %s (%s %s)", reason, err.status, err.reason)
 
-    async def _record(self, key: ObjectKey, body: dict[str, Any], value: str) -> None:
+    async def _record(self, key: ObjectKey, body: dict[str, Any], value: str) -> frozenset[str]:
         """Merge-patch the run's record of done deliveries (metadata only: never the status the
-        worker commits; no resourceVersion: the value is ours alone)."""
-        patch = {"metadata": {"annotations": {core.NOTIFIED_ANNOTATION: value or None}}}
+        worker commits; no resourceVersion: the value is ours alone); the keys recorded now."""
+        patch = {"metadata": {"annotations": {core.NOTIFIED_ANNOTATION: value}}}
         try:
             await self.kube.call(
                 self.kube.merge_patch_namespaced_object, GROUP, VERSION, key[0], "agentruns", key[1], patch
@@ -279,9 +284,10 @@ class Notifier(Background):
                 log.warning(
                     "could not record notifications of run %s/%s (%s %s)", *key, err.status, err.reason
                 )
-            return
+            return frozenset()
         finally:
             metrics.API_WRITES.labels("agentruns", "patch").inc()
         current = self.runs.get(key)
         if current is not None:  # until the watch says so: not written again on the next pass
             current["metadata"]["annotations"][core.NOTIFIED_ANNOTATION] = value
+        return frozenset(value.rpartition(core.STAMP_SEPARATOR)[0].split())
