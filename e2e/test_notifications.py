@@ -25,12 +25,12 @@ from cloudevents.core.formats.json import JSONFormat
 from e2e.test_destinations import refused
 
 from durable_agents.api.v1alpha1 import GROUP, VERSION, NotificationTarget
-from durable_agents.core.notifications import NOTIFIED_ANNOTATION, delivery_key
+from durable_agents.core.notifications import NOTIFIED_ANNOTATION, STAMP_SEPARATOR, delivery_key
 from durable_agents_testkit.eventually import Within, eventually
 from durable_agents_testkit.operator_process import OperatorProcess
 from durable_agents_testkit.refsystem import ReferenceSystemThread
 from durable_agents_testkit.runs import Runs, assert_history_is_gapless
-from durable_agents_testkit.scrape import free_port, metric, scrape_when
+from durable_agents_testkit.scrape import free_port, metric, scrape, scrape_when
 
 POLICY = "notify"
 # What the CloudEvents target answers once opened, in order, before it accepts: each a failed attempt.
@@ -325,8 +325,8 @@ def test_a_restarted_operator_sends_what_was_missed_and_not_what_was_sent(
     receiver.gate.set()
     second = start_operator("second", 2, **fast)
     eventually(lambda: f"{uid}.input.confirm" in receiver.ids(), Within.TAKEOVER, "the missed notice sent")
-    eventually(
-        lambda: (runs.get(one)["metadata"].get("annotations") or {}).get(NOTIFIED_ANNOTATION),
+    eventually(  # the operator's record (stamped), in place of the forged one
+        lambda: STAMP_SEPARATOR in (runs.get(one)["metadata"].get("annotations") or {})[NOTIFIED_ANNOTATION],
         Within.COMMIT,
         "the delivery recorded on the run",
     )
@@ -400,6 +400,40 @@ def test_a_stuck_run_is_told_and_a_receiver_that_never_accepts_is_given_up_on_wi
     )
     assert runs.state(name) == "waiting_approval"  # the run is untouched by it
     assert refsystem.counts() == {}
+
+
+def test_acting_on_a_notice_at_once_makes_no_commit_conflict(
+    runs: Runs,
+    namespace: str,
+    start_operator: Callable[..., OperatorProcess],
+    refsystem: ReferenceSystemThread,
+    receiver: Receiver,
+) -> None:
+    """A person who answers and approves the moment each notice arrives: the notifier's record is
+    a write to the run too, and written then it would make the worker's commit conflict (409)."""
+    receiver.gate.set()
+    receiver.script.clear()
+    body = policy(receiver.url, None)
+    body["spec"]["notifications"] = body["spec"]["notifications"][:1]
+    runs.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "agentpolicies", body)
+    port = free_port()
+    start_operator("quick", 2, DURABLE_AGENTS_METRICS_PORT=str(port))
+
+    def accepted(event_id: str) -> None:
+        eventually(lambda: event_id in receiver.ids(), Within.COMMIT, f"the receiver to accept {event_id}")
+
+    for _ in range(3):
+        name = runs.create(paying_run(refsystem, "go?", "memo"))
+        uid = runs.wait_state(name, "waiting_input")["metadata"]["uid"]
+        runs.patch_spec(name, {"answers": {"confirm": "yes"}})  # at once: the notice is on its way
+        request = runs.wait_state(name, "waiting_approval")["status"]["approvalRequest"]
+        decision = {request["requestId"]: {"digest": request["digest"], "decision": "approve"}}
+        runs.patch_spec(name, {"approvals": decision})
+        runs.wait_state(name, "completed")
+        for event in ("input.confirm", f"approval.{request['requestId']}", "ended.completed"):
+            accepted(f"{uid}.{event}")
+    text = scrape(port)
+    assert metric(text, 'durable_agents_commit_conflicts_total{resource="agentruns"}', default=0) == 0
 
 
 @pytest.mark.local_plane("webhook")

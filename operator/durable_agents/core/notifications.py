@@ -46,6 +46,7 @@ EVENT_TYPES: Final[Mapping[NotificationEvent, str]] = {
     NotificationEvent.RUN_ENDED: "io.durable-agents.run.ended",
     NotificationEvent.RUN_STUCK: "io.durable-agents.run.stuck",
 }
+ENDED_STATES: Final = frozenset(state.value for state in TERMINAL_STATES)
 ENDED_WINDOW: Final = timedelta(hours=24)
 """A run that ended longer ago than this is due no runEnded notice (a target added to a policy
 later is not flooded with every run still kept)."""

@@ -14,9 +14,10 @@ the core) until it is delivered or ``give_up_after`` has passed: then a Warning 
 Event ``NotificationRefused``. Each done delivery (delivered, refused, abandoned) is recorded in the
 run's annotation ``durable-agents.io/notified``, stamped with the operator's key (a record it did
 not write is ignored: nobody silences a run's notifications by writing one). It is a merge patch
-of the run's metadata, never its status, written only once the delivery is done (a parked or ended
-run, which the worker does not commit), so a restarted operator sends what was missed and not what
-was sent. A crash between a delivery and its record sends it again, with the same event ID:
+of the run's metadata, never its status, written once the delivery is done and the run has ended
+or not changed for ``record_after`` seconds (a parked run, which the worker does not commit: a
+write while someone acts on the notice would make the worker's commit conflict), so a restarted
+operator sends what was missed and not what was sent. A crash between a delivery and its record sends it again, with the same event ID:
 receivers deduplicate by it.
 """
 
@@ -66,6 +67,11 @@ class NotifyConfig:
     backoff: float = 1.0  # seconds before the second attempt (doubled each time, jittered)
     backoff_cap: float = 60.0
     give_up_after: float = 900.0  # seconds after the first attempt: then abandoned, with an Event
+    # A live run's record is written once it has not changed for this long: a person or a system
+    # acting on a notice at once (an answer, an approval) makes the worker commit then, and a
+    # metadata write at that moment would make its commit conflict (409) and read again. A
+    # restart within this time sends again (the same IDs). An ended run's is written at once.
+    record_after: float = 10.0
     concurrency: int = 16  # attempts in flight at once
 
 
@@ -128,6 +134,7 @@ class Notifier(Background):
         # Runs whose every due delivery is recorded, at (resourceVersion, policy, its version): a
         # pass skips them until one changes (what is due only shrinks with time: expiries).
         self.settled: dict[ObjectKey, tuple[Any, ...]] = {}
+        self.changed: dict[ObjectKey, float] = {}  # when each run's resourceVersion last changed
         self._wake = asyncio.Event()
         self._slots = asyncio.Semaphore(self.config.concurrency)
         self._session: aiohttp.ClientSession | None = None
@@ -141,7 +148,11 @@ class Notifier(Background):
             self.runs.pop(key, None)
             self.done.pop(key, None)
             self.settled.pop(key, None)
+            self.changed.pop(key, None)
             return
+        before = self.runs.get(key)
+        if before is None or before["metadata"].get("resourceVersion") != meta.get("resourceVersion"):
+            self.changed[key] = time.monotonic()
         self.runs[key] = slim(body)
         self._wake.set()
 
@@ -196,10 +207,16 @@ class Notifier(Background):
                 if delivery.key not in seen | done and delivery.key not in self.inflight:
                     task = asyncio.create_task(self._deliver(key, body, found, delivery))
                     self.inflight[delivery.key] = task
-            if (done & {d.key for d in due}) - seen:
+            if (done & {d.key for d in due}) - seen and self._quiet(key, body):
                 seen = await self._record(key, body, core.record(due, seen | done, self.keyring, uid))
             if {d.key for d in due} <= seen:
                 self.settled[key] = marker
+
+    def _quiet(self, key: ObjectKey, body: Mapping[str, Any]) -> bool:
+        """Whether the run's record may be written now: it ended, or has not changed for a while."""
+        if str((body.get("status") or {}).get("state")) in core.ENDED_STATES:
+            return True
+        return time.monotonic() - self.changed.get(key, 0.0) >= self.config.record_after
 
     # --- one delivery -----------------------------------------------------------------------------
 
