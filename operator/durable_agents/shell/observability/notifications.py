@@ -17,8 +17,8 @@ not write is ignored: nobody silences a run's notifications by writing one). It 
 of the run's metadata, never its status, written once the delivery is done and the run has ended
 or not changed for ``record_after`` seconds (a parked run, which the worker does not commit: a
 write while someone acts on the notice would make the worker's commit conflict), so a restarted
-operator sends what was missed and not what was sent. A crash between a delivery and its record sends it again, with the same event ID:
-receivers deduplicate by it.
+operator sends what was missed and not what was sent. A crash between a delivery and its record
+sends it again, with the same event ID: receivers deduplicate by it.
 """
 
 from __future__ import annotations
