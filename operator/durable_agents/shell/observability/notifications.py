@@ -81,9 +81,9 @@ def slim(body: Mapping[str, Any]) -> dict[str, Any]:
     meta, spec, status = body.get("metadata") or {}, body.get("spec") or {}, body.get("status") or {}
     raw_checkpoint = status.get("checkpoint")
     checkpoint: Mapping[str, Any] = raw_checkpoint if isinstance(raw_checkpoint, Mapping) else {}
-    kept_status: dict[str, Any] = {
-        k: status.get(k) for k in ("state", "stateSince", "runId", "ownership", "conditions")
-    }
+    kept_status: dict[str, Any] = {k: status.get(k) for k in ("state", "stateSince", "runId", "ownership")}
+    conditions = status.get("conditions") or []
+    kept_status["conditions"] = [c for c in conditions if isinstance(c, Mapping) and c.get("type") == "Stuck"]
     outcome = status.get("outcome")
     kept_status["outcome"] = {"reason": outcome.get("reason")} if isinstance(outcome, Mapping) else None
     request = status.get("approvalRequest")
