@@ -22,6 +22,7 @@ written back as JSON text, which the core parses like any model's arguments), it
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Final
 
 from durable_agents.core.agent.exchange import ModelReply, ModelRequest, ToolCall, Usage
@@ -34,6 +35,7 @@ MAX_TOKENS: Final = 4096
 """The ``max_tokens`` of every request (the Messages API requires one): a turn is a short reason
 and one tool call, or a final answer."""
 TOKENS_MAX: Final = 2**32 - 1
+_NOT_IN_ID: Final = re.compile(r"[^a-zA-Z0-9_-]")
 
 
 class NotAMessage(ValueError):
@@ -46,6 +48,12 @@ def _text(content: Any) -> str:
         parts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type", "text") == "text"]
         return "".join(t for t in parts if isinstance(t, str))
     return content if isinstance(content, str) else ""
+
+
+def _block_id(call_id: Any) -> str:
+    """A call ID as the API accepts one (``^[a-zA-Z0-9_-]+$``): the core's may also hold ``.`` or
+    ``:`` (a chat-completions model's own ID, kept); the same ID maps alike in use and result."""
+    return _NOT_IN_ID.sub("_", call_id) if isinstance(call_id, str) and call_id else "call"
 
 
 def _arguments(text: Any) -> dict[str, Any]:
@@ -64,7 +72,7 @@ def _assistant_blocks(message: dict[str, Any]) -> list[dict[str, Any]]:
         blocks.append(
             {
                 "type": "tool_use",
-                "id": call.get("id", ""),
+                "id": _block_id(call.get("id")),
                 "name": function.get("name", ""),
                 "input": _arguments(function.get("arguments")),
             }
@@ -80,7 +88,7 @@ def _blocks(message: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
     if role == "tool":
         result = {
             "type": "tool_result",
-            "tool_use_id": message.get("tool_call_id", ""),
+            "tool_use_id": _block_id(message.get("tool_call_id")),
             "content": _text(message.get("content")),
         }
         return "user", [result]
