@@ -143,13 +143,14 @@ class Servers:
     model: ModelServerThread
     refsystem: ReferenceSystemThread
     tickets: McpServerThread
+    protocol: str = "openai-chat"
 
 
 def agent_spec(servers: Servers) -> dict[str, Any]:
     """The sample run, with a second read tool (the order), the ticket server's two tools (the
     query tool declared for the consequential one) and a question for a person."""
     spec: dict[str, Any] = next(doc for doc in sample() if doc["kind"] == "AgentRun")["spec"]
-    spec["agent"]["endpoint"]["baseUrl"] = servers.model.base_url
+    spec["agent"]["endpoint"].update(baseUrl=servers.model.base_url_for(servers.protocol), protocol=servers.protocol)
     tools = spec["agent"]["tools"]
     for tool in tools:
         if "effect" in tool:
@@ -164,10 +165,16 @@ def agent_spec(servers: Servers) -> dict[str, Any]:
 
 
 @pytest.fixture
-def servers(refsystem: ReferenceSystemThread) -> Iterator[Servers]:
+def protocol() -> str:
+    """The model endpoint's protocol; the tests of crashes inside model calls run on both."""
+    return "openai-chat"
+
+
+@pytest.fixture
+def servers(refsystem: ReferenceSystemThread, protocol: str) -> Iterator[Servers]:
     """Per scenario: a fresh model server and ticket server (each counts from zero)."""
     with ModelServerThread(SCRIPT, api_key=API_KEY) as model, McpServerThread() as tickets:
-        yield Servers(model, refsystem, tickets)
+        yield Servers(model, refsystem, tickets, protocol)
 
 
 @pytest.fixture
@@ -502,6 +509,7 @@ def test_sigkill_at_a_write_of_a_model_run(
 INSIDE = {2: "maxAmount", 4: "Refund order 7731", 7: '"step":4'}
 
 
+@pytest.mark.parametrize("protocol", ["openai-chat", "anthropic-messages"])
 @pytest.mark.parametrize("call", list(INSIDE))
 def test_sigkill_inside_a_model_call(
     start_operator: Callable[..., OperatorProcess],
@@ -525,6 +533,7 @@ def test_sigkill_inside_a_model_call(
     process.kill()
     assert process.wait_exit(0) == -signal.SIGKILL
     recover(victim, f"inside call {call}", start_operator, runs, name, servers)
+    assert set(model.calls()["byProtocol"]) == {servers.protocol}, "every call spoke the endpoint's protocol"
 
 
 # --- a stale checkpoint: the replayed model proposes other arguments ------------------------------
