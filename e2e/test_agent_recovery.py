@@ -150,7 +150,9 @@ def agent_spec(servers: Servers) -> dict[str, Any]:
     """The sample run, with a second read tool (the order), the ticket server's two tools (the
     query tool declared for the consequential one) and a question for a person."""
     spec: dict[str, Any] = next(doc for doc in sample() if doc["kind"] == "AgentRun")["spec"]
-    spec["agent"]["endpoint"].update(baseUrl=servers.model.base_url_for(servers.protocol), protocol=servers.protocol)
+    spec["agent"]["endpoint"].update(
+        baseUrl=servers.model.base_url_for(servers.protocol), protocol=servers.protocol
+    )
     tools = spec["agent"]["tools"]
     for tool in tools:
         if "effect" in tool:
