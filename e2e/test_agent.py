@@ -98,7 +98,8 @@ def test_a_model_driven_run_reads_proposes_waits_for_approval_and_acts_once(
     # The same identifiers are recorded whatever the protocol: the model, the prompt's and the
     # tool set's digests (the prompt the server received is the sample's, as the system prompt).
     system = model.calls()["requests"][0]["messages"][0]
-    assert system["role"] == "system" and "refund" in system["content"].lower()
+    assert system["role"] == "system"
+    assert "refund" in system["content"].lower()
     assert facts["promptDigest"] == prompt_digest(system["content"])
     assert facts["toolSetDigest"].startswith("sha256:")
     assert facts["usageTotal"]["inputTokens"] > 0

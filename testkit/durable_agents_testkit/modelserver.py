@@ -84,6 +84,7 @@ from durable_agents_testkit.loopback import (
     http_url,
     refuse_non_loopback,
 )
+from durable_agents_testkit.modelserver_messages import error, key_given, post_messages
 
 NO_SCRIPTED_REPLY = "(no scripted reply)"
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
@@ -362,8 +363,6 @@ def _error(status: int, message: str, code: str | None = None) -> web.Response:
 async def _check_api_key(request: web.Request, handler: Handler) -> web.StreamResponse:
     key = request.app[SERVER_KEY].api_key
     if key is not None and request.path == "/v1/messages":  # the Messages API's own header
-        from durable_agents_testkit.modelserver_messages import error, key_given
-
         if not key_given(request, key):
             return error(401, "invalid x-api-key")
     elif key is not None and request.path.startswith("/v1/"):
@@ -473,10 +472,8 @@ def make_app(server: ModelServer | None = None) -> web.Application:
     # Conversations with long tool results outgrow aiohttp's 1 MiB default body limit.
     app = web.Application(middlewares=[_check_api_key], client_max_size=16 * 1024 * 1024)
     app[SERVER_KEY] = server if server is not None else ModelServer()
-    from durable_agents_testkit.modelserver_messages import post_messages
-
     app.router.add_post("/v1/chat/completions", _post_completion)
-    app.router.add_post("/v1/messages", post_messages)
+    app.router.add_post("/v1/messages", post_messages(lambda request: request.app[SERVER_KEY], broken_reply))
     app.router.add_get("/v1/models", _get_models)
     app.router.add_post("/faults", _post_fault)
     app.router.add_get("/faults", _faults)

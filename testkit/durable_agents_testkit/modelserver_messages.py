@@ -10,9 +10,10 @@ counts the requests of each. The answer is then written as a Messages API messag
 
 Written independently of the operator's translation (:mod:`durable_agents.core.agent.messages_api`),
 so that a mistake there shows here instead of being mirrored. Errors are the API's own shape,
-``{"type": "error", "error": {"type", "message"}}``; with an API key configured, the request needs
-``x-api-key: <key>`` or ``Authorization: Bearer <key>`` (else 401). The ``overloaded`` fault answers 529 ``overloaded_error``; a
-``malformed`` tool call's ``input`` is the cut-short text (no object can be malformed JSON).
+``{"type": "error", "error": {"type", "message"}}``; with an API key configured, the request
+needs ``x-api-key: <key>`` or ``Authorization: Bearer <key>`` (else 401). The ``overloaded``
+fault answers 529 ``overloaded_error``; a ``malformed`` tool call's ``input`` is the cut-short
+text (no object can be malformed JSON).
 """
 
 from __future__ import annotations
@@ -20,12 +21,11 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import rfc8785
 from aiohttp import web
-
-from durable_agents_testkit import modelserver as ms
 
 PROTOCOL = "anthropic-messages"
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error"}
@@ -139,21 +139,35 @@ def message_of(completion: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _broken(mode: ms.FaultMode, api_key: str) -> web.Response | None:
-    """The reply of a broken endpoint for ``mode``, in this API's terms; None: handled in line."""
-    if mode is ms.FaultMode.ERROR:
+def broken_message(mode: str, api_key: str) -> web.Response | None:
+    """The reply of a broken endpoint for the fault ``mode``, in this API's terms, where it
+    differs from chat completions' (None: the same reply)."""
+    if mode == "error":
         return error(500, "injected fault: the server had an error")
-    if mode is ms.FaultMode.OVERLOADED:
+    if mode == "overloaded":
         return error(529, "Overloaded")
-    if mode is ms.FaultMode.UNAUTHORIZED:
+    if mode == "unauthorized":
         return error(401, f"invalid x-api-key: {api_key.removeprefix('Bearer ')}")
-    if mode is ms.FaultMode.NOT_A_COMPLETION:
+    if mode == "not_a_completion":
         return web.json_response({"type": "completion", "completion": "this is not a message"})
-    return ms.broken_reply(mode, api_key)
+    return None
 
 
-async def post_messages(request: web.Request) -> web.StreamResponse:
-    server = request.app[ms.SERVER_KEY]
+def post_messages(
+    server_of: Callable[[web.Request], Any], broken_reply: Callable[[Any, str], web.Response | None]
+) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    """The ``POST /v1/messages`` handler for the server :func:`server_of` gives (its
+    ``complete`` answers as for chat completions; ``broken_reply`` the faults alike)."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        return await _post_messages(request, server_of(request), broken_reply)
+
+    return handler
+
+
+async def _post_messages(
+    request: web.Request, server: Any, broken_reply: Callable[[Any, str], web.Response | None]
+) -> web.StreamResponse:
     try:
         body = await request.json()
     except ValueError:
@@ -175,15 +189,15 @@ async def post_messages(request: web.Request) -> web.StreamResponse:
     except rfc8785.CanonicalizationError as exc:
         return error(400, f"the body has no canonical JSON form: {exc}")
     fault, completion = server.complete(chat, canonical, PROTOCOL)  # no await: atomic, as for chat
-    given = request.headers.get("x-api-key") or request.headers.get("Authorization", "")
-    broken = _broken(fault.mode, given) if fault is not None else None
+    given = request.headers.get("x-api-key") or request.headers.get("Authorization") or ""
+    broken = None if fault is None else broken_message(fault.mode, given) or broken_reply(fault.mode, given)
     if broken is not None:
         return broken
-    if fault is not None and fault.mode is ms.FaultMode.DROP:
+    if fault is not None and fault.mode == "drop":
         if request.transport is not None:
             request.transport.close()
         return web.Response(status=500)
-    if fault is not None and fault.mode is ms.FaultMode.SLOW:
+    if fault is not None and fault.mode == "slow":
         await asyncio.sleep(fault.delay)
     return web.json_response(message_of(completion))
 

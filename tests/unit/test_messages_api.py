@@ -53,7 +53,11 @@ def _requests(draw: st.DrawFn) -> ModelRequest:
     tools = [
         {
             "type": "function",
-            "function": {"name": name, "description": draw(st.text(max_size=20)), "parameters": {"type": "object"}},
+            "function": {
+                "name": name,
+                "description": draw(st.text(max_size=20)),
+                "parameters": {"type": "object"},
+            },
         }
         for name in draw(st.lists(_names, max_size=3, unique=True))
     ]
@@ -89,14 +93,23 @@ def test_the_shape_of_one_turn() -> None:
                 "role": "assistant",
                 "content": "The order first.",
                 "tool_calls": [
-                    {"id": "call_1", "type": "function", "function": {"name": "read", "arguments": '{"n":1}'}},
+                    {
+                        "id": "call_1",
+                        "type": "function",
+                        "function": {"name": "read", "arguments": '{"n":1}'},
+                    },
                     {"id": "drop00010", "type": "function", "function": {"name": "read", "arguments": "{}"}},
                 ],
             },
             {"role": "tool", "tool_call_id": "call_1", "content": "shipped"},
             {"role": "tool", "tool_call_id": "drop00010", "content": "not executed"},
         ),
-        tools=({"type": "function", "function": {"name": "read", "description": "R", "parameters": {"type": "object"}}},),
+        tools=(
+            {
+                "type": "function",
+                "function": {"name": "read", "description": "R", "parameters": {"type": "object"}},
+            },
+        ),
     )
     assert messages_body(request) == {
         "model": "claude-x",
@@ -139,7 +152,8 @@ def test_a_call_id_the_api_would_refuse_maps_alike_in_use_and_result() -> None:
     use, result = body["messages"][1]["content"][0], body["messages"][2]["content"][0]
     assert use == {"type": "tool_use", "id": "fc_1_a", "name": "t", "input": {}}
     assert result["tool_use_id"] == "fc_1_a"
-    assert "system" not in body and "tools" not in body
+    assert "system" not in body
+    assert "tools" not in body
 
 
 def test_a_reply_with_text_and_a_tool_use() -> None:
@@ -157,11 +171,16 @@ def test_a_reply_with_text_and_a_tool_use() -> None:
             "usage": {"input_tokens": 12, "output_tokens": 7},
         }
     )
-    assert reply.model == "claude-x" and reply.content == "Reading the order."
+    assert reply.model == "claude-x"
+    assert reply.content == "Reading the order."
     assert reply.finish_reason == "tool_use"
     assert (reply.usage.input_tokens, reply.usage.output_tokens) == (12, 7)
     [call] = reply.tool_calls
-    assert (call.id, call.name, json.loads(call.arguments_text)) == ("toolu_1", "read", {"name": "é", "n": [1]})
+    assert (call.id, call.name, json.loads(call.arguments_text)) == (
+        "toolu_1",
+        "read",
+        {"name": "é", "n": [1]},
+    )
 
 
 def test_an_empty_reply_is_empty_and_not_a_final_answer() -> None:

@@ -9,11 +9,11 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
+from tests.unit.test_model_client import MODEL, REQUEST, SCRIPT
 
 from durable_agents.core.agent.exchange import ModelRequest
 from durable_agents.shell.agent.model_client import ModelCallFailed, ModelClient, ModelEndpoint
 from durable_agents_testkit.modelserver import ModelServerThread
-from tests.unit.test_model_client import MODEL, REQUEST, SCRIPT
 
 pytestmark = pytest.mark.unit
 
@@ -40,14 +40,27 @@ def endpoint(server: ModelServerThread, key: str = KEY, timeout: float = 10.0) -
 
 async def test_a_tool_call_then_a_final_answer(server: ModelServerThread, client: ModelClient) -> None:
     first = await client.complete(endpoint(server), REQUEST)
-    assert (first.model, first.content, first.finish_reason) == (MODEL, "The settings decide the surge.", "tool_use")
+    assert (first.model, first.content, first.finish_reason) == (
+        MODEL,
+        "The settings decide the surge.",
+        "tool_use",
+    )
     [call] = first.tool_calls
     assert (call.name, call.arguments_text) == ("read_settings", '{"name": "settings"}')
-    assert first.usage.input_tokens > 0 and first.usage.output_tokens > 0
+    assert first.usage.input_tokens > 0
+    assert first.usage.output_tokens > 0
     answered = (
-        {"role": "assistant", "content": first.content, "tool_calls": [
-            {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": '{"name":"settings"}'}}
-        ]},
+        {
+            "role": "assistant",
+            "content": first.content,
+            "tool_calls": [
+                {
+                    "id": call.id,
+                    "type": "function",
+                    "function": {"name": call.name, "arguments": '{"name":"settings"}'},
+                }
+            ],
+        },
         {"role": "tool", "tool_call_id": call.id, "content": "surge: 2"},
     )
     request = ModelRequest(model=MODEL, messages=REQUEST.messages + answered, tools=REQUEST.tools)
@@ -65,11 +78,19 @@ async def test_a_tool_call_then_a_final_answer(server: ModelServerThread, client
     ("mode", "reason", "said"),
     [
         ("unauthorized", "ModelAuthFailed", "AuthenticationError (HTTP 401) from http://127.0.0.1:"),
-        ("overloaded", "ModelOverloaded", 'OverloadedError (HTTP 529) from http://127.0.0.1:'),
+        ("overloaded", "ModelOverloaded", "OverloadedError (HTTP 529) from http://127.0.0.1:"),
         ("error", "ModelError", "InternalServerError (HTTP 500) from http://127.0.0.1:"),
-        ("not_json", "ModelReplyNotJson", "a body that is not JSON although its content type is application/json"),
+        (
+            "not_json",
+            "ModelReplyNotJson",
+            "a body that is not JSON although its content type is application/json",
+        ),
         ("html", "ModelReplyNotJson", 'an HTML page (text/html): "Sign in to continue - Example Proxy"'),
-        ("not_a_completion", "ModelReplyInvalid", "that is not a Messages API reply: its type is 'completion'"),
+        (
+            "not_a_completion",
+            "ModelReplyInvalid",
+            "that is not a Messages API reply: its type is 'completion'",
+        ),
         ("empty", "ModelReplyEmpty", "a Messages API reply with no content and no tool calls"),
         ("drop", "ModelUnreachable", "APIConnectionError"),
     ],
@@ -89,11 +110,13 @@ async def test_a_broken_endpoint_is_a_model_error_naming_it(
 async def test_a_wrong_key_and_a_timeout(server: ModelServerThread, client: ModelClient) -> None:
     with pytest.raises(ModelCallFailed) as wrong:
         await client.complete(endpoint(server, key="not-the-key"), REQUEST)
-    assert wrong.value.reason == "ModelAuthFailed" and "HTTP 401" in wrong.value.message
+    assert wrong.value.reason == "ModelAuthFailed"
+    assert "HTTP 401" in wrong.value.message
     server.inject("slow", delay=5.0)
     with pytest.raises(ModelCallFailed) as slow:
         await client.complete(endpoint(server, timeout=0.5), REQUEST)
-    assert slow.value.reason == "ModelTimeout" and "timeout 0.5s" in slow.value.message
+    assert slow.value.reason == "ModelTimeout"
+    assert "timeout 0.5s" in slow.value.message
 
 
 async def test_a_model_the_server_does_not_have_is_not_retried(

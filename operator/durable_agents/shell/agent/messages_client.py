@@ -19,10 +19,9 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # imported at the first call of such an endpoint, as the openai client is
     import anthropic
 
-    from durable_agents.shell.agent.model_client import ModelEndpoint
-
 from durable_agents.core.agent.exchange import ModelReply, ModelRequest
 from durable_agents.core.agent.messages_api import ANTHROPIC_MESSAGES, messages_body
+from durable_agents.shell.agent.model_endpoint import ModelEndpoint
 from durable_agents.shell.agent.model_replies import (
     ModelCallFailed,
     reply_kind,
@@ -96,7 +95,12 @@ class MessagesClient:
             message = f"{type(err).__name__} while reading the reply of {shown_endpoint(endpoint.base_url)}"
             raise ModelCallFailed("ModelUnreachable", message, True) from None
         return reply_of(
-            endpoint.base_url, response.status_code, response.headers, body, endpoint.api_key, ANTHROPIC_MESSAGES
+            endpoint.base_url,
+            response.status_code,
+            response.headers,
+            body,
+            endpoint.api_key,
+            ANTHROPIC_MESSAGES,
         )
 
     async def close(self) -> None:

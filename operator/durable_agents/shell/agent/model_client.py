@@ -16,15 +16,15 @@ key): retried under the run's policy, never an internal-error quarantine.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # imported when the first model call is made: the client costs ~1 s and ~16 MB
     import openai
 
 from durable_agents.core.agent.exchange import ModelReply, ModelRequest
-from durable_agents.core.agent.messages_api import ANTHROPIC_MESSAGES, OPENAI_CHAT
+from durable_agents.core.agent.messages_api import ANTHROPIC_MESSAGES
 from durable_agents.shell.agent.messages_client import MessagesClient
+from durable_agents.shell.agent.model_endpoint import ModelEndpoint
 from durable_agents.shell.agent.model_replies import (
     ModelCallFailed,
     reply_kind,
@@ -36,17 +36,6 @@ from durable_agents.shell.agent.model_replies import (
 log = logging.getLogger(__name__)
 
 NO_KEY = "unused"  # the client insists on a key; a local server without auth ignores it
-
-
-@dataclass(frozen=True)
-class ModelEndpoint:
-    """Where a run's model answers: a base URL, its credential and the protocol it speaks
-    (openai-chat: an OpenAI-compatible base URL, …/v1; anthropic-messages: before /v1/messages)."""
-
-    base_url: str
-    api_key: str | None = None
-    timeout_seconds: float = 60.0
-    protocol: str = OPENAI_CHAT
 
 
 def _failures() -> tuple[tuple[type[openai.OpenAIError], str, bool], ...]:
