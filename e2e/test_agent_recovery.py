@@ -541,12 +541,14 @@ def test_sigkill_inside_a_model_call(
 # --- a stale checkpoint: the replayed model proposes other arguments ------------------------------
 
 
+@pytest.mark.parametrize("protocol", ["openai-chat", "anthropic-messages"])
 def test_an_approval_does_not_carry_over_to_other_arguments_proposed_on_replay(
     start_operator: Callable[..., OperatorProcess],
     kube: KubeEnv,
     runs: Runs,
     agent_namespace: str,
     refsystem: ReferenceSystemThread,
+    protocol: str,
 ) -> None:
     """The refund is proposed and approved; then the run's status is restored from a backup taken
     before the model proposed it (the spec, with the approval, stays). On replay the model proposes
@@ -559,7 +561,7 @@ def test_an_approval_does_not_carry_over_to_other_arguments_proposed_on_replay(
     script["rules"].insert(fix + 1, rule(SCRIPT["rules"][fix]["when"], "refund", **other))
     turn = f"agent/turns/{TURNS.index(('refund', 'succeeded'))}/arguments"  # the refund's arguments
     with ModelServerThread(script, api_key=API_KEY) as model, McpServerThread() as tickets:
-        servers = Servers(model, refsystem, tickets)
+        servers = Servers(model, refsystem, tickets, protocol)
         first = start_operator("first", LEASE, **FAST_CLAIMS)
         with WriteLog(kube, runs.namespace) as log:
             name = runs.create(agent_spec(servers), name="replayed")
