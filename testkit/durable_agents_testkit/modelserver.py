@@ -1,5 +1,6 @@
-"""The reference model server: OpenAI-compatible chat completions answered from a script, with call
-counts and injected faults, so tests and the demo drive the model planner without a real model.
+"""The reference model server: OpenAI-compatible chat completions (and the Anthropic Messages API,
+``POST /v1/messages``) answered from a script, with call counts and injected faults, so tests and
+the demo drive the model planner without a real model.
 
 The *script* (:class:`Script`; YAML, JSON or a dict) is a model name and ordered rules. The first
 rule whose ``when`` holds answers: ``called``/``notCalled`` (tool names in assistant tool calls),
@@ -573,7 +574,10 @@ class ModelServerThread(LoopThread[RunningModelServer]):
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m durable_agents_testkit.modelserver",
-        description="The reference model server: OpenAI-compatible chat completions from a script.",
+        description=(
+            "The reference model server: OpenAI-compatible chat completions and the Anthropic "
+            "Messages API, answered from a script."
+        ),
     )
     parser.add_argument("--script", required=True, type=Path, help="the script: a YAML or .json file")
     parser.add_argument("--host", default=LOOPBACK, help="address to listen on (loopback only by default)")
