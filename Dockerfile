@@ -10,8 +10,9 @@
 # The final image holds the base and the virtualenv only: no pip, no compiler, no test kit; and,
 # in the virtualenv, the SBOM of what is installed there (sbom.cdx.json, CycloneDX) and the
 # wheels' hashes it was installed from (requirements.txt). docs/security/supply-chain.md tells how
-# to verify them. SOURCE_DATE_EPOCH (the commit's time) is every file's time: two builds of one
-# commit give the same layers (hack/image.sh sets the config's times; make image-reproducible).
+# to verify them. Two builds of one commit give the same image: hack/image.sh sets every time in
+# it, the files' in this image's own layers and the config's, to the commit's (SOURCE_DATE_EPOCH;
+# make image-reproducible proves it).
 ARG BASE_IMAGE=python:3.11-slim-bookworm
 ARG SOURCE_DATE_EPOCH=315532800
 
@@ -30,8 +31,8 @@ COPY build/sbom-tool/ /sbom-tool/
 # an import is missing.
 # The SBOM, of the environment as installed: cyclonedx-py runs from a virtualenv of its own (its
 # wheels hash-checked too) that stays in this stage; it reads the installed distributions'
-# metadata (the root component, durable-agents, described by its pyproject.toml). Then every file
-# gets the commit's time: the layer the final image copies is the same whenever it is built.
+# metadata (the root component, durable-agents, described by its pyproject.toml); its timestamp
+# is SOURCE_DATE_EPOCH's, and it has no random serial number (--output-reproducible).
 RUN set -eu; \
     python3 -m venv --without-pip /opt/durable-agents; \
     set -- /wheels/pip-*.whl; \
@@ -48,23 +49,18 @@ RUN set -eu; \
     /tmp/sbom-tool/bin/python "$pip" install --quiet --no-index --find-links /sbom-tool \
         --require-hashes --no-compile -r /sbom-tool/requirements.txt; \
     /tmp/sbom-tool/bin/cyclonedx-py environment --output-reproducible --pyproject /sbom-tool/pyproject.toml \
-        --output-format JSON --output-file /opt/durable-agents/sbom.cdx.json /opt/durable-agents; \
-    find /opt -exec touch --no-dereference --date="@${SOURCE_DATE_EPOCH}" {} +
+        --output-format JSON --output-file /opt/durable-agents/sbom.cdx.json /opt/durable-agents
 
 FROM ${BASE_IMAGE}
 # A base's own pip (python:*-slim has one) goes; a fixed numeric user and group (Kubernetes'
-# runAsNonRoot can only verify a numeric USER). The two files keep the base's time, not the build's.
-RUN set -eu; \
-    stamp=$(stat -c %Y /etc/passwd); \
-    if python3 -m pip --version >/dev/null 2>&1; then \
+# runAsNonRoot can only verify a numeric USER).
+RUN if python3 -m pip --version >/dev/null 2>&1; then \
         python3 -m pip uninstall --quiet --yes pip setuptools wheel; \
     fi; \
     grep -q '^[^:]*:[^:]*:65532:' /etc/group || echo 'durable-agents:x:65532:' >> /etc/group; \
     grep -q '^[^:]*:[^:]*:65532:' /etc/passwd || \
-        echo 'durable-agents:x:65532:65532:durable-agents:/nonexistent:/usr/sbin/nologin' >> /etc/passwd; \
-    touch --date="@$stamp" /etc/group /etc/passwd
-# /opt whole, with its time: the copy leaves no directory stamped with the build's time.
-COPY --from=install /opt /opt
+        echo 'durable-agents:x:65532:65532:durable-agents:/nonexistent:/usr/sbin/nologin' >> /etc/passwd
+COPY --from=install /opt/durable-agents /opt/durable-agents
 ARG BASE_IMAGE
 ARG BASE_DIGEST=
 ARG VERSION=0.0.0

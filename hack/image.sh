@@ -197,13 +197,17 @@ DOCKER_BUILDKIT=1 docker build --progress plain --network none ${IMAGE_NO_CACHE:
   --build-arg "REVISION=$revision" --build-arg "SOURCE=$source_url" --build-arg "CREATED=$created" \
   --build-arg "SOURCE_DATE_EPOCH=$epoch" --tag "$built" . >"$cache/image-build.log" 2>&1 ||
   { tail -n 30 "$cache/image-build.log" >&2; echo "docker build failed (log: $cache/image-build.log)" >&2; exit 1; }
-# The engine's BuildKit stamps the config with the wall-clock time: the same config with the
-# commit's time instead (what BuildKit 0.11+ does with SOURCE_DATE_EPOCH), loaded under the
-# image's names; the SBOM copied out of the image's layers on the way.
+# The engine's BuildKit stamps the config, and the files and directories its steps write, with
+# the wall-clock time: the same image with the commit's time instead (what BuildKit 0.13+ does
+# with SOURCE_DATE_EPOCH and rewrite-timestamp), loaded under the image's names; the SBOM copied
+# out of its layers on the way.
 id_file=$src/.restamped-id
-docker save "$built" |
-  "$py" hack/image_supply.py restamp "$epoch" "${names[@]}" --id-file "$id_file" \
-    --extract "/opt/durable-agents/sbom.cdx.json=$repo/build/sbom.cdx.json" | docker load >/dev/null
+docker save -o "$src/built.tar" "$built"
+"$py" hack/image_supply.py restamp "$src/built.tar" "$epoch" "${names[@]}" --id-file "$id_file" \
+  --base-layers "$(docker image inspect -f '{{len .RootFS.Layers}}' "$base")" \
+  --base-history "$(docker history -q "$base" | wc -l)" \
+  --extract "/opt/durable-agents/sbom.cdx.json=$repo/build/sbom.cdx.json" | docker load >/dev/null
+rm -f "$src/built.tar"
 docker rmi "$built" >/dev/null
 id=$(cat "$id_file")
 echo "image ID: $id (${names[*]}); SBOM: build/sbom.cdx.json" >&2

@@ -3,18 +3,20 @@
     requirements DIR          DIR/requirements.txt: every wheel in DIR (but pip's, which is run
                               from its wheel, never installed) as ``name==version --hash=sha256:``,
                               for ``pip install --require-hashes``
-    restamp EPOCH TAG...      reads ``docker save`` of one image on stdin, writes on stdout an
-                              archive for ``docker load``: the same layers (the engine has them:
-                              the archive names them but carries only the new config and the
-                              manifest), the config's ``created`` and history times clamped to
-                              EPOCH, tagged TAG...; --id-file gets the new image ID, --extract
-                              PATH=FILE copies a file of the image's layers out
+    restamp SAVED EPOCH TAG...
+                              SAVED, ``docker save`` of one image; writes on stdout an archive
+                              for ``docker load``: the layers after the base's with every time
+                              later than EPOCH set to it (each entry otherwise as it was, in the
+                              same order), the config's ``created`` and its history's times set
+                              to EPOCH (the base's entries clamped), tagged TAG...; --id-file
+                              gets the new image ID, --extract PATH=FILE copies a file out
     compare A.tar B.tar       two ``docker save`` archives of one image built twice: the config
                               fields and the layers' files that differ (exit 1 when any does)
 
-Docker's own BuildKit (the engine 20.10) stamps an image's config with the build's wall-clock
-time; BuildKit 0.11+ does what ``restamp`` does when given SOURCE_DATE_EPOCH. Layers are left as
-built: the Dockerfile sets their files' times.
+Docker's own BuildKit (the engine 20.10's) stamps an image's config with the build's wall-clock
+time, and a layer's files and directories (a RUN's /etc, where the runtime made its mount points;
+the directory a COPY writes into) with the times they were written; BuildKit 0.13+ does what
+``restamp`` does when given SOURCE_DATE_EPOCH and rewrite-timestamp=true.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import io
 import json
 import sys
 import tarfile
-from collections.abc import Iterator
+import tempfile
 from pathlib import Path
 from typing import IO, Any
 
@@ -58,65 +60,103 @@ def _parse_time(value: str) -> datetime.datetime:
     return datetime.datetime.fromisoformat(head).replace(tzinfo=datetime.UTC)
 
 
-def clamp_times(config: dict[str, Any], epoch: int) -> dict[str, Any]:
-    """The config with its times no later than ``epoch`` (earlier ones, a public base's, stay)."""
+def stamp_config(config: dict[str, Any], epoch: int, base_history: int) -> dict[str, Any]:
+    """The config made at ``epoch``: its ``created`` and its history entries after the base's
+    first ``base_history`` ones; the base's are clamped to it (a public base's earlier ones stay)."""
     limit = datetime.datetime.fromtimestamp(epoch, datetime.UTC)
     stamp = _rfc3339(epoch)
-    out = dict(config)
-    if "created" in out and _parse_time(out["created"]) > limit:
-        out["created"] = stamp
     history = []
-    for entry in out.get("history") or []:
+    for index, entry in enumerate(config.get("history") or []):
         entry = dict(entry)
-        if "created" in entry and _parse_time(entry["created"]) > limit:
+        if "created" in entry and (index >= base_history or _parse_time(entry["created"]) > limit):
             entry["created"] = stamp
         history.append(entry)
-    if history:
-        out["history"] = history
-    return out
+    return {**config, "created": stamp, **({"history": history} if history else {})}
 
 
-def _members(stream: IO[bytes]) -> Iterator[tuple[tarfile.TarInfo, IO[bytes] | None]]:
-    with tarfile.open(fileobj=stream, mode="r|") as archive:
-        for member in archive:
-            yield member, archive.extractfile(member) if member.isfile() else None
+def clamp_layer(source: IO[bytes], target: IO[bytes], epoch: int, extract: dict[str, Path]) -> set[str]:
+    """Copies a layer's tar with every time later than ``epoch`` set to it (BuildKit 0.13+'s
+    rewrite-timestamp), the entries in the same order; copies the files named in ``extract`` out.
+    Returns the paths it found."""
+    found: set[str] = set()
+    with (
+        tarfile.open(fileobj=source, mode="r|") as layer,
+        tarfile.open(fileobj=target, mode="w|", format=tarfile.PAX_FORMAT) as out,
+    ):
+        for member in layer:
+            dropped = {"atime", "ctime"} | ({"mtime"} if member.mtime > epoch else set())
+            member.pax_headers = {k: v for k, v in member.pax_headers.items() if k not in dropped}
+            member.mtime = min(member.mtime, epoch)
+            data = layer.extractfile(member) if member.isfile() else None
+            if data is None:
+                out.addfile(member)
+                continue
+            content = data.read()
+            path = member.name.removeprefix("./")
+            if path in extract:
+                extract[path].write_bytes(content)
+                found.add(path)
+            out.addfile(member, io.BytesIO(content))
+    return found
 
 
 def restamp(
-    source: IO[bytes], target: IO[bytes], epoch: int, tags: list[str], extract: dict[str, Path]
+    saved: Path,
+    target: IO[bytes],
+    epoch: int,
+    base: tuple[int, int],
+    tags: list[str],
+    extract: dict[str, Path],
 ) -> str:
-    small: dict[str, bytes] = {}
+    """``docker save``'s archive of an image as ``docker load`` takes it back, made at ``epoch``:
+    the layers after the base's (``base``: how many layers and history entries it has) with their
+    times clamped, the config's times set. The base's layers are named, not carried: the engine
+    has them."""
+    base_layers, base_history = base
     found: set[str] = set()
-    for member, content in _members(source):
-        if content is None:
-            continue
-        if member.name.endswith("/layer.tar"):
-            for inner, data in _members(content):
-                path = inner.name.removeprefix("./")
-                if path in extract and data is not None:
-                    extract[path].write_bytes(data.read())
-                    found.add(path)
-        elif "/" not in member.name:
-            small[member.name] = content.read()
-    missing = set(extract) - found
-    if missing:
-        raise SystemExit(f"not in the image: {sorted(missing)}")
-    (manifest,) = json.loads(small["manifest.json"])
-    config = clamp_times(json.loads(small[manifest["Config"]]), epoch)
-    raw = json.dumps(config, separators=(",", ":"), sort_keys=True).encode()
-    image_id = hashlib.sha256(raw).hexdigest()
-    entries = [{"Config": f"{image_id}.json", "RepoTags": tags, "Layers": manifest["Layers"]}]
-    with tarfile.open(fileobj=target, mode="w|") as out:
-        for name, payload in ((f"{image_id}.json", raw), ("manifest.json", json.dumps(entries).encode())):
-            info = tarfile.TarInfo(name)
-            info.size = len(payload)
-            info.mtime = epoch
-            out.addfile(info, io.BytesIO(payload))
+    with tarfile.open(saved) as archive, tempfile.TemporaryDirectory() as scratch:
+        (manifest,) = json.loads(_read(archive, "manifest.json"))
+        config = json.loads(_read(archive, manifest["Config"]))
+        layers: list[tuple[str, Path | None]] = []
+        for index, name in enumerate(manifest["Layers"]):
+            if index < base_layers:
+                layers.append((name, None))
+                continue
+            path = Path(scratch) / f"{index}.tar"
+            with archive.extractfile(name) as source, path.open("wb") as out:  # type: ignore[union-attr]
+                found |= clamp_layer(source, out, epoch, extract)
+            digest = hashlib.sha256(path.read_bytes()).hexdigest()
+            config["rootfs"]["diff_ids"][index] = f"sha256:{digest}"
+            layers.append((f"{digest}/layer.tar", path))
+        missing = set(extract) - found
+        if missing:
+            raise SystemExit(f"not in the image's own layers: {sorted(missing)}")
+        config = stamp_config(config, epoch, base_history)
+        raw = json.dumps(config, separators=(",", ":"), sort_keys=True).encode()
+        image_id = hashlib.sha256(raw).hexdigest()
+        entries = [{"Config": f"{image_id}.json", "RepoTags": tags, "Layers": [n for n, _ in layers]}]
+        with tarfile.open(fileobj=target, mode="w|") as out:
+            for name, payload in ((f"{image_id}.json", raw), ("manifest.json", json.dumps(entries).encode())):
+                info = tarfile.TarInfo(name)
+                info.size = len(payload)
+                info.mtime = epoch
+                out.addfile(info, io.BytesIO(payload))
+            for name, layer_file in layers:
+                if layer_file is not None:
+                    out.add(layer_file, arcname=name)
     return f"sha256:{image_id}"
 
 
+def _read(archive: tarfile.TarFile, name: str) -> bytes:
+    member = archive.extractfile(name)
+    if member is None:
+        raise SystemExit(f"{name}: not a file in the saved image")
+    return member.read()
+
+
 def _load(path: Path) -> tuple[dict[str, Any], list[dict[str, tuple[int, int, str]]]]:
-    """A saved image's config and, per layer, each entry's (mode, mtime, sha256 of its content)."""
+    """A saved image's config and, per layer, each entry's (mode, mtime, sha256 of its content),
+    in the layer's order."""
     with tarfile.open(path) as archive:
         (manifest,) = json.loads(archive.extractfile("manifest.json").read())  # type: ignore[union-attr]
         config = json.loads(archive.extractfile(manifest["Config"]).read())  # type: ignore[union-attr]
@@ -140,6 +180,8 @@ def compare(first: Path, second: Path) -> list[str]:
         if config_a.get(key) != config_b.get(key)
     ]
     for index, (a, b) in enumerate(zip(layers_a, layers_b, strict=False)):
+        if list(a) != list(b) and set(a) == set(b):
+            found.append(f"layer {index}: the same entries in another order")
         for name in sorted(set(a) | set(b)):
             if a.get(name) != b.get(name):
                 what = [
@@ -161,9 +203,12 @@ def main(argv: list[str]) -> int:
     req = commands.add_parser("requirements")
     req.add_argument("directory", type=Path)
     stamp = commands.add_parser("restamp")
+    stamp.add_argument("saved", type=Path)
     stamp.add_argument("epoch", type=int)
     stamp.add_argument("tags", nargs="+")
     stamp.add_argument("--id-file", type=Path, required=True)
+    stamp.add_argument("--base-layers", type=int, required=True)
+    stamp.add_argument("--base-history", type=int, required=True)
     stamp.add_argument("--extract", action="append", default=[], metavar="PATH=FILE")
     cmp = commands.add_parser("compare")
     cmp.add_argument("first", type=Path)
@@ -174,7 +219,8 @@ def main(argv: list[str]) -> int:
         return 0
     if args.command == "restamp":
         extract = {path.lstrip("/"): Path(file) for path, _, file in (e.partition("=") for e in args.extract)}
-        image_id = restamp(sys.stdin.buffer, sys.stdout.buffer, args.epoch, args.tags, extract)
+        base = (args.base_layers, args.base_history)
+        image_id = restamp(args.saved, sys.stdout.buffer, args.epoch, base, args.tags, extract)
         args.id_file.write_text(image_id + "\n")
         return 0
     differences = compare(args.first, args.second)
