@@ -238,7 +238,7 @@ directory = tempfile.mkdtemp(prefix="durable-agents-webhook-")
 with open(os.path.join(directory, "tls.key"), "wb") as out:
     out.write(b"-")
 print("temporary files: writable under", directory)
-absent = ("pip", "setuptools", "pytest", "hypothesis", "durable_agents_testkit", "mypy", "ruff")
+absent = ("pip", "setuptools", "pytest", "hypothesis", "durable_agents_testkit", "mypy", "ruff", "cyclonedx")
 present = [m for m in absent if importlib.util.find_spec(m)]
 if present:
     sys.exit("importable in the image: " + ", ".join(present))
