@@ -6,17 +6,18 @@
     restamp SAVED EPOCH TAG...
                               SAVED, ``docker save`` of one image; writes on stdout an archive
                               for ``docker load``: the layers after the base's with every time
-                              later than EPOCH set to it (each entry otherwise as it was, in the
-                              same order), the config's ``created`` and its history's times set
-                              to EPOCH (the base's entries clamped), tagged TAG...; --id-file
+                              set to EPOCH (each entry otherwise as it was, in the same order),
+                              the config's ``created`` and its history's times set to EPOCH (the
+                              base's entries clamped), tagged TAG...; --id-file
                               gets the new image ID, --extract PATH=FILE copies a file out
     compare A.tar B.tar       two ``docker save`` archives of one image built twice: the config
                               fields and the layers' files that differ (exit 1 when any does)
 
 Docker's own BuildKit (the engine 20.10's) stamps an image's config with the build's wall-clock
 time, and a layer's files and directories (a RUN's /etc, where the runtime made its mount points;
-the directory a COPY writes into) with the times they were written; BuildKit 0.13+ does what
-``restamp`` does when given SOURCE_DATE_EPOCH and rewrite-timestamp=true.
+the directory a COPY writes into) with the times they were written; BuildKit 0.13+ does nearly
+what ``restamp`` does when given SOURCE_DATE_EPOCH and rewrite-timestamp=true (it clamps the
+layers' times: see ``stamp_layer``).
 """
 
 from __future__ import annotations
@@ -74,19 +75,22 @@ def stamp_config(config: dict[str, Any], epoch: int, base_history: int) -> dict[
     return {**config, "created": stamp, **({"history": history} if history else {})}
 
 
-def clamp_layer(source: IO[bytes], target: IO[bytes], epoch: int, extract: dict[str, Path]) -> set[str]:
-    """Copies a layer's tar with every time later than ``epoch`` set to it (BuildKit 0.13+'s
-    rewrite-timestamp), the entries in the same order; copies the files named in ``extract`` out.
-    Returns the paths it found."""
+def stamp_layer(source: IO[bytes], target: IO[bytes], epoch: int, extract: dict[str, Path]) -> set[str]:
+    """Copies a layer's tar with every entry's time set to ``epoch``, everything else as it was, in
+    the same order; copies the files named in ``extract`` out. Returns the paths it found.
+
+    Set, not clamped as BuildKit 0.13+'s rewrite-timestamp does: a layer the build cache kept from
+    an earlier build (the final stage's RUN, unchanged for many commits) has times before this
+    commit's, which a clamp would leave, and a build without the cache would not have."""
     found: set[str] = set()
     with (
         tarfile.open(fileobj=source, mode="r|") as layer,
         tarfile.open(fileobj=target, mode="w|", format=tarfile.PAX_FORMAT) as out,
     ):
         for member in layer:
-            dropped = {"atime", "ctime"} | ({"mtime"} if member.mtime > epoch else set())
+            dropped = {"atime", "ctime", "mtime"}
             member.pax_headers = {k: v for k, v in member.pax_headers.items() if k not in dropped}
-            member.mtime = min(member.mtime, epoch)
+            member.mtime = epoch
             data = layer.extractfile(member) if member.isfile() else None
             if data is None:
                 out.addfile(member)
@@ -110,7 +114,7 @@ def restamp(
 ) -> str:
     """``docker save``'s archive of an image as ``docker load`` takes it back, made at ``epoch``:
     the layers after the base's (``base``: how many layers and history entries it has) with their
-    times clamped, the config's times set. The base's layers are named, not carried: the engine
+    times set, the config's too. The base's layers are named, not carried: the engine
     has them."""
     base_layers, base_history = base
     found: set[str] = set()
@@ -124,7 +128,7 @@ def restamp(
                 continue
             path = Path(scratch) / f"{index}.tar"
             with archive.extractfile(name) as source, path.open("wb") as out:  # type: ignore[union-attr]
-                found |= clamp_layer(source, out, epoch, extract)
+                found |= stamp_layer(source, out, epoch, extract)
             digest = hashlib.sha256(path.read_bytes()).hexdigest()
             config["rootfs"]["diff_ids"][index] = f"sha256:{digest}"
             layers.append((f"{digest}/layer.tar", path))
