@@ -61,8 +61,13 @@ class Hold:
 
 
 def hold_interpreter(seconds: int) -> None:
-    """Sleep in libc through ctypes' PyDLL, which keeps the GIL for the call (CDLL would drop it)."""
-    ctypes.PyDLL(None).sleep(ctypes.c_uint(seconds))
+    """Sleep in libc through ctypes' PyDLL, which keeps the GIL for the call (CDLL would drop it).
+    A signal cuts libc's sleep short (it returns the seconds left): slept again, for those."""
+    sleep = ctypes.PyDLL(None).sleep
+    sleep.restype = ctypes.c_uint
+    left = seconds
+    while left > 0:
+        left = sleep(ctypes.c_uint(left))
 
 
 class FaultPoints:
