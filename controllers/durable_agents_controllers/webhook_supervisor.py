@@ -16,9 +16,9 @@ kind) runs it the same way, with the same configuration (its environment), keys 
   :data:`MAX_BACKOFF`).
 - Ready: once it accepts connections (it listens only once its policy caches are filled), this
   process logs :data:`READY_LINE` and sets ``serving``; cleared while it is down.
-- Metrics: prometheus-client's multiprocess mode. It writes its own (``durable_agents_admission_*``)
-  into a directory made here, and the operator's metrics endpoint serves them
-  (:class:`WebhookMetrics`).
+- Metrics (with ``METRICS_PORT``): prometheus-client's multiprocess mode. It writes its metrics
+  into files in a directory made here; the operator's endpoint serves those of its own
+  (``durable_agents_admission_*``: :class:`WebhookMetrics`), none of the operator's twice.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ import contextlib
 import glob
 import logging
 import os
-import shutil
 import signal
 import sys
 import tempfile
@@ -54,7 +53,7 @@ LISTEN_WITHIN = 120.0  # seconds to wait for it to accept connections before say
 
 class WebhookMetrics:
     """A collector for the operator's registry: the webhook process's metrics, from the files of
-    prometheus-client's multiprocess mode (counts of earlier webhook processes kept: they sum)."""
+    prometheus-client's multiprocess mode."""
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
@@ -103,7 +102,12 @@ class WebhookProcess:
     def environment(self) -> dict[str, str]:
         env = dict(os.environ)
         if self.config.metrics_port is not None:
-            env["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_directory())
+            directory = metrics_directory()
+            # A new webhook process counts afresh (a counter reset, as any restart is): the files
+            # of the one before (1 MiB each, in the Pod's small /tmp) do not pile up.
+            for old in glob.glob(str(directory / "*.db")):
+                os.unlink(old)
+            env["PROMETHEUS_MULTIPROC_DIR"] = str(directory)
         return env
 
     async def run(self) -> None:
@@ -123,9 +127,9 @@ class WebhookProcess:
                 backoff = min(backoff * 2, MAX_BACKOFF)
         finally:
             self.serving.clear()
-            if _metrics_directory is not None:  # a retried start-up counts afresh
-                shutil.rmtree(_metrics_directory, ignore_errors=True)
-                os.makedirs(_metrics_directory, exist_ok=True)
+            if _metrics_directory is not None:  # stopped: its files go with it
+                for old in glob.glob(str(_metrics_directory / "*.db")):
+                    os.unlink(old)
 
     async def _one(self) -> int:
         """Run one webhook process until it exits: its exit status."""
