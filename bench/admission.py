@@ -46,6 +46,7 @@ from durable_agents import __version__
 from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents_testkit.eventually import Within, eventually
 from durable_agents_testkit.large_runs import largest_run, size_of
+from durable_agents_testkit.governance import permissive_default
 from durable_agents_testkit.operator_process import OperatorProcess
 from durable_agents_testkit.refsystem import ReferenceSystemThread
 from durable_agents_testkit.releases import materialize_release
@@ -275,6 +276,8 @@ class Round:
 
 def one_round(args: argparse.Namespace, env: Env, refsystem: ReferenceSystemThread, label: str) -> Round:
     namespace = env.namespace()
+    # Governed as the tests' namespaces are (issue 32): the large runs' effects need a policy.
+    permissive_default(env.kube.api, namespace)
     port = str(free_port())
     op: OperatorProcess = env.operator(namespace, f"admission-{label}", DURABLE_AGENTS_WEBHOOK_PORT=port)
     cpu: dict[str, float] = {}
