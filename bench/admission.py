@@ -45,8 +45,8 @@ from bench.core import REPO, Env, await_states, create_runs, environment, percen
 from durable_agents import __version__
 from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents_testkit.eventually import Within, eventually
-from durable_agents_testkit.large_runs import largest_run, size_of
 from durable_agents_testkit.governance import permissive_default
+from durable_agents_testkit.large_runs import largest_run, size_of
 from durable_agents_testkit.operator_process import OperatorProcess
 from durable_agents_testkit.refsystem import ReferenceSystemThread
 from durable_agents_testkit.releases import materialize_release
