@@ -43,7 +43,6 @@ from durable_agents_controllers.webhook_serving import WebhookServing
 from durable_agents_controllers.webhook_supervisor import WebhookProcess
 
 log = logging.getLogger(__name__)
-READY_LINE = "admission webhook serving"
 # An UPDATE's review carries the object and the old object, each up to etcd's 1.5 MiB: aiohttp's
 # default (1 MiB) answered 413 to answering or cancelling a large run.
 MAX_REVIEW_BYTES = 32 * 1024 * 1024
