@@ -3,7 +3,7 @@ worker, the dispatcher, retention, the stuck check and the admission webhook), a
 waited for a policy go to the worker once it is known. The policy status writer (a runnable fed by
 the policy cache and the AgentRun reflector) keeps each policy's status: health, identity, runs.
 With the admission webhook on, every create, update and delete of a policy is reviewed
-(:mod:`durable_agents.shell.admission.policies`).
+(:mod:`durable_agents.shell.admission.policies`), in the webhook process (:func:`register_admission`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from durable_agents.shell.admission.policies import (
     PolicyReview,
     check_policy,
 )
-from durable_agents.shell.admission.policy_preview import PolicyPreviewer, RunIndex
+from durable_agents.shell.admission.policy_preview import PolicyPreviewer
 from durable_agents.shell.intake.policies import CLUSTER
 from durable_agents.shell.runs.evidence import EvidenceReader
 from durable_agents.shell.runs.policy_status import PolicyStatusWriter
@@ -64,20 +64,15 @@ def register(registry: kopf.OperatorRegistry, manager: Manager) -> None:
         for run in manager.policies.observe(event.get("type"), body):
             manager.worker.enqueue(run)
 
-    if manager.config.webhook_port is None:
-        return
+
+def register_admission(registry: kopf.OperatorRegistry, manager: Manager) -> None:
+    """The policies' admission handlers, on the webhook process's registry (its manager has the
+    client, the keyring and its own policy cache, and no AgentRun watch)."""
     # The preview reads the runs' evidence again as the worker does (as each run's ServiceAccount),
-    # and takes the runs from the manager's one AgentRun watch (no LIST per review).
-    index = RunIndex()
+    # and lists the runs of the policy's namespace (the webhook process keeps no copy of every run).
     previewer = PolicyPreviewer(
-        manager.kube, manager.keyring, EvidenceReader(manager.kube), index, manager.policies.governing_key
+        manager.kube, manager.keyring, EvidenceReader(manager.kube), None, manager.policies.governing_key
     )
-
-    def build_preview(manager: Manager) -> None:
-        index.follow(manager.runs.synced)
-        manager.runs.subscribe(index.observe)
-
-    manager.builds.append(build_preview)
 
     async def review_policy(
         body: kopf.Body, userinfo: kopf.UserInfo, warnings: list[str], **kwargs: Any
