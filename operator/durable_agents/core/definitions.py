@@ -24,7 +24,11 @@ from durable_agents.api.v1alpha1 import (
     ModelEndpoint,
     PlannerKind,
 )
-from durable_agents.core.digest import canonical_digest
+from durable_agents.core.digest import canonical_digest, canonical_json
+
+# The largest pinned definition (its JSON, the prompt included): it lives in the run's checkpoint,
+# within the status's room (core/limits.py; tests/unit/test_limits.py counts it).
+PINNED_DEFINITION_MAX = 12 * 1024
 
 DEFINITION_CHANGED = "DefinitionChanged"  # the condition a kept change leaves on the run
 
@@ -98,7 +102,7 @@ def pin(name: str, agent: AgentSpec, model: ModelConfigSpec, prompt: str) -> Pin
         tools=agent.tools,
         mcp_servers=agent.mcp_servers,
     )
-    return PinnedDefinition.model_validate(
+    pinned = PinnedDefinition.model_validate(
         {
             **digests,
             "agentRef": name,
@@ -108,6 +112,13 @@ def pin(name: str, agent: AgentSpec, model: ModelConfigSpec, prompt: str) -> Pin
             "systemPrompt": prompt,
         }
     )
+    size = len(canonical_json(pinned.model_dump(mode="json", by_alias=True, exclude_none=True)))
+    if size > PINNED_DEFINITION_MAX:
+        raise DefinitionUnusable(
+            f"the definition of Agent {name!r} (its tools, MCP servers and prompt) takes {size} bytes; "
+            f"a run pins at most {PINNED_DEFINITION_MAX} (it is kept in the run's checkpoint)"
+        )
+    return pinned
 
 
 @dataclass(frozen=True)

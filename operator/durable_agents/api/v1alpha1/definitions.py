@@ -26,7 +26,7 @@ from durable_agents.api.v1alpha1.meta import (
 
 # The largest system prompt a run pins (inline or from a ConfigMap): it lives in the run's
 # checkpoint, inside the status's room (docs/reference/limits.md).
-PINNED_PROMPT_MAX = 16384
+PINNED_PROMPT_MAX = 8192
 
 
 class ModelProtocol(StrEnum):
@@ -84,7 +84,7 @@ class AgentSpec(ApiModel):
     model_ref: str = Field(max_length=253, pattern=NAME_PATTERN)
     """The ModelConfig (in this namespace) the agent calls."""
     system_prompt: SystemPrompt
-    """The system prompt (at most 16384 characters: a run pins it)."""
+    """The system prompt (at most 8192 characters: a run pins it in its checkpoint)."""
     tools: list[AgentTool] = Field(default_factory=list, max_length=32)
     """The tools the model may call."""
     mcp_servers: list[McpServer] = Field(default_factory=list, max_length=8)
