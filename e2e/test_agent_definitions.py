@@ -19,12 +19,16 @@ import yaml
 from kubernetes import client
 
 from durable_agents.api.v1alpha1 import GROUP, VERSION
+from durable_agents.core.policy_integrity import FORCE_DELETE
+from durable_agents.kubectl import main as kubectl_plugin
 from durable_agents_testkit.agent_sample import API_KEY, install_sample, script
 from durable_agents_testkit.cluster import KubeEnv
 from durable_agents_testkit.eventually import Within, eventually
 from durable_agents_testkit.modelserver import ModelServerThread
+from durable_agents_testkit.rbac import grant, rule
 from durable_agents_testkit.refsystem import ReferenceSystemThread
 from durable_agents_testkit.runs import Runs
+from durable_agents_testkit.scrape import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "config/samples/agent-refunds.yaml"
@@ -60,7 +64,10 @@ def define_agent(
     agent = sample_of("Agent")
     for tool in agent["spec"]["tools"]:
         if "effect" in tool:
-            tool["effect"]["target"] = {"url": f"{refsystem.url}/effects", "queryUrl": f"{refsystem.url}/effects"}
+            tool["effect"]["target"] = {
+                "url": f"{refsystem.url}/effects",
+                "queryUrl": f"{refsystem.url}/effects",
+            }
     for plural, body in (("modelconfigs", config), ("agents", agent)):
         runs.custom.create_namespaced_custom_object(GROUP, VERSION, runs.namespace, plural, body)
     if policy is not None:
@@ -126,7 +133,8 @@ def test_keep_both_runs_complete_with_the_pinned_prompt_and_model(
             Within.TAKEOVER * 3,
             f"{name} to say its Agent changed",
         )
-        assert kept["reason"] == "PinnedDefinitionKept" and "policy: keep" in kept["message"]
+        assert kept["reason"] == "PinnedDefinitionKept"
+        assert "policy: keep" in kept["message"]
     for name in names:
         approve(runs, name, requests[name]["approvalRequest"])
     for name in names:
@@ -192,7 +200,8 @@ def test_fail_ends_the_run_saying_why_and_nothing_is_applied(
     failed = runs.wait_state(name, "failed", timeout=90)
     outcome = failed["status"]["outcome"]
     assert outcome["reason"] == "DefinitionChanged"
-    assert "policy: fail" in outcome["message"] and "refunds" in outcome["message"]
+    assert "policy: fail" in outcome["message"]
+    assert "refunds" in outcome["message"]
     assert refsystem.counts() == {}, "nothing applied"
 
 
@@ -243,5 +252,50 @@ def test_a_model_secret_the_runs_account_cannot_read_fails_the_run_naming_both(
     failed = runs.wait_state(name, "failed", timeout=90)
     message = failed["status"]["outcome"]["message"]
     assert f"ServiceAccount {runs.namespace}/default" in message
-    assert "Secret" in message and "someone-elses-key" in message
-    assert model.calls()["total"] == 0 and refsystem.counts() == {}
+    assert "Secret" in message
+    assert "someone-elses-key" in message
+    assert model.calls()["total"] == 0
+    assert refsystem.counts() == {}
+
+
+@pytest.mark.local_plane("users", "webhook")
+def test_deleting_an_agent_live_runs_use_is_refused_naming_them_unless_forced(
+    start_operator: Any,
+    kube: KubeEnv,
+    plane: Any,
+    runs: Runs,
+    agent_namespace: str,
+    model: ModelServerThread,
+    refsystem: ReferenceSystemThread,
+) -> None:
+    ns = runs.namespace
+    edit = ["get", "list", "patch", "delete"]
+    grant(kube, ns, "bob", [rule(GROUP, "agents", *edit), rule(GROUP, "modelconfigs", *edit)])
+    grant(kube, ns, "oncall", [rule(GROUP, "agents", *edit, "force-delete")])
+    bob = client.CustomObjectsApi(kube.user_client("bob", []))
+    op = start_operator("defs", 2, DURABLE_AGENTS_WEBHOOK_PORT=str(free_port()))
+    eventually(lambda: op.logged("admission webhook serving"), Within.COMMIT, "the admission webhook")
+    runs.await_webhook()
+    define_agent(runs, model, refsystem)
+    names = [runs.create(sample_of("AgentRun")["spec"], name=n) for n in ("refund-a", "refund-b")]
+    requests = {
+        n: runs.wait_state(n, "waiting_approval", timeout=90)["status"]["approvalRequest"] for n in names
+    }
+
+    for plural, name in (("agents", "refunds"), ("modelconfigs", "refunds-model")):
+        with pytest.raises(client.ApiException) as err:
+            bob.delete_namespaced_custom_object(GROUP, VERSION, ns, plural, name)
+        assert err.value.status == 403, err.value.body
+        assert "used by 2 run(s) that have not ended: refund-a, refund-b;" in str(err.value.body)
+    mark = {"metadata": {"annotations": {FORCE_DELETE: "INC-9: retired"}}}
+    with pytest.raises(client.ApiException) as err:
+        bob.patch_namespaced_custom_object(GROUP, VERSION, ns, "agents", "refunds", mark)
+    assert "user 'bob' may not force-delete agents/refunds" in str(err.value.body)
+
+    oncall = str(plane.write_user_kubeconfig("oncall", []))
+    command = ["policy", "force-delete", "refunds", "--kind", "Agent", "--reason", "INC-9: retired"]
+    assert kubectl_plugin.main([*command, "-n", ns, "--kubeconfig", oncall]) == 0
+    for name in names:  # the default policy (keep): they go on with what they pinned
+        approve(runs, name, requests[name])
+        runs.wait_state(name, "completed", timeout=90)
+    assert sorted(refsystem.counts().values()) == [1, 1]

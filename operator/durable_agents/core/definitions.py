@@ -8,7 +8,7 @@ with it), so the run uses exactly that for its whole life, even after the Agent 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -25,6 +25,7 @@ from durable_agents.api.v1alpha1 import (
     PlannerKind,
 )
 from durable_agents.core.digest import canonical_digest, canonical_json
+from durable_agents.core.policy_integrity import live
 
 # The largest pinned definition (its JSON, the prompt included): it lives in the run's checkpoint,
 # within the status's room (core/limits.py; tests/unit/test_limits.py counts it).
@@ -172,3 +173,23 @@ def pinned_of(raw_checkpoint: Any) -> PinnedDefinition | None:
         return PinnedDefinition.model_validate(raw_checkpoint["definition"])
     except ValueError:
         return None
+
+
+def definition_users(
+    runs: Iterable[Mapping[str, Any]], kind: str, name: str, agents_of_model: Iterable[str] = ()
+) -> list[str]:
+    """The non-terminal runs (sorted names) that use the Agent or ModelConfig ``name`` (``kind``):
+    runs of the Agent; for a ModelConfig, runs that pinned it and runs of ``agents_of_model``
+    (the Agents that name it, for runs that did not pin yet)."""
+    agents = set(agents_of_model)
+
+    def uses(run: Mapping[str, Any]) -> bool:
+        ref = (run.get("spec") or {}).get("agentRef")
+        if kind == "Agent":
+            return ref == name
+        pinned = pinned_of((run.get("status") or {}).get("checkpoint"))
+        return (pinned.model_ref == name) if pinned is not None else ref in agents
+
+    return sorted(
+        str((run.get("metadata") or {}).get("name") or "") for run in runs if live(run) and uses(run)
+    )
