@@ -47,6 +47,7 @@ def build(manager: Manager) -> None:
 
 def register(registry: kopf.OperatorRegistry, manager: Manager) -> None:
     manager.builds.append(build)
+    watch_definitions(registry, manager)
 
     @kopf.on.event(GROUP, VERSION, "agentpolicies", registry=registry)
     async def agentpolicy_event(event: kopf.RawEvent, **_: Any) -> None:
@@ -136,6 +137,24 @@ def register(registry: kopf.OperatorRegistry, manager: Manager) -> None:
         operations=["CREATE", "UPDATE"],
         registry=registry,
     )(review_policy)
+
+
+def watch_definitions(registry: kopf.OperatorRegistry, manager: Manager) -> None:
+    """A change of an Agent or ModelConfig: the runs that use it are looked at now (their policy's
+    freshness.definitionChanged applies; a run waiting for its Agent starts)."""
+
+    async def definition_event(event: kopf.RawEvent, **_: Any) -> None:
+        body: dict[str, Any] = dict(event["object"])
+        meta = body.get("metadata") or {}
+        kind = str(body.get("kind") or "Agent")
+        users = manager.worker.definitions.changed(
+            str(meta.get("namespace") or ""), kind, str(meta.get("name") or "")
+        )
+        for run in users:
+            manager.worker.enqueue(run)
+
+    for plural in DEFINITION_PLURALS.values():
+        kopf.on.event(GROUP, VERSION, plural, registry=registry)(definition_event)
 
 
 def register_definitions(registry: kopf.OperatorRegistry, manager: Manager) -> None:

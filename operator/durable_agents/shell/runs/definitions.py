@@ -65,16 +65,33 @@ class Definitions:
         self._pins: dict[ObjectKey, PinnedDefinition | str] = {}  # unpinned runs: the pin, or why not
         self._now: dict[ObjectKey, tuple[float, DefinitionNow]] = {}
         self._told: dict[ObjectKey, str] = {}  # the last change or wait an Event said, per run
+        self._runs_of: dict[ObjectKey, set[ObjectKey]] = {}  # (namespace, Agent) -> runs naming it
 
     def forget(self, key: ObjectKey) -> None:
         for held in (self._pins, self._now, self._told):
             held.pop(key, None)
+        for runs in self._runs_of.values():
+            runs.discard(key)
+
+    def changed(self, namespace: str, kind: str, name: str) -> set[ObjectKey]:
+        """The runs seen naming the Agent (``kind`` Agent) or any Agent of the namespace (a
+        ModelConfig), to be looked at again now: their look at the definition is dropped."""
+        users = {
+            key
+            for (ns, agent), keys in self._runs_of.items()
+            if ns == namespace and (kind != "Agent" or agent == name)
+            for key in keys
+        }
+        for key in users:
+            self._now.pop(key, None)
+        return users
 
     async def ready(self, key: ObjectKey, body: dict[str, Any], run: RunSnapshot) -> bool:
         """True when the run may be decided now (its definition looked at); False while its Agent
         or ModelConfig is missing (said once, by an Event and status.waitingFor; looked at again)."""
         if run.spec.agent_ref is None or run.state.terminal:
             return True
+        self._runs_of.setdefault((run.namespace, run.spec.agent_ref), set()).add(key)
         if run.raw_checkpoint is not None and run.definition is not None:
             await self._look_now(key, body, run)
             return True
