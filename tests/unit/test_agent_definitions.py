@@ -24,6 +24,7 @@ from durable_agents.core.definitions import (
     pinned_of,
 )
 from durable_agents.core.engine import RunSnapshot
+from durable_agents.kubectl import why as kubectl_why
 
 AGENT = AgentSpec.model_validate(
     {
@@ -160,3 +161,33 @@ def test_a_snapshot_of_a_pinned_run_acts_by_the_pinned_agent_only() -> None:
     assert run.spec.agent == pinned.agent_config()
     assert run.pinned == pinned
     assert pinned_of({"definition": {"not": "a definition"}}) is None
+
+
+def test_why_says_which_definition_the_run_pinned_and_what_a_change_did() -> None:
+    pinned = pin("refunds", AGENT, MODEL, "prompt")
+    kept = "Agent 'refunds' changed: pinned x, now y; the run keeps its pinned definition (policy: keep)"
+    run = _run("r", "refunds", pinned=pinned)
+    run["metadata"]["namespace"] = "ns"
+    run["status"]["conditions"] = [
+        {
+            "type": "DefinitionChanged",
+            "status": "True",
+            "reason": "PinnedDefinitionKept",
+            "message": kept,
+            "lastTransitionTime": "2026-12-03T12:00:00Z",
+        }
+    ]
+    answer = kubectl_why.explain(run)
+    assert answer["definition"] == {
+        "agentRef": "refunds",
+        "pinned": pinned.digest,
+        "approvedUnder": None,
+        "changed": kept,
+    }
+    said = kubectl_why.text(answer)
+    assert f"Agent:            refunds, pinned {pinned.digest}" in said
+    assert "policy: keep" in said
+    failed = _run("f", "refunds", state="failed", pinned=pinned)
+    failed["status"]["outcome"] = {"reason": "DefinitionChanged", "message": "gone (policy: fail)"}
+    assert kubectl_why.explain(failed)["definition"]["changed"] == "gone (policy: fail)"
+    assert kubectl_why.explain(_run("inline", None))["definition"] is None
