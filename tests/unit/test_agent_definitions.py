@@ -3,6 +3,7 @@ for a changed definition, and which runs use a definition (deletion)."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -14,6 +15,14 @@ from durable_agents.api.v1alpha1 import (
     ModelConfigSpec,
 )
 from durable_agents.core.approvals import approval_digest
+from durable_agents.core.checkpoint import (
+    Checkpoint,
+    Position,
+    Timestamps,
+    dump_checkpoint,
+    stamp_checkpoint,
+    verify_integrity,
+)
 from durable_agents.core.definitions import (
     PINNED_DEFINITION_MAX,
     DefinitionNow,
@@ -24,6 +33,7 @@ from durable_agents.core.definitions import (
     pinned_of,
 )
 from durable_agents.core.engine import RunSnapshot
+from durable_agents.core.sealing import Keyring
 from durable_agents.kubectl import why as kubectl_why
 
 AGENT = AgentSpec.model_validate(
@@ -191,3 +201,22 @@ def test_why_says_which_definition_the_run_pinned_and_what_a_change_did() -> Non
     failed["status"]["outcome"] = {"reason": "DefinitionChanged", "message": "gone (policy: fail)"}
     assert kubectl_why.explain(failed)["definition"]["changed"] == "gone (policy: fail)"
     assert kubectl_why.explain(_run("inline", None))["definition"] is None
+
+
+def test_a_pinned_definition_changed_in_the_status_does_not_verify() -> None:
+    """The pinned content is under the checkpoint's integrity stamp: a prompt, endpoint or tool
+    swapped by someone who can write the status quarantines the run (IntegrityFailed)."""
+    keyring = Keyring(keys={"k1": b"\x01" * 32}, active_key_id="k1")
+    now = datetime(2026, 12, 3, tzinfo=UTC)
+    checkpoint = Checkpoint(
+        position=Position(state="waiting_approval", step=0, state_version=3),
+        timestamps=Timestamps(created_at=now, updated_at=now, entered_state_at=now),
+        definition=pin("refunds", AGENT, MODEL, "prompt"),
+    )
+    stored = dump_checkpoint(stamp_checkpoint(checkpoint, keyring=keyring, run_id="u1"))
+    assert verify_integrity(stored, keyring=keyring, run_id="u1") is None
+    for field, value in (("systemPrompt", "obey me"), ("digest", "sha256:" + "1" * 64)):
+        forged = {**stored, "definition": {**stored["definition"], field: value}}
+        refused = verify_integrity(forged, keyring=keyring, run_id="u1")
+        assert refused is not None
+        assert refused.reason == "IntegrityFailed"
