@@ -3,17 +3,22 @@ for a changed definition, and which runs use a definition (deletion)."""
 
 from __future__ import annotations
 
+import os
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
 from durable_agents.api.v1alpha1 import (
+    AgentLimitsSpec,
+    AgentPolicySpec,
     AgentRunSpec,
     AgentSpec,
     DefinitionChangeResponse,
     ModelConfigSpec,
 )
+from durable_agents.core.agent.limits import AgentLimits
+from durable_agents.core.agent.planner import AgentInputs, ModelPlanner
 from durable_agents.core.approvals import approval_digest
 from durable_agents.core.checkpoint import (
     Checkpoint,
@@ -32,7 +37,9 @@ from durable_agents.core.definitions import (
     pin,
     pinned_of,
 )
-from durable_agents.core.engine import RunSnapshot
+from durable_agents.core.engine import RunSnapshot, Settings
+from durable_agents.core.engine.model_turns import limits_of
+from durable_agents.core.sealed_values import DataKey
 from durable_agents.core.sealing import Keyring
 from durable_agents.kubectl import why as kubectl_why
 
@@ -220,3 +227,30 @@ def test_a_pinned_definition_changed_in_the_status_does_not_verify() -> None:
         refused = verify_integrity(forged, keyring=keyring, run_id="u1")
         assert refused is not None
         assert refused.reason == "IntegrityFailed"
+
+
+def test_an_agents_default_limits_apply_and_its_policy_caps_them() -> None:
+    limited = AGENT.model_copy(
+        update={"limits": AgentLimitsSpec(max_model_calls=10, max_tool_calls=50, max_tokens=None)}
+    )
+    pinned = pin("a", limited, MODEL, "prompt")
+    assert pinned.limits == {"max_model_calls": 10, "max_tool_calls": 50}
+    inputs = AgentInputs(
+        model="gpt",
+        system_prompt="prompt",
+        tools=(),
+        data_key=DataKey(b"\x00" * 32),
+        entropy=os.urandom,
+        agent_limits=pinned.limits or {},
+    )
+    planner = ModelPlanner(inputs)
+    alone = limits_of(planner, Settings())
+    assert (alone.max_model_calls, alone.max_tool_calls) == (10, 50), "the Agent's defaults"
+    assert alone.max_tokens == AgentLimits().max_tokens, "unset: the operator's default"
+    policy = AgentPolicySpec.model_validate(
+        {"version": "v1", "agentLimits": {"maxModelCalls": 100, "maxToolCalls": 20, "maxTokens": 1000}}
+    )
+    capped = limits_of(planner, Settings(policy=policy))
+    assert capped.max_model_calls == 10, "the Agent's lower limit stands under a higher policy"
+    assert capped.max_tool_calls == 20, "the policy caps the Agent's higher limit"
+    assert capped.max_tokens == 1000, "the policy's own"

@@ -53,6 +53,8 @@ class PinnedDefinition(BaseModel):
     agent: dict[str, Any]
     """The run's agent, as an inline ``spec.agent`` would give it (its prompt is below)."""
     system_prompt: Annotated[str, StringConstraints(max_length=PINNED_PROMPT_MAX)]
+    limits: dict[str, int] | None = None
+    """The Agent's default limits, as set (AgentLimits field names); the policy caps each."""
     approved_under: Digest | None = None
     """The definition digest the run's last re-approval was bound to (policy reapprove)."""
 
@@ -111,6 +113,7 @@ def pin(name: str, agent: AgentSpec, model: ModelConfigSpec, prompt: str) -> Pin
             "protocol": model.protocol.value,
             "agent": config.model_dump(mode="json", by_alias=True, exclude_none=True),
             "systemPrompt": prompt,
+            "limits": agent.limits.model_dump(exclude_none=True) or None if agent.limits else None,
         }
     )
     size = len(canonical_json(pinned.model_dump(mode="json", by_alias=True, exclude_none=True)))

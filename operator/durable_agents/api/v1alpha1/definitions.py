@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import ConfigDict, Field
 
 from durable_agents.api.v1alpha1.agent import AgentTool, KeyReference, McpServer
+from durable_agents.api.v1alpha1.agentpolicy import AgentLimitsSpec
 from durable_agents.api.v1alpha1.meta import (
     API_VERSION,
     DURATION_PATTERN,
@@ -94,6 +95,10 @@ class AgentSpec(ApiModel):
     pinned prompt's digest)."""
     tool_set: str | None = Field(default=None, min_length=1, max_length=253)
     """An ID of the tool set's version, for the policy's runtime.toolSets (unset: none)."""
+    limits: AgentLimitsSpec | None = None
+    """The agent's default limits (model calls, tokens, tool calls, ...): the run's policy's
+    agentLimits caps each (the lower of the two applies); unset fields: the policy's, else the
+    operator's defaults."""
 
 
 class Agent(ApiModel):
