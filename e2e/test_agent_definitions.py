@@ -125,6 +125,7 @@ def test_keep_both_runs_complete_with_the_pinned_prompt_and_model(
     pinned = {name: runs.get(name)["status"]["checkpoint"]["definition"] for name in names}
     assert len({p["digest"] for p in pinned.values()}) == 1, "both runs pinned the same definition"
     assert OLD_PROMPT_LINE in pinned[names[0]]["systemPrompt"]
+    assert pinned[names[0]]["limits"] == {"maxModelCalls": 16}, "the Agent's default limits"
 
     change_agent(kube, runs)
     for name in names:  # the operator sees the change and says it kept the pinned definition

@@ -234,14 +234,14 @@ def test_an_agents_default_limits_apply_and_its_policy_caps_them() -> None:
         update={"limits": AgentLimitsSpec(max_model_calls=10, max_tool_calls=50, max_tokens=None)}
     )
     pinned = pin("a", limited, MODEL, "prompt")
-    assert pinned.limits == {"max_model_calls": 10, "max_tool_calls": 50}
+    assert pinned.limits == {"maxModelCalls": 10, "maxToolCalls": 50}
     inputs = AgentInputs(
         model="gpt",
         system_prompt="prompt",
         tools=(),
         data_key=DataKey(b"\x00" * 32),
         entropy=os.urandom,
-        agent_limits=pinned.limits or {},
+        agent_limits=pinned.agent_limits(),
     )
     planner = ModelPlanner(inputs)
     alone = limits_of(planner, Settings())

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, StringConstraints
-from pydantic.alias_generators import to_camel
+from pydantic.alias_generators import to_camel, to_snake
 
 from durable_agents.api.v1alpha1 import (
     PINNED_PROMPT_MAX,
@@ -54,7 +54,12 @@ class PinnedDefinition(BaseModel):
     """The run's agent, as an inline ``spec.agent`` would give it (its prompt is below)."""
     system_prompt: Annotated[str, StringConstraints(max_length=PINNED_PROMPT_MAX)]
     limits: dict[str, int] | None = None
-    """The Agent's default limits, as set (AgentLimits field names); the policy caps each."""
+    """The Agent's default limits, as set (its spec.limits, camelCase); the policy caps each."""
+
+    def agent_limits(self) -> dict[str, int]:
+        """The Agent's limits by :class:`AgentLimits` field name (snake_case)."""
+        return {to_snake(key): value for key, value in (self.limits or {}).items()}
+
     approved_under: Digest | None = None
     """The definition digest the run's last re-approval was bound to (policy reapprove)."""
 
@@ -113,7 +118,9 @@ def pin(name: str, agent: AgentSpec, model: ModelConfigSpec, prompt: str) -> Pin
             "protocol": model.protocol.value,
             "agent": config.model_dump(mode="json", by_alias=True, exclude_none=True),
             "systemPrompt": prompt,
-            "limits": agent.limits.model_dump(exclude_none=True) or None if agent.limits else None,
+            "limits": agent.limits.model_dump(by_alias=True, exclude_none=True) or None
+            if agent.limits
+            else None,
         }
     )
     size = len(canonical_json(pinned.model_dump(mode="json", by_alias=True, exclude_none=True)))

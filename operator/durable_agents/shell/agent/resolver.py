@@ -189,7 +189,7 @@ class AgentResolver:
                 tools=tools,
                 data_key=self._data_key(run),
                 entropy=os.urandom,
-                agent_limits=(pinned.limits or {}) if pinned is not None else {},
+                agent_limits=pinned.agent_limits() if pinned is not None else {},
             )
         except (ToolDeclarationError, ValueError) as err:
             raise Unresolvable(f"a tool is refused: {err}") from err
