@@ -149,7 +149,8 @@ class Definitions:
             now = DefinitionNow((await self._pin(run)).digest)
         except Missing:
             now = DefinitionNow(None)
-        except (Unresolvable, DefinitionUnusable) as err:  # e.g. its prompt ConfigMap is gone
+        except (Unresolvable, DefinitionUnusable, ApiException) as err:  # e.g. its prompt ConfigMap is gone
+            # Nothing is concluded: the run goes on with what it pinned, and looks again later.
             now = DefinitionNow(run.definition.current(), why=str(err))
         self._now[key] = (time.monotonic(), now)
         if now.digest != run.definition.current() and self._told.get(key) != now.digest:
@@ -174,6 +175,10 @@ class Definitions:
         except ApiException as err:
             if err.status == 404:
                 raise Missing(kind, name) from None
+            if err.status == 403:  # the operator's RBAC lacks get on it: a configuration error
+                raise Unresolvable(
+                    f"the operator may not read {kind} {namespace}/{name} (get on {plural})"
+                ) from None
             raise
         return got
 
