@@ -301,3 +301,30 @@ def test_deleting_an_agent_live_runs_use_is_refused_naming_them_unless_forced(
         approve(runs, name, requests[name])
         runs.wait_state(name, "completed", timeout=90)
     assert sorted(refsystem.counts().values()) == [1, 1]
+
+
+def test_a_prompt_the_runs_account_cannot_read_at_acceptance_fails_the_run_saying_why(
+    start_operator: Any,
+    runs: Runs,
+    agent_namespace: str,
+    model: ModelServerThread,
+    refsystem: ReferenceSystemThread,
+) -> None:
+    start_operator("defs")
+    define_agent(runs, model, refsystem)
+    runs.custom.patch_namespaced_custom_object(
+        GROUP,
+        VERSION,
+        runs.namespace,
+        "agents",
+        "refunds",
+        {"spec": {"systemPrompt": {"configMapKeyRef": {"name": "not-granted", "key": "v1"}}}},
+    )
+    name = run_of_agent(runs)
+    failed = runs.wait_state(name, "failed", timeout=90)
+    outcome = failed["status"]["outcome"]
+    assert outcome["reason"] == "DefinitionUnusable"
+    assert f"ServiceAccount {runs.namespace}/default may not read ConfigMap" in outcome["message"]
+    assert "not-granted" in outcome["message"]
+    assert "definition" not in failed["status"]["checkpoint"], "nothing pinned"
+    assert model.calls()["total"] == 0
