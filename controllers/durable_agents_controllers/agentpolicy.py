@@ -17,6 +17,12 @@ from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents.core.authority import instant
 from durable_agents.core.policy_integrity import force_stamps
 from durable_agents.core.request_stamps import identity_of
+from durable_agents.shell.admission.definitions import (
+    DEFINITION_PATH,
+    DEFINITION_STAMP_PATH,
+    check_definition,
+)
+from durable_agents.shell.admission.definitions import PLURALS as DEFINITION_PLURALS
 from durable_agents.shell.admission.policies import (
     CLUSTER_POLICY_PATH,
     CLUSTER_POLICY_PLURAL,
@@ -41,6 +47,7 @@ def build(manager: Manager) -> None:
 
 def register(registry: kopf.OperatorRegistry, manager: Manager) -> None:
     manager.builds.append(build)
+    watch_definitions(registry, manager)
 
     @kopf.on.event(GROUP, VERSION, "agentpolicies", registry=registry)
     async def agentpolicy_event(event: kopf.RawEvent, **_: Any) -> None:
@@ -116,6 +123,7 @@ def register_admission(registry: kopf.OperatorRegistry, manager: Manager) -> Non
         GROUP, VERSION, "agentpolicies", id=POLICY_STAMP_PATH, operations=["UPDATE"], registry=registry
     )(stamp_policy)
 
+    register_definitions(registry, manager)
     kopf.on.validate(
         GROUP,
         VERSION,
@@ -124,3 +132,59 @@ def register_admission(registry: kopf.OperatorRegistry, manager: Manager) -> Non
         operations=["CREATE", "UPDATE"],
         registry=registry,
     )(review_policy)
+
+
+def watch_definitions(registry: kopf.OperatorRegistry, manager: Manager) -> None:
+    """A change of an Agent or ModelConfig: the runs that use it are looked at now (their policy's
+    freshness.definitionChanged applies; a run waiting for its Agent starts)."""
+
+    async def definition_event(event: kopf.RawEvent, **_: Any) -> None:
+        body: dict[str, Any] = dict(event["object"])
+        meta = body.get("metadata") or {}
+        kind = str(body.get("kind") or "Agent")
+        users = manager.worker.definitions.changed(
+            str(meta.get("namespace") or ""), kind, str(meta.get("name") or "")
+        )
+        for run in users:
+            manager.worker.enqueue(run)
+
+    for plural in DEFINITION_PLURALS.values():
+        kopf.on.event(GROUP, VERSION, plural, registry=registry)(definition_event)
+
+
+def register_definitions(registry: kopf.OperatorRegistry, manager: Manager) -> None:
+    """Agents and ModelConfigs: their deletion while runs use them, and its force-delete mark
+    (the policies' rule and stamp, :mod:`durable_agents.shell.admission.definitions`)."""
+
+    async def review_definition(body: kopf.Body, userinfo: kopf.UserInfo, **kwargs: Any) -> None:
+        old, new = kwargs.get("old"), kwargs.get("new")
+        refused = await check_definition(
+            manager.kube,
+            str(kwargs.get("operation")),
+            dict(new) if new is not None else None,
+            dict(old) if old is not None else None,
+            identity_of(dict(userinfo)),
+            manager.keyring,
+        )
+        if refused is not None:
+            raise kopf.AdmissionError(refused, code=403)
+
+    async def stamp_definition(
+        body: kopf.Body, userinfo: kopf.UserInfo, patch: kopf.Patch, **kwargs: Any
+    ) -> None:
+        old = kwargs.get("old")
+        at = instant(datetime.now(UTC))
+        user = identity_of(dict(userinfo))
+        marks = force_stamps(
+            dict(body), dict(old) if old is not None else None, user.username, at, manager.keyring
+        )
+        for key, value in marks.items():
+            patch.setdefault("metadata", {}).setdefault("annotations", {})[key] = value
+
+    for plural in DEFINITION_PLURALS.values():
+        kopf.on.validate(
+            GROUP, VERSION, plural, id=DEFINITION_PATH, operations=["UPDATE", "DELETE"], registry=registry
+        )(review_definition)
+        kopf.on.mutate(
+            GROUP, VERSION, plural, id=DEFINITION_STAMP_PATH, operations=["UPDATE"], registry=registry
+        )(stamp_definition)
