@@ -106,6 +106,7 @@ def pin(name: str, agent: AgentSpec, model: ModelConfigSpec, prompt: str) -> Pin
             base_url=model.base_url,
             credentials_secret_ref=model.credentials_secret_ref,
             timeout=model.timeout,
+            protocol=model.protocol,
         ),
         tools=agent.tools,
         mcp_servers=agent.mcp_servers,

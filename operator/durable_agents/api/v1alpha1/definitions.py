@@ -9,12 +9,11 @@ the run uses exactly that for its whole life, whatever later happens to the defi
 
 from __future__ import annotations
 
-from enum import StrEnum
 from typing import Any, Literal
 
 from pydantic import ConfigDict, Field
 
-from durable_agents.api.v1alpha1.agent import AgentTool, KeyReference, McpServer
+from durable_agents.api.v1alpha1.agent import AgentTool, KeyReference, McpServer, ModelProtocol
 from durable_agents.api.v1alpha1.agentpolicy import AgentLimitsSpec
 from durable_agents.api.v1alpha1.meta import (
     API_VERSION,
@@ -30,25 +29,21 @@ from durable_agents.api.v1alpha1.meta import (
 PINNED_PROMPT_MAX = 8192
 
 
-class ModelProtocol(StrEnum):
-    """The wire protocol the model endpoint speaks. Extensible: another protocol adds a value."""
-
-    OPENAI_CHAT = "openai-chat"
-    """OpenAI chat completions (OpenAI, vLLM, Ollama, most gateways): POST {baseUrl}/chat/completions."""
-
-
 class ModelConfigSpec(ApiModel):
     """A model endpoint several Agents share."""
 
     base_url: str = Field(
         max_length=2048,
         pattern=r"^https?://[^\s]+$",
-        description="The API's base URL (for openai-chat: ending before /chat/completions).",
+        description=(
+            "The API's base URL: for openai-chat, ending before /chat/completions; for "
+            "anthropic-messages, before /v1/messages."
+        ),
     )
     model: str = Field(min_length=1, max_length=253)
     """The model's name at the endpoint; recorded in each run that uses it."""
     protocol: ModelProtocol = ModelProtocol.OPENAI_CHAT
-    """The protocol the endpoint speaks: openai-chat (default)."""
+    """The protocol the endpoint speaks: openai-chat (default) or anthropic-messages."""
     credentials_secret_ref: KeyReference | None = Field(
         default=None,
         description="The API key: a key of a Secret in the namespace, read as each run's ServiceAccount.",
