@@ -1,0 +1,52 @@
+// The console's only script (served from the package; the Content-Security-Policy allows no other).
+// One server-sent-event stream per page, relaying one watch the console makes as you: on a change
+// the page fetches itself again and swaps its <main>; a page showing revealed values is never
+// replaced (they exist in that response only): it says that the run changed.
+"use strict";
+(function () {
+  const main = document.getElementById("main");
+  const banner = document.getElementById("connection");
+  if (!main || !main.dataset.live) { return; }
+  const pageUrl = main.dataset.pageUrl || (location.pathname + location.search);
+  if (main.dataset.pageUrl && location.pathname !== main.dataset.pageUrl && !main.dataset.revealed) {
+    history.replaceState(null, "", main.dataset.pageUrl);  // after an action's POST: the run's own URL
+  }
+  function say(text) {
+    banner.textContent = text;
+    banner.classList.toggle("hidden", !text);
+  }
+  let busy = false;
+  async function refresh() {
+    if (busy) { return; }
+    if (document.getElementById("main").dataset.revealed) {
+      say("The run changed. Reload the page to see it (the revealed values will be hidden again).");
+      return;
+    }
+    busy = true;
+    try {
+      const answer = await fetch(pageUrl, { credentials: "same-origin", headers: { "Accept": "text/html" } });
+      const page = new DOMParser().parseFromString(await answer.text(), "text/html");
+      const fresh = page.getElementById("main");
+      if (fresh) {
+        fresh.dataset.live = document.getElementById("main").dataset.live;
+        document.getElementById("main").replaceWith(fresh);
+      }
+    } catch (err) {
+      say("The console cannot be reached; trying again.");
+    } finally {
+      busy = false;
+    }
+  }
+  const events = new EventSource(main.dataset.live);
+  events.addEventListener("change", refresh);
+  events.addEventListener("deleted", function () { say("This run was deleted."); });
+  events.addEventListener("down", function (e) {
+    let message = "The API server cannot be reached; trying again.";
+    try { message = JSON.parse(e.data).message || message; } catch (err) { /* keep the default */ }
+    say(message);
+  });
+  events.addEventListener("up", function () { say(""); refresh(); });
+  events.addEventListener("open", function () { if (banner.dataset.lost) { delete banner.dataset.lost; say(""); } });
+  events.addEventListener("error", function () { banner.dataset.lost = "1"; say("The console cannot be reached; trying again."); });
+  document.body.dataset.live = "connected";
+})();
