@@ -1,7 +1,7 @@
 """What every response carries and every POST must show.
 
 - Headers: a Content-Security-Policy that allows only this origin's own script and style (no
-  inline script, no third party), no framing, no referrer, no caching of pages (a revealed value
+  inline script, no third party), no framing, no referrer to other sites, no caching of pages (a revealed value
   lives in one response only).
 - CSRF: a double-submit token. A random cookie (HttpOnly, SameSite=Strict) and the same value in
   every form (rendered by the server); a POST whose form field does not equal the cookie, or whose
@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import hmac
+import logging
 import secrets
 from collections.abc import Awaitable, Callable
 from typing import Final
@@ -21,6 +22,7 @@ from aiohttp.abc import AbstractAccessLogger
 
 from durable_agents.console.authority import CSRF_COOKIE
 
+LOG: Final = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 CSRF_FIELD: Final = "csrf"
 CSRF_KEY: Final = web.RequestKey("csrf", str)
@@ -42,7 +44,7 @@ HEADERS: Final = {
     "Content-Security-Policy": CSP,
     "X-Content-Type-Options": "nosniff",
     "X-Frame-Options": "DENY",
-    "Referrer-Policy": "no-referrer",
+    "Referrer-Policy": "same-origin",  # no-referrer would make the Origin of our own POSTs "null"
     "Cross-Origin-Opener-Policy": "same-origin",
     "Cross-Origin-Resource-Policy": "same-origin",
     "Cache-Control": "no-store",
@@ -85,6 +87,10 @@ async def protect(request: web.Request, handler: Handler) -> web.StreamResponse:
         response = await handler(request)
     except web.HTTPException as err:
         response = err
+    except Exception as err:
+        # Only the kind of failure and where: a message or a trace could carry a revealed value.
+        LOG.error("console: %s on %s %s (a bug)", type(err).__name__, request.method, request.path)
+        response = web.HTTPInternalServerError(text="The console failed on this page (a bug; see its log).")
     for name, value in HEADERS.items():
         response.headers.setdefault(name, value)
     if not cookie and not response.prepared:

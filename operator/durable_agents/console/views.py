@@ -34,11 +34,11 @@ TEMPLATES: Final = web.AppKey("templates", jinja2.Environment)
 T = TypeVar("T")
 
 
-def render(request: web.Request, template: str, status: int = 200, **context: Any) -> web.Response:
+def render(request: web.Request, template: str, code: int = 200, /, **context: Any) -> web.Response:
     authority = request.app[AUTHORITY]
     page = request.app[TEMPLATES].get_template(template)
     body = page.render(csrf=csrf_token(request), mode=authority.mode, **context)
-    return web.Response(text=body, status=status, content_type="text/html", charset="utf-8")
+    return web.Response(text=body, status=code, content_type="text/html", charset="utf-8")
 
 
 def sign_in_page(request: web.Request, said: str, status: int = 401) -> web.Response:
@@ -217,7 +217,7 @@ def run_context(read: dict[str, Any], revealed: dict[str, Any] | None) -> dict[s
         "meta": meta,
         "spec": run.get("spec") or {},
         "status": status,
-        "request": request,
+        "approval": request,
         "segments": timeline.segments(run, now),
         "span": lambda s: timeline.span(s.seconds(now)),
         "width": timeline.WIDTH,
@@ -228,6 +228,7 @@ def run_context(read: dict[str, Any], revealed: dict[str, Any] | None) -> dict[s
         ],
         "conditions": status.get("conditions") or [],
         "revealed": revealed,
+        "controls": read["possible"] - {"reveal", "decide"},
         "shown": shown,
         "model_words": model_words,
         "model_says": MODEL_SAYS,

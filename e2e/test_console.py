@@ -1,0 +1,278 @@
+"""The console in a real browser (Debian's headless chromium, driven by Playwright), against the
+real API server, the operator with its admission webhook, and users with client certificates,
+each running their own ``kubectl agentrun console`` (their kubeconfig, a one-time sign-in link).
+
+- An approver opens the model's run, reveals the proposed call (equal to what the model proposed),
+  reads the model's words marked as the model's, approves: the reference system records one
+  application, and the API server's audit log and the decision's stamp name the approver.
+- Who lacks a verb sees no button for it, and a crafted POST (with a valid CSRF token) is refused
+  by the API server (RBAC, or the webhook's SubjectAccessReview); a forged POST without the CSRF
+  token is refused by the console; a wrong or spent sign-in link gets the sign-in page; a URL for
+  another namespace shows the API server's refusal.
+- HTML and script in a run's objective, a model's words and an answer are shown as text: the DOM
+  holds no element made from them and no script ran.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from playwright.sync_api import expect
+from e2e.test_agent import agent_namespace, agent_spec  # noqa: F401 (a fixture)
+from e2e.test_reveal import invoice, kubeconfigs, policy, user_api  # noqa: F401 (a fixture)
+
+from durable_agents.api.v1alpha1 import GROUP, VERSION
+from durable_agents_testkit.agent_sample import API_KEY, sample_of, script
+from durable_agents_testkit.audit import audit_offset, read_audit
+from durable_agents_testkit.browser import SCREENSHOTS, Console, chromium, start_console
+from durable_agents_testkit.eventually import Within, eventually
+from durable_agents_testkit.localcluster.controlplane import LocalControlPlane
+from durable_agents_testkit.modelserver import ModelServerThread
+from durable_agents_testkit.operator_process import OperatorProcess
+from durable_agents_testkit.refsystem import ReferenceSystemThread
+from durable_agents_testkit.runs import Runs
+from durable_agents_testkit.scrape import free_port
+
+XSS = '</title><script>window.__pwned=1</script>"\'><img src=x onerror="window.__pwned=2"><b>bold</b>'
+MODEL_SAYS = "model says (written by the model, not authority):"
+
+
+@pytest.fixture
+def model() -> Iterator[ModelServerThread]:
+    """The sample's reference model, whose words when it proposes the refund carry markup."""
+    scripted = script()
+    scripted["rules"][1]["content"] = f"The limits allow it. {XSS}"
+    with ModelServerThread(scripted, api_key=API_KEY) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    with chromium() as started:
+        yield started
+
+
+@pytest.fixture
+def consoles(kubeconfigs: dict[str, Path], namespace: str) -> Iterator[Callable[[str], Console]]:  # noqa: F811
+    """role -> that user's console (started on first use); stopped afterwards, its log checked."""
+    started: dict[str, Console] = {}
+
+    def of(role: str) -> Console:
+        if role not in started:
+            started[role] = start_console(kubeconfigs[role], namespace)
+        return started[role]
+
+    yield of
+    for role, console in started.items():
+        log = console.stop()
+        assert "Traceback" not in log, f"{role}'s console: {log}"
+        secret = console.sign_in_url.split("token=", 1)[1]
+        printed = [line for line in console.log if secret in line]
+        assert len(printed) == 1 and printed[0].startswith("Console ("), f"the token was logged: {printed}"
+
+
+def signed_in(browser: Any, console: Console) -> Any:
+    """A fresh browser context (its own cookies) signed in with the console's one-time link."""
+    page = browser.new_context().new_page()
+    page.on("dialog", lambda dialog: pytest.fail(f"a dialog opened: {dialog.message}"))
+    problems: list[str] = []
+    page.on("console", lambda message: problems.append(message.text) if message.type == "error" else None)
+    page.problems = problems
+    answer = page.goto(console.sign_in_url)
+    assert answer is not None and answer.ok, answer and answer.text()
+    assert page.url.endswith("/runs"), page.url
+    return page
+
+
+def await_selector(page: Any, selector: str) -> None:
+    """Wait for ``selector``; failing, say what the page shows instead."""
+    try:
+        page.wait_for_selector(selector, timeout=60_000)
+    except Exception as err:
+        raise AssertionError(
+            f"{selector} never showed on {page.url}: {page.inner_text('body')[:3000]}"
+        ) from err
+
+
+def no_markup_ran(page: Any) -> None:
+    """Nothing injected became an element, and no script ran (the escaping, not only the CSP)."""
+    assert page.evaluate("window.__pwned") is None, "an injected script ran"
+    assert page.locator("main script, main img, main b").count() == 0, "injected markup became elements"
+    assert not [p for p in page.problems if "Content Security Policy" in p], page.problems
+
+
+def screenshot(page: Any, name: str) -> None:
+    if SCREENSHOTS:
+        Path(SCREENSHOTS).mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(Path(SCREENSHOTS) / name), full_page=True)
+
+
+def post(page: Any, path: str, fields: dict[str, str]) -> dict[str, Any]:
+    """A crafted POST from the page (same origin, its cookies): status and text of the answer."""
+    result: dict[str, Any] = page.evaluate(
+        """async ([path, fields]) => {
+            const body = new FormData();
+            for (const [k, v] of Object.entries(fields)) body.append(k, v);
+            const answer = await fetch(path, {method: "POST", body, credentials: "same-origin"});
+            return {status: answer.status, text: await answer.text()};
+        }""",
+        [path, fields],
+    )
+    return result
+
+
+@pytest.mark.browser
+@pytest.mark.local_plane("users", "webhook")
+def test_an_approver_reveals_and_approves_the_models_call_in_the_console_as_themselves(
+    start_operator: Callable[..., OperatorProcess],
+    runs: Runs,
+    agent_namespace: str,  # noqa: F811
+    model: ModelServerThread,
+    refsystem: ReferenceSystemThread,
+    kubeconfigs: dict[str, Path],  # noqa: F811
+    plane: LocalControlPlane,
+    browser: Any,
+    consoles: Callable[[str], Console],
+) -> None:
+    op = start_operator("console", DURABLE_AGENTS_WEBHOOK_PORT=str(free_port()))
+    eventually(lambda: op.logged("admission webhook serving"), Within.COMMIT, "the admission webhook")
+    runs.await_webhook()
+    ns, name = agent_namespace, "refund"
+    objective = f"Refund order A-1042. {XSS}"
+    spec = {**agent_spec(model, refsystem), "objective": objective}
+    user_api(kubeconfigs["editor"]).create_namespaced_custom_object(
+        GROUP, VERSION, ns, "agentruns", {**sample_of("AgentRun"), "spec": spec}
+    )
+    run = runs.wait_state(name, "waiting_approval", timeout=Within.TAKEOVER)
+    request = run["status"]["approvalRequest"]
+    proposed = script()["rules"][1]["toolCalls"][0]["arguments"]
+    offset = audit_offset(plane.audit_log_path)
+
+    page = signed_in(browser, consoles("approver"))
+    assert page.inner_text("#user") == "approver"
+    assert page.locator("td.objective").inner_text() == objective
+    no_markup_ran(page)
+    page.click(f"a[href='/runs/{ns}/{name}']")
+    await_selector(page, "#approval")
+    assert page.inner_text("#objective") == objective
+    assert page.inner_text("#arguments") == "(sealed)"
+    assert page.inner_text("#digest") == request["digest"]
+    assert page.locator("#do-approve").count() == 1
+    assert page.locator("#do-cancel").count() == 0, "the approver holds no cancel verb"
+    assert page.locator("svg.timeline .seg-wait").count() >= 1, "the wait is not in the picture"
+
+    page.click("#do-reveal")
+    await_selector(page, "#revealed")
+    assert json.loads(page.inner_text("#arguments")) == proposed
+    words = page.inner_text("#proposal-words")
+    assert words.startswith(MODEL_SAYS), words
+    assert json.dumps(f"The limits allow it. {XSS}") in words, words
+    no_markup_ran(page)
+    screenshot(page, "console-run-revealed.png")
+
+    page.click("#do-approve")
+    await_selector(page, "#said")
+    assert "approve sent for request" in page.inner_text("#said")
+    assert page.locator("#revealed").count() == 0, "a revealed value outlived its response"
+    runs.wait_state(name, "completed", timeout=Within.RUN)
+    assert list(refsystem.counts().values()) == [1], refsystem.counts()
+    # The page follows its watch: it shows the run completed without a reload.
+    expect(page.locator("#state")).to_have_text(re.compile(r"^completed"), timeout=60_000)
+    screenshot(page, "console-run.png")
+
+    decision = runs.get(name)["spec"]["approvals"][request["requestId"]]
+    assert decision["approver"]["username"] == "approver", decision
+    patches = [
+        e
+        for e in read_audit(plane.audit_log_path, offset=offset, mentions=ns)
+        if (e.verb, e.resource, e.subresource, e.name) == ("patch", "agentruns", "", name)
+    ]
+    assert {e.user for e in patches} == {"approver"}, [(e.user, e.code) for e in patches]
+    assert any(e.code == 200 for e in patches)
+    assert not op.logged("Traceback")
+
+
+@pytest.mark.browser
+@pytest.mark.local_plane("users", "webhook")
+def test_the_console_shows_only_what_the_api_server_allows_and_refuses_what_it_refuses(
+    start_operator: Callable[..., OperatorProcess],
+    runs: Runs,
+    refsystem: ReferenceSystemThread,
+    kubeconfigs: dict[str, Path],  # noqa: F811
+    browser: Any,
+    consoles: Callable[[str], Console],
+) -> None:
+    policy(runs)
+    op = start_operator("console-refusals", 2, DURABLE_AGENTS_WEBHOOK_PORT=str(free_port()))
+    eventually(lambda: op.logged("admission webhook serving"), Within.COMMIT, "the admission webhook")
+    runs.await_webhook()
+    ns, url = runs.namespace, f"/runs/{runs.namespace}/invoice"
+    user_api(kubeconfigs["editor"]).create_namespaced_custom_object(
+        GROUP, VERSION, ns, "agentruns", invoice(refsystem.url)
+    )
+    runs.wait_state("invoice", "waiting_input")
+
+    # The editor answers in the console, with markup in the answer.
+    editor = signed_in(browser, consoles("editor"))
+    editor.goto(consoles("editor").base + url)
+    assert editor.locator("#do-approve, #do-reveal").count() == 0, "the editor holds no approve verb"
+    editor.fill("#answer-text", XSS)
+    editor.click("#do-answer")
+    await_selector(editor, "#said")
+    run = runs.wait_state("invoice", "waiting_approval")
+    request = run["status"]["approvalRequest"]
+
+    # A crafted approve (valid CSRF token) is refused by the operator's webhook, as the API server's answer.
+    editor.goto(consoles("editor").base + url)
+    assert editor.locator("#do-approve").count() == 0
+    csrf = editor.locator("input[name=csrf]").first.get_attribute("value")
+    fields = {"csrf": csrf, "request": request["requestId"], "digest": request["digest"]}
+    crafted = post(editor, f"{url}/do/approve", fields)
+    assert crafted["status"] == 403, crafted
+    assert "may not approve" in crafted["text"] or "forbidden" in crafted["text"].lower(), crafted["text"]
+
+    # The viewer sees no control at all; a crafted cancel is refused by RBAC.
+    viewer = signed_in(browser, consoles("viewer"))
+    viewer.goto(consoles("viewer").base + url)
+    assert viewer.locator("main form button").count() == 0, viewer.inner_text("main")
+    csrf = viewer.locator("input[name=csrf]").first.get_attribute("value")
+    crafted = post(viewer, f"{url}/do/cancel", {"csrf": csrf, "reason": "crafted"})
+    assert crafted["status"] == 403, crafted
+    assert "forbidden" in crafted["text"].lower(), crafted["text"]
+    # Without the CSRF token: refused by the console, before the API server.
+    forged = post(viewer, f"{url}/do/cancel", {"reason": "forged"})
+    assert forged["status"] == 403 and "CSRF" in forged["text"], forged
+    stored = runs.get("invoice")
+    assert not stored["spec"].get("cancellations") and not stored["spec"].get("approvals"), stored["spec"]
+
+    # Another namespace through a crafted URL: the API server's refusal, shown.
+    answer = viewer.goto(consoles("viewer").base + "/runs/kube-system/anything")
+    assert answer is not None and answer.status == 403
+    assert "forbidden" in viewer.inner_text("#refused").lower()
+    answer = viewer.goto(consoles("viewer").base + "/runs?namespace=kube-system")
+    assert answer is not None and answer.status == 403
+    assert "may not list" in viewer.inner_text("#refused")
+
+    # The approver reveals: the answer is text.
+    approver = signed_in(browser, consoles("approver"))
+    approver.goto(consoles("approver").base + url)
+    approver.click("#do-reveal")
+    await_selector(approver, "#revealed")
+    assert XSS in approver.inner_text("#revealed"), approver.inner_text("#revealed")
+    no_markup_ran(approver)
+
+    # A spent link, a wrong one, no session: the sign-in page, no stack trace.
+    stranger = browser.new_context().new_page()
+    for target in (consoles("approver").sign_in_url, consoles("approver").base + "/sign-in?token=wrong"):
+        answer = stranger.goto(target)
+        assert answer is not None and answer.status == 401
+        assert "wrong or was used already" in stranger.inner_text("#said")
+    answer = stranger.goto(consoles("approver").base + url)
+    assert answer is not None and answer.status == 401
+    assert "Traceback" not in stranger.content()
+    assert not op.logged("Traceback")
