@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from playwright.sync_api import expect
 from e2e.test_agent import agent_namespace, agent_spec  # noqa: F401 (a fixture)
 from e2e.test_reveal import invoice, kubeconfigs, policy, user_api  # noqa: F401 (a fixture)
+from playwright.sync_api import expect
 
 from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents_testkit.agent_sample import API_KEY, sample_of, script
@@ -73,7 +73,8 @@ def consoles(kubeconfigs: dict[str, Path], namespace: str) -> Iterator[Callable[
         assert "Traceback" not in log, f"{role}'s console: {log}"
         secret = console.sign_in_url.split("token=", 1)[1]
         printed = [line for line in console.log if secret in line]
-        assert len(printed) == 1 and printed[0].startswith("Console ("), f"the token was logged: {printed}"
+        assert len(printed) == 1, f"the token was logged: {printed}"
+        assert printed[0].startswith("Console ("), printed
 
 
 def signed_in(browser: Any, console: Console) -> Any:
@@ -84,7 +85,8 @@ def signed_in(browser: Any, console: Console) -> Any:
     page.on("console", lambda message: problems.append(message.text) if message.type == "error" else None)
     page.problems = problems
     answer = page.goto(console.sign_in_url)
-    assert answer is not None and answer.ok, answer and answer.text()
+    assert answer is not None
+    assert answer.ok, answer.text()
     assert page.url.endswith("/runs"), page.url
     return page
 
@@ -246,16 +248,20 @@ def test_the_console_shows_only_what_the_api_server_allows_and_refuses_what_it_r
     assert "forbidden" in crafted["text"].lower(), crafted["text"]
     # Without the CSRF token: refused by the console, before the API server.
     forged = post(viewer, f"{url}/do/cancel", {"reason": "forged"})
-    assert forged["status"] == 403 and "CSRF" in forged["text"], forged
+    assert forged["status"] == 403, forged
+    assert "CSRF" in forged["text"], forged
     stored = runs.get("invoice")
-    assert not stored["spec"].get("cancellations") and not stored["spec"].get("approvals"), stored["spec"]
+    assert not stored["spec"].get("cancellations"), stored["spec"]
+    assert not stored["spec"].get("approvals"), stored["spec"]
 
     # Another namespace through a crafted URL: the API server's refusal, shown.
     answer = viewer.goto(consoles("viewer").base + "/runs/kube-system/anything")
-    assert answer is not None and answer.status == 403
+    assert answer is not None
+    assert answer.status == 403
     assert "forbidden" in viewer.inner_text("#refused").lower()
     answer = viewer.goto(consoles("viewer").base + "/runs?namespace=kube-system")
-    assert answer is not None and answer.status == 403
+    assert answer is not None
+    assert answer.status == 403
     assert "may not list" in viewer.inner_text("#refused")
 
     # The approver reveals: the answer is text.
@@ -270,9 +276,11 @@ def test_the_console_shows_only_what_the_api_server_allows_and_refuses_what_it_r
     stranger = browser.new_context().new_page()
     for target in (consoles("approver").sign_in_url, consoles("approver").base + "/sign-in?token=wrong"):
         answer = stranger.goto(target)
-        assert answer is not None and answer.status == 401
+        assert answer is not None
+        assert answer.status == 401
         assert "wrong or was used already" in stranger.inner_text("#said")
     answer = stranger.goto(consoles("approver").base + url)
-    assert answer is not None and answer.status == 401
+    assert answer is not None
+    assert answer.status == 401
     assert "Traceback" not in stranger.content()
     assert not op.logged("Traceback")

@@ -1,8 +1,8 @@
 """What every response carries and every POST must show.
 
 - Headers: a Content-Security-Policy that allows only this origin's own script and style (no
-  inline script, no third party), no framing, no referrer to other sites, no caching of pages (a revealed value
-  lives in one response only).
+  inline script, no third party), no framing, no referrer to other sites, no caching of pages (a
+  revealed value lives in one response only).
 - CSRF: a double-submit token. A random cookie (HttpOnly, SameSite=Strict) and the same value in
   every form (rendered by the server); a POST whose form field does not equal the cookie, or whose
   Origin is another site, is refused before anything reaches the API server.
