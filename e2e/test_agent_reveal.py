@@ -127,11 +127,13 @@ def test_an_approver_sees_the_models_proposal_its_reason_and_evidence_and_nobody
     assert f"  {MODEL_SAYS} {json.dumps(WORDS)}" in shown.stdout.splitlines()
     assert "not revealed" not in shown.stdout
 
-    # Who does not hold the approve verb sees nothing: the editor may patch, the viewer may not.
+    # Who does not hold the approve verb sees nothing here: the viewer may not patch; the editor
+    # may, and holds "answer", which shows only a question the run waits on (none here).
     with pytest.raises(client.ApiException) as refused:
         reveal_as(kubeconfigs["editor"], ns, name)
-    assert refused.value.status == 403, refused.value.body
-    assert "only who may approve a run sees its sealed values" in str(refused.value.body)
+    assert refused.value.status == 409, refused.value.body
+    assert f"agentrun {ns}/{name} waits on no question" in str(refused.value.body)
+    assert "its other sealed values need verb 'approve'" in str(refused.value.body)
     for who in ("editor", "viewer"):
         shown = plugin(kubeconfigs[who], ns, "status", name, "--reveal")
         assert shown.returncode != 0, f"{who} was shown: {shown.stdout}"
@@ -141,7 +143,9 @@ def test_an_approver_sees_the_models_proposal_its_reason_and_evidence_and_nobody
     assert_nothing_in_clear(runs.get(name))
 
     # Approved and done: the ActionRecord's arguments (sealed for the turn) are revealed too.
-    approved = plugin(kubeconfigs["approver"], ns, "approve", name)
+    request = runs.get(name)["status"]["approvalRequest"]  # the request the approver reviewed
+    pinned = ("--request", request["requestId"], "--digest", request["digest"])
+    approved = plugin(kubeconfigs["approver"], ns, "approve", name, *pinned)
     assert approved.returncode == 0, approved.stderr
     runs.wait_state(name, "completed", timeout=Within.RUN)
     assert list(refsystem.counts().values()) == [1]

@@ -433,8 +433,17 @@ def test_kubectl_agentrun_approve(
         [*plugin, "status", name, "-n", runs.namespace], env=env, capture_output=True, text=True, check=True
     )
     assert "request ID:  pay-1" in shown.stdout
-    out = subprocess.run(
+    request = runs.get(name)["status"]["approvalRequest"]  # the request alice reviewed
+    assert f"--request pay-1 --digest {request['digest']}" in shown.stdout, "status prints the pinned command"
+    unpinned = subprocess.run(
         [*plugin, "approve", name, "-n", runs.namespace], env=env, capture_output=True, text=True
+    )
+    assert unpinned.returncode == 1, "a decision without the request and digest reviewed is not sent"
+    assert f"kubectl agentrun approve {name} -n {runs.namespace} --request pay-1 --digest " in unpinned.stderr
+    assert "approvals" not in runs.get(name)["spec"], "nothing was sent"
+    pinned = ["--request", "pay-1", "--digest", request["digest"]]
+    out = subprocess.run(
+        [*plugin, "approve", name, "-n", runs.namespace, *pinned], env=env, capture_output=True, text=True
     )
     assert out.returncode == 0, out.stderr
     assert "approve sent for request pay-1 (http.post)" in out.stdout

@@ -83,12 +83,15 @@ EDITS = on("agentruns", "create", "update", "patch", "delete", "answer", "cancel
 )
 # The chart's roles, then the built-in ClusterRoles they aggregate into: what each allows.
 # Everything else in ACTIONS is refused.
-CHART_ROLES = ("viewer", "editor", "approver", "on-call", "policy-user", "policy-author")
+CHART_ROLES = ("viewer", "editor", "approver", "responder", "on-call", "policy-user", "policy-author")
 BUILT_IN_ROLES = ("view", "edit", "admin")
 MATRIX: dict[str, frozenset[Action]] = {
     "viewer": READS,
     "editor": READS | EDITS,
     "approver": READS | on("agentruns", "patch", "approve"),
+    # Reads runs (no ledger, no policies) and answers their questions; the webhook reveals to it
+    # the question a run waits on and nothing else (e2e/test_responder.py).
+    "responder": on("agentruns", "get", "list", "watch", "patch", "answer"),
     "on-call": READS
     | on("agentruns", "patch", "retry", "reconcile", "escalate", "failover")
     | on("agentpolicies", "force-delete"),
@@ -277,6 +280,17 @@ def test_requests_as_each_person(namespace: str, people: dict[str, client.ApiCli
     assert status_of(lambda: runs["approver"]("create_namespaced_custom_object", a_run("by-approver"))) == 403
     assert status_of(lambda: runs["approver"]("delete_namespaced_custom_object", "rollout")) == 403
 
+    # responder answers a question (a patch; the webhook then asks for "answer"); never starts or
+    # deletes a run, nor reads the ledger.
+    answer = {"spec": {"answers": {"confirm.2": "yes"}}}
+    runs["responder"]("patch_namespaced_custom_object", "rollout", answer)
+    assert (
+        status_of(lambda: runs["responder"]("create_namespaced_custom_object", a_run("by-responder"))) == 403
+    )
+    assert status_of(lambda: runs["responder"]("delete_namespaced_custom_object", "rollout")) == 403
+    records = client.CustomObjectsApi(people["responder"]).list_namespaced_custom_object
+    assert status_of(lambda: records(GROUP, VERSION, namespace, "actionrecords")) == 403
+
     # on-call releases a run from quarantine (a patch); never starts or deletes one.
     runs["on-call"]("patch_namespaced_custom_object", "rollout", {"spec": {"retryQuarantine": "t1"}})
     assert status_of(lambda: runs["on-call"]("create_namespaced_custom_object", a_run("by-on-call"))) == 403
@@ -318,11 +332,13 @@ def test_a_namespace_admin_grants_viewer_and_editor_but_not_the_separate_duties(
         return status_of(lambda: rbac.create_namespaced_role_binding(namespace, body))
 
     # RBAC lets one grant only rights one holds: admin holds viewer's and editor's by aggregation,
-    # never approve, the on-call verbs or writing policies.
+    # never approve, the on-call verbs or writing policies. responder's rights are a part of
+    # editor's: a namespace admin may grant it too.
     assert {role: grant(role) for role in CHART_ROLES} == {
         "viewer": 200,
         "editor": 200,
         "approver": 403,
+        "responder": 200,
         "on-call": 403,
         "policy-user": 403,
         "policy-author": 403,

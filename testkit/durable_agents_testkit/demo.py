@@ -178,7 +178,11 @@ def approve(env: KubeEnv, runs: Runs, ns: str, name: str) -> None:
     request = parked["status"]["approvalRequest"]
     step("the configuration change needs an approval: the request, bound to a digest")
     approver = approver_kubeconfig(env, ns)
-    for args in (["status", name, "-n", ns], ["approve", name, "-n", ns, "--reason", "window is open"]):
+    pinned = ["--request", request["requestId"], "--digest", request["digest"]]  # what was reviewed
+    for args in (
+        ["status", name, "-n", ns],
+        ["approve", name, "-n", ns, *pinned, "--reason", "window is open"],
+    ):
         kubectl_agentrun(approver, *args)
     stamped(runs, name, request["requestId"])
 

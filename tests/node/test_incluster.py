@@ -173,9 +173,13 @@ def applied_once(env: KubeEnv, ns: str) -> None:
 
 def approve(env: KubeEnv, runs: Runs, ns: str, name: str) -> dict[str, Any]:
     parked = runs.wait_state(name, "waiting_approval", timeout=60)
-    answer = agentrun(approver_kubeconfig(env, ns), "approve", name, "-n", ns, "--reason", "in-cluster test")
+    request = parked["status"]["approvalRequest"]  # the request the approver reviewed
+    request_id = request["requestId"]
+    pinned = ("--request", request_id, "--digest", request["digest"])
+    answer = agentrun(
+        approver_kubeconfig(env, ns), "approve", name, "-n", ns, *pinned, "--reason", "in-cluster test"
+    )
     assert answer.returncode == 0, answer.stdout + answer.stderr
-    request_id = parked["status"]["approvalRequest"]["requestId"]
     decided = runs.get(name)["spec"]["approvals"][request_id]
     assert decided["approver"]["username"] == "demo-approver"  # stamped by the in-cluster webhook
     return decided
@@ -220,10 +224,12 @@ def test_an_approval_by_someone_without_the_verb_is_refused_in_cluster(env: Kube
         name="patcher",
     )
     mallory = env.plane.write_user_kubeconfig("mallory", [])
-    answer = agentrun(mallory, "approve", name, "-n", demo_ns, "--reason", "not mine to give")
+    request = parked["status"]["approvalRequest"]  # the request mallory reviewed
+    request_id = request["requestId"]
+    pinned = ("--request", request_id, "--digest", request["digest"])
+    answer = agentrun(mallory, "approve", name, "-n", demo_ns, *pinned, "--reason", "not mine to give")
     assert answer.returncode != 0
     assert "approve" in answer.stderr + answer.stdout
-    request_id = parked["status"]["approvalRequest"]["requestId"]
     assert request_id not in (runs.get(name)["spec"].get("approvals") or {})
     assert runs.get(name)["status"]["state"] == "waiting_approval"
 

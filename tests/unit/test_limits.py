@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from tests.unit.limits_worst_case import worst_checkpoint, worst_status
 
-from durable_agents.api.v1alpha1 import AgentRunStatus
+from durable_agents.api.v1alpha1 import AgentRunStatus, RejectionRule
 from durable_agents.api.v1alpha1.agentrun import HISTORY_LIMIT, REFUSED_LIMIT
 from durable_agents.core import limits
 from durable_agents.core.agent.limits import (
@@ -33,7 +33,7 @@ from durable_agents.core.agent_facts import (
     settle_last,
     with_turn,
 )
-from durable_agents.core.checkpoint import dump_checkpoint
+from durable_agents.core.checkpoint import ApprovalRecord, dump_checkpoint
 from durable_agents.core.digest import canonical_json
 from durable_agents.core.limits import (
     CREATE_BUDGET,
@@ -365,4 +365,30 @@ def test_a_model_run_with_its_largest_facts_fits_the_status_room() -> None:
     size = len(json.dumps(status, separators=(",", ":")).encode())
     facts = len(json.dumps(status["checkpoint"]["agent"], separators=(",", ":")).encode())
     print(f"worst-case model-run status {size} bytes (facts {facts}), room {STATUS_ROOM}")
+    assert size <= STATUS_ROOM
+
+
+def test_a_model_run_at_its_rejection_cap_fits_the_status_room() -> None:
+    """Under ``rejection.response: replan`` each rejection moves the run to a new step, leaving its
+    approval record (the rejected turn is in the facts, which stay bounded): at the policy's largest
+    maxRejections, on top of the largest model-run status, the status still fits its room."""
+    cap = RejectionRule.model_json_schema()["properties"]["maxRejections"]["maximum"]
+    status = worst_status(NOW)
+    status["checkpoint"]["agent"] = _worst_facts(DEFAULT_MAX_FACTS_BYTES)
+    rejected = [
+        ApprovalRecord(
+            request_id=f"agent-{MAX_AGENT_STEPS + n}-99",
+            digest="sha256:" + "0" * 64,
+            step_index=MAX_AGENT_STEPS + n,
+            expires_at=NOW,
+            policy_version="v" * 63,
+            decision="rejected",
+            decided_by="d" * 253,
+            decided_at=NOW,
+        ).model_dump(mode="json", by_alias=True, exclude_none=True)
+        for n in range(cap)
+    ]
+    status["checkpoint"]["approvals"] += rejected
+    size = len(json.dumps(status, separators=(",", ":")).encode())
+    print(f"worst-case model-run status with {cap} rejections {size} bytes, room {STATUS_ROOM}")
     assert size <= STATUS_ROOM

@@ -12,7 +12,10 @@ Reasons, checked in this order (one condition, the first that applies):
 * ``PolicyMissing``: its AgentPolicy is gone: nothing runs without it; create it again.
 * ``UnreconcilableOutcome``: an action's outcome is unknown and its system cannot be asked by key:
   only a person's ``kubectl agentrun reconcile RUN --action NAME --applied|--not-applied`` settles it.
-* ``NoApprover``: it waits for an approval and nobody holds the policy's approver verb on it.
+* ``NoApprover``: it waits for an approval and nobody holds the policy's approver verb on it; or,
+  under a quorum, fewer people than it still needs could give it (those the RBAC bindings name as
+  holding the verb, less the creator under four-eyes, less those who approved; a Group holding
+  the verb makes the count unknown: not stuck).
 * ``WaitWithoutExpiry``: it has waited longer than the threshold for something without an expiry
   (an action in flight, a child run) and has no deadline.
 """
@@ -78,6 +81,9 @@ class Facts:
     policy_present: bool | None = None
     approver: ApproverRule = field(default_factory=ApproverRule)
     approver_held: bool | None = None
+    approver_holders: frozenset[str] | None = None
+    """Under a quorum: the users (ServiceAccounts as ``system:serviceaccount:NS:NAME``) a binding
+    names who hold the approver verb; None: not looked at, or unknowable (a Group holds it)."""
     unknown_actions: Sequence[UnknownAction] = ()
 
 
@@ -156,11 +162,47 @@ def stuck(
             f"-n {namespace} --verb={verb} --resource={resource}.durable-agents.io && kubectl create "
             f"rolebinding agentrun-approvers -n {namespace} --role=agentrun-approver --user=<approver>",
         )
+    short = _quorum_short(namespace, spec, status, facts)
+    if short is not None:
+        return short
     if state.waiting and wait_expiry(spec, status) is None and status.state_since is not None:
         waited = facts.now - status.state_since
         if waited >= facts.threshold:
             return Stuck(WAIT_WITHOUT_EXPIRY, _no_expiry_message(namespace, name, status, status.state_since))
     return None
+
+
+def needs_quorum(status: AgentRunStatus) -> bool:
+    """Whether the run's verdict depends on how many people hold the approver verb."""
+    return (
+        needs_approver(status) and status.approval_request is not None and status.approval_request.quorum > 1
+    )
+
+
+def _quorum_short(namespace: str, spec: AgentRunSpec, status: AgentRunStatus, facts: Facts) -> Stuck | None:
+    """A quorum fewer people could give than it needs: those who hold the verb, less the creator
+    under four-eyes, less those who approved already, against the approvals still missing."""
+    request = status.approval_request
+    if not needs_quorum(status) or request is None or facts.approver_holders is None:
+        return None
+    approved = {vote.approver for vote in request.approved_by}
+    creator = spec.created_by.username if request.four_eyes and spec.created_by is not None else None
+    could = sorted(facts.approver_holders - approved - {creator})
+    missing = request.quorum - len(approved)
+    if len(could) >= missing:
+        return None
+    verb, resource = facts.approver.verb, facts.approver.resource
+    so_far = f"; approved by {', '.join(sorted(approved))}" if approved else ""
+    others = ", ".join(could) if could else "nobody"
+    return Stuck(
+        NO_APPROVER,
+        f"its approval request needs {missing} more approval(s) (quorum {request.quorum}{so_far}) and "
+        f"only {len(could)} other person(s) hold verb {verb!r} on {resource}.durable-agents.io in "
+        f"namespace {namespace!r} ({others}"
+        + ("; the creator does not count under four-eyes" if creator else "")
+        + f"); bind more approvers (kubectl create rolebinding -n {namespace} --role=<approver role> "
+        "--user=<approver>) or lower the policy's approvers.quorum",
+    )
 
 
 def _no_expiry_message(namespace: str, name: str, status: AgentRunStatus, since: datetime) -> str:
@@ -253,7 +295,7 @@ def _grants(rule: Mapping[str, Any], approver: ApproverRule, group: str, run: st
     )
 
 
-def approver_held(
+def _granting_bindings(
     approver: ApproverRule,
     namespace: str,
     run: str,
@@ -263,10 +305,10 @@ def approver_held(
     cluster_roles: Sequence[Mapping[str, Any]],
     role_bindings: Sequence[Mapping[str, Any]],
     cluster_role_bindings: Sequence[Mapping[str, Any]],
-) -> bool:
-    """Whether some subject holds the approver verb on the run: a Role of its namespace or a
-    ClusterRole that grants it, bound (by a RoleBinding in the namespace, or, a ClusterRole, by a
-    ClusterRoleBinding) to at least one subject."""
+) -> list[Mapping[str, Any]]:
+    """The bindings that grant the approver verb on the run: to a Role of its namespace or a
+    ClusterRole that grants it (by a RoleBinding in the namespace, or, a ClusterRole, by a
+    ClusterRoleBinding)."""
 
     def granting(items: Sequence[Mapping[str, Any]]) -> set[str]:
         return {
@@ -280,8 +322,6 @@ def approver_held(
 
     def bound(binding: Mapping[str, Any], allow_role: bool) -> bool:
         ref = binding.get("roleRef") or {}
-        if not binding.get("subjects"):
-            return False
         if ref.get("kind") == "ClusterRole":
             return ref.get("name") in cluster
         return allow_role and ref.get("kind") == "Role" and ref.get("name") in local
@@ -289,4 +329,29 @@ def approver_held(
     in_namespace = [
         b for b in role_bindings if (b.get("metadata") or {}).get("namespace") in (None, namespace)
     ]
-    return any(bound(b, True) for b in in_namespace) or any(bound(b, False) for b in cluster_role_bindings)
+    return [b for b in in_namespace if bound(b, True)] + [b for b in cluster_role_bindings if bound(b, False)]
+
+
+def approver_held(approver: ApproverRule, namespace: str, run: str, **rbac: Any) -> bool:
+    """Whether some subject holds the approver verb on the run (:func:`_granting_bindings`, bound
+    to at least one subject)."""
+    return any(binding.get("subjects") for binding in _granting_bindings(approver, namespace, run, **rbac))
+
+
+def approver_holders(approver: ApproverRule, namespace: str, run: str, **rbac: Any) -> frozenset[str] | None:
+    """The distinct people a binding names who hold the approver verb on the run (for a quorum):
+    each User by name, each ServiceAccount as the username it authenticates as. None when a Group
+    holds it: who is in a group is the authenticator's to say (certificates, OIDC claims), never
+    listed in the API, so the count is unknown and the run is never called stuck on a guess."""
+    people: set[str] = set()
+    for binding in _granting_bindings(approver, namespace, run, **rbac):
+        home = (binding.get("metadata") or {}).get("namespace") or namespace
+        for subject in binding.get("subjects") or []:
+            kind, name = subject.get("kind"), str(subject.get("name") or "")
+            if kind == "Group":
+                return None
+            if kind == "User":
+                people.add(name)
+            elif kind == "ServiceAccount":
+                people.add(f"system:serviceaccount:{subject.get('namespace') or home}:{name}")
+    return frozenset(people)

@@ -1,7 +1,8 @@
 """``kubectl agentrun``: approve, reject, inspect a run (installed as the ``kubectl-agentrun`` script).
 
-    kubectl agentrun approve NAME [-n NS] [--reason TEXT]
-    kubectl agentrun reject  NAME [-n NS] [--reason TEXT]
+    kubectl agentrun inbox [-n NS | -A] [-o wide|json|yaml] [--watch]   (what waits for you)
+    kubectl agentrun approve NAME [-n NS] --request ID --digest sha256:... [--reason TEXT]
+    kubectl agentrun reject  NAME [-n NS] --request ID --digest sha256:... [--reason TEXT]
     kubectl agentrun cancel  NAME [-n NS] [--scope task|children|toolCall|turn] [--reason TEXT]
     kubectl agentrun retry   NAME [-n NS]     (a quarantined run, e.g. after an upgrade)
     kubectl agentrun answer  NAME TEXT [-n NS]   (the question or event it waits for now)
@@ -17,10 +18,12 @@
     kubectl agentrun policy diff -f FILE [-n NS] [-o json]   (what a policy version would do to live runs)
     kubectl agentrun console [-n NS] [--port P]   (the console on 127.0.0.1, acting as you: docs/console.md)
 
-approve/reject read the pending approval request from the run's status and send the decision
-(request ID + digest) as a patch on spec.approvals. Who you are is decided by the API server, and
-what you may do by Kubernetes RBAC: the operator's admission webhook asks a SubjectAccessReview
-for each kind of request, on the run (agentruns/NAME), and a refusal names the missing verb:
+approve/reject name the request and digest the approver reviewed (``status`` and ``inbox`` print
+the exact command); the plugin sends nothing when the pending request is another one
+(:mod:`durable_agents.kubectl.decide`), else the decision as a patch on spec.approvals. Who you
+are is decided by the API server, and what you may do by Kubernetes RBAC: the operator's admission
+webhook asks a SubjectAccessReview for each kind of request, on the run (agentruns/NAME), and a
+refusal names the missing verb:
 
     approve, reject    the policy's verb (default "approve")
     reconcile          the policy's verb: what happened to an action whose outcome stays unknown
@@ -43,10 +46,11 @@ arguments, its stated reason) and what its tools returned: ``status`` shows the 
 (tool, call, turn), the evidence the request rests on (IDs, content digests, the turn that read
 it) and a table of the turns; revealed, the model's words are printed quoted and marked as
 written by the model: they are the model's, never authority. ``status --reveal`` shows them to
-who may approve the run (the policy's verb, default "approve"): it sends a server-side dry-run
-patch carrying a public key made for this one request, and the operator's admission webhook
-answers, in the dry-run response, with the values encrypted to that key. Nothing is stored;
-only this command can read the answer.
+who may approve the run (the policy's verb, default "approve"), and to who may answer it (verb
+"answer") the question it waits on and nothing else (what was withheld is named): it sends a
+server-side dry-run patch carrying a public key made for this one request, and the operator's
+admission webhook answers, in the dry-run response, with the values encrypted to that key.
+Nothing is stored; only this command can read the answer.
 """
 
 from __future__ import annotations
@@ -67,14 +71,18 @@ from kubernetes.client.rest import ApiException
 from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents.api.v1alpha1.labels import REVEAL_ANNOTATION, REVEALED_ANNOTATION
 from durable_agents.core.disclosure import DisclosureError, new_reader_key, open_as_reader
+from durable_agents.core.inbox import decide_command
 from durable_agents.core.sealed_values import is_sealed
 from durable_agents.kubectl import answer as kubectl_answer
 from durable_agents.kubectl import controls as kubectl_controls
+from durable_agents.kubectl import decide as kubectl_decide
+from durable_agents.kubectl import inbox as kubectl_inbox
 from durable_agents.kubectl import list as kubectl_list
 from durable_agents.kubectl import policy as kubectl_policy
 from durable_agents.kubectl import policy_force_delete as kubectl_policy_force_delete
 from durable_agents.kubectl import reconcile as kubectl_reconcile
 from durable_agents.kubectl import region as kubectl_region
+from durable_agents.kubectl import revealed as kubectl_revealed
 from durable_agents.kubectl import why as kubectl_why
 
 
@@ -88,29 +96,6 @@ def _api(kubeconfig: str | None, context: str | None) -> tuple[client.CustomObje
 def _get(api: client.CustomObjectsApi, ns: str, name: str) -> dict[str, Any]:
     out: dict[str, Any] = api.get_namespaced_custom_object(GROUP, VERSION, ns, "agentruns", name)
     return out
-
-
-def decide(api: client.CustomObjectsApi, ns: str, name: str, decision: str, reason: str | None) -> str:
-    run = _get(api, ns, name)
-    status = run.get("status") or {}
-    request = status.get("approvalRequest")
-    if not request:
-        raise SystemExit(
-            f"error: agentrun {ns}/{name} has no pending approval request (state {status.get('state')!r})"
-        )
-    body: dict[str, Any] = {"digest": request["digest"], "decision": decision}
-    if reason:
-        body["reason"] = reason
-    patch = {"spec": {"approvals": {request["requestId"]: body}}}
-    try:
-        api.patch_namespaced_custom_object(GROUP, VERSION, ns, "agentruns", name, patch)
-    except ApiException as err:
-        message = err.body
-        with contextlib.suppress(TypeError, ValueError):
-            message = json.loads(err.body).get("message", err.body)
-        raise SystemExit(f"error: the API server refused the decision: {message}") from None
-    sent = f"{decision} sent for request {request['requestId']} ({request['effect']})"
-    return f"agentrun.durable-agents.io/{name}: {sent}"
 
 
 def _patch(api: client.CustomObjectsApi, ns: str, name: str, spec: dict[str, Any], what: str) -> None:
@@ -298,6 +283,8 @@ def _revealed_turn_lines(turn: Mapping[str, Any]) -> list[str]:
 
 def _revealed_lines(document: dict[str, Any]) -> list[str]:
     lines = ["Revealed (only to you; nothing was stored):"]
+    if kubectl_revealed.question_only(document):  # a responder's: the question, what was withheld
+        lines += kubectl_revealed.question_lines(document)
     for label, value in sorted((document.get("values") or {}).items()):
         lines.append(f"  {label}: {_shown(value)}")
     for turn in document.get("turns") or []:
@@ -311,6 +298,26 @@ def _revealed_lines(document: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _quorum_lines(request: Mapping[str, Any]) -> list[str]:
+    """``approvals: 1 of 2 (alice); missing 1`` for a request that needs more than one."""
+    quorum = int(request.get("quorum") or 1)
+    if quorum <= 1:
+        return []
+    who = [str(vote.get("approver")) for vote in request.get("approvedBy") or []]
+    named = f" ({', '.join(who)})" if who else ""
+    return [f"  approvals:   {len(who)} of {quorum}{named}; missing {max(0, quorum - len(who))}"]
+
+
+def _pinned_lines(run: Mapping[str, Any], request: Mapping[str, Any]) -> list[str]:
+    """The exact commands that decide this request, pinned to its ID and digest."""
+    meta = run.get("metadata") or {}
+    name, ns = str(meta.get("name")), str(meta.get("namespace") or "default")
+    return [
+        f"  {decision + ':':<12} {decide_command(name, ns, request, decision)}"
+        for decision in request.get("allowedDecisions") or []
+    ]
+
+
 def describe(run: dict[str, Any], revealed: dict[str, Any] | None = None) -> str:
     status = run.get("status") or {}
     lines = [
@@ -322,6 +329,8 @@ def describe(run: dict[str, Any], revealed: dict[str, Any] | None = None) -> str
     if pending:
         shown = (revealed or {}).get("pendingInput") or {}
         question = _shown(pending.get("question"), shown.get("question"), "question" in shown)
+        if shown.get("askedBy") == kubectl_revealed.ASKED_BY_MODEL and isinstance(shown.get("question"), str):
+            question = f"asked by the model (its words, not authority): {_quoted(shown['question'])}"
         key = pending.get("key") or pending.get("requestId")  # a new key once an answer was refused
         lines.append(f"Question:    {question} (answer as spec.answers[{key!r}]: kubectl agentrun answer)")
     request = status.get("approvalRequest")
@@ -341,6 +350,8 @@ def describe(run: dict[str, Any], revealed: dict[str, Any] | None = None) -> str
             f"  runs as:     serviceaccount {request.get('serviceAccount', '-')}",
             f"  expires at:  {request['expiresAt']}",
             f"  decisions:   {', '.join(request['allowedDecisions'])}",
+            *_quorum_lines(request),
+            *_pinned_lines(run, request),
         ]
     agent = (status.get("checkpoint") or {}).get("agent")
     if isinstance(agent, Mapping):
@@ -395,6 +406,10 @@ def main(argv: list[str] | None = None) -> int:
         return kubectl_why.main(args_given[1:])
     if args_given[:1] == ["answer"]:  # the question or event waited for now (durable_agents.kubectl.answer)
         return kubectl_answer.main(args_given[1:])
+    if args_given[:1] in (["approve"], ["reject"]):  # pinned (durable_agents.kubectl.decide)
+        return kubectl_decide.main(args_given[0], args_given[1:])
+    if args_given[:1] == ["inbox"]:  # what waits for the caller (durable_agents.kubectl.inbox)
+        return kubectl_inbox.main(args_given[1:])
     if args_given[:1] == ["list"]:  # the queue (durable_agents.kubectl.list)
         return kubectl_list.main(args_given[1:])
     if args_given[:2] == ["policy", "force-delete"]:  # (durable_agents.kubectl.policy_force_delete)
@@ -406,21 +421,23 @@ def main(argv: list[str] | None = None) -> int:
     if args_given[:1] == ["escalate"]:  # mark for a person (durable_agents.kubectl.controls)
         return kubectl_controls.main("escalate", args_given[1:])
     parser = argparse.ArgumentParser(prog="kubectl agentrun", description=__doc__.split("\n\n")[0])
-    parser.add_argument("command", choices=["approve", "reject", "cancel", "retry", "status", "history"])
+    parser.add_argument("command", choices=["cancel", "retry", "status", "history"])
     parser.add_argument("name")
     parser.add_argument("-n", "--namespace")
     parser.add_argument("--kubeconfig")
     parser.add_argument("--context")
-    parser.add_argument("--reason", help="why (recorded with the decision or cancellation)")
+    parser.add_argument("--reason", help="why (recorded with the cancellation)")
     parser.add_argument("--scope", default="task", choices=["task", "children", "toolCall", "turn"])
-    parser.add_argument("--reveal", action="store_true", help="status: show sealed values (approvers)")
+    parser.add_argument(
+        "--reveal",
+        action="store_true",
+        help="status: show sealed values (approvers; the waiting question to who may answer)",
+    )
     args = parser.parse_args(args_given)
     api, default_ns = _api(args.kubeconfig, args.context)
     ns = args.namespace or default_ns
     try:
-        if args.command in ("approve", "reject"):
-            print(decide(api, ns, args.name, args.command, args.reason))
-        elif args.command == "cancel":
+        if args.command == "cancel":
             print(cancel(api, ns, args.name, args.scope, args.reason))
         elif args.command == "retry":
             print(retry(api, ns, args.name))

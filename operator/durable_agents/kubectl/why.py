@@ -23,6 +23,7 @@ from kubernetes.client.rest import ApiException
 from pydantic import ValidationError
 
 from durable_agents.api.v1alpha1 import GROUP, VERSION, AgentRunSpec, AgentRunStatus
+from durable_agents.core.inbox import decide_command
 from durable_agents.core.policy_resolution import POLICY_AMBIGUOUS, POLICY_MANDATORY, POLICY_REQUIRED
 from durable_agents.core.stuck import STUCK, wait_expiry
 from durable_agents.kubectl.errors import api_message
@@ -41,6 +42,19 @@ def _unknown_actions(api: client.CustomObjectsApi, ns: str, run: str) -> list[st
         return None
 
 
+def _approval_wake(name: str, ns: str, request: dict[str, Any]) -> dict[str, Any]:
+    """A decision on the pending request: the pinned commands (its ID and digest)."""
+    role = request.get("approverRole", "approve on agentruns")
+    return {
+        "what": f"a decision on approval request {request.get('requestId')} ({request.get('effect')})"
+        f" by someone with verb {role}",
+        "commands": [
+            decide_command(name, ns, request, decision)
+            for decision in request.get("allowedDecisions") or ["approve", "reject"]
+        ],
+    }
+
+
 def wakes(run: dict[str, Any], unknown: list[str] | None = None) -> list[dict[str, Any]]:
     """What would move the run on: one entry per way, each with the commands that do it."""
     meta, status = run.get("metadata") or {}, run.get("status") or {}
@@ -57,15 +71,7 @@ def wakes(run: dict[str, Any], unknown: list[str] | None = None) -> list[dict[st
     if state == "quarantined":
         return [{"what": "a retry, once the cause is fixed", "commands": [f"kubectl agentrun retry {ref}"]}]
     if state == "waiting_approval":
-        request = status.get("approvalRequest") or {}
-        role = request.get("approverRole", "approve on agentruns")
-        return [
-            {
-                "what": f"a decision on approval request {request.get('requestId')} ({request.get('effect')})"
-                f" by someone with verb {role}",
-                "commands": [f"kubectl agentrun approve {ref}", f"kubectl agentrun reject {ref}"],
-            }
-        ]
+        return [_approval_wake(name, ns, status.get("approvalRequest") or {})]
     if kind == "input":
         body = json.dumps({"spec": {"answers": {what: "<answer>"}}})
         commands = [f"kubectl agentrun answer {ref} '<answer>'", f"{patch} '{body}'"]

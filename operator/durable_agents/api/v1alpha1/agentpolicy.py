@@ -101,8 +101,9 @@ class RejectionRule(ApiModel):
     response: RejectionResponse = RejectionResponse.END
     """end: the run ends (ApprovalRejected); replan: the model is told the reason and asked again
     (a scripted step still fails)."""
-    max_rejections: int = Field(default=3, ge=1, le=100)
-    """Rejections a run may take under replan; the next one ends it."""
+    max_rejections: int = Field(default=3, ge=1, le=32)
+    """Rejections a run may take under replan; the next one ends it. At most 32: each leaves a
+    step and its approval record in the run's status, which must fit its room (test_limits)."""
 
 
 class FreshnessRules(ApiModel):

@@ -14,6 +14,11 @@ from durable_agents.api.v1alpha1.identity import stamp_field as _stamp
 from durable_agents.api.v1alpha1.meta import ApiModel
 from durable_agents.api.v1alpha1.runstatus import CancelScope
 
+PLAIN_TEXT = r"^[^\x00-\x08\x0B\x0C\x0E-\x1F\x7F\x{80}-\x{9F}]*$"
+"""Text a person writes that others read (and a model may be told): no control characters but
+tab and line breaks. Checked by the API server (the CRD's pattern), not when a run is read: a
+reason stored before the check still parses."""
+
 
 class Creator(Identity):
     """The run's creator, stamped by the admission webhook at creation. ``stamp`` is the operator's
@@ -42,8 +47,9 @@ class ApprovalDecision(ApiModel):
     """The request's digest, copied from status.approvalRequest.digest."""
     decision: Literal["approve", "reject"]
     """approve or reject (as the policy's allowedDecisions allow)."""
-    reason: str | None = Field(default=None, max_length=1024)
-    """Why, for the record."""
+    reason: str | None = Field(default=None, max_length=1024, json_schema_extra={"pattern": PLAIN_TEXT})
+    """Why, for the record (and, for a rejection under the policy's ``rejection.response: replan``,
+    for the model: it is told this reason)."""
     approver: Identity | None = None
     """Who decided: written by the admission webhook from the request's user."""
     decided_at: datetime | None = None

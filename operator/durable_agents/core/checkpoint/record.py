@@ -153,7 +153,16 @@ class ApprovalRecord(_Contract):
     policy_version: Identifier
     decision: ApprovalDecision | None = None
     decided_by: Identifier | None = None
+    """Who decided: the rejecter, or the approver whose approval reached the quorum."""
     decided_at: UtcDatetime | None = None
+    # Optional additions within schema version 3 (absent, as in every record written before them
+    # and in every record of a request one approval decides: the stored form is unchanged).
+    quorum: Annotated[int, Field(ge=2, le=10)] | None = None
+    """Distinct approvals the request needs, when more than one (the policy's, at request time)."""
+    four_eyes: Literal[True] | None = None
+    """The creator may not decide it (the policy's fourEyes, at request time)."""
+    approved_by: Annotated[list[Identifier], Field(max_length=10)] | None = None
+    """Under a quorum, once approved: the distinct verified approvers, in the order they approved."""
 
     @model_validator(mode="after")
     def _decided_together(self) -> Self:

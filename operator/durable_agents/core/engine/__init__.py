@@ -17,8 +17,9 @@ The modules, from the bottom up (each imports only those below it; ``make lint``
 order): ``snapshot`` and ``decisions`` (what goes in and out), ``commits`` (the one way to build a
 commit), ``loading`` (the checkpoint a decision starts from), ``currency`` (whether a decision's
 policy and tool set are still current), ``fencing``, ``quarantine``, ``actions``, ``children``,
-``retries``, ``runtime``, ``waits``, ``approvals``, ``cancellation``, ``validation`` (resume
-validation), ``model_turns``, ``plan`` (the planner's next step) and ``decide`` on top.
+``retries``, ``runtime``, ``waits``, ``rejections`` (what a rejection does), ``approvals``,
+``cancellation``, ``validation`` (resume validation), ``model_turns``, ``plan`` (the planner's
+next step) and ``decide`` on top.
 """
 
 from durable_agents.core.engine.actions import action_spec

@@ -5,6 +5,13 @@ Only a decision the operator's admission webhook stamped counts (:mod:`durable_a
 One it cannot verify is never recorded as a decision: it is refused once (status
 ``refusedRequests``, condition ``RequestRefused``, an Event) and, since its request ID is taken
 for good (``spec.approvals`` is append-only), the run asks again under a new request ID.
+
+Under a quorum (the policy's ``approvers.quorum``/``quorumByTier``, recorded with the request in
+the checkpoint), each decision has its own key (``<request ID>.<k>``); the request is approved once
+that many distinct people's verified approvals are in, rejected by any one verified rejection
+(:func:`durable_agents.core.approvals.tally`), and until then the approvals so far are shown on the
+request without a transition. There, a decision that cannot be verified is refused in place: its
+key blocks nobody, and the verified approvals of others stand.
 """
 
 from __future__ import annotations
@@ -14,24 +21,36 @@ from collections.abc import Callable, Mapping
 from durable_agents.api.v1alpha1 import (
     ActionRecordSpec,
     AgentPolicySpec,
+    AgentRunStatus,
     ApprovalDecision,
     ApprovalRequest,
+    ApprovalVote,
     ChangeResponse,
     ExpiryAction,
     ModelProposal,
     Outcome,
 )
-from durable_agents.core.approvals import approval_digest
+from durable_agents.core.approvals import Tally, approval_digest, decision_keys, tally
 from durable_agents.core.authority import Unproven, decision_unproven
 from durable_agents.core.checkpoint import ApprovalRecord, Checkpoint, KubernetesEvidenceRef
 from durable_agents.core.durations import parse_duration
 from durable_agents.core.engine.actions import action_spec
-from durable_agents.core.engine.commits import CommitBuilder, refusal_of, refuse_in
+from durable_agents.core.engine.commits import (
+    CommitBuilder,
+    already_refused,
+    note_status,
+    refusal_of,
+    refuse,
+    refuse_in,
+)
 from durable_agents.core.engine.currency import policy_moved
 from durable_agents.core.engine.decisions import Commit, Decision, Idle, NeedEvidence
+from durable_agents.core.engine.rejections import after_rejection
 from durable_agents.core.engine.snapshot import RunSnapshot, Settings
 from durable_agents.core.planner import PerformEffect, Planner, PlannerError, PlanningContext
 from durable_agents.core.statemachine import RunEvent
+
+FOUR_EYES = "FourEyes"
 
 
 def _approvals_of_step(cp: Checkpoint, index: int) -> list[ApprovalRecord]:
@@ -124,8 +143,17 @@ def request_approval(
         four_eyes=rule.four_eyes,
         quorum=rule.quorum_by_tier.get(spec.tier.value, rule.quorum),
     )
+    # Quorum and four-eyes go into the checkpoint (integrity-stamped, unlike the status): the
+    # engine counts decisions by the rules the request was made under. Absent at one, unset.
+    quorum = request.quorum
     record = ApprovalRecord(
-        request_id=request_id, digest=digest, expires_at=expires, policy_version=version, step_index=index
+        request_id=request_id,
+        digest=digest,
+        expires_at=expires,
+        policy_version=version,
+        step_index=index,
+        quorum=quorum if quorum > 1 else None,
+        four_eyes=True if rule.four_eyes else None,
     )
     commit = builder.commit(
         event,
@@ -138,43 +166,31 @@ def request_approval(
 
 
 def await_decision(builder: CommitBuilder, run: RunSnapshot, settings: Settings) -> Decision:
-    """In waiting_approval: take a decision stamped for this exact request, refuse one that is not,
-    or expire per policy."""
+    """In waiting_approval: count the decisions stamped for this exact request (its quorum of
+    distinct approvers, or one rejection), refuse one that is not, or expire per policy."""
     cp = builder.cp
     request = run.status.approval_request
     pending = [approval for approval in cp.approvals if approval.decision is None]
     if request is None or not pending:
         return builder.commit(RunEvent.APPROVAL_DECIDED, detail="no pending approval request recorded")
     record = pending[-1]
-    decision = run.spec.approvals.get(record.request_id)
     expired = builder.now >= record.expires_at
-    problem = None if decision is None else _unproven_decision(run, record, decision, settings)
-    if decision is not None and problem is not None and not expired:
-        # Never acted on, never recorded as decided: the run asks again (resume validation).
-        refused = refusal_of("approvals", record.request_id, problem, builder.now)
-        commit = builder.commit(
-            RunEvent.REVALIDATION_REQUIRED,
-            detail=f"decision on {record.request_id} refused ({problem.reason}): a new request follows",
-        )
-        return refuse_in(commit, refused)
-    if decision is not None and decision.approver is not None and problem is None:
-        decided = record.model_copy(
-            update={
-                "decision": "approved" if decision.decision == "approve" else "rejected",
-                "decided_by": decision.approver.username,
-                "decided_at": decision.decided_at or builder.now,
-            }
-        )
-        approvals = [
-            decided if approval.request_id == record.request_id else approval for approval in cp.approvals
-        ]
-        commit = builder.commit(
-            RunEvent.APPROVAL_DECIDED,
-            checkpoint=cp.model_copy(update={"approvals": approvals}),
-            detail=f"{decision.decision} {record.request_id} by {decision.approver.username}",
-        )
-        commit.status.approval_request = None
-        return commit
+    verified: dict[str, ApprovalDecision] = {}
+    unproven: dict[str, Unproven] = {}
+    for key in decision_keys(run.spec.approvals, record.request_id):
+        problem = _unproven_decision(run, record, key, run.spec.approvals[key], settings)
+        if problem is None:
+            verified[key] = run.spec.approvals[key]
+        else:
+            unproven[key] = problem
+    # The creator is among the unproven under four-eyes (_unproven_decision): never counted.
+    counted = tally(verified, record.request_id, quorum=record.quorum or 1, creator=None, four_eyes=False)
+    if unproven and not expired:
+        refused = _refused(builder, run, record, unproven, decided=counted.outcome is not None)
+        if refused is not None:
+            return refused
+    if counted.outcome is not None:
+        return _decided(builder, record, counted)
     if expired:
         policy = settings.policy
         if policy is not None and policy.freshness.approval_expired is ExpiryAction.REAPPROVE:
@@ -185,26 +201,96 @@ def await_decision(builder: CommitBuilder, run: RunSnapshot, settings: Settings)
             RunEvent.WAIT_EXPIRED,
             outcome=Outcome(reason="ApprovalExpired", message=f"nobody decided {record.request_id} in time"),
         )
+    votes = [ApprovalVote(approver=v.approver, key=v.key, decided_at=v.decided_at) for v in counted.approvals]
+    if votes != request.approved_by:  # only ever under a quorum: one approval decides otherwise
+        return note_status(
+            run, _shown_votes(run, votes), f"{record.request_id}: {len(votes)} of {counted.quorum}"
+        )
     deadline = run.spec.deadline
     return Idle(
         wake_at=min(record.expires_at, deadline) if deadline else record.expires_at, reason="approval"
     )
 
 
+def _shown_votes(run: RunSnapshot, votes: list[ApprovalVote]) -> AgentRunStatus:
+    """The run's status with the approvals so far shown on its request (nothing else changed)."""
+    status = run.status.model_copy(deep=True)
+    assert status.approval_request is not None
+    status.approval_request.approved_by = votes
+    return status
+
+
+def _refused(
+    builder: CommitBuilder,
+    run: RunSnapshot,
+    record: ApprovalRecord,
+    unproven: Mapping[str, Unproven],
+    *,
+    decided: bool,
+) -> Decision | None:
+    """Decisions that cannot be taken. Under a quorum, each is refused once in place (no
+    transition): its key blocks nobody (the next decision takes the next key) and the verified
+    decisions of others stand. When one approval decides: a verified decision decides (None);
+    else the first is refused once and the run asks again under a new request ID (as ever)."""
+    if record.quorum is not None:
+        key = next((key for key in unproven if not already_refused(run.status, "approvals", key)), None)
+        return None if key is None else refuse(run, refusal_of("approvals", key, unproven[key], builder.now))
+    if decided:
+        return None
+    key, problem = next(iter(unproven.items()))
+    # Never acted on, never recorded as decided: the run asks again (resume validation).
+    commit = builder.commit(
+        RunEvent.REVALIDATION_REQUIRED,
+        detail=f"decision on {record.request_id} refused ({problem.reason}): a new request follows",
+    )
+    return refuse_in(commit, refusal_of("approvals", key, problem, builder.now))
+
+
+def _decided(builder: CommitBuilder, record: ApprovalRecord, counted: Tally) -> Commit:
+    """The request decided: one rejection, or the quorum's last approval (who approved, recorded)."""
+    vote = counted.rejection or counted.approvals[-1]
+    approvers = [v.approver for v in counted.approvals] if record.quorum is not None else None
+    decided = record.model_copy(
+        update={
+            "decision": counted.outcome,
+            "decided_by": vote.approver,
+            "decided_at": vote.decided_at or builder.now,
+            "approved_by": approvers if counted.outcome == "approved" else None,
+        }
+    )
+    cp = builder.cp
+    approvals = [decided if a.request_id == record.request_id else a for a in cp.approvals]
+    by = vote.approver if counted.rejection else ", ".join(v.approver for v in counted.approvals)
+    commit = builder.commit(
+        RunEvent.APPROVAL_DECIDED,
+        checkpoint=cp.model_copy(update={"approvals": approvals}),
+        detail=f"{vote.decision} {record.request_id} by {by}",
+    )
+    commit.status.approval_request = None
+    return commit
+
+
 def _unproven_decision(
-    run: RunSnapshot, record: ApprovalRecord, decision: ApprovalDecision, settings: Settings
+    run: RunSnapshot, record: ApprovalRecord, key: str, decision: ApprovalDecision, settings: Settings
 ) -> Unproven | None:
-    """Why the decision in the spec cannot be taken for ``record``: its stamp, then its digest."""
-    problem = decision_unproven(settings.keyring, run.run_id, record.request_id, decision)
+    """Why the decision under ``key`` cannot be taken for ``record``: its stamp, its digest, then
+    four-eyes (the second line: the webhook refuses the creator, but may be off or misconfigured)."""
+    problem = decision_unproven(settings.keyring, run.run_id, key, decision)
     if problem is not None:
         return problem
     if decision.approver is None:
-        return Unproven("Unstamped", f"the decision on {record.request_id!r} names no approver")
+        return Unproven("Unstamped", f"the decision on {key!r} names no approver")
     if decision.digest != record.digest:
         return Unproven(
             "DigestMismatch",
-            f"the decision on {record.request_id!r} names digest {decision.digest}, the request "
-            f"binds {record.digest}",
+            f"the decision on {key!r} names digest {decision.digest}, the request binds {record.digest}",
+        )
+    policy = settings.policy
+    four_eyes = bool(record.four_eyes) or (policy is not None and policy.approvers.four_eyes)
+    creator = run.spec.created_by
+    if four_eyes and creator is not None and creator.username == decision.approver.username:
+        return Unproven(
+            FOUR_EYES, f"{creator.username!r} created this run and may not decide it (four-eyes policy)"
         )
     return None
 
@@ -232,13 +318,8 @@ def revalidate_approval(
     """Before acting on an approval, check it still binds what will happen: the action's digest,
     the installed effect, the policy version and the evidence the approver was shown."""
     cp, policy = builder.cp, settings.policy
-    if record.decision == "rejected":
-        return builder.commit(
-            RunEvent.ATTEMPT_FAILED,
-            outcome=Outcome(
-                reason="ApprovalRejected", message=f"{record.decided_by} rejected {record.request_id}"
-            ),
-        )
+    if record.decision == "rejected":  # the run ends, or (replan) the model is told why
+        return after_rejection(builder, run, planner, settings, record)
     try:
         step = planner.next_step(PlanningContext(run.spec, cp))
     except PlannerError as err:

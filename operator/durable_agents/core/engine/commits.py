@@ -2,7 +2,8 @@
 (fencing token), timestamps, conditions and history, all in one status written at once; the
 checkpoint stamped last (its integrity stamp, :mod:`durable_agents.core.checkpoint`).
 
-Also the one write that is not a transition: a :class:`Refusal` records a request the operator
+Also the two writes that are not transitions: a :class:`StatusNote` shows the approvals a quorum
+has so far; a :class:`Refusal` records a request the operator
 will not act on (its authority cannot be verified) in ``status.refusedRequests`` with the
 ``RequestRefused`` condition, once per request, and leaves everything else as it is.
 """
@@ -289,6 +290,24 @@ def noted_waiting(
         "observedGeneration": generation,
         "conditions": [*kept, *health],
     }
+
+
+# --- a status note: no transition --------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class StatusNote(Commit):
+    """A commit that is not a transition: it changes what the status shows (the approvals a
+    quorum has so far) and nothing else: the same state and state version, no history entry, the
+    checkpoint as stored. Its ``event`` only repeats the run's last transition."""
+
+
+def note_status(run: RunSnapshot, status: AgentRunStatus, detail: str) -> StatusNote:
+    """``status`` (the run's own, one shown field changed) written without a transition."""
+    history = run.status.history
+    last = RunEvent(history[-1].event) if history else RunEvent.ACCEPTED
+    raw = dict(run.raw_checkpoint) if run.raw_checkpoint is not None else None
+    return StatusNote(last, status, raw, detail=detail)
 
 
 # --- refusals --------------------------------------------------------------------------------

@@ -18,8 +18,10 @@ Each rule is a small unit (as cert-manager's admission plugins are); the webhook
   ServiceAccount (a ServiceAccount may always act as itself); answers and events need ``answer``
   on the run, cancellations ``cancel``, quarantine retries ``retry``, and a decision the policy's
   verb (default ``approve``), after matching the pending request (ID, digest, expiry, allowed
-  decisions) and honouring four-eyes; a reconciliation the policy's verb too, for an ActionRecord
-  of the run whose outcome is unknown.
+  decisions) and honouring four-eyes; under a quorum, a decision under ``<request ID>.<k>`` is
+  checked against the request it names, each person decides a request once, and none is taken
+  once it is decided (rejected, or its quorum reached); a reconciliation the policy's verb too,
+  for an ActionRecord of the run whose outcome is unknown.
 
 The same webhook serves RegionFailovers (cluster-scoped; rules:
 :mod:`durable_agents.shell.admission.failover`).
@@ -257,29 +259,39 @@ async def _check_decisions(
     keyring: Keyring,
     now: datetime,
 ) -> str | None:
-    """Each new decision: the webhook's stamp, the pending request's rules, then the policy's verb."""
+    """Each new decision: the webhook's stamp, the pending request's rules (with the decisions
+    already given: each person once, none after the request is decided), then the policy's verb."""
     added = added_requests(new, old, "approvals")
     if not added:
         return None
     status = AgentRunStatus.model_validate(((old or {}).get("status")) or {})
     spec = AgentRunSpec.model_validate(spec_of(new))
     rule = policy.approvers if policy is not None else ApproverRule()
+    request = status.approval_request
     meta = new.get("metadata") or {}
     run_id = run_id_of(old)
-    for request_id in added:
-        decision = spec.approvals[request_id]
+    # What was decided before (only what the webhook stamped counts), and what this update adds,
+    # one key after the other: two keys by one person in one patch are refused as two patches are.
+    decided = {
+        key: decision
+        for key, decision in spec.approvals.items()
+        if key not in added and decision_unproven(keyring, run_id, key, decision) is None
+    }
+    for key in added:
+        decision = spec.approvals[key]
         if decision.approver is None or decision.approver.username != user.username:
             return "the approver identity must be the requesting user's (it is stamped by the webhook)"
-        if decision_unproven(keyring, run_id, request_id, decision) is not None:
-            return f"spec.approvals[{request_id!r}] is not stamped by the admission webhook"
+        if decision_unproven(keyring, run_id, key, decision) is not None:
+            return f"spec.approvals[{key!r}] is not stamped by the admission webhook"
         reason = check_decision(
-            request=status.approval_request,
-            request_id=request_id,
+            request=request,
+            request_id=key,
             decision=decision,
             now=now,
             user=user,
             creator=spec.created_by,
-            four_eyes=rule.four_eyes,
+            four_eyes=rule.four_eyes or (request is not None and request.four_eyes),
+            decided=decided,
         )
         if reason is not None:
             return reason
@@ -288,4 +300,5 @@ async def _check_decisions(
         )
         if refused is not None:
             return refused
+        decided[key] = decision
     return None

@@ -15,7 +15,7 @@ from typing import Any
 
 from durable_agents.api.v1alpha1.states import RunState
 from durable_agents.core.engine import Commit
-from durable_agents.core.engine.commits import REQUEST_REFUSED, Refusal
+from durable_agents.core.engine.commits import REQUEST_REFUSED, Refusal, StatusNote
 from durable_agents.core.statemachine import RunEvent
 from durable_agents.shell.ground import metrics
 from durable_agents.shell.observability import run_traces
@@ -32,6 +32,10 @@ class CommitReporter:
         self._background: set[asyncio.Task[None]] = set()
 
     def report(self, body: dict[str, Any], before: RunState, commit: Commit) -> None:
+        if isinstance(commit, StatusNote):  # no transition: nothing to count, one log line
+            meta = body["metadata"]
+            log.info("%s/%s status: %s", meta["namespace"], meta["name"], commit.detail)
+            return
         if isinstance(commit, Refusal):
             meta = body["metadata"]
             log.warning("%s/%s request refused: %s", meta["namespace"], meta["name"], commit.refused.message)

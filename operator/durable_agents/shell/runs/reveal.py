@@ -1,4 +1,5 @@
-"""Reveal: an approver sees what they approve, nobody else does, and nothing is stored.
+"""Reveal: an approver sees what they approve, who may answer sees the question, nobody else does,
+and nothing is stored.
 
 ``kubectl agentrun status --reveal`` sends a server-side DRY-RUN patch adding the annotation
 :data:`REVEAL_ANNOTATION` (the base64 of an X25519 public key it made for this one request). The
@@ -7,6 +8,8 @@ requesting user holds the run's approver verb (the policy's, default ``approve``
 a patch that removes the request and sets :data:`REVEALED_ANNOTATION`: the run's sealed values
 (spec, the approval request's arguments, the pending question, its ActionRecords' arguments and
 outcomes) in plaintext, encrypted to that public key (:mod:`durable_agents.core.disclosure`).
+Someone who holds the verb that answers the run (``answer``) but not its approver verb gets the
+question the run waits on and nothing else (:mod:`durable_agents.shell.runs.reveal_question`).
 Being a dry run, nothing is stored; the caller's response carries it, and an audit log of the
 response holds ciphertext only. A reveal request that is not a dry run is refused, and a
 ``revealed`` annotation written by anyone is removed, so neither annotation is ever stored.
@@ -70,6 +73,7 @@ from durable_agents.shell.ground.kube import Kube
 from durable_agents.shell.ledger.actions import PLURAL as ACTION_RECORDS
 from durable_agents.shell.ledger.unsealing import _arguments_label
 from durable_agents.shell.ownership.leases import run_label
+from durable_agents.shell.runs.reveal_question import ANSWER_VERB, SCOPE_ALL, NoQuestion, question_document
 
 HOW: Final = "use `kubectl agentrun status NAME --reveal` (a server-side dry run)"
 TURNS_MAX_BYTES: Final = 96 * 1024
@@ -333,17 +337,29 @@ async def revealed_patch(
         raise RevealRefused(f"annotation {REVEAL_ANNOTATION} is a request, never stored: {HOW}", code=400)
     rule = policy.approvers if policy is not None else ApproverRule()
     refusal = await admission.refused_verb(kube, user, rule.verb, rule.resource, namespace, name)
-    if refusal is not None:
-        raise RevealRefused(f"{refusal}: only who may approve a run sees its sealed values")
+    if refusal is not None:  # who may answer the run sees the question it waits on, nothing else
+        not_answerer = await admission.refused_verb(kube, user, ANSWER_VERB, "agentruns", namespace, name)
+        if not_answerer is not None:
+            raise RevealRefused(
+                f"{refusal}: only who may approve a run sees its sealed values (and who may "
+                f"{ANSWER_VERB} it, verb {ANSWER_VERB!r}, the question it waits on)"
+            )
     unverified = unverified_record(old_run, keyring)
     if unverified is not None:  # never show an approver what the operator did not write
         raise RevealRefused(f"run {namespace}/{name} does not verify, nothing revealed: {unverified}")
-    now = datetime.now(UTC)  # each action as the operator wrote it: a forged outcome is not shown
-    records = [
-        {**r, "status": believed_status(r, keyring, now).wire()}
-        for r in await run_records(kube, namespace, name)
-    ]
-    document = revealed_document(old_run, records, _data_key(keyring, old_run, namespace, name))
+    data_key = _data_key(keyring, old_run, namespace, name)
+    if refusal is not None:
+        try:
+            document = question_document(old_run, data_key, rule)
+        except NoQuestion as err:
+            raise RevealRefused(str(err), code=409) from err
+    else:
+        now = datetime.now(UTC)  # each action as the operator wrote it: a forged outcome is not shown
+        records = [
+            {**r, "status": believed_status(r, keyring, now).wire()}
+            for r in await run_records(kube, namespace, name)
+        ]
+        document = {**revealed_document(old_run, records, data_key), "scope": SCOPE_ALL}
     document["run"] = f"{namespace}/{name}"
     try:
         sealed = seal_for_reader(public_key_b64, document, f"{namespace}/{name}", entropy=os.urandom)

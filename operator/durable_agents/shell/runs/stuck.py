@@ -5,8 +5,8 @@ replica holds, in its region, is judged from what is already in memory: the run 
 last delivered it (a slim copy: no checkpoint body, no history), the process's AgentPolicy cache and
 the ActionRecords the watch reports with an unknown outcome. The API is read only for runs that
 need it: a policy the cache does not have (is it really gone?) and, for a run waiting for an
-approval, the RBAC objects (who holds the approver verb?), each cached for a few intervals. A
-parked run that waits for something with an expiry costs nothing.
+approval, the RBAC objects (who holds the approver verb? under a quorum: how many people?), each
+cached for a few intervals. A parked run that waits for something with an expiry costs nothing.
 
 When the verdict differs from the run's ``Stuck`` condition, the run is read, judged again, and
 its status replaced with the condition brought up to date (compare-and-swap on the resourceVersion
@@ -70,7 +70,7 @@ TERMINAL = frozenset(s.value for s in RunState if s.terminal)
 UNKNOWN = ActionState.OUTCOME_UNKNOWN.value
 # What the check keeps of a run's checkpoint: where its wait's own expiry is recorded.
 _CHECKPOINT_KEEP = {"pendingInput": ("expiresAt",), "pendingExternal": ("expiresAt",), "retry": ("retryAt",)}
-_SPEC_KEEP = ("taskType", "objective", "policyRef", "deadline", "region")
+_SPEC_KEEP = ("taskType", "objective", "policyRef", "deadline", "region", "createdBy")
 
 
 @dataclass(frozen=True)
@@ -256,18 +256,27 @@ class StuckCheck(Background):
         if spec.policy_ref is not None and core.needs_policy(spec, status):
             policy = await self._policy(namespace, spec.policy_ref.name)
             present = policy is not None
-        rule = (
-            core.ApproverRule(policy.approvers.verb, policy.approvers.resource)
-            if policy
-            else core.ApproverRule()
+        request = status.approval_request
+        if request is not None and request.approver_verb and request.approver_resource:
+            rule = core.ApproverRule(request.approver_verb, request.approver_resource)  # as requested
+        elif policy is not None:
+            rule = core.ApproverRule(policy.approvers.verb, policy.approvers.resource)
+        else:
+            rule = core.ApproverRule()
+        rbac = await self._rbac_of(namespace) if core.needs_approver(status) else None
+        held = None if rbac is None else core.approver_held(rule, namespace, run, group=GROUP, **rbac)
+        holders = (
+            core.approver_holders(rule, namespace, run, group=GROUP, **rbac)
+            if rbac is not None and core.needs_quorum(status)
+            else None
         )
-        held = await self._approver_held(rule, namespace, run) if core.needs_approver(status) else None
         return core.Facts(
             now=now,
             threshold=timedelta(seconds=self.config.threshold),
             policy_present=present,
             approver=rule,
             approver_held=held,
+            approver_holders=holders,
             unknown_actions=tuple(self.unknown.get(key, {}).values()),
         )
 
@@ -275,7 +284,9 @@ class StuckCheck(Background):
         # The watch may not have delivered it yet: is it really gone? (a miss is believed a few passes)
         return await self.policies.read(namespace, name, absent_for=self.config.cache_seconds)
 
-    async def _approver_held(self, rule: core.ApproverRule, namespace: str, run: str) -> bool | None:
+    async def _rbac_of(self, namespace: str) -> dict[str, list[Any]] | None:
+        """The RBAC objects that say who holds a verb in ``namespace`` (cluster-wide and its own);
+        None when they cannot be read (unknown: never called stuck on a guess)."""
         try:
             cluster_roles, cluster_bindings = await self._rbac_lists(None)
             roles, bindings = await self._rbac_lists(namespace)
@@ -283,17 +294,13 @@ class StuckCheck(Background):
             if not self._rbac_refused:  # once: the chart grants list on them; a narrower install may not
                 log.warning("cannot read RBAC objects to find approvers (%s %s)", err.status, err.reason)
             self._rbac_refused = True
-            return None  # unknown: never called stuck on a guess
-        return core.approver_held(
-            rule,
-            namespace,
-            run,
-            group=GROUP,
-            roles=roles,
-            cluster_roles=cluster_roles,
-            role_bindings=bindings,
-            cluster_role_bindings=cluster_bindings,
-        )
+            return None
+        return {
+            "roles": roles,
+            "cluster_roles": cluster_roles,
+            "role_bindings": bindings,
+            "cluster_role_bindings": cluster_bindings,
+        }
 
     async def _rbac_lists(self, namespace: str | None) -> tuple[list[Any], list[Any]]:
         hit, value = self._rbac.get(namespace)
