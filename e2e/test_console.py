@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 from e2e.test_agent import agent_namespace, agent_spec  # noqa: F401 (a fixture)
-from e2e.test_reveal import invoice, kubeconfigs, policy, user_api  # noqa: F401 (a fixture)
+from e2e.test_reveal import MEMO, QUESTION, invoice, kubeconfigs, policy, user_api  # noqa: F401 (a fixture)
 from playwright.sync_api import expect
 
 from durable_agents.api.v1alpha1 import GROUP, VERSION
@@ -87,7 +87,7 @@ def signed_in(browser: Any, console: Console) -> Any:
     answer = page.goto(console.sign_in_url)
     assert answer is not None
     assert answer.ok, answer.text()
-    assert page.url.endswith("/runs"), page.url
+    assert page.url.endswith("/inbox"), page.url
     return page
 
 
@@ -155,8 +155,15 @@ def test_an_approver_reveals_and_approves_the_models_call_in_the_console_as_them
     proposed = script()["rules"][1]["toolCalls"][0]["arguments"]
     offset = audit_offset(plane.audit_log_path)
 
-    page = signed_in(browser, consoles("approver"))
+    console = consoles("approver")
+    page = signed_in(browser, console)
     assert page.inner_text("#user") == "approver"
+    # The inbox: this request, pinned to its digest, decidable here.
+    item = page.locator(f"#item-{ns}-{name}")
+    assert item.locator(".digest").inner_text() == request["digest"]
+    assert item.locator(".do-approve").count() == 1
+    screenshot(page, "console-inbox.png")
+    page.goto(f"{console.base}/runs?state=waiting_approval")
     assert page.locator("td.objective").inner_text() == objective
     no_markup_ran(page)
     page.click(f"a[href='/runs/{ns}/{name}']")
@@ -219,10 +226,17 @@ def test_the_console_shows_only_what_the_api_server_allows_and_refuses_what_it_r
     )
     runs.wait_state("invoice", "waiting_input")
 
-    # The editor answers in the console, with markup in the answer.
+    # The editor answers in the console, with markup in the answer: the question is in their inbox.
     editor = signed_in(browser, consoles("editor"))
+    assert editor.locator(f"#item-{ns}-invoice").inner_text().split("\t")[1] == "question"
     editor.goto(consoles("editor").base + url)
-    assert editor.locator("#do-approve, #do-reveal").count() == 0, "the editor holds no approve verb"
+    assert editor.locator("#do-approve").count() == 0, "the editor holds no approve verb"
+    # Who may answer is shown the question it waits on, and nothing else (the webhook's scope).
+    editor.click("#do-reveal")
+    await_selector(editor, "#revealed")
+    assert editor.inner_text("#question") == QUESTION
+    assert "withheld" in editor.inner_text("#revealed")
+    assert MEMO not in editor.inner_text("main")
     editor.fill("#answer-text", XSS)
     editor.click("#do-answer")
     await_selector(editor, "#said")
@@ -238,8 +252,10 @@ def test_the_console_shows_only_what_the_api_server_allows_and_refuses_what_it_r
     assert crafted["status"] == 403, crafted
     assert "may not approve" in crafted["text"] or "forbidden" in crafted["text"].lower(), crafted["text"]
 
-    # The viewer sees no control at all; a crafted cancel is refused by RBAC.
+    # The viewer sees no control at all, and nothing waits for them; a crafted cancel is refused by RBAC.
     viewer = signed_in(browser, consoles("viewer"))
+    assert "nothing waits for you" in viewer.inner_text("main")
+    assert viewer.locator("#inbox").count() == 0
     viewer.goto(consoles("viewer").base + url)
     assert viewer.locator("main form button").count() == 0, viewer.inner_text("main")
     csrf = viewer.locator("input[name=csrf]").first.get_attribute("value")

@@ -8,7 +8,7 @@ from typing import Final
 import jinja2
 from aiohttp import web
 
-from durable_agents.console import live, views
+from durable_agents.console import inbox, live, views
 from durable_agents.console.authority import Authority
 from durable_agents.console.security import SECURE_COOKIES_KEY, protect
 
@@ -38,6 +38,7 @@ def make_app(authority: Authority) -> web.Application:
             web.get("/sign-in", views.sign_in),
             web.post("/sign-in", views.sign_in_with_token),
             web.post("/sign-out", views.sign_out),
+            web.get("/inbox", inbox.inbox_page),
             web.get("/runs", views.runs_page),
             web.get(run, views.run_view),
             web.post(f"{run}/reveal", views.reveal_view),

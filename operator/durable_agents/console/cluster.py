@@ -19,6 +19,7 @@ from durable_agents.core.durations import InvalidDuration, parse_duration
 from durable_agents.core.engine.children import label_value as run_label
 from durable_agents.kubectl import answer as kubectl_answer
 from durable_agents.kubectl import controls as kubectl_controls
+from durable_agents.kubectl import decide as kubectl_decide
 from durable_agents.kubectl import list as kubectl_list
 from durable_agents.kubectl import main as kubectl_main
 from durable_agents.kubectl import why as kubectl_why
@@ -194,7 +195,10 @@ def possible(run: Mapping[str, Any], allowed: Callable[[str, str], bool]) -> set
         "decide": (verb, resource),
         "reveal": (verb, resource),
     }
-    return {action for action in offered if allowed(*verbs[action])}
+    kept = {action for action in offered if allowed(*verbs[action])}
+    if "answer" in kept and (status.get("checkpoint") or {}).get("pendingInput"):
+        kept.add("reveal")  # who may answer is shown the question it waits on (and nothing else)
+    return kept
 
 
 def reveal(api: client.ApiClient, ns: str, name: str) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -224,31 +228,15 @@ def act(api: client.ApiClient, ns: str, name: str, action: str, form: Mapping[st
         if action == "reconcile":
             return kubectl_controls.ask_now(custom, ns, name, None)[0]
         if action in ("approve", "reject"):
-            return decide(custom, ns, name, action, form, reason)
+            return kubectl_decide.decide(
+                custom, ns, name, action, form.get("request", ""), form.get("digest", ""), reason or None
+            )
     except SystemExit as said:
         raise Refused(str(said.code).removeprefix("error: ")) from None
+    except kubectl_decide.DecideError as err:  # superseded, or refused by the API server
+        raise Refused(str(err), 403 if "refused" in str(err) else 409) from None
     except (kubectl_answer.AnswerError, ReconcileError) as err:
         raise Refused(str(err)) from None
     except ApiException as err:
         raise refused(err, f"the {action}") from None
     raise Refused(f"no such action: {action!r}", 404)
-
-
-def decide(
-    custom: client.CustomObjectsApi, ns: str, name: str, decision: str, form: Mapping[str, str], reason: str
-) -> str:
-    """A decision pinned to the request and digest the page showed: the API server's webhook
-    refuses it unless they are the run's current request's."""
-    request_id, digest = form.get("request", ""), form.get("digest", "")
-    if not request_id or not digest:
-        raise Refused("a decision names the request and the digest you reviewed (reload the page)", 400)
-    body: dict[str, Any] = {"digest": digest, "decision": decision}
-    if reason:
-        body["reason"] = reason
-    try:
-        custom.patch_namespaced_custom_object(
-            GROUP, VERSION, ns, "agentruns", name, {"spec": {"approvals": {request_id: body}}}
-        )
-    except ApiException as err:
-        raise refused(err, "the decision") from None
-    return f"agentrun.{GROUP}/{name}: {decision} sent for request {request_id} (digest {digest})"

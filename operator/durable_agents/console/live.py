@@ -1,7 +1,8 @@
 """Server-sent events: one watch per page, made with the user's credentials, relayed to the page.
 
 The page's script (static/console.js) listens: ``change`` (the run or the list changed: it fetches
-the page again), ``deleted`` (the run is gone), ``down`` (the API server cannot be reached or
+the page again), ``deleted`` (the run is gone), ``refused`` (the user may not watch: the page stays as it is),
+``down`` (the API server cannot be reached or
 refused the watch: the page says so) and ``up`` (it answers again: the page fetches itself again).
 No object's content travels on the stream, only that something changed. The watch runs in a
 thread (the Kubernetes client blocks), in bounded stretches, so it ends soon after the page does.
@@ -84,6 +85,9 @@ def _relay(
             if err.status == 410:  # expired: list again from now
                 version = ""
                 continue
+            if err.status in (401, 403):  # not a lost API server: this user may not watch here
+                say("refused", {"message": f"this page does not follow changes: {api_message(err)}"})
+                return
             failures += 1
             say("down", {"message": f"the API server refused the watch: {err.status} {api_message(err)}"})
         except Exception as err:  # the connection: refused, reset, timed out

@@ -27,7 +27,14 @@ from durable_agents.console.authority import (
 from durable_agents.console.security import csrf_token
 from durable_agents.core.sealed_values import is_sealed
 from durable_agents.kubectl import list as kubectl_list
-from durable_agents.kubectl.main import MODEL_SAYS, _evidence_lines, _model_value
+from durable_agents.kubectl import revealed as kubectl_revealed
+from durable_agents.kubectl.main import (
+    MODEL_SAYS,
+    _evidence_lines,
+    _model_value,
+    _pinned_lines,
+    _quorum_lines,
+)
 
 AUTHORITY: Final = web.AppKey("authority", Authority)
 TEMPLATES: Final = web.AppKey("templates", jinja2.Environment)
@@ -78,7 +85,7 @@ async def sign_in(request: web.Request) -> web.Response:
             "This sign-in link is wrong or was used already."
             " Run kubectl agentrun console again for a new one.",
         )
-    response = web.Response(status=303, headers={"Location": "/runs"})
+    response = web.Response(status=303, headers={"Location": "/inbox"})
     set_session_cookie(response, session, secure=authority.secure_cookies)
     return response
 
@@ -98,7 +105,7 @@ async def sign_in_with_token(request: web.Request) -> web.Response:
         return sign_in_page(request, "The API server did not accept this token (expired or wrong).")
     finally:
         api.close()
-    response = web.Response(status=303, headers={"Location": "/runs"})
+    response = web.Response(status=303, headers={"Location": "/inbox"})
     set_session_cookie(response, authority.sessions.new(token), secure=authority.secure_cookies)
     return response
 
@@ -229,6 +236,16 @@ def run_context(read: dict[str, Any], revealed: dict[str, Any] | None) -> dict[s
         "conditions": status.get("conditions") or [],
         "revealed": revealed,
         "controls": read["possible"] - {"reveal", "decide"},
+        "quorum": [line.strip() for line in _quorum_lines(request or {})],
+        "pinned": [line.strip() for line in (_pinned_lines(run, request) if request else [])],
+        "question_only": [
+            line.strip()
+            for line in (
+                kubectl_revealed.question_lines(revealed)
+                if revealed is not None and kubectl_revealed.question_only(revealed)
+                else []
+            )
+        ],
         "shown": shown,
         "model_words": model_words,
         "model_says": MODEL_SAYS,
@@ -287,4 +304,4 @@ async def action_view(request: web.Request) -> web.Response:
 
 
 async def home(request: web.Request) -> web.Response:
-    return web.Response(status=303, headers={"Location": "/runs"})
+    return web.Response(status=303, headers={"Location": "/inbox"})

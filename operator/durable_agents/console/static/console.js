@@ -3,9 +3,21 @@
 // the page fetches itself again and swaps its <main>; a page showing revealed values is never
 // replaced (they exist in that response only): it says that the run changed.
 "use strict";
+// Expiry countdowns: each <span data-expires="ISO time"> says how long is left.
+function countdown() {
+  for (const span of document.querySelectorAll("[data-expires]")) {
+    const left = Math.floor((Date.parse(span.dataset.expires) - Date.now()) / 1000);
+    if (Number.isNaN(left)) { continue; }
+    if (left <= 0) { span.textContent = "expired"; continue; }
+    const h = Math.floor(left / 3600), m = Math.floor(left % 3600 / 60), s = left % 60;
+    span.textContent = "in " + (h ? h + "h" + String(m).padStart(2, "0") + "m" : m ? m + "m" + String(s).padStart(2, "0") + "s" : s + "s");
+  }
+}
 (function () {
   const main = document.getElementById("main");
   const banner = document.getElementById("connection");
+  countdown();
+  setInterval(countdown, 1000);
   if (!main || !main.dataset.live) { return; }
   const pageUrl = main.dataset.pageUrl || (location.pathname + location.search);
   if (main.dataset.pageUrl && location.pathname !== main.dataset.pageUrl && !main.dataset.revealed) {
@@ -44,6 +56,10 @@
     let message = "The API server cannot be reached; trying again.";
     try { message = JSON.parse(e.data).message || message; } catch (err) { /* keep the default */ }
     say(message);
+  });
+  events.addEventListener("refused", function (e) {
+    events.close();
+    try { say(JSON.parse(e.data).message); } catch (err) { say("This page does not follow changes."); }
   });
   events.addEventListener("up", function () { say(""); refresh(); });
   events.addEventListener("open", function () { if (banner.dataset.lost) { delete banner.dataset.lost; say(""); } });
