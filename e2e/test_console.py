@@ -17,23 +17,30 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import requests
 from e2e.test_agent import agent_namespace, agent_spec  # noqa: F401 (a fixture)
 from e2e.test_reveal import MEMO, QUESTION, invoice, kubeconfigs, policy, user_api  # noqa: F401 (a fixture)
+from kubernetes import client
 from playwright.sync_api import expect
 
 from durable_agents.api.v1alpha1 import GROUP, VERSION
+from durable_agents.console.authority import CSRF_COOKIE
 from durable_agents_testkit.agent_sample import API_KEY, sample_of, script
 from durable_agents_testkit.audit import audit_offset, read_audit
 from durable_agents_testkit.browser import SCREENSHOTS, Console, chromium, start_console
+from durable_agents_testkit.cluster import KubeEnv
 from durable_agents_testkit.eventually import Within, eventually
 from durable_agents_testkit.localcluster.controlplane import LocalControlPlane
 from durable_agents_testkit.modelserver import ModelServerThread
 from durable_agents_testkit.operator_process import OperatorProcess
+from durable_agents_testkit.rbac import bind, service_account
 from durable_agents_testkit.refsystem import ReferenceSystemThread
 from durable_agents_testkit.runs import Runs
 from durable_agents_testkit.scrape import free_port
@@ -300,3 +307,90 @@ def test_the_console_shows_only_what_the_api_server_allows_and_refuses_what_it_r
     assert answer.status == 401
     assert "Traceback" not in stranger.content()
     assert not op.logged("Traceback")
+
+
+@pytest.mark.local_plane("users")
+def test_in_cluster_the_console_acts_with_each_requests_bearer_token(
+    kube: KubeEnv,
+    plane: LocalControlPlane,
+    runs: Runs,
+    kubeconfigs: dict[str, Path],  # noqa: F811 (the chart's roles, as ClusterRoles here)
+    tmp_path: Path,
+) -> None:
+    """``python -m durable_agents.console --in-cluster``: no credentials of its own; an auth proxy's
+    Authorization header, X-Forwarded-Access-Token, or a pasted token is who acts."""
+    ns = runs.namespace
+    client.CoreV1Api(kube.api).create_namespaced_service_account(ns, {"metadata": {"name": "alice"}})
+    bind(
+        kube, ns, service_account("alice", ns), f"{ns}-reveal-viewer", cluster_role=True, name="alice-viewer"
+    )
+    token = (
+        client.CoreV1Api(kube.api)
+        .create_namespaced_service_account_token("alice", ns, {"spec": {"expirationSeconds": 600}})
+        .status.token
+    )
+    alice = f"system:serviceaccount:{ns}:alice"
+    runs.custom.create_namespaced_custom_object(
+        GROUP,
+        VERSION,
+        ns,
+        "agentruns",
+        {**invoice("http://127.0.0.1:1"), "spec": {**invoice("")["spec"], "objective": XSS}},
+    )
+    port, log = free_port(), tmp_path / "console.log"
+    argv = [sys.executable, "-m", "durable_agents.console", "--in-cluster", "--api-server", plane.server_url]
+    argv += ["--ca-file", str(plane.pki_paths.ca_cert), "--port", str(port), "--insecure-cookies", "-n", ns]
+    offset = audit_offset(plane.audit_log_path)
+    with log.open("w") as out:
+        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        eventually(lambda: _answers(f"{base}/sign-in"), Within.COMMIT, "the in-cluster console to serve")
+        for headers in ({"Authorization": f"Bearer {token}"}, {"X-Forwarded-Access-Token": token}):
+            page = requests.get(f"{base}/runs", headers=headers, timeout=30)
+            assert page.status_code == 200, page.text
+            assert f'acting as <strong id="user">{alice}</strong>' in page.text
+            assert "&lt;script&gt;" in page.text
+            assert "<script>window" not in page.text
+            shown = requests.get(f"{base}/runs/{ns}/invoice", headers=headers, timeout=30)
+            assert shown.status_code == 200, shown.text
+            assert 'id="do-' not in shown.text, "a viewer is offered an action"
+        for headers in ({}, {"Authorization": "Bearer not-a-token"}):
+            refused = requests.get(f"{base}/runs", headers=headers, timeout=30)
+            assert refused.status_code == 401, refused.text
+            assert 'name="token"' in refused.text, "no sign-in form"
+            assert "Traceback" not in refused.text
+        # A pasted token: checked with the API server, then held for the session.
+        session = requests.Session()
+        session.get(f"{base}/sign-in", timeout=30)
+        signed = session.post(
+            f"{base}/sign-in", data={"token": token, "csrf": session.cookies[CSRF_COOKIE]}, timeout=30
+        )
+        assert signed.status_code == 200, signed.text
+        assert signed.url.endswith("/inbox")
+        assert f">{alice}<" in session.get(f"{base}/runs", timeout=30).text
+        assert (
+            session.post(
+                f"{base}/sign-in", data={"token": "wrong", "csrf": session.cookies[CSRF_COOKIE]}, timeout=30
+            ).status_code
+            == 401
+        )
+    finally:
+        process.terminate()
+        process.wait(timeout=20)
+    said = log.read_text()
+    assert token not in said, "the token was logged"
+    assert "Traceback" not in said, said
+    users = {
+        e.user
+        for e in read_audit(plane.audit_log_path, offset=offset, mentions=ns)
+        if e.resource == "agentruns"
+    }
+    assert users == {alice}, f"the console's reads were made as {users}"
+
+
+def _answers(url: str) -> bool:
+    try:
+        return requests.get(url, timeout=5).status_code == 200
+    except requests.ConnectionError:
+        return False
