@@ -75,7 +75,7 @@ chromium: ## Debian's chromium and chromium-driver (the console's browser tests,
 
 .PHONY: console-screenshots
 console-screenshots: $(STAMP) binaries chromium ## the console's pages as the browser tests see them -> docs/approving/img/
-	DURABLE_AGENTS_BIN_DIR=$$(bash hack/build.sh | tail -n1) DURABLE_AGENTS_SCREENSHOTS=$(CURDIR)/docs/approving/img \
+	DURABLE_AGENTS_BIN_DIR=$$(bash hack/build.sh | tail -n1) CONSOLE_SCREENSHOTS=$(CURDIR)/docs/approving/img \
 		$(VENV)/bin/pytest -m browser e2e/test_console.py $(PYTEST_ARGS)
 
 .PHONY: test-node

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-CHROMIUM: Final = Path(os.environ.get("DURABLE_AGENTS_CHROMIUM", "/usr/bin/chromium"))
+CHROMIUM: Final = Path(os.environ.get("CONSOLE_TEST_CHROMIUM", "/usr/bin/chromium"))
 CHROMIUM_ARGS: Final = (
     "--headless",
     "--no-sandbox",
@@ -31,8 +31,8 @@ CHROMIUM_ARGS: Final = (
     "--disable-component-update",
     "--disable-sync",
 )
-# make console-screenshots: the tests save their screenshots here (docs/approving/img/).
-SCREENSHOTS: Final = os.environ.get("DURABLE_AGENTS_SCREENSHOTS")
+# make console-screenshots (CONSOLE_SCREENSHOTS, not DURABLE_AGENTS_*: the operator refuses unknown ones of those): the tests save their screenshots here (docs/approving/img/).
+SCREENSHOTS: Final = os.environ.get("CONSOLE_SCREENSHOTS")
 
 
 @contextlib.contextmanager
