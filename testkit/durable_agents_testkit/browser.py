@@ -31,7 +31,8 @@ CHROMIUM_ARGS: Final = (
     "--disable-component-update",
     "--disable-sync",
 )
-# make console-screenshots (CONSOLE_SCREENSHOTS, not DURABLE_AGENTS_*: the operator refuses unknown ones of those): the tests save their screenshots here (docs/approving/img/).
+# make console-screenshots: the tests save their screenshots here (docs/approving/img/). Not named
+# DURABLE_AGENTS_*: the operator processes the tests start refuse unknown variables of that prefix.
 SCREENSHOTS: Final = os.environ.get("CONSOLE_SCREENSHOTS")
 
 
