@@ -15,10 +15,13 @@ each running their own ``kubectl agentrun console`` (their kubeconfig, a one-tim
 
 from __future__ import annotations
 
+import contextlib
 import json
+import queue
 import re
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -36,11 +39,12 @@ from durable_agents_testkit.agent_sample import API_KEY, sample_of, script
 from durable_agents_testkit.audit import audit_offset, read_audit
 from durable_agents_testkit.browser import SCREENSHOTS, Console, chromium, start_console
 from durable_agents_testkit.cluster import KubeEnv
+from durable_agents_testkit.cutproxy import CutProxy
 from durable_agents_testkit.eventually import Within, eventually
 from durable_agents_testkit.localcluster.controlplane import LocalControlPlane
 from durable_agents_testkit.modelserver import ModelServerThread
 from durable_agents_testkit.operator_process import OperatorProcess
-from durable_agents_testkit.rbac import bind, service_account
+from durable_agents_testkit.rbac import bind, grant, rule, service_account
 from durable_agents_testkit.refsystem import ReferenceSystemThread
 from durable_agents_testkit.runs import Runs
 from durable_agents_testkit.scrape import free_port
@@ -337,15 +341,10 @@ def test_in_cluster_the_console_acts_with_each_requests_bearer_token(
         "agentruns",
         {**invoice("http://127.0.0.1:1"), "spec": {**invoice("")["spec"], "objective": XSS}},
     )
-    port, log = free_port(), tmp_path / "console.log"
-    argv = [sys.executable, "-m", "durable_agents.console", "--in-cluster", "--api-server", plane.server_url]
-    argv += ["--ca-file", str(plane.pki_paths.ca_cert), "--port", str(port), "--insecure-cookies", "-n", ns]
+    log = tmp_path / "console.log"
     offset = audit_offset(plane.audit_log_path)
-    with log.open("w") as out:
-        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+    process, base = in_cluster_console(plane, plane.server_url, ns, log)
     try:
-        base = f"http://127.0.0.1:{port}"
-        eventually(lambda: _answers(f"{base}/sign-in"), Within.COMMIT, "the in-cluster console to serve")
         for headers in ({"Authorization": f"Bearer {token}"}, {"X-Forwarded-Access-Token": token}):
             page = requests.get(f"{base}/runs", headers=headers, timeout=30)
             assert page.status_code == 200, page.text
@@ -389,8 +388,84 @@ def test_in_cluster_the_console_acts_with_each_requests_bearer_token(
     assert users == {alice}, f"the console's reads were made as {users}"
 
 
+def in_cluster_console(
+    plane: LocalControlPlane, api_server: str, ns: str, log: Path
+) -> tuple[subprocess.Popen[bytes], str]:
+    """``python -m durable_agents.console --in-cluster`` on loopback, serving; (process, its URL)."""
+    port = free_port()
+    argv = [sys.executable, "-m", "durable_agents.console", "--in-cluster", "--api-server", api_server]
+    argv += ["--ca-file", str(plane.pki_paths.ca_cert), "--port", str(port), "--insecure-cookies", "-n", ns]
+    with log.open("w") as out:
+        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    eventually(lambda: _answers(f"{base}/sign-in"), Within.COMMIT, "the in-cluster console to serve")
+    return process, base
+
+
 def _answers(url: str) -> bool:
     try:
         return requests.get(url, timeout=5).status_code == 200
     except requests.ConnectionError:
         return False
+
+
+@pytest.mark.local_plane("users")
+def test_a_page_says_when_the_api_server_is_gone_and_when_it_is_back_and_when_its_run_is_deleted(
+    kube: KubeEnv, plane: LocalControlPlane, runs: Runs, tmp_path: Path
+) -> None:
+    """The event stream of a run's page (what console.js shows): the API server behind a proxy that
+    is cut and restored (``down``, then ``up``), then the run deleted (``deleted``)."""
+    ns = runs.namespace
+    client.CoreV1Api(kube.api).create_namespaced_service_account(ns, {"metadata": {"name": "bob"}})
+    grant(kube, ns, service_account("bob", ns), rule(GROUP, "agentruns", "get", "list", "watch"), name="bob")
+    token = (
+        client.CoreV1Api(kube.api)
+        .create_namespaced_service_account_token("bob", ns, {"spec": {"expirationSeconds": 600}})
+        .status.token
+    )
+    runs.custom.create_namespaced_custom_object(
+        GROUP, VERSION, ns, "agentruns", invoice("http://127.0.0.1:1")
+    )
+    with CutProxy(plane.ports.apiserver) as proxy:
+        process, base = in_cluster_console(
+            plane, f"https://127.0.0.1:{proxy.port}", ns, tmp_path / "console.log"
+        )
+        events: queue.Queue[str] = queue.Queue()
+        version = runs.get("invoice")["metadata"]["resourceVersion"]  # as the page passes it
+        stream = requests.get(
+            f"{base}/events/runs/{ns}/invoice?version={version}",
+            headers={"Authorization": f"Bearer {token}"},
+            stream=True,
+            timeout=(10, 120),
+        )
+        assert stream.status_code == 200, stream.text
+
+        def read() -> None:
+            with contextlib.suppress(Exception):  # the stream closed under it at the end
+                for line in stream.iter_lines(decode_unicode=True):
+                    if line.startswith("event: "):
+                        events.put(line.removeprefix("event: "))
+
+        def next_event(wanted: str, why: str) -> None:
+            seen = []
+            try:
+                while (event := events.get(timeout=60)) != wanted:
+                    seen.append(event)
+            except queue.Empty:
+                raise AssertionError(f"no {wanted!r} event ({why}) within 60s; saw {seen}") from None
+
+        threading.Thread(target=read, daemon=True).start()
+        try:
+            touched = {"metadata": {"labels": {"touched": "1"}}}  # any change: the page fetches itself again
+            runs.custom.patch_namespaced_custom_object(GROUP, VERSION, ns, "agentruns", "invoice", touched)
+            next_event("change", "the run changed")
+            proxy.cut()
+            next_event("down", "the API server went away")
+            proxy.restore()
+            next_event("up", "the API server came back")
+            runs.custom.delete_namespaced_custom_object(GROUP, VERSION, ns, "agentruns", "invoice")
+            next_event("deleted", "the run was deleted")
+        finally:
+            stream.close()
+            process.terminate()
+            process.wait(timeout=20)
