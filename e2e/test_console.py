@@ -215,6 +215,9 @@ def test_an_approver_reveals_and_approves_the_models_call_in_the_console_as_them
     assert {e.user for e in patches} == {"approver"}, [(e.user, e.code) for e in patches]
     assert any(e.code == 200 for e in patches)
     assert not op.logged("Traceback")
+    said = "\n".join(console.log)
+    for secret in ("The limits allow it", proposed["orderId"]):  # the model's words, the sealed arguments
+        assert secret not in said, f"the console logged {secret!r}"
 
 
 @pytest.mark.browser
