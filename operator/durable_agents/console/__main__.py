@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import os
 import socket
@@ -43,6 +44,13 @@ def parser() -> argparse.ArgumentParser:
 
 def authority(args: argparse.Namespace) -> Authority:
     if not args.in_cluster:
+        try:
+            loopback = ipaddress.ip_address(args.address).is_loopback
+        except ValueError:
+            raise SystemExit(f"error: --address {args.address}: an IP address, e.g. 127.0.0.1") from None
+        if not loopback:
+            # It acts with your kubeconfig: nobody else's browser should even reach it.
+            raise SystemExit(f"error: --address {args.address}: the local console listens on loopback only")
         return LocalAuthority(args.kubeconfig, args.context, args.namespace)
     host = args.api_server
     if not host:
