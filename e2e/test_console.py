@@ -301,6 +301,14 @@ def test_the_console_shows_only_what_the_api_server_allows_and_refuses_what_it_r
     await_selector(approver, "#revealed")
     assert XSS in approver.inner_text("#revealed"), approver.inner_text("#revealed")
     no_markup_ran(approver)
+    # ... and approves from the inbox, pinned to the row's digest: one application.
+    approver.goto(consoles("approver").base + "/inbox")
+    row = approver.locator(f"#item-{ns}-invoice")
+    assert row.locator(".digest").inner_text() == request["digest"]
+    row.locator(".do-approve").click()
+    await_selector(approver, "#said")
+    runs.wait_state("invoice", "completed", timeout=Within.RUN)
+    assert list(refsystem.counts().values()) == [1], refsystem.counts()
 
     # A spent link, a wrong one, no session: the sign-in page, no stack trace.
     stranger = browser.new_context().new_page()
