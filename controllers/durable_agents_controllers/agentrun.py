@@ -5,7 +5,8 @@ AgentRun events do not come through kopf (the reflector's docstring says why): e
 subscribes to the manager's reflector here or in its own controller (the dispatcher: ``actionrecord``;
 retention: ``retention``). This module makes, in order: the run worker (it takes every run event,
 and its shards' runs are its work), the census (gauges over the waiting runs this replica owns),
-and, with run workers in this process, the stuck check. The admission webhook serves AgentRuns too
+and, with run workers in this process, the stuck check and the notifier (a policy's
+``spec.notifications``). The admission webhook serves AgentRuns too
 (``webhook``), from the manager's keyring and policy cache: it never touches the worker.
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 import kopf
 
 from durable_agents.shell.observability.census import RunCensus
+from durable_agents.shell.observability.notifications import Notifier, NotifyConfig
 from durable_agents.shell.runs.stuck import StuckCheck, StuckConfig
 from durable_agents.shell.runs.worker import RunWorker, WorkerConfig
 from durable_agents_controllers.manager import Manager
@@ -62,6 +64,22 @@ def build(manager: Manager) -> None:
         manager.stuck = stuck
         runs.subscribe(stuck.observe_run)
         manager.runnables.add(stuck)
+        notifier = Notifier(
+            manager.kube,
+            manager.policies,
+            holds=worker.ownership.holds,
+            region=config.region,
+            keyring=manager.keyring,
+            events=worker.events,
+            config=NotifyConfig(
+                timeout=config.notify_timeout,
+                backoff=config.notify_backoff,
+                backoff_cap=config.notify_backoff_max,
+                give_up_after=config.notify_give_up,
+            ),
+        )
+        runs.subscribe(notifier.observe)  # off the commit path: it stores and wakes, never awaits
+        manager.runnables.add(notifier)
 
 
 def register(registry: kopf.OperatorRegistry, manager: Manager) -> None:

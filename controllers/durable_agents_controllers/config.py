@@ -116,6 +116,10 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("TRACEMALLOC", "0", "`1`: SIGUSR1 also logs where live memory was allocated"),
     Variable("STUCK_CHECK_SECONDS", "10", "seconds between passes of the stuck-run check over owned runs"),
     Variable("STUCK_AFTER", "24h", "how long a wait without expiry may last before the run is Stuck"),
+    Variable("NOTIFY_TIMEOUT_SECONDS", "10", "seconds one notification attempt may take, answer included"),
+    Variable("NOTIFY_BACKOFF_SECONDS", "1", "seconds before a notification's second attempt (then doubled)"),
+    Variable("NOTIFY_BACKOFF_MAX_SECONDS", "60", "the longest pause between two attempts of a notification"),
+    Variable("NOTIFY_GIVE_UP_AFTER", "15m", "how long a notification is retried before it is abandoned"),
     Variable("TEST_KILL_AT", "(off)", "`before:N`/`after:N`: SIGKILL at the Nth write", FAULTS),
     Variable("TEST_STOP_AT", "(off)", "`before:N`/`after:N`: SIGSTOP at the Nth write", FAULTS),
     Variable("TEST_STOP_BEFORE_SEND", "0", "`1`: SIGSTOP before the first effect request", FAULTS),
@@ -180,6 +184,10 @@ class OperatorConfig:
     tracemalloc: bool = False
     stuck_check_seconds: float = 10.0
     stuck_after: float = 86400.0
+    notify_timeout: float = 10.0
+    notify_backoff: float = 1.0
+    notify_backoff_max: float = 60.0
+    notify_give_up: float = 900.0
     region: str = DEFAULT_REGION
     shards: int = 16
     lease_namespace: str = "default"
@@ -229,6 +237,10 @@ class OperatorConfig:
             tracemalloc=read.choice("TRACEMALLOC", ("0", "1"), "0") == "1",
             stuck_check_seconds=read.number("STUCK_CHECK_SECONDS", float, 10.0, minimum=0.1),
             stuck_after=read.duration("STUCK_AFTER", 86400.0),
+            notify_timeout=read.number("NOTIFY_TIMEOUT_SECONDS", float, 10.0, minimum=0.1),
+            notify_backoff=read.number("NOTIFY_BACKOFF_SECONDS", float, 1.0, minimum=0.01),
+            notify_backoff_max=read.number("NOTIFY_BACKOFF_MAX_SECONDS", float, 60.0, minimum=0.01),
+            notify_give_up=read.duration("NOTIFY_GIVE_UP_AFTER", 900.0),
             faults=read.faults(),
             region=read.region("REGION"),
             shards=read.number("SHARDS", int, 16, minimum=1),

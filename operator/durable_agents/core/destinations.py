@@ -166,7 +166,8 @@ def entry_problems(destinations: Mapping[str, Any] | None, prefix: str) -> list[
         return []
     problems: list[str] = []
     lists: list[tuple[str, Any]] = [
-        (f"{prefix}.{key}", destinations.get(key)) for key in ("mcpServers", "modelEndpoints")
+        (f"{prefix}.{key}", destinations.get(key))
+        for key in ("mcpServers", "modelEndpoints", "notifications")
     ]
     lists += [(f"{prefix}.effects[{kind!r}]", v) for kind, v in (destinations.get("effects") or {}).items()]
     for field, entries in lists:
@@ -186,7 +187,7 @@ class Named:
     """One destination a run's spec names: its field, its category and the URL."""
 
     field: str
-    category: str  # "effects", "mcpServers" or "modelEndpoints"
+    category: str  # "effects", "mcpServers", "modelEndpoints" (or "notifications": a policy's own)
     kind: str  # the effect kind (effects), else the category
     url: object
 

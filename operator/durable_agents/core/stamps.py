@@ -40,6 +40,7 @@ class Purpose(StrEnum):
     CHILD = "child"  # a child run created by the operator for its parent's step
     POSITION = "position"  # a run's state, state version and outcome, as the operator committed them
     OUTCOME = "outcome"  # an ActionRecord's status: state, attempts, claim, outcome, as the operator wrote it
+    NOTIFIED = "notified"  # a run's record of the notifications done (core/notifications.py)
 
 
 def _key(keyring: Keyring, key_id: str, purpose: Purpose) -> bytes:

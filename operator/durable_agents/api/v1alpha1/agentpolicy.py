@@ -15,6 +15,7 @@ from durable_agents.api.v1alpha1.meta import (
     ApiModel,
     cel,
 )
+from durable_agents.api.v1alpha1.notifications import NotificationTarget
 from durable_agents.api.v1alpha1.policystatus import AgentPolicyStatus
 
 # --- AgentPolicy ---------------------------------------------------------------------------
@@ -278,6 +279,13 @@ class Destinations(ApiModel):
         max_length=64,
         description="Prefixes spec.agent.endpoint.baseUrl may name. Unset: any.",
     )
+    notifications: list[DestinationEntry] | None = Field(
+        default=None,
+        max_length=64,
+        description=(
+            "Prefixes spec.notifications[].url may name (refused at admission, never sent). Unset: any."
+        ),
+    )
 
 
 class AgentPolicySpec(ApiModel):
@@ -350,6 +358,15 @@ class AgentPolicySpec(ApiModel):
         description=(
             "Where effects, MCP calls and model calls of the runs it governs may go (refused at "
             "admission, checked again before every send). Unset: anywhere."
+        ),
+    )
+    notifications: list[NotificationTarget] | None = Field(
+        default=None,
+        max_length=8,
+        description=(
+            "Where to tell people that a run this policy governs waits for an approval or an "
+            "answer, ended or is stuck (docs/policies/notifications.md): at least once, with an ID "
+            "to deduplicate by, never delaying the run, never with a sealed value."
         ),
     )
     default: bool = Field(

@@ -14,7 +14,7 @@ from typing import Any, Final
 
 from durable_agents.api.v1alpha1 import GROUP, VERSION, Identity
 from durable_agents.core.sealing import Keyring
-from durable_agents.shell.admission.destinations import policy_entry_refusal
+from durable_agents.shell.admission.destinations import policy_entry_refusal, policy_notification_refusal
 from durable_agents.shell.admission.policy_integrity import check_integrity
 from durable_agents.shell.admission.policy_preview import PolicyPreviewer, preview_warnings, previewer_for
 from durable_agents.shell.ground.kube import Kube
@@ -54,7 +54,11 @@ async def check_policy(
     previewer: PolicyPreviewer | None = None,
 ) -> PolicyVerdict:
     """Whether this AgentPolicy change is refused, and the warnings it carries back."""
-    refused = await second_default(kube, review) or policy_entry_refusal(review.new)
+    refused = (
+        await second_default(kube, review)
+        or policy_entry_refusal(review.new)
+        or policy_notification_refusal(review.new)
+    )
     if (review.new or review.old or {}).get("kind") == "ClusterAgentPolicy":
         return PolicyVerdict(refused=refused)  # integrity and the preview: namespaced policies only
     refused = refused or await check_integrity(
