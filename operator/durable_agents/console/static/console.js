@@ -27,9 +27,14 @@ function countdown() {
     banner.textContent = text;
     banner.classList.toggle("hidden", !text);
   }
-  let busy = false;
-  async function refresh() {
-    if (busy) { return; }
+  // One fetch at a time; a change that arrives meanwhile fetches once more after it (never lost),
+  // and a burst of changes within 250 ms is one fetch.
+  let busy = false, again = false, timer = null;
+  function refresh() {
+    if (timer === null) { timer = setTimeout(function () { timer = null; fetchPage(); }, 250); }
+  }
+  async function fetchPage() {
+    if (busy) { again = true; return; }
     if (document.getElementById("main").dataset.revealed) {
       say("The run changed. Reload the page to see it (the revealed values will be hidden again).");
       return;
@@ -42,11 +47,13 @@ function countdown() {
       if (fresh) {
         fresh.dataset.live = document.getElementById("main").dataset.live;
         document.getElementById("main").replaceWith(fresh);
+        countdown();
       }
     } catch (err) {
       say("The console cannot be reached; trying again.");
     } finally {
       busy = false;
+      if (again) { again = false; refresh(); }
     }
   }
   const events = new EventSource(main.dataset.live);
