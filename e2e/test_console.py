@@ -29,6 +29,8 @@ from typing import Any
 import pytest
 import requests
 from e2e.test_agent import agent_namespace, agent_spec  # noqa: F401 (a fixture)
+from e2e.test_reconcile import key_of, payment, people, stuck, webhook_operator  # noqa: F401 (fixtures)
+from e2e.test_reconcile import policy as reconcile_policy
 from e2e.test_reveal import MEMO, QUESTION, invoice, kubeconfigs, policy, user_api  # noqa: F401 (a fixture)
 from kubernetes import client
 from playwright.sync_api import expect
@@ -480,3 +482,49 @@ def test_a_page_says_when_the_api_server_is_gone_and_when_it_is_back_and_when_it
             stream.close()
             process.terminate()
             process.wait(timeout=20)
+
+
+@pytest.mark.local_plane("users", "webhook")
+def test_an_approver_says_in_the_console_that_an_unknown_action_happened(
+    plane: LocalControlPlane,
+    webhook_operator: Callable[..., OperatorProcess],  # noqa: F811 (a fixture)
+    runs: Runs,
+    people: dict[str, client.ApiClient],  # noqa: F811 (a fixture: alice approves, bob edits)
+    refsystem: ReferenceSystemThread,
+) -> None:
+    """The ledger on a run's page: an action whose answer was lost is settled by who may approve
+    (``kubectl agentrun reconcile --applied``, the plugin's function), as themselves; the editor is
+    offered nothing. Plain HTTP with the session a one-time link bought (no browser)."""
+    reconcile_policy(runs)
+    webhook_operator()
+    refsystem.inject("drop_after_apply", times=1)  # applied, and the answer is lost
+    run = runs.create(payment(refsystem.url))
+    action, _ = stuck(runs, run)
+    page_url = f"/runs/{runs.namespace}/{run}"
+    sessions = {}
+    for who, group_name in (("alice", "approvers"), ("bob", "editors")):
+        console = start_console(plane.write_user_kubeconfig(who, [group_name]), runs.namespace)
+        session = requests.Session()
+        assert session.get(console.sign_in_url, timeout=30).url.endswith("/inbox")
+        sessions[who] = (console, session)
+    try:
+        bob_console, bob = sessions["bob"]
+        assert "It happened" not in bob.get(bob_console.base + page_url, timeout=30).text
+        alice_console, alice = sessions["alice"]
+        page = alice.get(alice_console.base + page_url, timeout=30).text
+        assert f'name="record" value="{action}"' in page, page
+        form = {
+            "csrf": alice.cookies[CSRF_COOKIE],
+            "record": action,
+            "applied": "true",
+            "reason": "in the statement",
+        }
+        said = alice.post(f"{alice_console.base}{page_url}/do/settle", data=form, timeout=60)
+        assert said.status_code == 200, said.text
+        assert f"action {action} attempt 1 reconciled as applied" in said.text
+    finally:
+        for console, _ in sessions.values():
+            console.stop()
+    assert runs.get(run)["spec"]["reconciliations"][action]["reconciler"]["username"] == "alice"
+    runs.wait_state(run, "completed", timeout=Within.RUN)
+    assert refsystem.counts() == {key_of(runs, run): 1}, "reconciled as applied: never sent again"

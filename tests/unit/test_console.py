@@ -145,6 +145,11 @@ def test_the_actions_offered_are_those_the_state_admits_and_the_user_may() -> No
         "every action is a patch"
     )
     assert cluster.possible(run(), lambda verb, resource: True) == {"reveal"}, "an ended run takes no control"
+    unknown = run(state="waiting_external", waitingFor="action:act-1")
+    assert "settle" in cluster.possible(unknown, lambda verb, resource: True)
+    settle = cluster.possible(unknown, lambda verb, resource: verb in ("patch", "reconcile"))
+    assert "settle" not in settle, "saying what happened needs the policy's approver verb"
+    assert "reconcile" in settle
 
 
 @pytest.fixture

@@ -22,6 +22,7 @@ from durable_agents.kubectl import controls as kubectl_controls
 from durable_agents.kubectl import decide as kubectl_decide
 from durable_agents.kubectl import list as kubectl_list
 from durable_agents.kubectl import main as kubectl_main
+from durable_agents.kubectl import reconcile as kubectl_reconcile
 from durable_agents.kubectl import why as kubectl_why
 from durable_agents.kubectl.errors import api_message
 from durable_agents.kubectl.reconcile import ReconcileError
@@ -187,6 +188,8 @@ def possible(run: Mapping[str, Any], allowed: Callable[[str, str], bool]) -> set
         offered.add("answer")
     if state == "waiting_approval" and status.get("approvalRequest"):
         offered.add("decide")
+    if waiting.startswith("action:"):
+        offered.add("settle")  # say whether an action whose outcome is unknown happened
     offered.add("reveal")  # a server-side dry-run patch, for who holds the approver verb
     if not allowed("patch", "agentruns"):
         return set()
@@ -194,6 +197,7 @@ def possible(run: Mapping[str, Any], allowed: Callable[[str, str], bool]) -> set
     verbs = {v: (v, "agentruns") for v in CONTROL_VERBS} | {
         "decide": (verb, resource),
         "reveal": (verb, resource),
+        "settle": (verb, resource),
     }
     kept = {action for action in offered if allowed(*verbs[action])}
     if "answer" in kept and (status.get("checkpoint") or {}).get("pendingInput"):
@@ -227,6 +231,12 @@ def act(api: client.ApiClient, ns: str, name: str, action: str, form: Mapping[st
             return kubectl_controls.escalate(custom, ns, name, reason)
         if action == "reconcile":
             return kubectl_controls.ask_now(custom, ns, name, None)[0]
+        if action == "settle":
+            applied = form.get("applied")
+            if applied not in ("true", "false"):
+                raise Refused("say whether the action happened (applied true or false)", 400)
+            record = form.get("record", "")
+            return kubectl_reconcile.reconcile(custom, ns, name, record, applied == "true", reason or None)
         if action in ("approve", "reject"):
             return kubectl_decide.decide(
                 custom, ns, name, action, form.get("request", ""), form.get("digest", ""), reason or None

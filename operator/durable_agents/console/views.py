@@ -235,7 +235,7 @@ def run_context(read: dict[str, Any], revealed: dict[str, Any] | None) -> dict[s
         ],
         "conditions": status.get("conditions") or [],
         "revealed": revealed,
-        "controls": read["possible"] - {"reveal", "decide"},
+        "controls": read["possible"] - {"reveal", "decide", "settle"},
         "quorum": [line.strip() for line in _quorum_lines(request or {})],
         "pinned": [line.strip() for line in (_pinned_lines(run, request) if request else [])],
         "question_only": [
