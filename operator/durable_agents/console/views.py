@@ -178,7 +178,8 @@ async def runs_page(request: web.Request) -> web.Response:
 
 
 def shown(value: Any) -> str:
-    """A value as the page prints it: "(sealed)", or JSON (the model's strings quoted, escaped)."""
+    """A value as the page prints it: "(sealed)", a string as it is, anything else as JSON (the
+    template escapes it: text, never markup)."""
     if value is None:
         return "-"
     if is_sealed(value):
