@@ -16,6 +16,7 @@ import logging
 import os
 import socket
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 from aiohttp import web
 
@@ -64,6 +65,8 @@ def authority(args: argparse.Namespace) -> Authority:
 
 async def serve(args: argparse.Namespace) -> None:
     chosen = authority(args)
+    # The pages' API calls block (the Kubernetes client): run in threads, enough for a team's tabs.
+    asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=32))
     runner = web.AppRunner(make_app(chosen), access_log_class=AccessLogger, shutdown_timeout=2.0)
     await runner.setup()
     sock = socket.socket(socket.AF_INET6 if ":" in args.address else socket.AF_INET)

@@ -97,6 +97,11 @@ def _relay(
             done.wait(BACKOFF_SECONDS[min(failures, len(BACKOFF_SECONDS)) - 1])
 
 
+def _finish(worker: asyncio.Future[None]) -> None:
+    if not worker.done():
+        worker.set_result(None)
+
+
 async def stream(request: web.Request, namespace: str | None, name: str | None) -> web.StreamResponse:
     authority = request.app[AUTHORITY]
     try:
@@ -112,9 +117,17 @@ async def stream(request: web.Request, namespace: str | None, name: str | None) 
     def say(event: str, data: dict[str, Any]) -> None:
         loop.call_soon_threadsafe(queue.put_nowait, (event, data))
 
-    worker = loop.run_in_executor(
-        None, _relay, api, namespace, name, request.query.get("version", ""), say, done
-    )
+    # Its own thread, not the executor's: a page can stay open for hours, and the executor's few
+    # threads serve every page's API calls.
+    worker: asyncio.Future[None] = loop.create_future()
+
+    def relay() -> None:
+        try:
+            _relay(api, namespace, name, request.query.get("version", ""), say, done)
+        finally:
+            loop.call_soon_threadsafe(_finish, worker)
+
+    threading.Thread(target=relay, name="console-watch", daemon=True).start()
     try:
         await response.write(b"retry: 2000\n\n")
         while True:
