@@ -108,6 +108,10 @@ demo-cluster: $(STAMP) binaries ## the demo with the operator installed by its c
 image: $(STAMP) ## build the operator image with no registry (localhost/durable-agents:<version>; IMAGE_SAVE=x.tar saves it)
 	bash hack/image.sh
 
+.PHONY: image-reproducible
+image-reproducible: $(STAMP) ## make image twice, the second with no cache, and compare the image IDs and SBOMs (~6 min here)
+	bash hack/image-reproducible.sh
+
 BENCH_STAMP := $(VENV)/.bench-$(shell cksum pyproject.toml | cut -d' ' -f1)
 BENCH_SCALE ?= full
 BENCH_REPEAT ?= 3

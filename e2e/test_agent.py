@@ -15,6 +15,7 @@ from e2e import test_reconcile
 from kubernetes import client
 
 from durable_agents.api.v1alpha1 import GROUP, VERSION
+from durable_agents.core.agent_facts import prompt_digest
 from durable_agents.kubectl import reconcile as kubectl_reconcile
 from durable_agents.shell.effects.mcp import NO_QUERY
 from durable_agents_testkit.agent_sample import API_KEY, install_sample, sample_of, script
@@ -44,9 +45,11 @@ def agent_namespace(kube: KubeEnv, namespace: str) -> str:
     return namespace
 
 
-def agent_spec(model: ModelServerThread, refsystem: ReferenceSystemThread) -> dict[str, Any]:
+def agent_spec(
+    model: ModelServerThread, refsystem: ReferenceSystemThread, protocol: str = "openai-chat"
+) -> dict[str, Any]:
     spec: dict[str, Any] = sample_of("AgentRun")["spec"]
-    spec["agent"]["endpoint"]["baseUrl"] = model.base_url
+    spec["agent"]["endpoint"].update(baseUrl=model.base_url_for(protocol), protocol=protocol)
     for tool in spec["agent"]["tools"]:
         if "effect" in tool:
             tool["effect"]["target"] = {
@@ -65,15 +68,17 @@ def approve(runs: Runs, name: str) -> dict[str, Any]:
     return request
 
 
+@pytest.mark.parametrize("protocol", ["openai-chat", "anthropic-messages"])
 def test_a_model_driven_run_reads_proposes_waits_for_approval_and_acts_once(
     start_operator: Callable[..., OperatorProcess],
     runs: Runs,
     agent_namespace: str,
     model: ModelServerThread,
     refsystem: ReferenceSystemThread,
+    protocol: str,
 ) -> None:
     op = start_operator("agent")
-    name = runs.create(agent_spec(model, refsystem))
+    name = runs.create(agent_spec(model, refsystem, protocol))
     request = approve(runs, name)
     proposal = request["proposal"]
     assert (proposal["tool"], proposal["turn"]) == ("refund", 1), "the approver sees the model's call"
@@ -89,6 +94,14 @@ def test_a_model_driven_run_reads_proposes_waits_for_approval_and_acts_once(
     # is decided again: its model calls are repeated, never recorded twice (the recovery tests
     # bound the repeats).
     assert model.calls()["total"] >= 3
+    assert set(model.calls()["byProtocol"]) == {protocol}, "every call spoke the endpoint's protocol"
+    # The same identifiers are recorded whatever the protocol: the model, the prompt's and the
+    # tool set's digests (the prompt the server received is the sample's, as the system prompt).
+    system = model.calls()["requests"][0]["messages"][0]
+    assert system["role"] == "system"
+    assert "refund" in system["content"].lower()
+    assert facts["promptDigest"] == prompt_digest(system["content"])
+    assert facts["toolSetDigest"].startswith("sha256:")
     assert facts["usageTotal"]["inputTokens"] > 0
     assert request["requestId"] == "agent-1-1"  # step agent-1, attempt 1
     events = [h["event"] for h in assert_history_is_gapless(done)]

@@ -73,6 +73,7 @@ CALLS_AN_UNKNOWN_TOOL = {
 }
 # The production default: a loaded machine's stall drops no Lease (a batch not committed is decided
 # again, and a one-shot fault of the model server would then be used up by the first try).
+MESSAGES = "anthropic-messages"
 LEASE = 15
 FAST_RETRY = {"initialBackoff": "300ms", "maxBackoff": "1s", "jitter": 0}
 # A broken endpoint (the reference server's faults), the run's reason, and how the reply is named.
@@ -464,3 +465,57 @@ def test_a_second_tool_call_in_one_reply_is_told_to_the_model_as_not_executed_an
     )
     assert refsystem.counts() == {}, "the refund never reached the system"
     assert not op.logged("Traceback")
+
+
+# What each broken reply of an endpoint speaking the Messages API is told as.
+BROKEN_MESSAGES_REPLIES = {
+    "unauthorized": ("ModelAuthFailed", "AuthenticationError (HTTP 401) from "),
+    "overloaded": (
+        "ModelOverloaded",
+        'OverloadedError (HTTP 529) from {url}: a JSON error (application/json): "Overloaded"',
+    ),
+    "not_json": (
+        "ModelReplyNotJson",
+        "HTTP 200 with a body that is not JSON although its content type is application/json:"
+        ' "upstream connect error',
+    ),
+}
+
+
+def test_a_broken_anthropic_messages_endpoint_is_a_named_model_error_retried_then_the_run_completes(
+    start_operator: Callable[..., OperatorProcess],
+    runs: Runs,
+    agent_namespace: str,
+    models: Callable[[dict[str, Any]], ModelServerThread],
+    refsystem: ReferenceSystemThread,
+) -> None:
+    """The same classification on the second protocol (spec.agent.endpoint.protocol:
+    anthropic-messages): a 401, a 529 (overloaded) and a body that is not JSON are each a model
+    error naming the endpoint and the kind of reply, a retry window of the policy, never the
+    operator's internal error; then the endpoint answers and the run completes."""
+    op = start_operator("agent-failures", lease_duration=LEASE)
+    three = policy(runs, "three-attempts", retry={"maxAttempts": 3, **FAST_RETRY})
+    servers = {fault: models(READS_THEN_ANSWERS) for fault in BROKEN_MESSAGES_REPLIES}
+    names = {}
+    for fault, model in servers.items():
+        model.inject(fault, times=1)
+        spec = agent_spec(model, refsystem, three)
+        spec["agent"]["endpoint"].update(baseUrl=model.base_url_for(MESSAGES), protocol=MESSAGES)
+        names[fault] = runs.create(spec)
+
+    for fault, (reason, kind) in BROKEN_MESSAGES_REPLIES.items():
+        url = servers[fault].base_url_for(MESSAGES)
+        done = runs.wait_state(names[fault], "completed", "failed", "quarantined", timeout=120)
+        assert done["status"]["outcome"]["reason"] == "Completed", (fault, done["status"]["outcome"])
+        (window,) = retries(done)
+        assert window.startswith(f"model call failed: {reason}: "), window
+        assert url in window, "the endpoint is named"
+        assert kind.format(url=url) in window, window
+        assert "attempt 2/3 at " in window, window
+        assert unsealed(done, done["status"]["outcome"]["result"], ANSWER_LABEL) == ANSWER
+        calls = servers[fault].calls()
+        assert calls["total"] >= 3, "the broken reply, then the two calls of a good run"
+        assert set(calls["byProtocol"]) == {MESSAGES}, "every call went to /v1/messages"
+        assert_no_internal_error(op, done)
+    assert not op.logged(API_KEY), "the API key is in the operator's log (the 401 echoes it)"
+    assert refsystem.counts() == {}

@@ -143,13 +143,16 @@ class Servers:
     model: ModelServerThread
     refsystem: ReferenceSystemThread
     tickets: McpServerThread
+    protocol: str = "openai-chat"
 
 
 def agent_spec(servers: Servers) -> dict[str, Any]:
     """The sample run, with a second read tool (the order), the ticket server's two tools (the
     query tool declared for the consequential one) and a question for a person."""
     spec: dict[str, Any] = next(doc for doc in sample() if doc["kind"] == "AgentRun")["spec"]
-    spec["agent"]["endpoint"]["baseUrl"] = servers.model.base_url
+    spec["agent"]["endpoint"].update(
+        baseUrl=servers.model.base_url_for(servers.protocol), protocol=servers.protocol
+    )
     tools = spec["agent"]["tools"]
     for tool in tools:
         if "effect" in tool:
@@ -164,10 +167,16 @@ def agent_spec(servers: Servers) -> dict[str, Any]:
 
 
 @pytest.fixture
-def servers(refsystem: ReferenceSystemThread) -> Iterator[Servers]:
+def protocol() -> str:
+    """The model endpoint's protocol; the tests of crashes inside model calls run on both."""
+    return "openai-chat"
+
+
+@pytest.fixture
+def servers(refsystem: ReferenceSystemThread, protocol: str) -> Iterator[Servers]:
     """Per scenario: a fresh model server and ticket server (each counts from zero)."""
     with ModelServerThread(SCRIPT, api_key=API_KEY) as model, McpServerThread() as tickets:
-        yield Servers(model, refsystem, tickets)
+        yield Servers(model, refsystem, tickets, protocol)
 
 
 @pytest.fixture
@@ -502,6 +511,7 @@ def test_sigkill_at_a_write_of_a_model_run(
 INSIDE = {2: "maxAmount", 4: "Refund order 7731", 7: '"step":4'}
 
 
+@pytest.mark.parametrize("protocol", ["openai-chat", "anthropic-messages"])
 @pytest.mark.parametrize("call", list(INSIDE))
 def test_sigkill_inside_a_model_call(
     start_operator: Callable[..., OperatorProcess],
@@ -525,17 +535,20 @@ def test_sigkill_inside_a_model_call(
     process.kill()
     assert process.wait_exit(0) == -signal.SIGKILL
     recover(victim, f"inside call {call}", start_operator, runs, name, servers)
+    assert set(model.calls()["byProtocol"]) == {servers.protocol}, "every call spoke the endpoint's protocol"
 
 
 # --- a stale checkpoint: the replayed model proposes other arguments ------------------------------
 
 
+@pytest.mark.parametrize("protocol", ["openai-chat", "anthropic-messages"])
 def test_an_approval_does_not_carry_over_to_other_arguments_proposed_on_replay(
     start_operator: Callable[..., OperatorProcess],
     kube: KubeEnv,
     runs: Runs,
     agent_namespace: str,
     refsystem: ReferenceSystemThread,
+    protocol: str,
 ) -> None:
     """The refund is proposed and approved; then the run's status is restored from a backup taken
     before the model proposed it (the spec, with the approval, stays). On replay the model proposes
@@ -548,7 +561,7 @@ def test_an_approval_does_not_carry_over_to_other_arguments_proposed_on_replay(
     script["rules"].insert(fix + 1, rule(SCRIPT["rules"][fix]["when"], "refund", **other))
     turn = f"agent/turns/{TURNS.index(('refund', 'succeeded'))}/arguments"  # the refund's arguments
     with ModelServerThread(script, api_key=API_KEY) as model, McpServerThread() as tickets:
-        servers = Servers(model, refsystem, tickets)
+        servers = Servers(model, refsystem, tickets, protocol)
         first = start_operator("first", LEASE, **FAST_CLAIMS)
         with WriteLog(kube, runs.namespace) as log:
             name = runs.create(agent_spec(servers), name="replayed")

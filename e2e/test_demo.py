@@ -34,6 +34,9 @@ def test_demo_completes_the_run(kube: KubeEnv) -> None:
     timeline = text[text.index("transition timeline") : text.index("==> the action ledger")]
     assert "approver 'demo-approver'" in text
     assert "approve sent for request enable-strategy-1 (kubernetes.apply)" in text
+    inbox = text.split("$ kubectl agentrun inbox", 1)[1].split("$ kubectl agentrun status", 1)[0]
+    assert "enable-strategy-1" in inbox, "the approver's inbox lists the request"
+    assert "--request enable-strategy-1 --digest sha256:" in inbox, "with the pinned command"
     assert [line.split()[1] for line in timeline.splitlines()[2:17]] == [
         "accepted",
         "step_completed",

@@ -7,13 +7,21 @@
 #      sources (never the test kit), and its dependencies' at the versions of the tested .venv;
 #   3. unless BASE_IMAGE is given, makes a Debian bookworm base with debootstrap (python3,
 #      ca-certificates), cached as a tarball and imported as localhost/durable-agents-base:bookworm;
-#   4. docker build --network none, then checks the image: size, user, read-only root filesystem,
-#      no pip/pytest/test kit/compiler;
-#   5. with IMAGE_SAVE=<path>, docker save's the image there (for `ctr images import`).
+#   4. docker build --network none: pip install --require-hashes of the wheels (their sha256 in
+#      build/wheels/requirements.txt), the SBOM of the installed environment (CycloneDX, made by
+#      cyclonedx-py from its own wheels in build/sbom-tool, never installed in the image) at
+#      /opt/durable-agents/sbom.cdx.json and copied to build/sbom.cdx.json, the OCI labels (source,
+#      version, revision, created); the image's times set to the commit's (SOURCE_DATE_EPOCH), so
+#      two builds of one commit give one image ID (make image-reproducible proves it);
+#   5. checks the image: size, user, read-only root filesystem, no pip/pytest/test kit/compiler;
+#   6. with IMAGE_SAVE=<path>, docker save's the image there (for `ctr images import`).
 # With IMAGE_VERSION=<v>, the wheel and the image are built as version <v> (the sources' version
 # rewritten in the clean copy) and tagged :<v> only, not :dev: a rebuilt image with a changed
 # version, as an upgrade brings (the node suite's `helm upgrade` test).
-# Environment: BASE_IMAGE, IMAGE_SAVE, IMAGE_VERSION, DEBIAN_MIRROR, DURABLE_AGENTS_CACHE, DOCKERD_ARGS.
+# IMAGE_NO_CACHE=1 builds without the build cache (make image-reproducible). IMAGE_SOURCE sets the
+# source label (default: the `origin` remote's URL, credentials removed, else "unknown").
+# Environment: BASE_IMAGE, IMAGE_SAVE, IMAGE_VERSION, IMAGE_NO_CACHE, IMAGE_SOURCE, DEBIAN_MIRROR,
+# DURABLE_AGENTS_CACHE, DOCKERD_ARGS.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 cd "$repo"
@@ -71,12 +79,19 @@ cons=$cache/image-constraints.txt
 "$py" -m pip freeze --exclude-editable >"$cons"
 pip_version=$("$py" -m pip --version | cut -d' ' -f2)
 key=$(cat "$reqs" "$cons" <(echo "pip==$pip_version") | cksum | cut -d' ' -f1)
+# The SBOM's tool, at the version the dev extra pins (make venv installs it): only the image's
+# install stage runs it, from a virtualenv of its own that the final image does not get.
+sbom_tool=$repo/build/sbom-tool
+sbom_pin=$(grep -i '^cyclonedx-bom==' "$cons") ||
+  { echo "cyclonedx-bom is not in .venv (pyproject.toml's dev extra pins it): make venv" >&2; exit 1; }
+[ -z "${IMAGE_NO_CACHE:-}" ] || rm -f "$wheels"/.deps-*   # made again, from pip's cache
 if [ ! -f "$wheels/.deps-$key" ]; then
-  step "building the dependencies' wheels into build/wheels"
-  rm -rf "$wheels" && mkdir -p "$wheels"
+  step "building the dependencies' wheels into build/wheels (and the SBOM tool's into build/sbom-tool)"
+  rm -rf "$wheels" "$sbom_tool" && mkdir -p "$wheels" "$sbom_tool"
   "$py" -m pip wheel --quiet --disable-pip-version-check --wheel-dir "$wheels" -r "$reqs" -c "$cons"
   # The pip that installs them in the image (run from its wheel, never installed there).
   "$py" -m pip wheel --quiet --disable-pip-version-check --no-deps --wheel-dir "$wheels" "pip==$pip_version"
+  "$py" -m pip wheel --quiet --disable-pip-version-check --wheel-dir "$sbom_tool" "$sbom_pin" -c "$cons"
   touch "$wheels/.deps-$key"
 fi
 step "building the durable-agents wheel (from a clean copy of its sources)"
@@ -95,9 +110,10 @@ if [ -n "${IMAGE_VERSION:-}" ]; then
     { echo "could not set the version in the copy of the sources" >&2; exit 1; }
 fi
 rm -f "$wheels"/durable_agents-*.whl
-# One timestamp for every file in the wheel: the same sources give the same wheel, and the build's
-# cache holds.
-SOURCE_DATE_EPOCH=$(git log -1 --format=%ct 2>/dev/null || echo 315532800) \
+# One timestamp for every file in the wheel and the image, the commit's: the same sources give the
+# same wheel and the same image, and the build's cache holds.
+epoch=$(git log -1 --format=%ct 2>/dev/null || echo 315532800)
+SOURCE_DATE_EPOCH=$epoch \
   "$py" -m pip wheel --quiet --disable-pip-version-check --no-deps --no-build-isolation \
   --wheel-dir "$wheels" "$src"
 # The image leaves out kubernetes.aio (see the Dockerfile): nothing shipped may use it.
@@ -110,6 +126,22 @@ tops = {n.split("/")[0] for n in zipfile.ZipFile(sys.argv[1]).namelist()}
 extra = {t for t in tops if not t.endswith(".dist-info")} - {"durable_agents", "durable_agents_controllers"}
 sys.exit(f"the wheel ships {sorted(extra)}" if extra else 0)
 EOF
+# Every wheel the image installs, by its sha256 (pip install --require-hashes in the Dockerfile);
+# the SBOM's root component is described by the project's pyproject.toml (its version as built).
+"$py" hack/image_supply.py requirements "$wheels"
+"$py" hack/image_supply.py requirements "$sbom_tool"
+cp "$src/pyproject.toml" "$sbom_tool/pyproject.toml"
+
+# The labels: where the sources are, which commit (with -dirty when the files the image is built
+# from differ from it), when (the commit's time, as every file in the image).
+revision=$(git rev-parse HEAD 2>/dev/null || echo unknown)
+if [ "$revision" != unknown ] && [ -n "$(git status --porcelain -- pyproject.toml README.md operator \
+    controllers Dockerfile .dockerignore hack/image.sh hack/image_supply.py)" ]; then
+  revision=$revision-dirty
+fi
+source_url=${IMAGE_SOURCE:-$(git remote get-url origin 2>/dev/null | sed -E 's#^([a-z+]+://)[^/@]*@#\1#' || :)}
+source_url=${source_url:-unknown}
+created=$(date -u -d "@$epoch" +%Y-%m-%dT%H:%M:%SZ)
 
 # --- 3. The base ---------------------------------------------------------------------------------
 base=${BASE_IMAGE:-}
@@ -153,12 +185,32 @@ if [ -z "$base" ]; then
 fi
 
 # --- 4. Build and check --------------------------------------------------------------------------
-step "docker build --network none (base: $base)"
+step "docker build --network none (base: $base)${IMAGE_NO_CACHE:+, no cache}"
 # BuildKit (built into this dockerd): the classic builder makes a container per instruction, each
 # a full copy of the file system with the vfs driver (6 times slower here).
-DOCKER_BUILDKIT=1 docker build --progress plain --network none --build-arg "BASE_IMAGE=$base" \
-  --build-arg "VERSION=$version" "${names[@]/#/--tag=}" . >"$cache/image-build.log" 2>&1 ||
+# The build's own image, under a name of this build (another build's prune spares it) until
+# restamped below.
+built=$image:build-$$
+base_digest=$(docker image inspect -f '{{range .RepoDigests}}{{.}} {{end}}' "$base" | cut -d' ' -f1 | cut -s -d@ -f2)
+DOCKER_BUILDKIT=1 docker build --progress plain --network none ${IMAGE_NO_CACHE:+--no-cache} \
+  --build-arg "BASE_IMAGE=$base" --build-arg "BASE_DIGEST=$base_digest" --build-arg "VERSION=$version" \
+  --build-arg "REVISION=$revision" --build-arg "SOURCE=$source_url" --build-arg "CREATED=$created" \
+  --build-arg "SOURCE_DATE_EPOCH=$epoch" --tag "$built" . >"$cache/image-build.log" 2>&1 ||
   { tail -n 30 "$cache/image-build.log" >&2; echo "docker build failed (log: $cache/image-build.log)" >&2; exit 1; }
+# The engine's BuildKit stamps the config, and the files and directories its steps write, with
+# the wall-clock time: the same image with the commit's time instead (what BuildKit 0.13+ does
+# with SOURCE_DATE_EPOCH and rewrite-timestamp), loaded under the image's names; the SBOM copied
+# out of its layers on the way.
+id_file=$src/.restamped-id
+docker save -o "$src/built.tar" "$built"
+"$py" hack/image_supply.py restamp "$src/built.tar" "$epoch" "${names[@]}" --id-file "$id_file" \
+  --base-layers "$(docker image inspect -f '{{len .RootFS.Layers}}' "$base")" \
+  --base-history "$(docker history -q "$base" | wc -l)" \
+  --extract "/opt/durable-agents/sbom.cdx.json=$repo/build/sbom.cdx.json" | docker load >/dev/null
+rm -f "$src/built.tar"
+docker rmi "$built" >/dev/null
+id=$(cat "$id_file")
+echo "image ID: $id (${names[*]}); SBOM: build/sbom.cdx.json" >&2
 # vfs stores every layer as a full copy: drop this image's superseded builds, bound the cache.
 for label in org.opencontainers.image.title=durable-agents durable-agents.base-key; do
   docker image prune --force --filter "label=$label" >/dev/null
@@ -186,7 +238,7 @@ directory = tempfile.mkdtemp(prefix="durable-agents-webhook-")
 with open(os.path.join(directory, "tls.key"), "wb") as out:
     out.write(b"-")
 print("temporary files: writable under", directory)
-absent = ("pip", "setuptools", "pytest", "hypothesis", "durable_agents_testkit", "mypy", "ruff")
+absent = ("pip", "setuptools", "pytest", "hypothesis", "durable_agents_testkit", "mypy", "ruff", "cyclonedx")
 present = [m for m in absent if importlib.util.find_spec(m)]
 if present:
     sys.exit("importable in the image: " + ", ".join(present))
@@ -221,19 +273,18 @@ try_run() {
 }
 check_image() {
   local size base_size out rc
-  size=$(docker image inspect -f '{{.Size}}' "$image:$version")
+  size=$(docker image inspect -f '{{.Size}}' "$id")
   base_size=$(docker image inspect -f '{{.Size}}' "$base")
   echo "image: ${names[*]}  $((size / 1048576)) MiB (base $((base_size / 1048576)) MiB)"
-  echo "USER:  $(docker image inspect -f '{{.Config.User}}' "$image:$version")"
+  echo "USER:  $(docker image inspect -f '{{.Config.User}}' "$id")"
   # The real entry point: a malformed setting stops it with exit code 2 (no cluster is needed
   # for that, and every controller module has been imported by then).
-  out=$(try_run -e DURABLE_AGENTS_NO_SUCH_SETTING=1 "$image:$version") && rc=0 || rc=$?
+  out=$(try_run -e DURABLE_AGENTS_NO_SUCH_SETTING=1 "$id") && rc=0 || rc=$?
   echo "entry point: exit $rc: $out"
   [ "$rc" = 2 ] || { echo "expected exit code 2 from the entry point" >&2; return 1; }
-  try_run -e PYCHECK="$pycheck" --entrypoint sh "$image:$version" -c "$shcheck"
+  try_run -e PYCHECK="$pycheck" --entrypoint sh "$id" -c "$shcheck"
 }
 
-id=$(docker image inspect -f '{{.Id}}' "$image:$version")
 checked=$cache/image-checked-${id#sha256:}.txt
 if [ -f "$checked" ]; then
   step "the image is unchanged (${id:7:12}): its checks, as recorded when it was built"
@@ -244,7 +295,7 @@ else
   mv "$checked.tmp" "$checked"
 fi
 
-# --- 5. For the test bed -------------------------------------------------------------------------
+# --- 6. For the test bed -------------------------------------------------------------------------
 if [ -n "${IMAGE_SAVE:-}" ]; then
   docker save -o "$IMAGE_SAVE" "${names[@]}"
   echo "saved: $(cd "$(dirname "$IMAGE_SAVE")" && pwd)/$(basename "$IMAGE_SAVE") (ctr -n k8s.io images import it)"

@@ -180,6 +180,7 @@ def approve(env: KubeEnv, runs: Runs, ns: str, name: str) -> None:
     approver = approver_kubeconfig(env, ns)
     pinned = ["--request", request["requestId"], "--digest", request["digest"]]  # what was reviewed
     for args in (
+        ["inbox", "-n", ns],  # what waits for this approver, with the command to decide it
         ["status", name, "-n", ns],
         ["approve", name, "-n", ns, *pinned, "--reason", "window is open"],
     ):

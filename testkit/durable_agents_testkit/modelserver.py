@@ -1,5 +1,6 @@
-"""The reference model server: OpenAI-compatible chat completions answered from a script, with call
-counts and injected faults, so tests and the demo drive the model planner without a real model.
+"""The reference model server: OpenAI-compatible chat completions (and the Anthropic Messages API,
+``POST /v1/messages``) answered from a script, with call counts and injected faults, so tests and
+the demo drive the model planner without a real model.
 
 The *script* (:class:`Script`; YAML, JSON or a dict) is a model name and ordered rules. The first
 rule whose ``when`` holds answers: ``called``/``notCalled`` (tool names in assistant tool calls),
@@ -23,6 +24,9 @@ an API key configured, ``/v1/*`` needs ``Authorization: Bearer <key>``, else 401
     what the real API refuses (a tool call without its ``tool`` answer next). Completion and tool
     call ids are sha256 digests of the canonical (RFC 8785) request and of the reply: a replay
     answered alike gets the same ids, another answer new ones. ``usage``: canonical bytes // 4.
+``POST /v1/messages``
+    The Anthropic Messages API, scripted alike (see :mod:`.modelserver_messages`): the request
+    is recorded in the chat-completions shape above; the key as ``x-api-key`` or bearer.
 ``GET /v1/models``
     The script's model.
 ``POST /faults``
@@ -34,10 +38,11 @@ an API key configured, ``/v1/*`` needs ``Authorization: Bearer <key>``, else 401
     closes the connection; ``html`` answers 200 with an HTML page; ``not_json`` 200 with an
     ``application/json`` body that is not JSON; ``not_a_completion`` 200 with JSON that has no
     choices; ``unauthorized`` 401, echoing the key it was given; ``empty`` 200 with a completion
-    that has no content and no tool calls.
+    that has no content and no tool calls; ``overloaded`` 529.
     ``GET /faults`` lists pending faults, ``DELETE /faults`` clears them.
 ``GET /calls``
-    ``{"total", "unmatched", "byRule": {"<index>": n}, "requests": [the last 200 bodies]}``.
+    ``{"total", "unmatched", "byRule": {"<index>": n}, "byProtocol": {"openai-chat" |
+    "anthropic-messages": n}, "requests": [the last 200 bodies, in the chat-completions shape]}``.
 ``POST /script`` replaces the script and zeroes rule uses; ``POST /reset`` clears all the rest.
 
 A slow reply takes its rule use before sleeping, as a model spends tokens for a caller who gives
@@ -80,6 +85,7 @@ from durable_agents_testkit.loopback import (
     http_url,
     refuse_non_loopback,
 )
+from durable_agents_testkit.modelserver_messages import error, key_given, post_messages
 
 NO_SCRIPTED_REPLY = "(no scripted reply)"
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
@@ -194,11 +200,12 @@ class FaultMode(enum.StrEnum):
     NOT_A_COMPLETION = "not_a_completion"  # 200, JSON without choices
     UNAUTHORIZED = "unauthorized"  # 401, echoing the key it was given (as careless servers do)
     EMPTY = "empty"  # 200, a completion with no content and no tool calls
+    OVERLOADED = "overloaded"  # 529, the Anthropic API's "overloaded_error"
 
 
 # The modes that answer without a rule, with what they answer.
 BROKEN = frozenset({FaultMode.ERROR, FaultMode.DROP, FaultMode.HTML, FaultMode.NOT_JSON})
-BROKEN |= {FaultMode.NOT_A_COMPLETION, FaultMode.UNAUTHORIZED, FaultMode.EMPTY}
+BROKEN |= {FaultMode.NOT_A_COMPLETION, FaultMode.UNAUTHORIZED, FaultMode.EMPTY, FaultMode.OVERLOADED}
 PROXY_PAGE = (
     "<!DOCTYPE html>\n<html><head><title>Sign in to continue - Example Proxy</title></head>"
     "<body><h1>Authentication required</h1><p>Your session has expired.</p></body></html>"
@@ -227,6 +234,7 @@ class ModelServer:
     script: Script = field(default_factory=lambda: Script())
     api_key: str | None = None
     uses: collections.Counter[int] = field(default_factory=collections.Counter)  # by rule index
+    protocols: collections.Counter[str] = field(default_factory=collections.Counter)
     total: int = 0
     unmatched: int = 0
     requests: collections.deque[JsonValue] = field(default_factory=lambda: collections.deque(maxlen=200))
@@ -244,12 +252,19 @@ class ModelServer:
     def reset(self) -> None:
         self.total = self.unmatched = 0
         self.uses.clear()
+        self.protocols.clear()
         self.requests.clear()
         self.faults.clear()
 
     def calls_json(self) -> dict[str, JsonValue]:
         by_rule = {str(i): self.uses[i] for i in range(len(self.script.rules))}
-        return dict(total=self.total, unmatched=self.unmatched, byRule=by_rule, requests=list(self.requests))
+        return dict(
+            total=self.total,
+            unmatched=self.unmatched,
+            byRule=by_rule,
+            byProtocol=dict(self.protocols),
+            requests=list(self.requests),
+        )
 
     def _choose(self, messages: list[Message]) -> Rule:
         """The first rule with uses left whose condition holds takes a use; none: the fallback."""
@@ -260,10 +275,14 @@ class ModelServer:
         self.unmatched += 1
         return Rule(content=NO_SCRIPTED_REPLY)
 
-    def complete(self, body: Message, canonical: bytes) -> tuple[Fault | None, JsonValue]:
-        """Count and answer one valid request: (the fault taken, the completion or None)."""
+    def complete(
+        self, body: Message, canonical: bytes, protocol: str = "openai-chat"
+    ) -> tuple[Fault | None, JsonValue]:
+        """Count and answer one valid request, given in the chat-completions shape (the Messages
+        API side translates first): (the fault taken, the completion or None)."""
         messages: list[Message] = body["messages"]
         self.total += 1
+        self.protocols[protocol] += 1
         self.requests.append(body)
         last = _text(messages[-1].get("content"))
         fault = next((f for f in self.faults if f.match is None or f.match in last), None)
@@ -344,7 +363,10 @@ def _error(status: int, message: str, code: str | None = None) -> web.Response:
 @web.middleware
 async def _check_api_key(request: web.Request, handler: Handler) -> web.StreamResponse:
     key = request.app[SERVER_KEY].api_key
-    if key is not None and request.path.startswith("/v1/"):
+    if key is not None and request.path == "/v1/messages":  # the Messages API's own header
+        if not key_given(request, key):
+            return error(401, "invalid x-api-key")
+    elif key is not None and request.path.startswith("/v1/"):
         given = request.headers.get("Authorization", "")
         if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
             return _error(401, "Incorrect API key provided.", code="invalid_api_key")
@@ -373,7 +395,7 @@ async def _post_completion(request: web.Request) -> web.StreamResponse:
 
     # From here to the answer there is no await: taking the fault and the rule use is atomic.
     fault, completion = server.complete(body, canonical)
-    broken = _broken(fault.mode, request.headers.get("Authorization", "")) if fault is not None else None
+    broken = broken_reply(fault.mode, request.headers.get("Authorization", "")) if fault is not None else None
     if broken is not None:
         return broken
     if fault is not None and fault.mode is FaultMode.DROP:
@@ -387,10 +409,12 @@ async def _post_completion(request: web.Request) -> web.StreamResponse:
     return web.json_response(completion)
 
 
-def _broken(mode: FaultMode, authorization: str) -> web.Response | None:
+def broken_reply(mode: FaultMode, authorization: str) -> web.Response | None:
     """The reply of a broken endpoint for ``mode``; None for the modes handled in line."""
     if mode is FaultMode.ERROR:
         return _error(500, "injected fault: the server had an error")
+    if mode is FaultMode.OVERLOADED:
+        return _error(529, "injected fault: overloaded")
     if mode is FaultMode.HTML:
         return web.Response(text=PROXY_PAGE, content_type="text/html")
     if mode is FaultMode.NOT_JSON:
@@ -450,6 +474,7 @@ def make_app(server: ModelServer | None = None) -> web.Application:
     app = web.Application(middlewares=[_check_api_key], client_max_size=16 * 1024 * 1024)
     app[SERVER_KEY] = server if server is not None else ModelServer()
     app.router.add_post("/v1/chat/completions", _post_completion)
+    app.router.add_post("/v1/messages", post_messages(lambda request: request.app[SERVER_KEY], broken_reply))
     app.router.add_get("/v1/models", _get_models)
     app.router.add_post("/faults", _post_fault)
     app.router.add_get("/faults", _faults)
@@ -523,6 +548,11 @@ class ModelServerThread(LoopThread[RunningModelServer]):
         """What the OpenAI client takes as ``base_url``; the control endpoints are beside ``/v1``."""
         return self._served.base_url
 
+    def base_url_for(self, protocol: str) -> str:
+        """The ``baseUrl`` of an endpoint speaking ``protocol``: ``…/v1`` for openai-chat, the
+        server's root for anthropic-messages (its client appends ``/v1/messages``)."""
+        return self._served.url if protocol == "anthropic-messages" else self.base_url
+
     def calls(self) -> dict[str, JsonValue]:
         """The ``GET /calls`` document."""
         return self.call(self.server.calls_json)
@@ -544,7 +574,10 @@ class ModelServerThread(LoopThread[RunningModelServer]):
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m durable_agents_testkit.modelserver",
-        description="The reference model server: OpenAI-compatible chat completions from a script.",
+        description=(
+            "The reference model server: OpenAI-compatible chat completions and the Anthropic "
+            "Messages API, answered from a script."
+        ),
     )
     parser.add_argument("--script", required=True, type=Path, help="the script: a YAML or .json file")
     parser.add_argument("--host", default=LOOPBACK, help="address to listen on (loopback only by default)")

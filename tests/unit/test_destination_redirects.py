@@ -85,3 +85,16 @@ async def test_a_model_call_is_not_redirected_to_another_host(servers: Servers) 
     finally:
         await client.close()
     assert servers.hits == [], "a redirect was followed to another host"
+
+
+async def test_a_messages_api_call_is_not_redirected_to_another_host(servers: Servers) -> None:
+    client = ModelClient()
+    request = ModelRequest(model="m", messages=({"role": "user", "content": "hi"},), tools=())
+    endpoint = ModelEndpoint(base_url=servers.allowed, timeout_seconds=5, protocol="anthropic-messages")
+    try:
+        with pytest.raises(ModelCallFailed) as caught:
+            await client.complete(endpoint, request)
+    finally:
+        await client.close()
+    assert "HTTP 30" in caught.value.message, caught.value.message
+    assert servers.hits == [], "a redirect was followed to another host"

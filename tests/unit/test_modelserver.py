@@ -319,9 +319,11 @@ async def test_counts_requests_and_reset(client: openai.AsyncOpenAI, server: Mod
     assert (calls["total"], calls["unmatched"], calls["byRule"]["0"]) == (2, 1, 1)
     assert [r["messages"][-1]["content"] for r in calls["requests"]] == ["Where is my order?", "Hello"]
     assert calls["requests"][0]["tools"] == TOOLS
+    assert calls["byProtocol"] == {"openai-chat": 2}
 
     server.reset()
-    assert server.calls() == {"total": 0, "unmatched": 0, "byRule": dict.fromkeys("0123", 0), "requests": []}
+    empty = {"total": 0, "unmatched": 0, "byRule": dict.fromkeys("0123", 0), "byProtocol": {}, "requests": []}
+    assert server.calls() == empty
     # The queued fault went too.
     assert only_call(await complete(client, ASK))[0] == "lookup_order"
 

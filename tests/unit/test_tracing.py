@@ -145,6 +145,30 @@ async def test_a_model_call_is_a_chat_span_with_the_servers_usage(
     assert_nothing_said(span, SYSTEM_PROMPT, OBJECTIVE, answered.reply.content, TICKET)
 
 
+async def test_a_messages_api_call_is_a_chat_span_of_the_anthropic_provider(
+    model_server: ModelServerThread, tracer: Tracer, exporter: InMemorySpanExporter
+) -> None:
+    protocol = "anthropic-messages"
+    endpoint = ModelEndpoint(
+        base_url=model_server.base_url_for(protocol), timeout_seconds=5.0, protocol=protocol
+    )
+    turns = ModelTurns(lambda _run: endpoint, tracer=tracer)
+    try:
+        answered = await turns.answer(the_run(), NeedModelTurn(REQUEST, step_index=3))
+    finally:
+        await turns.client.close()
+
+    assert answered.reply is not None
+    assert model_server.calls()["byProtocol"] == {protocol: 1}
+    span = only_span(exporter)
+    assert span.name == f"chat {MODEL}"
+    attributes = dict(span.attributes or {})
+    assert attributes["gen_ai.provider.name"] == "anthropic"
+    assert attributes["gen_ai.response.finish_reasons"] == ("tool_use",)
+    assert attributes["gen_ai.usage.input_tokens"] == answered.reply.usage.input_tokens > 0
+    assert_nothing_said(span, SYSTEM_PROMPT, OBJECTIVE, answered.reply.content, TICKET)
+
+
 async def test_a_failed_model_call_is_an_error_span_named_by_its_reason(
     model_server: ModelServerThread, tracer: Tracer, exporter: InMemorySpanExporter
 ) -> None:

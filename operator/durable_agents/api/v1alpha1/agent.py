@@ -32,6 +32,13 @@ class PlannerKind(StrEnum):
     MODEL = "model"
 
 
+class ModelProtocol(StrEnum):
+    """The API a model endpoint speaks."""
+
+    OPENAI_CHAT = "openai-chat"
+    ANTHROPIC_MESSAGES = "anthropic-messages"
+
+
 class KeyReference(ApiModel):
     """One key of a Secret or ConfigMap in the run's namespace."""
 
@@ -42,12 +49,25 @@ class KeyReference(ApiModel):
 
 
 class ModelEndpoint(ApiModel):
-    """An OpenAI-compatible chat-completions endpoint (OpenAI, vLLM, Ollama, a gateway)."""
+    """A model endpoint: OpenAI-compatible chat completions (OpenAI, vLLM, Ollama, a gateway) or
+    the Anthropic Messages API, as ``protocol`` says."""
 
     base_url: str = Field(
         max_length=2048,
         pattern=r"^https?://[^\s]+$",
-        description="The API's base URL, ending before /chat/completions (for example http://host/v1).",
+        description=(
+            "The API's base URL: for openai-chat, ending before /chat/completions (for example "
+            "http://host/v1); for anthropic-messages, before /v1/messages (for example "
+            "https://api.anthropic.com)."
+        ),
+    )
+    protocol: ModelProtocol = Field(
+        default=ModelProtocol.OPENAI_CHAT,
+        description=(
+            "The API the endpoint speaks: openai-chat (chat completions, the default) or "
+            "anthropic-messages (the Anthropic Messages API). The run records the same model, "
+            "prompt and tool-set identifiers either way."
+        ),
     )
     credentials_secret_ref: KeyReference | None = Field(
         default=None, description="The API key: a key of a Secret in the run's namespace."

@@ -1,4 +1,5 @@
-"""The model call: one chat-completions request through the official ``openai`` client.
+"""The model call: one chat-completions request through the official ``openai`` client (an
+endpoint whose protocol is ``anthropic-messages`` is called by :mod:`.messages_client`).
 
 Retries are off in the client: a failed call is a failed attempt of the run, and the run's retry
 policy decides when (and whether) to call again, so a model endpoint that times out or fails is a
@@ -15,13 +16,15 @@ key): retried under the run's policy, never an internal-error quarantine.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # imported when the first model call is made: the client costs ~1 s and ~16 MB
     import openai
 
 from durable_agents.core.agent.exchange import ModelReply, ModelRequest
+from durable_agents.core.agent.messages_api import ANTHROPIC_MESSAGES
+from durable_agents.shell.agent.messages_client import MessagesClient
+from durable_agents.shell.agent.model_endpoint import ModelEndpoint
 from durable_agents.shell.agent.model_replies import (
     ModelCallFailed,
     reply_kind,
@@ -33,15 +36,6 @@ from durable_agents.shell.agent.model_replies import (
 log = logging.getLogger(__name__)
 
 NO_KEY = "unused"  # the client insists on a key; a local server without auth ignores it
-
-
-@dataclass(frozen=True)
-class ModelEndpoint:
-    """Where a run's model answers: an OpenAI-compatible base URL (…/v1) and its credential."""
-
-    base_url: str
-    api_key: str | None = None
-    timeout_seconds: float = 60.0
 
 
 def _failures() -> tuple[tuple[type[openai.OpenAIError], str, bool], ...]:
@@ -64,10 +58,12 @@ def _failures() -> tuple[tuple[type[openai.OpenAIError], str, bool], ...]:
 
 
 class ModelClient:
-    """Chat completions for the worker; one ``AsyncOpenAI`` per (base URL, key, timeout)."""
+    """Model calls for the worker: chat completions, one ``AsyncOpenAI`` per (base URL, key,
+    timeout); an endpoint speaking the Messages API goes to :class:`MessagesClient`."""
 
     def __init__(self) -> None:
         self._clients: dict[ModelEndpoint, openai.AsyncOpenAI] = {}
+        self._messages = MessagesClient()
 
     def _client(self, endpoint: ModelEndpoint) -> openai.AsyncOpenAI:
         import openai
@@ -88,6 +84,8 @@ class ModelClient:
 
     async def complete(self, endpoint: ModelEndpoint, request: ModelRequest) -> ModelReply:
         """One model call; :class:`ModelCallFailed` when it brought no usable answer."""
+        if endpoint.protocol == ANTHROPIC_MESSAGES:
+            return await self._messages.complete(endpoint, request)
         import openai
 
         sent = request.body()
@@ -112,6 +110,7 @@ class ModelClient:
         for client in self._clients.values():
             await client.close()
         self._clients.clear()
+        await self._messages.close()
 
 
 def failure_of(err: openai.OpenAIError, endpoint: ModelEndpoint) -> ModelCallFailed:

@@ -1,4 +1,5 @@
-"""What a model endpoint answered, classified: a chat completion the core can use, or a
+"""What a model endpoint answered, classified: a chat completion (or, for an endpoint speaking
+the Anthropic Messages API, a message) the core can use, or a
 :class:`ModelCallFailed` that names the endpoint and the kind of reply.
 
 Everything here reads bytes someone else wrote (the endpoint, or whatever stands in front of it:
@@ -21,6 +22,12 @@ from typing import Any, Final
 from urllib.parse import urlsplit, urlunsplit
 
 from durable_agents.core.agent.exchange import ModelReply, ToolCall, Usage
+from durable_agents.core.agent.messages_api import (
+    ANTHROPIC_MESSAGES,
+    OPENAI_CHAT,
+    NotAMessage,
+    reply_of_message,
+)
 
 EXCERPT_MAX: Final = 120
 """The most characters of a reply a message quotes."""
@@ -184,23 +191,30 @@ def completion_of(value: Any) -> ModelReply:
 
 
 def reply_of(
-    base_url: str, status: int, headers: Mapping[str, str], body: bytes, api_key: str | None
+    base_url: str,
+    status: int,
+    headers: Mapping[str, str],
+    body: bytes,
+    api_key: str | None,
+    protocol: str = OPENAI_CHAT,
 ) -> ModelReply:
-    """The chat completion an endpoint answered with ``status`` (2xx) and ``body``; else
-    :class:`ModelCallFailed` naming the endpoint and the kind of reply. Never another exception."""
+    """The reply an endpoint answered with ``status`` (2xx) and ``body``, read as ``protocol``
+    says (a chat completion, or a Messages API message); else :class:`ModelCallFailed` naming the
+    endpoint and the kind of reply. Never another exception."""
     where = f"{shown_endpoint(base_url)} answered HTTP {status} with"
+    expected = "a Messages API reply" if protocol == ANTHROPIC_MESSAGES else "a chat completion"
     try:
         value = json.loads(body)
     except (ValueError, RecursionError):
         kind = reply_kind(headers, body, api_key)
-        raise ModelCallFailed("ModelReplyNotJson", f"{where} {kind}, not a chat completion", True) from None
+        raise ModelCallFailed("ModelReplyNotJson", f"{where} {kind}, not {expected}", True) from None
     try:
-        reply = completion_of(value)
-    except _NotACompletion as err:
-        what = f"{where} {reply_kind(headers, body, api_key)} that is not a chat completion: {err}"
+        reply = reply_of_message(value) if protocol == ANTHROPIC_MESSAGES else completion_of(value)
+    except (_NotACompletion, NotAMessage) as err:
+        what = f"{where} {reply_kind(headers, body, api_key)} that is not {expected}: {err}"
         raise ModelCallFailed("ModelReplyInvalid", what, True) from None
     if reply.is_empty:
         finish = sanitized(reply.finish_reason or "none", None, 32)
-        message = f"{where} a chat completion with no content and no tool calls (finish reason {finish})"
+        message = f"{where} {expected} with no content and no tool calls (finish reason {finish})"
         raise ModelCallFailed("ModelReplyEmpty", message, True)
     return reply

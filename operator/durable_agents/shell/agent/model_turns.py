@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from opentelemetry.trace import SpanKind
 
+from durable_agents.core.agent.messages_api import ANTHROPIC_MESSAGES
 from durable_agents.core.engine import ModelAnswer, NeedModelTurn, RunSnapshot
 from durable_agents.shell.agent.model_client import ModelCallFailed, ModelClient, ModelEndpoint
 from durable_agents.shell.ground import metrics, tracing
@@ -53,7 +54,8 @@ class ModelTurns:
         model = need.request.model
         attributes = {
             "gen_ai.operation.name": "chat",
-            "gen_ai.provider.name": "openai",  # an OpenAI-compatible chat-completions API
+            # an OpenAI-compatible chat-completions API, or the Anthropic Messages API
+            "gen_ai.provider.name": "anthropic" if endpoint.protocol == ANTHROPIC_MESSAGES else "openai",
             "gen_ai.request.model": model,
             **tracing.server_attributes(endpoint.base_url),
             "durable_agents.run": f"{run.namespace}/{run.name}",

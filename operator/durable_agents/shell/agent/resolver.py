@@ -195,6 +195,7 @@ class AgentResolver:
             base_url=agent.endpoint.base_url,
             api_key=api_key,
             timeout_seconds=parse_duration(agent.endpoint.timeout).total_seconds(),
+            protocol=str(agent.endpoint.protocol),
         )
         return inputs, endpoint
 

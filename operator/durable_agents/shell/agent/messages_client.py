@@ -1,0 +1,131 @@
+"""The model call for an endpoint speaking the Anthropic Messages API, through the ``anthropic``
+client; the twin of :mod:`.model_client` (chat completions), with the same rules:
+
+- retries off in the client (a failed call is a failed attempt of the run, retried under its
+  policy's windows), the endpoint's timeout bounding each call, redirects not followed;
+- the request is the core's, translated by :mod:`durable_agents.core.agent.messages_api` (its
+  digest, the model and the prompt and tool-set digests are recorded as for chat completions);
+- the reply is read raw and classified by :mod:`.model_replies`: every failure of the endpoint
+  (a body that is not JSON, 401, 500, 529 overloaded, a timeout) is a :class:`ModelCallFailed`
+  naming the endpoint and the kind of reply, never the key, never an internal error.
+
+The key from the run's Secret goes as ``x-api-key``, the header the Messages API reads.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # imported at the first call of such an endpoint, as the openai client is
+    import anthropic
+
+from durable_agents.core.agent.exchange import ModelReply, ModelRequest
+from durable_agents.core.agent.messages_api import ANTHROPIC_MESSAGES, messages_body
+from durable_agents.shell.agent.model_endpoint import ModelEndpoint
+from durable_agents.shell.agent.model_replies import (
+    ModelCallFailed,
+    reply_kind,
+    reply_of,
+    sanitized,
+    shown_endpoint,
+)
+
+NO_KEY = "unused"  # the client insists on a key; a local server without auth ignores it
+
+
+def _failures() -> tuple[tuple[type[anthropic.AnthropicError], str, bool], ...]:
+    """The client's exception classes, most specific first, and what each means for the run."""
+    import anthropic
+
+    return (
+        (anthropic.APITimeoutError, "ModelTimeout", True),
+        (anthropic.APIConnectionError, "ModelUnreachable", True),
+        (anthropic.RateLimitError, "ModelRateLimited", True),
+        (anthropic.OverloadedError, "ModelOverloaded", True),  # 529: the API's own "busy"
+        (anthropic.AuthenticationError, "ModelAuthFailed", True),  # fixed in the Secret: retryable
+        (anthropic.PermissionDeniedError, "ModelAuthFailed", True),
+        (anthropic.BadRequestError, "ModelRequestRefused", False),
+        (anthropic.UnprocessableEntityError, "ModelRequestRefused", False),
+        (anthropic.NotFoundError, "ModelNotFound", False),
+        (anthropic.APIStatusError, "ModelError", True),
+        (anthropic.APIResponseValidationError, "ModelReplyInvalid", True),
+    )
+
+
+class MessagesClient:
+    """Messages API calls for the worker; one ``AsyncAnthropic`` per (base URL, key, timeout)."""
+
+    def __init__(self) -> None:
+        self._clients: dict[ModelEndpoint, anthropic.AsyncAnthropic] = {}
+
+    def _client(self, endpoint: ModelEndpoint) -> anthropic.AsyncAnthropic:
+        import anthropic
+
+        client = self._clients.get(endpoint)
+        if client is None:
+            client = anthropic.AsyncAnthropic(
+                base_url=endpoint.base_url,
+                api_key=endpoint.api_key or NO_KEY,
+                max_retries=0,
+                timeout=endpoint.timeout_seconds,
+                # A redirect could land outside the policy's modelEndpoints: not followed.
+                http_client=anthropic.DefaultAsyncHttpxClient(follow_redirects=False),
+            )
+            self._clients[endpoint] = client
+        return client
+
+    async def complete(self, endpoint: ModelEndpoint, request: ModelRequest) -> ModelReply:
+        """One model call; :class:`ModelCallFailed` when it brought no usable answer."""
+        import anthropic
+
+        sent = messages_body(request)
+        try:
+            raw = await self._client(endpoint).messages.with_raw_response.create(**sent)
+        except anthropic.AnthropicError as err:
+            raise failure_of(err, endpoint) from None
+        except ValueError as err:  # a header it cannot encode
+            message = (
+                f"the request to {shown_endpoint(endpoint.base_url)} cannot be sent: {type(err).__name__}"
+            )
+            raise ModelCallFailed("ModelEndpointInvalid", message, True) from None
+        response = raw.http_response
+        try:
+            body = await response.aread()
+        except Exception as err:  # the transport's own classes are the SDK's internals
+            message = f"{type(err).__name__} while reading the reply of {shown_endpoint(endpoint.base_url)}"
+            raise ModelCallFailed("ModelUnreachable", message, True) from None
+        return reply_of(
+            endpoint.base_url,
+            response.status_code,
+            response.headers,
+            body,
+            endpoint.api_key,
+            ANTHROPIC_MESSAGES,
+        )
+
+    async def close(self) -> None:
+        for client in self._clients.values():
+            await client.close()
+        self._clients.clear()
+
+
+def failure_of(err: anthropic.AnthropicError, endpoint: ModelEndpoint) -> ModelCallFailed:
+    """The run's reason for the client's exception, naming the endpoint and the kind of reply."""
+    import anthropic
+
+    reason, retryable = "ModelError", True
+    for cls, known, may_retry in _failures():
+        if isinstance(err, cls):
+            reason, retryable = known, may_retry
+            break
+    where = shown_endpoint(endpoint.base_url)
+    if isinstance(err, anthropic.APIStatusError):
+        response = err.response
+        kind = reply_kind(response.headers, response.content, endpoint.api_key)
+        message = f"{type(err).__name__} (HTTP {response.status_code}) from {where}: {kind}"
+    elif isinstance(err, anthropic.APIConnectionError):  # a timeout is one too: say which limit
+        text = sanitized(str(err), endpoint.api_key)
+        message = f"{type(err).__name__}: {text} ({where}, timeout {endpoint.timeout_seconds:g}s)"
+    else:
+        message = f"{type(err).__name__} from {where}: {sanitized(str(err), endpoint.api_key)}"
+    return ModelCallFailed(reason, message, retryable)
