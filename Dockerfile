@@ -43,7 +43,7 @@ RUN set -eu; \
         /opt/durable-agents/lib/python3*/site-packages/kubernetes/aio; \
     /opt/durable-agents/bin/python -m compileall -q -j 0 --invalidation-mode unchecked-hash \
         /opt/durable-agents/lib; \
-    /opt/durable-agents/bin/python -c 'import durable_agents_controllers.__main__, durable_agents.kubectl.main'; \
+    /opt/durable-agents/bin/python -c 'import durable_agents_controllers.__main__, durable_agents.kubectl.main, durable_agents.console.app'; \
     cp /wheels/requirements.txt /opt/durable-agents/requirements.txt; \
     python3 -m venv --without-pip /tmp/sbom-tool; \
     /tmp/sbom-tool/bin/python "$pip" install --quiet --no-index --find-links /sbom-tool \
