@@ -60,13 +60,23 @@ test-unit: $(STAMP) ## pure-core tests, no cluster
 	$(VENV)/bin/pytest -m unit $(PYTEST_ARGS)
 
 .PHONY: test
-test: $(STAMP) lint binaries prometheus ## lint, then every test: unit, integration, node (root: the in-cluster suite), e2e
+test: $(STAMP) lint binaries prometheus chromium ## lint, then every test: unit, integration, node (root: the in-cluster suite), e2e
 	DURABLE_AGENTS_BIN_DIR=$$(WITH_NODE=1 bash hack/build.sh | tail -n1) $(VENV)/bin/pytest $(PYTEST_ARGS)
 
 .PHONY: prometheus
 prometheus: ## Debian's prometheus package (prometheus and promtool: the alert rule tests and the e2e Prometheus), when missing
 	@test -x /usr/bin/promtool -a -x /usr/bin/prometheus || { $(SUDO) apt-get update && \
 	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends prometheus; }
+
+.PHONY: chromium
+chromium: ## Debian's chromium and chromium-driver (the console's browser tests, -m browser, drive it with Playwright), when missing
+	@test -x /usr/bin/chromium || { $(SUDO) apt-get update && \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium chromium-driver; }
+
+.PHONY: console-screenshots
+console-screenshots: $(STAMP) binaries chromium ## the console's pages as the browser tests see them -> docs/approving/img/
+	DURABLE_AGENTS_BIN_DIR=$$(bash hack/build.sh | tail -n1) CONSOLE_SCREENSHOTS=$(CURDIR)/docs/approving/img \
+		$(VENV)/bin/pytest -m browser e2e/test_console.py $(PYTEST_ARGS)
 
 .PHONY: test-node
 test-node: $(STAMP) binaries ## the node tests (root): Pods on a real kubelet + containerd; the machine checked after

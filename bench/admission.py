@@ -12,7 +12,10 @@ size); then the same while runs of the largest admitted size (``durable_agents_t
 other, every ``--big-every`` samples the busy run itself cancelled (the next one is created at
 once). For each large-run cancellation the API server's own count of time spent calling the two
 webhooks is kept beside it (``webhook_seconds_of_each``), so the webhook's share shows apart from
-the API server's and etcd's.
+the API server's and etcd's; where the webhook is a process of its own that exports its review
+time (``durable_agents_admission_review_seconds``), that process's own time on the two reviews is
+kept too (``webhook_process_seconds_of_each``): the rest of the API server's figure is waiting for
+it to be scheduled, TLS, and the API server's own work.
 
 With ``--base REV`` the operator of that revision (``git archive``, imported through
 ``PYTHONPATH`` as ``bench.ab`` does) is measured too, in rounds interleaved with the working
@@ -45,14 +48,16 @@ from bench.core import REPO, Env, await_states, create_runs, environment, percen
 from durable_agents import __version__
 from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents_testkit.eventually import Within, eventually
+from durable_agents_testkit.governance import permissive_default
 from durable_agents_testkit.large_runs import largest_run, size_of
 from durable_agents_testkit.operator_process import OperatorProcess
 from durable_agents_testkit.refsystem import ReferenceSystemThread
 from durable_agents_testkit.releases import materialize_release
 from durable_agents_testkit.runs import Runs
-from durable_agents_testkit.scrape import free_port
+from durable_agents_testkit.scrape import free_port, scrape
 
 TERMINAL = ("completed", "canceled", "failed", "quarantined")
+REVIEW_METRIC = "durable_agents_admission_review_seconds"
 CANCEL = {"spec": {"cancellations": {"stop": {"scope": "task"}}}}
 
 
@@ -65,6 +70,7 @@ class Sample:
     seconds: float
     error: str | None = None
     webhook_seconds: float | None = None  # of it, the API server's calls to the two webhooks
+    process_seconds: float | None = None  # of those, the webhook process's own (where it says)
 
 
 def cancel(custom: client.CustomObjectsApi, namespace: str, name: str) -> Sample:
@@ -92,6 +98,15 @@ def figures(samples: list[Sample]) -> dict[str, Any]:
         **(
             {"webhook_seconds_of_each": [round(s.webhook_seconds, 4) for s in samples if s.webhook_seconds]}
             if any(s.webhook_seconds for s in samples)
+            else {}
+        ),
+        **(
+            {
+                "webhook_process_seconds_of_each": [
+                    round(s.process_seconds, 4) for s in samples if s.process_seconds is not None
+                ]
+            }
+            if any(s.process_seconds is not None for s in samples)
             else {}
         ),
     }
@@ -224,12 +239,32 @@ def held_runs(env: Env, namespace: str, url: str, count: int, awaits: int) -> li
         statuses = [runs.get(name).get("status") or {} for name in names]
         return all(s.get("waitingFor") == "event:hold" for s in statuses)
 
-    eventually(holding, Within.TAKEOVER, f"{count} runs of the largest size waiting at their last step")
+    # Setup, not measured: on a loaded machine ten 448 KiB runs take longer than a takeover.
+    eventually(holding, 5 * Within.TAKEOVER, f"{count} runs of the largest size waiting at their last step")
     return names
 
 
+def review_seconds(port: int) -> float | None:
+    """The webhook process's own seconds on AgentRun reviews so far (None: not exported)."""
+    try:
+        text = scrape(port)
+    except OSError:
+        return None
+    total = None
+    for line in text.splitlines():
+        if line.startswith(REVIEW_METRIC + "_sum{") and 'resource="agentruns"' in line:
+            total = (total or 0.0) + float(line.rsplit(" ", 1)[1])
+    return total
+
+
 def measure(
-    env: Env, namespace: str, names: list[str], gap: float, busy: BusyRuns | list[str], every: int
+    env: Env,
+    namespace: str,
+    names: list[str],
+    gap: float,
+    busy: BusyRuns | list[str],
+    every: int,
+    metrics_port: int,
 ) -> Any:
     """Cancel each of ``names``; every ``every``, a large run too: the busy one, or the next held one."""
     custom = env.custom
@@ -241,9 +276,13 @@ def measure(
         if every and (i + 1) % every == 0 and (held or isinstance(busy, BusyRuns)):
             target = held.pop(0) if held else busy.wait_worked()  # type: ignore[union-attr]
             before = webhook_seconds(env)  # nothing else passes the webhook meanwhile (but rarely)
+            own = review_seconds(metrics_port)
             sample = cancel(custom, namespace, target)
             after = webhook_seconds(env)
             sample.webhook_seconds = sum(t - before.get(k, (0.0, 0.0))[0] for k, (t, _) in after.items())
+            own_after = review_seconds(metrics_port)
+            if own is not None and own_after is not None:
+                sample.process_seconds = own_after - own
             big.append(sample)
         time.sleep(gap)
     return small, big
@@ -274,8 +313,15 @@ class Round:
 
 def one_round(args: argparse.Namespace, env: Env, refsystem: ReferenceSystemThread, label: str) -> Round:
     namespace = env.namespace()
-    port = str(free_port())
-    op: OperatorProcess = env.operator(namespace, f"admission-{label}", DURABLE_AGENTS_WEBHOOK_PORT=port)
+    # Governed as the tests' namespaces are (issue 32): the large runs' effects need a policy.
+    permissive_default(env.kube.api, namespace)
+    port, metrics = str(free_port()), free_port()
+    op: OperatorProcess = env.operator(
+        namespace,
+        f"admission-{label}",
+        DURABLE_AGENTS_WEBHOOK_PORT=port,
+        DURABLE_AGENTS_METRICS_PORT=str(metrics),
+    )
     cpu: dict[str, float] = {}
     hooks: dict[str, Any] = {}
     try:
@@ -288,7 +334,9 @@ def one_round(args: argparse.Namespace, env: Env, refsystem: ReferenceSystemThre
         log(f"{label} baseline: {args.samples} cancellations of small runs, the operator otherwise idle")
         _, cpu0 = proc_sample(op.pid)
         started, hooks0 = time.perf_counter(), webhook_seconds(env)
-        baseline, idle_big = measure(env, namespace, names[: args.samples], args.gap, held, args.big_every)
+        baseline, idle_big = measure(
+            env, namespace, names[: args.samples], args.gap, held, args.big_every, metrics
+        )
         cpu["baseline"] = round(100 * (proc_sample(op.pid)[1] - cpu0) / (time.perf_counter() - started), 1)
         hooks["baseline"] = webhook_mean(hooks0, webhook_seconds(env))
         log(f"{label} busy: the same beside runs of the largest size, one cancelled every {args.big_every}")
@@ -300,7 +348,7 @@ def one_round(args: argparse.Namespace, env: Env, refsystem: ReferenceSystemThre
         profiler = profile(
             op.pid, args.profile.with_stem(f"{args.profile.stem}-{label}") if args.profile else None
         )
-        loaded, big = measure(env, namespace, names[args.samples :], args.gap, busy, args.big_every)
+        loaded, big = measure(env, namespace, names[args.samples :], args.gap, busy, args.big_every, metrics)
         cpu["busy"] = round(100 * (proc_sample(op.pid)[1] - cpu0) / (time.perf_counter() - started), 1)
         hooks["busy"] = webhook_mean(hooks0, webhook_seconds(env))
         if profiler is not None:

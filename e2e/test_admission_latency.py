@@ -2,9 +2,12 @@
 passes the operator's admission webhook (failurePolicy Fail: a webhook that does not answer within
 its timeout refuses the request) and the run then cancels (issue 30).
 
-The webhook answers on its own thread and event loop, not on the loop where the worker decides
-the run's transitions (each one validates and verifies the whole 448 KiB run). How long the answer
-takes is measured by ``make bench-admission`` (bench/admission.py), never asserted here.
+The webhook answers from a process of its own (:mod:`durable_agents_controllers.webhook_process`),
+not from the one where the worker decides the run's transitions (each one validates and verifies
+the whole 448 KiB run, in long C calls that hold the interpreter lock). How long the answer takes is
+measured by ``make bench-admission`` (bench/admission.py), never asserted here; that the answer
+does not wait for the worker is proven by holding the worker's interpreter lock on purpose
+(``DURABLE_AGENTS_TEST_HOLD_INTERPRETER``) longer than the webhook's timeout.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from durable_agents_testkit.large_runs import MARGIN, largest_run, size_of
 from durable_agents_testkit.operator_process import OperatorProcess
 from durable_agents_testkit.refsystem import ReferenceSystemThread
 from durable_agents_testkit.runs import Runs
-from durable_agents_testkit.scrape import free_port
+from durable_agents_testkit.scrape import free_port, metric, scrape
 
 TERMINAL = ("completed", "canceled", "failed", "quarantined")
 
@@ -69,3 +72,52 @@ def test_a_cancel_on_a_run_of_the_largest_size_being_worked_is_admitted_and_the_
     assert canceled["status"]["outcome"]["reason"]
     assert canceled["status"]["stateVersion"] > version
     print(f"\ncancelled at v{version} of {canceled['status']['stateVersion']}; {size_of(name, spec)} bytes")
+
+
+HOLD_SECONDS = 30  # three times the webhook's timeout (10 s): an answer from the held process fails
+
+
+@pytest.mark.local_plane("webhook")
+def test_a_cancel_is_admitted_while_the_worker_holds_the_interpreter_lock_longer_than_the_webhook_timeout(
+    kube: KubeEnv,
+    namespace: str,
+    runs: Runs,
+    refsystem: ReferenceSystemThread,
+    start_operator: Callable[..., OperatorProcess],
+) -> None:
+    name = "held"
+    metrics_port = free_port()
+    op = start_operator(
+        "held",
+        DURABLE_AGENTS_WEBHOOK_PORT=str(free_port()),
+        DURABLE_AGENTS_METRICS_PORT=str(metrics_port),
+        DURABLE_AGENTS_TEST_HOLD_INTERPRETER=f"{name}:{HOLD_SECONDS}",
+    )
+    eventually(lambda: op.logged("admission webhook serving"), Within.COMMIT, "the admission webhook")
+    runs.await_webhook()
+    runs.create(largest_run(refsystem.url, name, hold=True), name=name, stamped=False)
+    held = f"test hook: commit to {namespace}/{name} holds the interpreter lock"
+    released = "test hook: interpreter lock released"
+    eventually(lambda: op.logged(held), Within.TAKEOVER, f"the worker holding the interpreter at {name}")
+
+    # Both webhooks (failurePolicy Fail, timeout 10 s) review this patch while the operator's
+    # process can run nothing for HOLD_SECONDS: it is admitted only if they answer from elsewhere.
+    runs.custom.patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, "agentruns", name, {"spec": {"cancellations": {"stop": {"scope": "task"}}}}
+    )
+    assert not op.logged(released), "admitted while the worker held the interpreter lock, not after"
+    entry = runs.get(name)["spec"]["cancellations"]["stop"]
+    assert entry.get("stamp"), "stamped by the mutating webhook"
+    assert entry["requestedBy"]["username"], "who asked, written by the mutating webhook"
+
+    eventually(lambda: op.logged(released), HOLD_SECONDS + Within.COMMIT, "the hold to end")
+    canceled = runs.wait_state(name, "canceled", timeout=Within.TAKEOVER)
+    assert canceled["status"]["outcome"]["reason"]
+    # The webhook process's own metrics, served by the operator's endpoint (multiprocess mode).
+    reviewed = metric(
+        scrape(metrics_port),
+        'durable_agents_admission_review_seconds_count{allowed="true",resource="agentruns"}',
+        0,
+    )
+    assert reviewed >= 4, "the create and the cancel, each through both webhooks, counted"
+    assert op.alive, op.log_tail()

@@ -203,9 +203,7 @@ def test_the_preview_predicts_what_the_new_version_does_run_by_run(
     # (the operator writes the policy's status meanwhile: the object as clients wrote it is compared)
     assert written_by_clients(after) == written_by_clients(stored), "dry runs store nothing"
     assert refsystem.counts() == {}
-    assert op.logged(
-        f"policy preview of {runs.namespace}/payments: 6 run(s) under it, from the AgentRun watch"
-    )
+    assert op.logged(f"policy preview of {runs.namespace}/payments: 6 run(s) under it, from a LIST")
 
     # v2 for real (the real apply carries the same warnings), then every request is approved.
     # (a replace under the resourceVersion read: the operator's status writes may move it first)

@@ -3,7 +3,7 @@ worker, the dispatcher, retention, the stuck check and the admission webhook), a
 waited for a policy go to the worker once it is known. The policy status writer (a runnable fed by
 the policy cache and the AgentRun reflector) keeps each policy's status: health, identity, runs.
 With the admission webhook on, every create, update and delete of a policy is reviewed
-(:mod:`durable_agents.shell.admission.policies`).
+(:mod:`durable_agents.shell.admission.policies`), in the webhook process (:func:`register_admission`).
 """
 
 from __future__ import annotations
@@ -17,6 +17,12 @@ from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents.core.authority import instant
 from durable_agents.core.policy_integrity import force_stamps
 from durable_agents.core.request_stamps import identity_of
+from durable_agents.shell.admission.definitions import (
+    DEFINITION_PATH,
+    DEFINITION_STAMP_PATH,
+    check_definition,
+)
+from durable_agents.shell.admission.definitions import PLURALS as DEFINITION_PLURALS
 from durable_agents.shell.admission.policies import (
     CLUSTER_POLICY_PATH,
     CLUSTER_POLICY_PLURAL,
@@ -25,7 +31,7 @@ from durable_agents.shell.admission.policies import (
     PolicyReview,
     check_policy,
 )
-from durable_agents.shell.admission.policy_preview import PolicyPreviewer, RunIndex
+from durable_agents.shell.admission.policy_preview import PolicyPreviewer
 from durable_agents.shell.intake.policies import CLUSTER
 from durable_agents.shell.runs.evidence import EvidenceReader
 from durable_agents.shell.runs.policy_status import PolicyStatusWriter
@@ -41,6 +47,7 @@ def build(manager: Manager) -> None:
 
 def register(registry: kopf.OperatorRegistry, manager: Manager) -> None:
     manager.builds.append(build)
+    watch_definitions(registry, manager)
 
     @kopf.on.event(GROUP, VERSION, "agentpolicies", registry=registry)
     async def agentpolicy_event(event: kopf.RawEvent, **_: Any) -> None:
@@ -64,20 +71,15 @@ def register(registry: kopf.OperatorRegistry, manager: Manager) -> None:
         for run in manager.policies.observe(event.get("type"), body):
             manager.worker.enqueue(run)
 
-    if manager.config.webhook_port is None:
-        return
+
+def register_admission(registry: kopf.OperatorRegistry, manager: Manager) -> None:
+    """The policies' admission handlers, on the webhook process's registry (its manager has the
+    client, the keyring and its own policy cache, and no AgentRun watch)."""
     # The preview reads the runs' evidence again as the worker does (as each run's ServiceAccount),
-    # and takes the runs from the manager's one AgentRun watch (no LIST per review).
-    index = RunIndex()
+    # and lists the runs of the policy's namespace (the webhook process keeps no copy of every run).
     previewer = PolicyPreviewer(
-        manager.kube, manager.keyring, EvidenceReader(manager.kube), index, manager.policies.governing_key
+        manager.kube, manager.keyring, EvidenceReader(manager.kube), None, manager.policies.governing_key
     )
-
-    def build_preview(manager: Manager) -> None:
-        index.follow(manager.runs.synced)
-        manager.runs.subscribe(index.observe)
-
-    manager.builds.append(build_preview)
 
     async def review_policy(
         body: kopf.Body, userinfo: kopf.UserInfo, warnings: list[str], **kwargs: Any
@@ -121,6 +123,7 @@ def register(registry: kopf.OperatorRegistry, manager: Manager) -> None:
         GROUP, VERSION, "agentpolicies", id=POLICY_STAMP_PATH, operations=["UPDATE"], registry=registry
     )(stamp_policy)
 
+    register_definitions(registry, manager)
     kopf.on.validate(
         GROUP,
         VERSION,
@@ -129,3 +132,59 @@ def register(registry: kopf.OperatorRegistry, manager: Manager) -> None:
         operations=["CREATE", "UPDATE"],
         registry=registry,
     )(review_policy)
+
+
+def watch_definitions(registry: kopf.OperatorRegistry, manager: Manager) -> None:
+    """A change of an Agent or ModelConfig: the runs that use it are looked at now (their policy's
+    freshness.definitionChanged applies; a run waiting for its Agent starts)."""
+
+    async def definition_event(event: kopf.RawEvent, **_: Any) -> None:
+        body: dict[str, Any] = dict(event["object"])
+        meta = body.get("metadata") or {}
+        kind = str(body.get("kind") or "Agent")
+        users = manager.worker.definitions.changed(
+            str(meta.get("namespace") or ""), kind, str(meta.get("name") or "")
+        )
+        for run in users:
+            manager.worker.enqueue(run)
+
+    for plural in DEFINITION_PLURALS.values():
+        kopf.on.event(GROUP, VERSION, plural, registry=registry)(definition_event)
+
+
+def register_definitions(registry: kopf.OperatorRegistry, manager: Manager) -> None:
+    """Agents and ModelConfigs: their deletion while runs use them, and its force-delete mark
+    (the policies' rule and stamp, :mod:`durable_agents.shell.admission.definitions`)."""
+
+    async def review_definition(body: kopf.Body, userinfo: kopf.UserInfo, **kwargs: Any) -> None:
+        old, new = kwargs.get("old"), kwargs.get("new")
+        refused = await check_definition(
+            manager.kube,
+            str(kwargs.get("operation")),
+            dict(new) if new is not None else None,
+            dict(old) if old is not None else None,
+            identity_of(dict(userinfo)),
+            manager.keyring,
+        )
+        if refused is not None:
+            raise kopf.AdmissionError(refused, code=403)
+
+    async def stamp_definition(
+        body: kopf.Body, userinfo: kopf.UserInfo, patch: kopf.Patch, **kwargs: Any
+    ) -> None:
+        old = kwargs.get("old")
+        at = instant(datetime.now(UTC))
+        user = identity_of(dict(userinfo))
+        marks = force_stamps(
+            dict(body), dict(old) if old is not None else None, user.username, at, manager.keyring
+        )
+        for key, value in marks.items():
+            patch.setdefault("metadata", {}).setdefault("annotations", {})[key] = value
+
+    for plural in DEFINITION_PLURALS.values():
+        kopf.on.validate(
+            GROUP, VERSION, plural, id=DEFINITION_PATH, operations=["UPDATE", "DELETE"], registry=registry
+        )(review_definition)
+        kopf.on.mutate(
+            GROUP, VERSION, plural, id=DEFINITION_STAMP_PATH, operations=["UPDATE"], registry=registry
+        )(stamp_definition)

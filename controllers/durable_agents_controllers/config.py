@@ -23,7 +23,7 @@ from durable_agents import __version__
 from durable_agents.core.durations import InvalidDuration, parse_duration
 from durable_agents.core.regions import DEFAULT_REGION, REGION_EXPECTED, region_problem
 from durable_agents.core.sealing import Keyring, KeyringError
-from durable_agents.shell.ground.faults import FaultPoints, Trigger
+from durable_agents.shell.ground.faults import FaultPoints, Hold, Trigger
 from durable_agents.shell.keys.keyring import load_keyring
 from durable_agents.shell.runs.worker import new_identity
 
@@ -124,6 +124,12 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("TEST_STOP_AT", "(off)", "`before:N`/`after:N`: SIGSTOP at the Nth write", FAULTS),
     Variable("TEST_STOP_BEFORE_SEND", "0", "`1`: SIGSTOP before the first effect request", FAULTS),
     Variable("TEST_COMMIT_DELAY", "0", "seconds each run commit waits first", FAULTS),
+    Variable(
+        "TEST_HOLD_INTERPRETER",
+        "(off)",
+        "`PREFIX:SECONDS`: the first commit of a run named PREFIX... holds the interpreter lock",
+        FAULTS,
+    ),
     Variable("TEST_INTERNAL_ERROR", "(off)", "run-name prefix: its commits raise an error", FAULTS),
     Variable("BIN_DIR", "(built)", "where the control-plane binaries are", TEST_KIT),
     Variable("CACHE", "~/.cache/durable-agents", "cache of built binaries", TEST_KIT),
@@ -339,4 +345,10 @@ class _Reader:
                     raise self._fail(suffix, "before:N or after:N with N >= 1") from None
         delay = self.number("TEST_COMMIT_DELAY", float, 0.0, minimum=0.0)
         stop_before_send = self.choice("TEST_STOP_BEFORE_SEND", ("0", "1"), "0") == "1"
-        return FaultPoints(triggers, delay, stop_before_send)
+        hold = None
+        if (raw := self.text("TEST_HOLD_INTERPRETER")) is not None:
+            try:
+                hold = Hold.parse(raw)
+            except ValueError:
+                raise self._fail("TEST_HOLD_INTERPRETER", "PREFIX:SECONDS with SECONDS >= 1") from None
+        return FaultPoints(triggers, delay, stop_before_send, hold)

@@ -4,8 +4,8 @@ The resealer (:mod:`durable_agents.shell.keys.resealer`) runs in every process, 
 one keyring: runs still on an older key are re-sealed under the active one, gently.
 
 The webhook: a key still in use is never retired (the rule: :mod:`durable_agents.shell.keys.keyguard`;
-its webhook entry: ``registration.webhook_configurations``). Registered only with the admission
-webhook (``DURABLE_AGENTS_WEBHOOK_PORT``): it is served by the same server, on its own path, for
+its webhook entry: ``registration.webhook_configurations``). Served only with the admission
+webhook (``DURABLE_AGENTS_WEBHOOK_PORT``): by the same webhook process, on its own path, for
 Secrets labelled ``durable-agents.io/keyring: "true"`` only.
 """
 
@@ -32,9 +32,12 @@ def build(manager: Manager) -> None:
 
 
 def register(registry: kopf.OperatorRegistry, manager: Manager) -> None:
+    del registry
     manager.builds.append(build)
-    if manager.config.webhook_port is None:
-        return
+
+
+def register_admission(registry: kopf.OperatorRegistry, manager: Manager) -> None:
+    """The keyring Secrets' webhook, on the webhook process's registry."""
 
     async def guard_keyring(body: kopf.Body, **kwargs: Any) -> None:
         # On DELETE the body is the old object (kopf); old and new say what changes.

@@ -2,25 +2,30 @@
 the authority of every request (the rules: :mod:`durable_agents.shell.admission.authority`; for
 RegionFailovers, :mod:`durable_agents.shell.admission.failover`).
 
-Registered only when the configuration gives it a port. It runs in the operator's process (on a
-thread and event loop of its own: :mod:`.webhook_thread`) and stamps with the operator's keyring,
-which is what the engine verifies. The operator makes its own
-TLS certificate, serves on the configured host, and registers Mutating/ValidatingWebhookConfigurations
-with failurePolicy Fail: with the operator down, requests are refused, never silently accepted.
+Served only when the configuration gives it a port, from a process of its own that the operator
+starts and supervises (:mod:`.webhook_supervisor`, :mod:`.webhook_process`): its own interpreter,
+so the worker's long work on a large run (which holds the operator's interpreter lock for seconds)
+never delays an answer. It stamps with the operator's keyring (the same keys, read from the same
+configuration), which is what the engine verifies. The operator makes its own TLS certificate,
+the webhook process serves it on the configured host, and the operator registers
+Mutating/ValidatingWebhookConfigurations with failurePolicy Fail: with the webhook down, requests
+are refused, never silently accepted.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import os
 import sys
+import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp.web
 import kopf
+from kopf._core.engines.admission import AmbiguousResourceError, UnknownResourceError, WebhookError
 from pydantic import ValidationError
 
 from durable_agents.api.v1alpha1 import FAILOVER_PLURAL, GROUP, VERSION, AgentRunSpec, Identity
@@ -35,10 +40,9 @@ from durable_agents.shell.admission.destinations import check_run_destinations
 from durable_agents_controllers.manager import Manager
 from durable_agents_controllers.reveal import reveal_hook
 from durable_agents_controllers.webhook_serving import WebhookServing
-from durable_agents_controllers.webhook_thread import ThreadedWebhookServer, on_loop
+from durable_agents_controllers.webhook_supervisor import WebhookProcess
 
 log = logging.getLogger(__name__)
-READY_LINE = "admission webhook serving"
 # An UPDATE's review carries the object and the old object, each up to etcd's 1.5 MiB: aiohttp's
 # default (1 MiB) answered 413 to answering or cancelling a large run.
 MAX_REVIEW_BYTES = 32 * 1024 * 1024
@@ -54,44 +58,40 @@ def invalid_spec(err: ValidationError) -> str:
     return f"{where}: {first.get('msg', 'invalid')}"
 
 
-async def home_region(manager: Manager, body: dict[str, Any], loop: asyncio.AbstractEventLoop) -> str:
+async def home_region(manager: Manager, body: dict[str, Any]) -> str:
     """A new run's home region when it names none: its AgentPolicy's ``defaultRegion``, else the
-    region this operator serves. A policy not yet cached is read on the operator's ``loop`` (the
-    cache is that loop's; the webhook serves on its own thread). The read only fills the cache:
-    runs that waited for the policy go on when its watch event arrives, not from a review."""
+    region this operator serves. A policy the webhook process's cache has not yet is read, not
+    cached (the cache is its policy watch's)."""
     policies = manager.policies
     key = policies.governing_key(body)  # named, else the namespace's default, else the baseline
     if key is not None:
         policy = policies.get(key)
         if policy is None:
-            policy = await on_loop(loop, policies.read(*key))
+            policy = await policies.read(*key)
         if policy is not None and policy.default_region:
             return policy.default_region
     return manager.config.region
 
 
+async def serve(manager: Manager, settings: kopf.OperatorSettings) -> None:
+    """A start hook of the operator's manager: the serving files and the webhook configurations,
+    then the webhook process (started and supervised as one of the manager's parts)."""
+    del settings  # kopf serves no admission in the operator's process
+    serving = WebhookServing(manager)
+    configurations = await serving.configure()
+    # Installed before the server listens: until then every AgentRun write fails closed.
+    await registration.install_webhooks(manager.kube, *configurations)
+    if serving.certificates is not None:  # in a cluster: renewed, reloaded, kept current
+        manager.runnables.add(serving)
+    manager.runnables.add(WebhookProcess(manager.config, serving.directory, manager.webhook_serving))
+
+
 class Admission:
-    """The admission handlers, with what they need from the manager: the Kubernetes client, the
-    keyring, the policy cache (read only: a review never enqueues a run) and the operator's loop."""
+    """The admission handlers (in the webhook process), with what they need from its manager: the
+    Kubernetes client, the keyring and the policy cache (read only: a review never enqueues a run)."""
 
     def __init__(self, manager: Manager) -> None:
         self.manager = manager
-        self.serving = WebhookServing(manager, LimitedWebhookServer)
-        self.operator_loop: asyncio.AbstractEventLoop | None = None  # the handlers run on the webhook's own
-        self._background: set[asyncio.Task[None]] = set()
-
-    async def serve(self, settings: kopf.OperatorSettings) -> None:
-        """A start hook of the manager's: serve, and register the webhook configurations."""
-        manager, serving = self.manager, self.serving
-        self.operator_loop = asyncio.get_running_loop()
-        configurations = await serving.configure(settings)
-        # Installed before the server listens: until then every AgentRun write fails closed.
-        await registration.install_webhooks(manager.kube, *configurations)
-        if serving.certificates is not None:  # in a cluster: renewed, reloaded, kept current
-            manager.runnables.add(serving)
-        task = asyncio.create_task(announce_when_serving(settings, manager.webhook_serving))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
 
     async def stamp_identity(
         self, body: kopf.Body, userinfo: kopf.UserInfo, patch: kopf.Patch, **kwargs: Any
@@ -104,8 +104,7 @@ class Admission:
         for field, value in stamped.items():
             patch.spec[field] = value
         if operation == "CREATE" and not (body.get("spec") or {}).get("region"):
-            assert self.operator_loop is not None  # set by serve, before the server listens
-            patch.spec["region"] = await home_region(manager, dict(body), self.operator_loop)
+            patch.spec["region"] = await home_region(manager, dict(body))
         try:  # then seal what people wrote (the data-key annotation: sealing_admission)
             sealed = sealing_changes(operation, dict(body), previous, keyring, entropy=os.urandom)
         except SealingRefused as err:
@@ -175,12 +174,16 @@ class Admission:
 
 
 def register(registry: kopf.OperatorRegistry, manager: Manager) -> None:
-    """Serve the admission webhook if the configuration enables it (kopf refuses admission
-    handlers without a server, so nothing is registered otherwise)."""
-    if manager.config.webhook_port is None:
-        return
+    """Serve the admission webhook if the configuration enables it: in the operator's process,
+    only its files, configurations and process (its handlers: :func:`register_handlers`)."""
+    del registry
+    if manager.config.webhook_port is not None:
+        manager.start_hooks.append(lambda settings: serve(manager, settings))
+
+
+def register_handlers(registry: kopf.OperatorRegistry, manager: Manager) -> None:
+    """The AgentRun and RegionFailover admission handlers, on the webhook process's registry."""
     handlers = Admission(manager)
-    manager.start_hooks.append(handlers.serve)
     for plural, path, handler, decorator in (
         ("agentruns", admission.MUTATE_PATH, handlers.stamp_identity, kopf.on.mutate),
         ("agentruns", admission.VALIDATE_PATH, handlers.check_approvals, kopf.on.validate),
@@ -222,13 +225,18 @@ def _denial(review: dict[str, Any], refused: limits.LimitExceeded) -> dict[str, 
     }
 
 
-class LimitedWebhookServer(ThreadedWebhookServer):
-    """kopf's server on its own thread (:mod:`.webhook_thread`), with room for large reviews and
-    the limits checked before kopf (which diffs old and new recursively) or any handler sees the
-    object."""
+Observe = Callable[[str, bool, float], None]
+"""Told of each review answered: the resource's plural, allowed or not, seconds it took."""
 
-    @staticmethod
-    async def _serve(fn: Any, request: aiohttp.web.Request) -> aiohttp.web.Response:
+
+class LimitedWebhookServer(kopf.WebhookServer):
+    """kopf's server with room for large reviews, the limits checked before kopf (which diffs old
+    and new recursively) or any handler sees the object, and each review parsed once."""
+
+    observe: Observe | None = None  # the webhook process's metrics
+
+    async def _serve(self, fn: Any, request: aiohttp.web.Request) -> aiohttp.web.Response:  # type: ignore[override]
+        started = time.perf_counter()
         request = request.clone(client_max_size=MAX_REVIEW_BYTES)
         try:
             review = _parse(await request.text())
@@ -237,35 +245,38 @@ class LimitedWebhookServer(ThreadedWebhookServer):
         payload = review.get("request") if isinstance(review, dict) else None
         resource = payload.get("resource") if isinstance(payload, dict) else None
         plural = resource.get("resource") if isinstance(resource, dict) else None
-        if isinstance(payload, dict) and plural == "agentruns":
-            refused = limits.refusal(payload.get("object"), str(payload.get("operation")))
-            if refused is not None:
-                return aiohttp.web.json_response(_denial(review, refused))
-        if isinstance(payload, dict) and plural == FAILOVER_PLURAL:
-            try:  # the schema bounds a failover, but it is checked after the mutating webhook
-                limits.walk(payload.get("object"))
-            except limits.LimitExceeded as err:
-                return aiohttp.web.json_response(_denial(review, err))
-        return await ThreadedWebhookServer._answer(fn, review, request)
+        refused = _refused(payload, plural)
+        answer = _denial(review, refused) if refused is not None else await _answer(fn, review, request)
+        if self.observe is not None:
+            allowed = bool((answer.get("response") or {}).get("allowed"))
+            self.observe(str(plural), allowed, time.perf_counter() - started)
+        return aiohttp.web.json_response(answer)
 
 
-async def announce_when_serving(
-    settings: kopf.OperatorSettings, serving: asyncio.Event, within: float = 60.0
-) -> None:
-    """Log one line once the webhook accepts connections (tests and humans wait for it), and set
-    ``serving`` (the readiness probe waits for it)."""
-    server = settings.admission.server
-    assert isinstance(server, kopf.WebhookServer)
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within
-    while loop.time() < deadline:
-        try:
-            _, writer = await asyncio.open_connection(server.addr, server.port)
-        except OSError:
-            await asyncio.sleep(0.05)
-            continue
-        writer.close()
-        serving.set()
-        log.info("%s on https://%s:%s", READY_LINE, server.addr, server.port)
-        return
-    log.error("the admission webhook did not start listening within %.0fs", within)
+def _refused(payload: Any, plural: Any) -> limits.LimitExceeded | None:
+    if isinstance(payload, dict) and plural == "agentruns":
+        return limits.refusal(payload.get("object"), str(payload.get("operation")))
+    if isinstance(payload, dict) and plural == FAILOVER_PLURAL:
+        try:  # the schema bounds a failover, but it is checked after the mutating webhook
+            limits.walk(payload.get("object"))
+        except limits.LimitExceeded as err:
+            return err
+    return None
+
+
+async def _answer(fn: Any, review: Any, request: aiohttp.web.Request) -> dict[str, Any]:
+    """kopf's ``_serve`` for a review already parsed: a review of a large run is about 1 MB of JSON
+    (the object twice), not decoded and parsed a second time. kopf's error mapping is kept."""
+    headers = dict(request.headers)
+    sslpeer = request.transport.get_extra_info("peercert") if request.transport else None
+    try:
+        response: dict[str, Any] = await fn(
+            review, webhook=request.match_info.get("id"), sslpeer=sslpeer, headers=headers
+        )
+    except AmbiguousResourceError as err:
+        raise aiohttp.web.HTTPConflict(reason=str(err) or None) from err
+    except UnknownResourceError as err:
+        raise aiohttp.web.HTTPNotFound(reason=str(err) or None) from err
+    except WebhookError as err:
+        raise aiohttp.web.HTTPBadRequest(reason=str(err) or None) from err
+    return response

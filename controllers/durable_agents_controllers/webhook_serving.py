@@ -4,8 +4,8 @@ Two ways. A local process (tests, the demo) makes a throw-away CA and serves ``h
 In a cluster (``WEBHOOK_SERVICE``), every replica serves behind one Service with the certificate
 kept in one shared Secret (:mod:`durable_agents.shell.admission.certs`), made by the operator or, with
 ``WEBHOOK_CERT_ISSUER=cert-manager``, issued by cert-manager and only read; a background pass renews
-it (the operator's own) before it expires, reloads what this replica serves (kopf restarts its
-server when the files change) and keeps the webhook configurations' caBundle (the Secret's CA,
+it (the operator's own) before it expires, reloads what this replica serves (the webhook process
+restarts its server when the files change) and keeps the webhook configurations' caBundle (the Secret's CA,
 cert-manager's too: no cainjector needed) and Service current, so an edit that breaks them is undone
 within a pass.
 """
@@ -18,8 +18,6 @@ import os
 import tempfile
 from pathlib import Path
 from typing import Any
-
-import kopf
 
 from durable_agents.shell.admission import registration
 from durable_agents.shell.admission.certs import IssuedCertificates, WebhookCertificates
@@ -52,11 +50,10 @@ def _write(directory: Path, files: dict[str, bytes]) -> None:
 class WebhookServing(Background):
     """The serving files and configurations; in a cluster, also the keeper (``run``) of both."""
 
-    def __init__(self, manager: Manager, server_factory: type[kopf.WebhookServer]) -> None:
+    def __init__(self, manager: Manager) -> None:
         config = manager.config
         assert config.webhook_port is not None
         self.manager, self.config, self.port = manager, config, config.webhook_port
-        self.factory = server_factory
         self.directory = Path(tempfile.mkdtemp(prefix="durable-agents-webhook-"))
         self.service = config.webhook_service
         self.namespace = config.lease_namespace  # the operator's own namespace in a cluster
@@ -77,8 +74,9 @@ class WebhookServing(Background):
         target = (self.namespace, self.service, self.config.webhook_service_port)
         return registration.webhook_configurations(name=name, service=target, ca_pem=ca_pem, namespace=scope)
 
-    async def configure(self, settings: kopf.OperatorSettings) -> Configurations:
-        """Write the serving files, set kopf's server, and return the configurations to install."""
+    async def configure(self) -> Configurations:
+        """Write the serving files (:data:`SERVING_FILES` in :attr:`directory`, read by the webhook
+        process) and return the configurations to install."""
         if self.certificates is None:
             ca = generate_ca("durable-agents-webhook-ca")
             host = self.config.webhook_host
@@ -89,14 +87,6 @@ class WebhookServing(Background):
             cert, key, bundle = material.serving.cert_pem, material.serving.key_pem, material.bundle_pem
         _write(self.directory, {"tls.key": key, "tls.crt": cert, "ca.crt": bundle})
         self._served = cert
-        settings.admission.server = self.factory(
-            addr=self.config.webhook_host,
-            port=self.port,
-            certfile=self.directory / "tls.crt",
-            pkeyfile=self.directory / "tls.key",
-            cafile=self.directory / "ca.crt",
-        )
-        settings.admission.managed = None  # our own configurations: scoped, failurePolicy Fail
         return self.configurations(bundle)
 
     async def keep_current_once(self) -> None:

@@ -499,3 +499,32 @@ def test_an_egress_that_would_allow_everything_or_names_no_url_is_refused(
     result = run([helm, "template", RELEASE, str(CHART), "--values", str(path)])
     assert result.returncode != 0, f"helm template accepted {egress}"
     assert said in result.stderr, result.stderr
+
+
+def test_the_console_holds_no_rights_and_no_token(helm: str) -> None:
+    """console.enabled: its ServiceAccount is bound to nothing and mounts no token; it acts only
+    with each request's bearer token (docs/console.md). Off by default."""
+    assert not [d for d in render(helm, "ops") if "console" in d["metadata"]["name"]], "the console is opt-in"
+    ok(run([helm, "lint", "--strict", str(CHART), "--set", "console.enabled=true,console.namespace=team-a"]))
+    docs = render(helm, "ops", "--set", "console.enabled=true")
+    [account] = [
+        d for d in docs if d["kind"] == "ServiceAccount" and d["metadata"]["name"].endswith("-console")
+    ]
+    assert account["automountServiceAccountToken"] is False
+    name = account["metadata"]["name"]
+    bindings = [d for d in docs if d["kind"] in ("RoleBinding", "ClusterRoleBinding")]
+    bound = [
+        b["metadata"]["name"] for b in bindings for s in b.get("subjects") or [] if s.get("name") == name
+    ]
+    assert bound == [], f"the console's ServiceAccount is bound: {bound}"
+    [console] = [d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == name]
+    pod = console["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False
+    assert pod["serviceAccountName"] == name
+    assert "--in-cluster" in pod["containers"][0]["command"]
+    [operator] = [d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] != name]
+    selector = operator["spec"]["selector"]["matchLabels"]
+    labels = pod_labels = console["spec"]["template"]["metadata"]["labels"]
+    assert not all(labels.get(k) == v for k, v in selector.items()), (
+        f"the operator selects the console's Pods: {pod_labels}"
+    )

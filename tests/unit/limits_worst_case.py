@@ -19,6 +19,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
+from durable_agents.api.v1alpha1 import PINNED_PROMPT_MAX
 from durable_agents.api.v1alpha1.agentrun import HISTORY_LIMIT, REFUSED_LIMIT
 from durable_agents.api.v1alpha1.meta import SEALED_STRING_MAX
 from durable_agents.core.checkpoint import (
@@ -39,6 +40,8 @@ from durable_agents.core.checkpoint import (
     ToolCallRecord,
     dump_checkpoint,
 )
+from durable_agents.core.definitions import PINNED_DEFINITION_MAX, PinnedDefinition
+from durable_agents.core.digest import canonical_json
 from durable_agents.core.limits import MAX_VALUE_BYTES, sealed_size
 
 STEPS = 64
@@ -178,8 +181,29 @@ def worst_checkpoint(now: datetime) -> Checkpoint:
             CancellationRecord(request_id="c" * 128 + str(i), scope="task", step_index=i, handled_at=now)
             for i in range(16)
         ],
+        definition=_worst_definition(),
         integrity=STAMP,
     )
+
+
+def _worst_definition() -> PinnedDefinition:
+    """A run of an Agent: the largest definition it pins (PINNED_DEFINITION_MAX, prompt included)."""
+    digest = "sha256:" + "0" * 64
+    base = PinnedDefinition(
+        agent_ref="a" * 253,
+        model_ref="m" * 253,
+        digest=digest,
+        agent_digest=digest,
+        model_digest=digest,
+        prompt_digest=digest,
+        tool_set_digest=digest,
+        protocol="openai-chat",
+        agent={},
+        system_prompt="p" * PINNED_PROMPT_MAX,
+        approved_under=digest,
+    )
+    used = len(canonical_json(base.model_dump(mode="json", by_alias=True, exclude_none=True)))
+    return base.model_copy(update={"agent": {"tools": "t" * (PINNED_DEFINITION_MAX - used - 16)}})
 
 
 def worst_status(now: datetime) -> dict[str, Any]:

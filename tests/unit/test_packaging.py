@@ -48,6 +48,13 @@ def test_the_wheel_ships_only_the_operator(wheel: tuple[zipfile.ZipFile, str]) -
     names = archive.namelist()
     assert "durable_agents/kubectl/main.py" in names
     assert "durable_agents/api/v1alpha1/agentrun.py" in names
+    # The console serves its pages from the package: templates and static files ship with it.
+    for shipped in (
+        "console/templates/run.html",
+        "console/templates/inbox.html",
+        "console/static/console.js",
+    ):
+        assert f"durable_agents/{shipped}" in names, f"{shipped} is not in the wheel"
     for kit in ("testkit", "testing", "localcluster", "refsystem", "demo", "chaos"):
         assert not [n for n in names if kit in n], f"{kit} ships in the wheel"
 

@@ -57,10 +57,14 @@ def approval_digest(
     run_uid: str,
     request_id: str,
     tool: str | None = None,
+    definition: str | None = None,
 ) -> str:
     # A model-proposed call's tool name is bound too (a scripted step has none: its digest is
-    # what it always was, so approvals given before this field existed still verify).
+    # what it always was, so approvals given before this field existed still verify). So is the
+    # digest of the Agent definition a run of an Agent stands under (none for an inline agent).
     named = {"tool": tool} if tool is not None else {}
+    if definition is not None:
+        named["definition"] = definition
     return canonical_digest(
         {
             **named,

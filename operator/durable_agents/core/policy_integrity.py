@@ -141,16 +141,25 @@ def runs_using(
     )
 
 
-def deletion_refusal(namespace: str, policy: str, users: list[str]) -> str | None:
-    """Why the policy may not be deleted while ``users`` (non-terminal runs) use it, or None."""
+def deletion_refusal(
+    namespace: str,
+    policy: str,
+    users: list[str],
+    *,
+    kind: str = "AgentPolicy",
+    plural: str = "agentpolicies",
+    then: str = "quarantine them",
+) -> str | None:
+    """Why the policy (or another object runs depend on: ``kind``, ``plural``) may not be deleted
+    while ``users`` (non-terminal runs) use it, or None; ``then``: what a forced deletion does."""
     if not users:
         return None
     named = ", ".join(users[:NAMED_RUNS])
     more = f" and {len(users) - NAMED_RUNS} more" if len(users) > NAMED_RUNS else ""
     return (
-        f"AgentPolicy {namespace}/{policy} is used by {len(users)} run(s) that have not ended: "
+        f"{kind} {namespace}/{policy} is used by {len(users)} run(s) that have not ended: "
         f"{named}{more}; delete it once they end, or (on call) annotate it {FORCE_DELETE}=<reason> "
-        f"(verb {FORCE_DELETE_VERB!r} on agentpolicies) to delete it and quarantine them"
+        f"(verb {FORCE_DELETE_VERB!r} on {plural}) to delete it and {then}"
     )
 
 

@@ -16,6 +16,7 @@
     kubectl agentrun list [-n NS | -A] [--state S] [--stuck] [--escalated] [-o wide|json|yaml]
     kubectl agentrun policy force-delete NAME --reason TEXT   (on call: a policy live runs use)
     kubectl agentrun policy diff -f FILE [-n NS] [-o json]   (what a policy version would do to live runs)
+    kubectl agentrun console [-n NS] [--port P]   (the console on 127.0.0.1, acting as you: docs/console.md)
 
 approve/reject name the request and digest the approver reviewed (``status`` and ``inbox`` print
 the exact command); the plugin sends nothing when the pending request is another one
@@ -415,6 +416,8 @@ def main(argv: list[str] | None = None) -> int:
         return kubectl_policy_force_delete.main(args_given[2:])
     if args_given[:1] == ["policy"]:  # policy diff: what a version would do (durable_agents.kubectl.policy)
         return kubectl_policy.main(args_given[1:])
+    if args_given[:1] == ["console"]:  # its own program (durable_agents.console): the plugin never imports it
+        os.execv(sys.executable, [sys.executable, "-m", "durable_agents.console", *args_given[1:]])
     if args_given[:1] == ["escalate"]:  # mark for a person (durable_agents.kubectl.controls)
         return kubectl_controls.main("escalate", args_given[1:])
     parser = argparse.ArgumentParser(prog="kubectl agentrun", description=__doc__.split("\n\n")[0])

@@ -23,6 +23,7 @@ from kubernetes.client.rest import ApiException
 from pydantic import ValidationError
 
 from durable_agents.api.v1alpha1 import GROUP, VERSION, AgentRunSpec, AgentRunStatus
+from durable_agents.core.definitions import DEFINITION_CHANGED
 from durable_agents.core.inbox import decide_command
 from durable_agents.core.policy_resolution import POLICY_AMBIGUOUS, POLICY_MANDATORY, POLICY_REQUIRED
 from durable_agents.core.stuck import STUCK, wait_expiry
@@ -176,6 +177,7 @@ def explain(run: dict[str, Any], unknown: list[str] | None = None) -> dict[str, 
     last = history[-1] if history else None
     stuck = next((c for c in raw.get("conditions") or [] if c.get("type") == STUCK), None)
     return {
+        "definition": _definition(run),
         "name": meta.get("name"),
         "namespace": meta.get("namespace"),
         "state": raw.get("state") or "pending",
@@ -191,6 +193,33 @@ def explain(run: dict[str, Any], unknown: list[str] | None = None) -> dict[str, 
         "stuck": None
         if stuck is None
         else {k: stuck.get(k) for k in ("status", "reason", "message", "lastTransitionTime")},
+    }
+
+
+def _definition(run: dict[str, Any]) -> dict[str, Any] | None:
+    """A run of an Agent: the definition it pinned and what a change of it did (DefinitionChanged)."""
+    name = (run.get("spec") or {}).get("agentRef")
+    if not name:
+        return None
+    raw = run.get("status") or {}
+    pinned = (raw.get("checkpoint") or {}).get("definition") or {}
+    changed = next((c for c in raw.get("conditions") or [] if c.get("type") == DEFINITION_CHANGED), None)
+    message = changed.get("message") if changed else None
+    history = raw.get("history") or []
+    if message is None:  # reapprove and fail say it in the transition that applied them
+        message = next(
+            (h.get("detail") for h in reversed(history) if "(policy: " in (h.get("detail") or "")), None
+        )
+    if message is None and (raw.get("outcome") or {}).get("reason") in (
+        "DefinitionChanged",
+        "DefinitionUnusable",
+    ):
+        message = raw["outcome"].get("message")
+    return {
+        "agentRef": name,
+        "pinned": pinned.get("digest"),
+        "approvedUnder": pinned.get("approvedUnder"),
+        "changed": message,
     }
 
 
@@ -246,6 +275,14 @@ def text(answer: dict[str, Any], now: datetime | None = None) -> str:
             f"Last transition:  {last['event']} {last['from']} -> {last['to']} at {last['at']}"
             f"{holder if last.get('holder') else ''}, stateVersion {last['stateVersion']}"
         )
+    definition = answer.get("definition")
+    if definition is not None:
+        pinned = definition["pinned"] or "not yet (pinned at acceptance)"
+        lines.append(f"Agent:            {definition['agentRef']}, pinned {pinned}")
+        if definition.get("approvedUnder"):
+            lines.append(f"  re-approved under {definition['approvedUnder']}")
+        if definition.get("changed"):
+            lines.append(f"  definition changed: {definition['changed']}")
     stuck = answer["stuck"]
     if stuck is None or stuck.get("status") != "True":
         lines.append("Stuck:            no")

@@ -17,6 +17,7 @@ from durable_agents.api.v1alpha1.agent import *
 from durable_agents.api.v1alpha1.agentpolicy import *
 from durable_agents.api.v1alpha1.agentrun import *
 from durable_agents.api.v1alpha1.controls import *
+from durable_agents.api.v1alpha1.definitions import *
 from durable_agents.api.v1alpha1.identity import *
 from durable_agents.api.v1alpha1.meta import *
 from durable_agents.api.v1alpha1.notifications import *

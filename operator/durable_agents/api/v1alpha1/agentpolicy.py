@@ -29,6 +29,14 @@ class ChangeResponse(StrEnum):
     IMMATERIAL = "immaterial"
 
 
+class DefinitionChangeResponse(StrEnum):
+    """What a change of a run's Agent or ModelConfig after it pinned them means for the run."""
+
+    KEEP = "keep"
+    REAPPROVE = "reapprove"
+    FAIL = "fail"
+
+
 class ExpiryAction(StrEnum):
     """What an expired approval request does to the run."""
 
@@ -119,6 +127,10 @@ class FreshnessRules(ApiModel):
     approval_expired: ExpiryAction = ExpiryAction.EXPIRE
     """An approval request expired undecided: expire (the run ends expired) or reapprove (ask
     again)."""
+    definition_changed: DefinitionChangeResponse = DefinitionChangeResponse.KEEP
+    """The Agent or ModelConfig a run pinned (spec.agentRef) changed or was deleted: keep (the
+    run goes on with the pinned definition), reapprove (a pending approval is superseded by one
+    bound to the new definition, which the run then uses) or fail (the run fails, saying so)."""
 
 
 class RetryPolicy(ApiModel):

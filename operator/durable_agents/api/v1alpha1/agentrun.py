@@ -47,7 +47,17 @@ from durable_agents.api.v1alpha1.steps import Step
 # --- AgentRun ------------------------------------------------------------------------------
 
 
-IMMUTABLE_ONCE_SET = ("tenant", "owner", "policyRef", "deadline", "agent", "steps", "createdBy", "parentRef")
+IMMUTABLE_ONCE_SET = (
+    "tenant",
+    "owner",
+    "policyRef",
+    "deadline",
+    "agent",
+    "agentRef",
+    "steps",
+    "createdBy",
+    "parentRef",
+)
 # Requests to a live run. A map's own rule (append_only) is skipped when the whole field goes (a
 # merge patch with null, a JSON patch remove): these rules refuse that too, webhook or not.
 REQUEST_FIELDS = ("answers", "events", "approvals", "cancellations", "reconciliations")
@@ -111,6 +121,16 @@ class AgentRunSpec(ApiModel):
                     fieldPath=".steps",
                 ),
                 cel(
+                    "!(has(self.agent) && has(self.agentRef))",
+                    "name an Agent (agentRef) or give the agent inline (agent), not both",
+                    fieldPath=".agentRef",
+                ),
+                cel(
+                    "!has(self.agentRef) || !has(self.steps) || size(self.steps) == 0",
+                    "a run of an Agent has no steps: its model proposes them",
+                    fieldPath=".steps",
+                ),
+                cel(
                     "!has(oldSelf.region) || has(self.region)",
                     "region cannot be removed once set",
                     fieldPath=".region",
@@ -163,6 +183,12 @@ class AgentRunSpec(ApiModel):
     agent: AgentConfig | None = Field(default=None, json_schema_extra=immutable("agent"))
     """Which planner drives the run and, for the model planner, its model and tools. Unset: the
     scripted planner runs spec.steps. Immutable once set."""
+    agent_ref: str | None = Field(
+        default=None, max_length=253, pattern=NAME_PATTERN, json_schema_extra=immutable("agentRef")
+    )
+    """The Agent (in the run's namespace) the run is a run of; the run pins its definition (the
+    Agent, its ModelConfig, its prompt) at acceptance and uses that for its whole life. Not with
+    spec.agent. Immutable once set."""
     deadline: datetime | None = Field(default=None, json_schema_extra=immutable("deadline"))
     """When the run expires if not finished (state expired); child runs inherit it. Immutable once
     set."""

@@ -46,6 +46,8 @@ class AgentInputs:
     entropy: Entropy
     """Where the random bytes of what the planner seals come from (the shell: ``os.urandom``)."""
     limits: AgentLimits = field(default_factory=AgentLimits)
+    agent_limits: Mapping[str, int] = field(default_factory=dict)
+    """A run of an Agent: the limits its Agent set (AgentLimits field names); the policy caps each."""
     mcp_tiers: Mapping[str, ActionTier] = field(default_factory=dict)
     """The policy's tiers of MCP tools, by :func:`mcp_tier_key`: they override the server's hints."""
     mcp_trust: McpTrust = field(default_factory=dict)

@@ -26,6 +26,7 @@ from pydantic.alias_generators import to_camel
 
 from durable_agents.api.v1alpha1.meta import SEALED_STRING_MAX
 from durable_agents.core.agent_facts import AgentFacts
+from durable_agents.core.definitions import PinnedDefinition
 from durable_agents.core.sealing import SealedField
 
 
@@ -289,6 +290,9 @@ class Checkpoint(_Contract):
     agent: AgentFacts | None = None
     """The model planner's turns (sealed, bounded); None for other planners. Added within version 3:
     absent in older checkpoints, and omitted when None, so their stamps are unchanged."""
+    definition: PinnedDefinition | None = None
+    """A run of an Agent (spec.agentRef): the definition it pinned at acceptance, which it uses for
+    its whole life. Added within version 3, omitted when None."""
     position_stamped: Literal[True] | None = None
     """True: its committer stamps every position in ``status.positionStamp``
     (:mod:`durable_agents.core.positions`). Added within version 3, omitted when None."""

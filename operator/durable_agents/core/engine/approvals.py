@@ -26,6 +26,9 @@ from durable_agents.api.v1alpha1 import (
     ApprovalRequest,
     ApprovalVote,
     ChangeResponse,
+    Condition,
+    ConditionStatus,
+    DefinitionChangeResponse,
     ExpiryAction,
     ModelProposal,
     Outcome,
@@ -33,6 +36,7 @@ from durable_agents.api.v1alpha1 import (
 from durable_agents.core.approvals import Tally, approval_digest, decision_keys, tally
 from durable_agents.core.authority import Unproven, decision_unproven
 from durable_agents.core.checkpoint import ApprovalRecord, Checkpoint, KubernetesEvidenceRef
+from durable_agents.core.definitions import DEFINITION_CHANGED, DefinitionChange, definition_change
 from durable_agents.core.durations import parse_duration
 from durable_agents.core.engine.actions import action_spec
 from durable_agents.core.engine.commits import (
@@ -57,6 +61,48 @@ def _approvals_of_step(cp: Checkpoint, index: int) -> list[ApprovalRecord]:
     return [approval for approval in cp.approvals if approval.step_index == index]
 
 
+def changed_definition(run: RunSnapshot, settings: Settings) -> DefinitionChange | None:
+    """What the policy says of a change of the Agent a run pinned (None: none, or no policy)."""
+    response = (
+        settings.policy.freshness.definition_changed if settings.policy else DefinitionChangeResponse.KEEP
+    )
+    return definition_change(run.pinned, settings.definition_now, response)
+
+
+def kept_definition(builder: CommitBuilder, settings: Settings) -> Decision | None:
+    """A change of the run's Agent the policy keeps the pinned definition through: said once in
+    the DefinitionChanged condition (for `kubectl agentrun why`), nothing else changes."""
+    run = builder.run
+    change = changed_definition(run, settings)
+    if change is None or change.response is not DefinitionChangeResponse.KEEP:
+        return None
+    shown = next((c for c in run.status.conditions if c.type == DEFINITION_CHANGED), None)
+    if shown is not None and shown.message == change.message:
+        return None
+    status = run.status.model_copy(deep=True)
+    status.conditions = [c for c in status.conditions if c.type != DEFINITION_CHANGED] + [
+        Condition(
+            type=DEFINITION_CHANGED,
+            status=ConditionStatus.TRUE,
+            reason="PinnedDefinitionKept",
+            message=change.message,
+            last_transition_time=builder.now,
+        )
+    ]
+    return note_status(run, status, change.message)
+
+
+def definition_rule(builder: CommitBuilder, settings: Settings) -> Decision | None:
+    """Out of a wait: a change of the run's Agent that the policy fails the run for; a kept one is
+    noted (:func:`kept_definition`); reapprove applies to approvals only."""
+    change = changed_definition(builder.run, settings)
+    if change is not None and change.response is DefinitionChangeResponse.FAIL:
+        return builder.commit(
+            RunEvent.ATTEMPT_FAILED, outcome=Outcome(reason="DefinitionChanged", message=change.message)
+        )
+    return kept_definition(builder, settings)
+
+
 def approved_for(
     cp: Checkpoint, index: int, run: RunSnapshot, spec: ActionRecordSpec, step: PerformEffect
 ) -> ApprovalRecord | None:
@@ -76,6 +122,7 @@ def approved_for(
         run_uid=run.run_id,
         request_id=last.request_id,
         tool=step.tool,
+        definition=cp.definition.current() if cp.definition else None,
     )
     return last if digest == last.digest else None
 
@@ -118,6 +165,7 @@ def request_approval(
         run_uid=run.run_id,
         request_id=request_id,
         tool=step.tool,
+        definition=cp.definition.current() if cp.definition else None,
     )
     expires = builder.now + parse_duration(policy.approval_expiry)
     rule = policy.approvers
@@ -174,6 +222,10 @@ def await_decision(builder: CommitBuilder, run: RunSnapshot, settings: Settings)
     if request is None or not pending:
         return builder.commit(RunEvent.APPROVAL_DECIDED, detail="no pending approval request recorded")
     record = pending[-1]
+    change = changed_definition(run, settings)
+    if change is not None and change.response is not DefinitionChangeResponse.KEEP:
+        # Decided in resume validation: the run fails, or a new request binds the new definition.
+        return builder.commit(RunEvent.REVALIDATION_REQUIRED, detail=change.message)
     expired = builder.now >= record.expires_at
     verified: dict[str, ApprovalDecision] = {}
     unproven: dict[str, Unproven] = {}
@@ -318,6 +370,11 @@ def revalidate_approval(
     """Before acting on an approval, check it still binds what will happen: the action's digest,
     the installed effect, the policy version and the evidence the approver was shown."""
     cp, policy = builder.cp, settings.policy
+    change = changed_definition(run, settings)
+    if change is not None and change.response is DefinitionChangeResponse.FAIL:
+        return builder.commit(
+            RunEvent.ATTEMPT_FAILED, outcome=Outcome(reason="DefinitionChanged", message=change.message)
+        )
     if record.decision == "rejected":  # the run ends, or (replan) the model is told why
         return after_rejection(builder, run, planner, settings, record)
     try:
@@ -346,6 +403,11 @@ def revalidate_approval(
             event=RunEvent.REAPPROVAL_REQUIRED,
         )
 
+    if change is not None and change.response is DefinitionChangeResponse.REAPPROVE:
+        assert cp.definition is not None
+        assert settings.definition_now is not None
+        moved_to = cp.definition.model_copy(update={"approved_under": settings.definition_now.digest})
+        return reapprove(change.message, cp.model_copy(update={"definition": moved_to}))
     if record.decision is None:  # refused, or expired and the policy says: ask again
         refused = next(
             (r for r in run.status.refused_requests if (r.field, r.key) == ("approvals", record.request_id)),

@@ -18,7 +18,7 @@ from durable_agents.core.authority import Unproven, service_account_unproven
 from durable_agents.core.checkpoint import Checkpoint, Fencing, Loaded, Quarantine
 from durable_agents.core.durations import InvalidDuration
 from durable_agents.core.engine.actions import reconcile_actions
-from durable_agents.core.engine.approvals import await_decision
+from durable_agents.core.engine.approvals import await_decision, definition_rule, kept_definition
 from durable_agents.core.engine.cancellation import (
     cancellation_of_step,
     cancellation_to_refuse,
@@ -184,7 +184,27 @@ def _accept(
     builder = CommitBuilder(run, Loaded(cp), now, epoch, settings)
     if unauthorized is not None:
         return _reject(builder, unauthorized)
-    return builder.commit(RunEvent.ACCEPTED, detail="spec accepted")
+    return _accepted(builder, settings)
+
+
+def _accepted(builder: CommitBuilder, settings: Settings) -> Commit:
+    """Accepted; a run of an Agent with its definition pinned, or failed saying why it cannot be."""
+    name, cp = builder.run.spec.agent_ref, builder.cp
+    if name is None:
+        return builder.commit(RunEvent.ACCEPTED, detail="spec accepted")
+    pinned = cp.definition or settings.definition
+    if pinned is None:
+        why = settings.definition_refused or f"the definition of Agent {name!r} was not resolved"
+        return builder.commit(
+            RunEvent.REJECTED,
+            outcome=Outcome(reason="DefinitionUnusable", message=why),
+            detail=f"not accepted: {why}",
+        )
+    return builder.commit(
+        RunEvent.ACCEPTED,
+        checkpoint=cp.model_copy(update={"definition": pinned}),
+        detail=f"spec accepted; Agent {name} pinned at {pinned.digest}",
+    )
 
 
 def _reject(builder: CommitBuilder, problem: Unproven) -> Commit:
@@ -237,14 +257,14 @@ def _by_state(
     if state is RunState.WAITING_EXTERNAL:
         return _waiting_external(builder, planner, settings, observed)
     if state is RunState.WAITING_APPROVAL:
-        return await_decision(builder, run, settings)
+        return kept_definition(builder, settings) or await_decision(builder, run, settings)
     if state is RunState.WAITING_RETRY:
         return retry_when_due(builder)
     if state is RunState.RESUME_VALIDATION:
         return resume_validation(builder, run, planner, settings, observed.fresh_evidence)
     if state is RunState.PENDING:  # a checkpoint exists but acceptance was not committed: accept again
-        return builder.commit(RunEvent.ACCEPTED)
-    changed = deployment_change(builder, settings)
+        return _accepted(builder, settings)
+    changed = deployment_change(builder, settings) or definition_rule(builder, settings)
     if changed is not None:
         return changed
     return plan(builder, run, planner, settings, observed.read, observed.model)

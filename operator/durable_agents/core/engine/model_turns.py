@@ -57,12 +57,19 @@ def _facts(cp: Checkpoint, planner: ModelPlanner) -> AgentFacts:
 
 
 def limits_of(planner: ModelPlanner, settings: Settings) -> AgentLimits:
-    """The planner's limits, with those the run's policy sets instead."""
+    """The planner's limits, with those its Agent sets, then those the run's policy sets instead
+    (a limit both set: the lower, so an Agent never raises what its policy allows)."""
+    agent = dict(planner.inputs.agent_limits)
+    limits = replace(planner.inputs.limits, **agent)
     policy = settings.policy
     if policy is None:
-        return planner.inputs.limits
-    chosen = {k: v for k, v in policy.agent_limits.model_dump().items() if v is not None}
-    return replace(planner.inputs.limits, **chosen)
+        return limits
+    chosen = {
+        k: min(v, agent[k]) if k in agent else v
+        for k, v in policy.agent_limits.model_dump().items()
+        if v is not None
+    }
+    return replace(limits, **chosen)
 
 
 def model_turn(

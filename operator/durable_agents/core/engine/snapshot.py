@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -19,6 +19,7 @@ from durable_agents.api.v1alpha1 import (
 from durable_agents.api.v1alpha1.states import RunState
 from durable_agents.core.agent.exchange import ModelReply
 from durable_agents.core.checkpoint import KubernetesEvidenceRef
+from durable_agents.core.definitions import DefinitionNow, PinnedDefinition, pinned_of
 from durable_agents.core.sealed_values import DATA_KEY_ANNOTATION
 from durable_agents.core.sealing import Keyring
 
@@ -66,24 +67,41 @@ class RunSnapshot:
     """The run's wrapped data key (its sealed values' key: core/sealed_values.py), if it has one."""
     created_at: datetime | None = None
     """``metadata.creationTimestamp``: set by the API server, never by a client (whole seconds)."""
+    definition: PinnedDefinition | None = None
+    """A run of an Agent: the definition it pinned (or, before acceptance, is about to pin)."""
 
     @classmethod
     def from_object(cls, obj: Mapping[str, Any]) -> RunSnapshot:
         meta = obj["metadata"]
         raw_status = dict(obj.get("status") or {})
         raw_checkpoint = raw_status.pop("checkpoint", None)
+        spec = AgentRunSpec.model_validate(obj["spec"])
+        pinned = pinned_of(raw_checkpoint) if spec.agent_ref else None
+        if pinned is not None:  # a run of an Agent acts by the definition it pinned, only
+            spec = spec.model_copy(update={"agent": pinned.agent_config()})
         return cls(
+            definition=pinned,
             uid=meta["uid"],
             name=meta["name"],
             namespace=meta["namespace"],
             generation=int(meta.get("generation", 1)),
             resource_version=meta["resourceVersion"],
-            spec=AgentRunSpec.model_validate(obj["spec"]),
+            spec=spec,
             status=AgentRunStatus.model_validate(raw_status),
             raw_checkpoint=raw_checkpoint,
             data_key=(meta.get("annotations") or {}).get(DATA_KEY_ANNOTATION),
             created_at=creation_time(meta),
         )
+
+    def with_definition(self, pinned: PinnedDefinition) -> RunSnapshot:
+        """This run of an Agent, before it pinned ``pinned``, as it will act once it has."""
+        spec = self.spec.model_copy(update={"agent": pinned.agent_config()})
+        return replace(self, spec=spec, definition=pinned)
+
+    @property
+    def pinned(self) -> PinnedDefinition | None:
+        """The definition a run of an Agent pinned at acceptance (None before, or inline)."""
+        return self.definition if self.raw_checkpoint is not None else None
 
     @property
     def state(self) -> RunState:
@@ -187,3 +205,8 @@ class Settings:
     # An untimed createdBy stamp (an earlier release's) counts on a run created before this instant
     # (the operator's start); None: never (core/authority.py service_account_unproven).
     untimed_stamps_before: datetime | None = None
+    # A run of an Agent not pinned yet: what it pins at acceptance, or why it cannot (it fails).
+    definition: PinnedDefinition | None = None
+    definition_refused: str | None = None
+    # A pinned run's Agent as it is now (freshness.definitionChanged); None: not looked at.
+    definition_now: DefinitionNow | None = None

@@ -68,19 +68,25 @@ async def check_integrity(
         conflict = version_conflict(name, identity, *histories)
         if conflict is not None:
             return conflict
-    return await _check_mark(kube, new, old, user, keyring)
+    return await check_mark(kube, new, old, user, keyring)
 
 
-async def _check_mark(
-    kube: Kube, new: Mapping[str, Any], old: Mapping[str, Any] | None, user: Identity, keyring: Keyring
+async def check_mark(
+    kube: Kube,
+    new: Mapping[str, Any],
+    old: Mapping[str, Any] | None,
+    user: Identity,
+    keyring: Keyring,
+    plural: str = "agentpolicies",
 ) -> str | None:
-    """A new force-delete mark needs the verb and carries this user's stamp; the stamp's
-    annotations are the webhook's, never written by hand."""
+    """A new force-delete mark (on a policy, or an Agent or ModelConfig: ``plural``) needs the
+    verb and carries this user's stamp; the stamp's annotations are the webhook's, never written
+    by hand."""
     namespace, name = _key(new)
     field = f"metadata.annotations[{FORCE_DELETE!r}]"
     marked = force_reason(new)
     if marked is not None and marked != force_reason(old):
-        refused = await refused_verb(kube, user, FORCE_DELETE_VERB, "agentpolicies", namespace, name)
+        refused = await refused_verb(kube, user, FORCE_DELETE_VERB, plural, namespace, name)
         if refused is not None:
             return f"{refused} ({field})"
         if annotation(new, STAMPED_MARKS[0]) != user.username or force_unproven(keyring, new) is not None:

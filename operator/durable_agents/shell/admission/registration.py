@@ -19,6 +19,7 @@ from durable_agents.shell.admission.authority import (
     VALIDATE_FAILOVER_PATH,
     VALIDATE_PATH,
 )
+from durable_agents.shell.admission.definitions import DEFINITION_PATH, DEFINITION_STAMP_PATH, PLURALS
 from durable_agents.shell.admission.policies import (
     CLUSTER_POLICY_PATH,
     CLUSTER_POLICY_PLURAL,
@@ -126,6 +127,39 @@ def _policy_hooks(target: Target, namespace: str | None) -> list[dict[str, Any]]
     ]
 
 
+def _definition_hooks(target: Target, namespace: str | None) -> list[dict[str, Any]]:
+    """Agents and ModelConfigs: a force-delete mark needs its verb (UPDATE, failurePolicy Fail);
+    their deletion while runs use them is refused (DELETE fails open, as a policy's: a run that
+    pinned its definition never needs it again)."""
+    hooks: list[dict[str, Any]] = []
+    for plural in PLURALS.values():
+        hooks += [
+            {
+                **_hook(target, DEFINITION_PATH, "definition", namespace),
+                "name": f"definition.{plural}.{GROUP}",
+                "rules": [_rule(plural, ["UPDATE"], "Namespaced")],
+            },
+            {
+                **_hook(target, DEFINITION_PATH, "definition", namespace),
+                "name": f"definition-delete.{plural}.{GROUP}",
+                "rules": [_rule(plural, ["DELETE"], "Namespaced")],
+                "failurePolicy": "Ignore",
+            },
+        ]
+    return hooks
+
+
+def _definition_stamp_hooks(target: Target, namespace: str | None) -> list[dict[str, Any]]:
+    return [
+        {  # an Agent's or ModelConfig's force-delete mark: who, when, the stamp
+            **_hook(target, DEFINITION_STAMP_PATH, "definition-stamp", namespace),
+            "name": f"definition-stamp.{plural}.{GROUP}",
+            "rules": [_rule(plural, ["UPDATE"], "Namespaced")],
+        }
+        for plural in PLURALS.values()
+    ]
+
+
 def webhook_configurations(
     *,
     name: str,
@@ -151,6 +185,7 @@ def webhook_configurations(
                 "name": f"policy-stamp.agentpolicies.{GROUP}",
                 "rules": [_rule("agentpolicies", ["UPDATE"], "Namespaced")],
             },
+            *_definition_stamp_hooks(target, namespace),
         ],
     }
     validating = {
@@ -161,6 +196,7 @@ def webhook_configurations(
             _hook(target, VALIDATE_PATH, "approve", namespace),
             _keyring_hook(target, namespace),
             *_policy_hooks(target, namespace),
+            *_definition_hooks(target, namespace),
             _failover_hook(target, VALIDATE_FAILOVER_PATH, "failover", namespace),
         ],
     }

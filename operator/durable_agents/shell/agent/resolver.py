@@ -170,12 +170,17 @@ class AgentResolver:
     async def _resolve(self, run: RunSnapshot) -> tuple[AgentInputs, ModelEndpoint]:
         agent = run.spec.agent
         assert agent is not None
-        if agent.endpoint is None or agent.system_prompt is None or agent.model is None:
+        pinned = run.definition  # a run of an Agent: the prompt it pinned, never read again
+        if agent.endpoint is None or agent.model is None or (agent.system_prompt is None and pinned is None):
             # The CRD's CEL rule refuses such a run; an older CRD may not have it.
             raise Unresolvable("spec.agent needs endpoint, model and systemPrompt")
-        prompt_ref, secret_ref = agent.system_prompt, agent.endpoint.credentials_secret_ref
-        prompt = await self._key_of(run, "ConfigMap", prompt_ref.name, prompt_ref.key)
-        api_key = await self._key_of(run, "Secret", secret_ref.name, secret_ref.key) if secret_ref else None
+        secret_ref = agent.endpoint.credentials_secret_ref
+        if pinned is not None:
+            prompt = pinned.system_prompt
+        else:
+            assert agent.system_prompt is not None
+            prompt = await self.key_of(run, "ConfigMap", agent.system_prompt.name, agent.system_prompt.key)
+        api_key = await self.key_of(run, "Secret", secret_ref.name, secret_ref.key) if secret_ref else None
         try:
             tools = (*declared_tools(agent), *await self._mcp_tools(agent))
             inputs = AgentInputs(
@@ -184,6 +189,7 @@ class AgentResolver:
                 tools=tools,
                 data_key=self._data_key(run),
                 entropy=os.urandom,
+                agent_limits=pinned.agent_limits() if pinned is not None else {},
             )
         except (ToolDeclarationError, ValueError) as err:
             raise Unresolvable(f"a tool is refused: {err}") from err
@@ -238,7 +244,7 @@ class AgentResolver:
                 f"the run's data key cannot be opened ({err}); is the sealing webhook installed?"
             ) from err
 
-    async def _key_of(self, run: RunSnapshot, kind: str, name: str, key: str) -> str:
+    async def key_of(self, run: RunSnapshot, kind: str, name: str, key: str) -> str:
         """One key of a ConfigMap or Secret in the run's namespace, read as its ServiceAccount."""
         sa = run.spec.service_account_name
         headers = {"Impersonate-User": service_account_user(run.namespace, sa)}

@@ -11,15 +11,24 @@ that the claim still holds): a dispatcher paused mid-dispatch.
 ``DURABLE_AGENTS_TEST_COMMIT_DELAY=0.3`` makes each run commit wait that long first, like slow
 bounded work (a model call), so a test can catch a worker mid-step; each held write logs
 ``test hook: commit to NS/NAME held``, so a test can await it.
+``DURABLE_AGENTS_TEST_HOLD_INTERPRETER=PREFIX:SECONDS`` makes the first commit of a run whose name
+starts with PREFIX hold this process's interpreter lock (the GIL) for SECONDS, in one C call that
+never lets it go, as a long pydantic validation or JSON encoding of a large run does: nothing else
+in the process runs meanwhile, no thread either. Logged ``test hook: commit to NS/NAME holds the
+interpreter lock`` before and ``test hook: interpreter lock released`` after (once per process).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import logging
 import os
 import signal
 from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -36,11 +45,43 @@ class Trigger:
         return cls(phase, int(nth), sig)
 
 
+@dataclass(frozen=True)
+class Hold:
+    """Hold the interpreter lock at the first commit of a run named ``prefix``..., for ``seconds``."""
+
+    prefix: str
+    seconds: int
+
+    @classmethod
+    def parse(cls, text: str) -> Hold:
+        prefix, _, seconds = text.rpartition(":")
+        if not prefix or not seconds.isdigit() or int(seconds) < 1:
+            raise ValueError(f"expected PREFIX:SECONDS with SECONDS >= 1, got {text!r}")
+        return cls(prefix, int(seconds))
+
+
+def hold_interpreter(seconds: int) -> None:
+    """Sleep in libc through ctypes' PyDLL, which keeps the GIL for the call (CDLL would drop it).
+    A signal cuts libc's sleep short (it returns the seconds left): slept again, for those."""
+    sleep = ctypes.PyDLL(None).sleep
+    sleep.restype = ctypes.c_uint
+    left = seconds
+    while left > 0:
+        left = sleep(ctypes.c_uint(left))
+
+
 class FaultPoints:
-    def __init__(self, triggers: list[Trigger], delay: float = 0.0, stop_before_send: bool = False) -> None:
+    def __init__(
+        self,
+        triggers: list[Trigger],
+        delay: float = 0.0,
+        stop_before_send: bool = False,
+        hold: Hold | None = None,
+    ) -> None:
         self.triggers = triggers
         self.delay = delay
         self.stop_before_send = stop_before_send
+        self.hold = hold
         self.commits = 0
         self._lock: asyncio.Lock | None = None
 
@@ -55,6 +96,18 @@ class FaultPoints:
         if self._lock is None:
             self._lock = asyncio.Lock()
         return self._lock
+
+    def hold_at_commit(self, namespace: str, name: str) -> None:
+        """The interpreter-lock hold, if this commit is the one asked for (once per process)."""
+        hold = self.hold
+        if hold is None or not name.startswith(hold.prefix):
+            return
+        self.hold = None
+        log.info(
+            "test hook: commit to %s/%s holds the interpreter lock for %ds", namespace, name, hold.seconds
+        )
+        hold_interpreter(hold.seconds)
+        log.info("test hook: interpreter lock released")
 
     def before_send(self) -> None:
         if self.stop_before_send:

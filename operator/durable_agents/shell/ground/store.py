@@ -92,6 +92,7 @@ class StatusStore:
                 "test hook: commit to %s/%s held %.1fs", meta["namespace"], meta["name"], self.faults.delay
             )
             await asyncio.sleep(self.faults.delay)
+        self.faults.hold_at_commit(meta["namespace"], meta["name"])  # the test hook (inert otherwise)
         why = await recheck() if recheck is not None else None
         if why is not None:
             raise Outdated(f"{meta['namespace']}/{meta['name']}: {why}")

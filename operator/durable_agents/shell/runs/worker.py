@@ -75,6 +75,7 @@ from durable_agents.shell.ownership.shards import ShardChange, ShardLeases
 from durable_agents.shell.runs.batches import Batch, BatchWriter
 from durable_agents.shell.runs.children import ChildRuns
 from durable_agents.shell.runs.controls import Controls
+from durable_agents.shell.runs.definitions import Definitions
 from durable_agents.shell.runs.evidence import EvidenceReader
 from durable_agents.shell.runs.failures import Failures
 from durable_agents.shell.runs.internal_errors import InternalErrors
@@ -186,6 +187,7 @@ class RunWorker(Background):
         )
         wait = (self.policies, self.events, self.store, self.enqueue, self.internal_errors.policy_deleted)
         self.policy_wait = PolicyWait(*wait)  # a run waits for its policy (quarantined if force-deleted)
+        self.definitions = Definitions(kube, self.agents, self.events, self.store, self.queue.wake_at)
 
     # --- intake ---------------------------------------------------------------------------
 
@@ -200,6 +202,7 @@ class RunWorker(Background):
             self.failures.forget(key)
             self.ownership.forget(key)
             self.agents.forget(key)
+            self.definitions.forget(key)
             self.controls.forget(key)
             return
         self.known.add(key)
@@ -270,7 +273,7 @@ class RunWorker(Background):
         return min(1.0, self.config.lease_duration / 4)
 
     def settings_for(self, run: RunSnapshot) -> Settings:
-        return self.policies.settings_for(run, self.base_settings)
+        return self.definitions.settings(run, self.policies.settings_for(run, self.base_settings))
 
     def planner_for(self, run: RunSnapshot) -> Planner:
         return self.agents.planner_for(run)
@@ -307,6 +310,9 @@ class RunWorker(Background):
         self.failures.at(key, "decide", snap)
         if not await self.policy_wait.ready(key, body, snap):
             return
+        if not await self.definitions.ready(key, body, snap):  # its Agent, ModelConfig are missing
+            return
+        snap = self.definitions.snapshot(snap)
         settings = self.settings_for(snap)
         await self.agents.prepare(snap, settings)  # a model run's prompt, credential and tools
         now = datetime.now(UTC)
@@ -417,7 +423,7 @@ class RunWorker(Background):
         for _ in range(self.config.max_transitions_per_unit * 3):
             if len(batch) >= self.config.max_transitions_per_unit:
                 break
-            snap = RunSnapshot.from_object(body)
+            snap = self.definitions.snapshot(RunSnapshot.from_object(body))
             epoch = checkpoint_epoch(snap.raw_checkpoint)
             if self.ownership.lost(key, right, epoch):
                 raise Lost(f"{key} now at epoch {epoch}")
