@@ -15,8 +15,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 from tests.unit.limits_worst_case import worst_checkpoint, worst_status
 
-from durable_agents.api.v1alpha1 import AgentRunStatus, RejectionRule
+from durable_agents.api.v1alpha1 import (
+    ActionRecord,
+    ActionRecordSpec,
+    ActionRecordStatus,
+    AgentRunStatus,
+    RejectionRule,
+    ResolvedReference,
+)
 from durable_agents.api.v1alpha1.agentrun import HISTORY_LIMIT, REFUSED_LIMIT
+from durable_agents.api.v1alpha1.meta import ActionTier, RunReference
 from durable_agents.core import limits
 from durable_agents.core.agent.limits import (
     DEFAULT_MAX_FACTS_BYTES,
@@ -27,10 +35,12 @@ from durable_agents.core.agent.limits import (
 from durable_agents.core.agent_facts import (
     ARGUMENTS_MAX_BYTES,
     REASON_MAX_CHARS,
+    SEALED_TOKEN_MAX,
     TokenUsage,
     new_facts,
     new_turn,
     settle_last,
+    settle_turn,
     with_turn,
 )
 from durable_agents.core.checkpoint import ApprovalRecord, dump_checkpoint
@@ -46,7 +56,9 @@ from durable_agents.core.limits import (
     refusal,
     walk,
 )
-from durable_agents.core.sealed_values import new_data_key, seal_spec
+from durable_agents.core.sealed_values import SEALED_KEY, new_data_key, outcome_label, seal_spec, seal_value
+from durable_agents.shell.agent.mcp_tools import OUTCOME_MAX_BYTES
+from durable_agents.shell.effects.http import BODY_MAX_BYTES
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -392,3 +404,73 @@ def test_a_model_run_at_its_rejection_cap_fits_the_status_room() -> None:
     size = len(json.dumps(status, separators=(",", ":")).encode())
     print(f"worst-case model-run status with {cap} rejections {size} bytes, room {STATUS_ROOM}")
     assert size <= STATUS_ROOM
+
+
+def test_the_largest_action_record_with_its_recorded_response_fits_in_etcd() -> None:
+    """An ActionRecord keeps the effect's response (issue 36, item 5): an ``http.post``'s body or an
+    MCP tool's content, each cut at 16 KiB, sealed. With the largest intent (sealed 64 KiB arguments,
+    a 64 KiB target), every string at its bound and 32 resolved references, the record stays far
+    under etcd's request limit; and the model's turn that takes the response stays within the
+    sealed-value bound the facts were sized with (the cut told by ``resultTruncated``)."""
+    key = new_data_key(entropy=os.urandom)
+    name = "ar-" + "a" * 60
+    largest = max(BODY_MAX_BYTES, OUTCOME_MAX_BYTES)
+    # A body of escapes: as text in canonical JSON it grows most (a quote or backslash is two bytes).
+    response = {"status": 201, "receipt": "r" * 253, "body": '"' * largest, "bodyTruncated": True}
+    sealed = seal_value(key, response, outcome_label(name), entropy=os.urandom)
+    arguments = seal_value(key, {"a": "x" * (MAX_VALUE_BYTES - 16)}, "steps/s/arguments", entropy=os.urandom)
+    record = ActionRecord(
+        metadata={"name": name, "namespace": "n" * 63, "labels": {"durable-agents.io/run": "r" * 63}},
+        spec=ActionRecordSpec(
+            idempotency_key="k" * 253,
+            run_ref=RunReference(name="r" * 253, uid="u" * 64),
+            service_account_name="s" * 253,
+            step_index=63,
+            effect="e" * 128,
+            tier=ActionTier.CONSEQUENTIAL,
+            target={"url": "x" * (MAX_VALUE_BYTES - 16)},
+            arguments=arguments,
+            approval_request_id="q" * 128,
+            compensates="c" * 253,
+            status_stamped=True,
+        ),
+        status=ActionRecordStatus(
+            state="succeeded",
+            attempts=10**6,
+            queries=10**6,
+            claimed_by="h" * 253,
+            claim_expires_at=NOW,
+            first_dispatched_at=NOW,
+            last_attempt_at=NOW,
+            outcome_unknown_since=NOW,
+            finished_at=NOW,
+            outcome=sealed,
+            reason="R" * 128,
+            message="m" * 4096,
+            resolved_references=[
+                ResolvedReference(
+                    path="p" * 253,
+                    secret="s" * 253,
+                    key="k" * 253,
+                    resource_version="v" * 64,
+                    digest="d" * 128,
+                )
+            ]
+            * 32,
+            stamp="t" * 256,
+        ),
+    )
+    size = len(json.dumps(record.wire(), separators=(",", ":")).encode())
+    print(f"the largest ActionRecord: {size} bytes of {ETCD_REQUEST_LIMIT}")
+    assert size < 256 * 1024 < ETCD_REQUEST_LIMIT
+
+    turn = new_turn(
+        key, entropy=os.urandom, index=0, call_id="c", tool="t", arguments={}, reason=None, step_index=0
+    )
+    result = {"step": 0, "outcome": "succeeded", "error": None, "response": response}
+    settled = settle_turn(turn, key, entropy=os.urandom, outcome="succeeded", result=result)
+    assert settled.result_truncated, (
+        "a response at its bound, with the result around it, is cut: the model is told"
+    )
+    token = settled.result if isinstance(settled.result, str) else settled.result[SEALED_KEY]
+    assert len(token) <= SEALED_TOKEN_MAX

@@ -26,7 +26,7 @@ from tests.unit.builders import (
     snap,
 )
 
-from durable_agents.api.v1alpha1 import ObjectReference
+from durable_agents.api.v1alpha1 import ActionState, ObjectReference
 from durable_agents.api.v1alpha1.states import RunState
 from durable_agents.core.agent.exchange import ModelReply, ToolCall, Usage
 from durable_agents.core.agent.limits import AgentLimits
@@ -34,6 +34,7 @@ from durable_agents.core.agent.planner import AgentInputs, ModelPlanner
 from durable_agents.core.agent.tools import ask_human_tool, effect_tool, read_tool
 from durable_agents.core.agent_facts import ANSWER_LABEL, turn_label, turn_result_text
 from durable_agents.core.engine import (
+    ActionObservation,
     Commit,
     Decision,
     ModelAnswer,
@@ -44,10 +45,12 @@ from durable_agents.core.engine import (
     Settings,
     decide,
 )
+from durable_agents.core.ledger import action_record_name
 from durable_agents.core.sealed_values import (
     DATA_KEY_ANNOTATION,
     is_sealed,
     new_data_key,
+    outcome_label,
     seal_value,
     step_label,
     unseal_value,
@@ -411,3 +414,86 @@ def test_an_answer_to_the_model_s_question_is_given_only_once_its_seal_proves_it
     told = json.dumps(need.request.body()["messages"][-1])
     assert "yes, pay 42" in told
     assert "4200" not in told, "the refused answer never reaches the model"
+
+
+# --- the response of a consequential call reaches the model --------------------------------------
+
+
+def _paid(plan: ModelPlanner) -> tuple[dict[str, Any], str]:
+    """A run whose model proposed a payment, waiting on its intent; and the intent's record name."""
+    obj = accepted(plan)
+    obj = apply(obj, commit_of(answered(obj, plan, at(1), reply(("pay", '{"amount": 42}')))))
+    intent = commit_of(decide_with(obj, plan, at(2)))
+    [spec] = intent.intents
+    return apply(obj, intent), action_record_name(spec.idempotency_key)
+
+
+def _observed(
+    obj: dict[str, Any], plan: ModelPlanner, now: datetime, seen: ActionObservation, name: str
+) -> Decision:
+    return decide(
+        snap(obj),
+        now=now,
+        epoch=EPOCH,
+        planner=plan,
+        settings=SETTINGS,
+        observed=Observations(actions={name: seen}),
+    )
+
+
+def test_the_response_the_ledger_recorded_is_the_model_s_next_input_sealed_in_the_outcome_s_commit() -> None:
+    """An effect that succeeded: its response, as the ActionRecord's (sealed) outcome holds it, is
+    settled into the model's turn in the very commit that records the outcome, so a restart after it
+    gives the model the same response without asking the ledger, let alone the effect, again."""
+    plan = planner()
+    obj, name = _paid(plan)
+    response = {"status": 201, "receipt": "tx-7731", "body": {"receipt": "tx-7731", "note": "paid 42"}}
+    sealed = seal_value(KEY, response, outcome_label(name), entropy=os.urandom)
+    received = commit_of(_observed(obj, plan, at(3), ActionObservation(ActionState.SUCCEEDED, sealed), name))
+    assert received.event is RunEvent.EXTERNAL_RECEIVED
+    cp = checkpoint_of(received)
+    assert cp.agent is not None
+    [turn] = cp.agent.turns
+    assert turn.outcome == "succeeded"
+    assert json.loads(turn_result_text(turn, KEY) or "null") == {
+        "step": 0,
+        "outcome": "succeeded",
+        "error": None,
+        "response": response,
+    }
+    assert "tx-7731" not in json.dumps(received.wire_status()), "the response is sealed in the checkpoint"
+    obj = apply(obj, received)
+    obj = apply(obj, commit_of(decide_with(obj, plan, at(4))))  # revalidated: ready again
+    tool_message = asked(obj, plan, at(5)).request.body()["messages"][-1]
+    assert tool_message["role"] == "tool"
+    assert '"receipt":"tx-7731"' in tool_message["content"]
+    assert '"note":"paid 42"' in tool_message["content"]
+
+
+def test_a_response_that_does_not_open_under_its_record_s_label_is_not_given_to_the_model() -> None:
+    """A sealed outcome moved from another record (or sealed under another key) does not open here:
+    the model is told the response cannot be opened, never given what it holds."""
+    plan = planner()
+    obj, name = _paid(plan)
+    moved = seal_value(
+        KEY, {"status": 201, "body": "tx-other"}, outcome_label("ar-other"), entropy=os.urandom
+    )
+    received = commit_of(_observed(obj, plan, at(3), ActionObservation(ActionState.SUCCEEDED, moved), name))
+    cp = checkpoint_of(received)
+    assert cp.agent is not None
+    told = turn_result_text(cp.agent.turns[0], KEY) or ""
+    assert "tx-other" not in told
+    assert "cannot be opened" in told
+
+
+def test_a_failed_effect_is_still_the_attempt_s_failure_not_settled_with_the_outcome() -> None:
+    """Only a success is settled into the turn with the outcome's commit: a failure goes through
+    resume validation as before (the attempt fails, or retries)."""
+    plan = planner()
+    obj, name = _paid(plan)
+    seen = ActionObservation(ActionState.FAILED, None, "HTTP403", "POST answered 403")
+    received = commit_of(_observed(obj, plan, at(3), seen, name))
+    cp = checkpoint_of(received)
+    assert cp.agent is not None
+    assert cp.agent.turns[0].outcome == "pending"
+    assert cp.position.step == 0

@@ -3,7 +3,7 @@ and the rule by which the dispatcher sends only an intent its run's checkpoint h
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +28,10 @@ from durable_agents.core.statemachine import RunEvent
 
 # An action in one of these states has its final answer: the run can take it into account.
 SETTLED = (ActionState.SUCCEEDED, ActionState.FAILED, ActionState.CANCELED)
+
+TakeResponse = Callable[[Checkpoint, PendingAction, "ActionObservation"], Checkpoint]
+"""What a planner takes into its own part of the checkpoint from an action that succeeded, in the
+commit that records the outcome (the model planner: the response, for the model's next turn)."""
 
 
 def action_spec(
@@ -65,10 +69,12 @@ def reconcile_actions(
     actions: Mapping[str, ActionObservation] | None,
     *,
     cancel: bool,
+    take: TakeResponse | None = None,
 ) -> Decision:
     """Take the first settled pending action into the checkpoint; wait while none has settled.
 
     ``cancel``: when the shell is asked for the actions' states, it cancels undispatched intents too.
+    ``take``: what the planner keeps of a succeeded action's response, committed with its outcome.
     """
     cp = builder.cp
     if actions is None:
@@ -77,16 +83,21 @@ def reconcile_actions(
         seen = actions.get(pending.action_record_name)
         if seen is None or seen.state not in SETTLED:
             continue
-        return _settled(builder, run, pending, seen)
+        return _settled(builder, run, pending, seen, take)
     # Still in flight or unknown: the run waits (no expiry: an unknown outcome is never assumed).
     return Idle(wake_at=run.spec.deadline, reason="action in flight")
 
 
 def _settled(
-    builder: CommitBuilder, run: RunSnapshot, pending: PendingAction, seen: ActionObservation
+    builder: CommitBuilder,
+    run: RunSnapshot,
+    pending: PendingAction,
+    seen: ActionObservation,
+    take: TakeResponse | None,
 ) -> Decision:
     """Reconciled: resume from a checkpoint committed after reconciliation, with the authoritative
-    outcome as an evidence reference (never the raw response body)."""
+    outcome as an evidence reference (the raw response body is never in the checkpoint's records;
+    a planner that gives it to a model keeps it, sealed and bounded, in its own part: ``take``)."""
     cp = builder.cp
     ref = ExternalEvidenceRef(
         id=f"action-{pending.step_index}-{pending.action_record_name[4:16]}",
@@ -109,17 +120,18 @@ def _settled(
     )
     remaining = [other for other in cp.pending_actions if other is not pending]
     step = cp.position.step + 1 if ok and not remaining else cp.position.step
+    settled = cp.model_copy(
+        update={
+            "pending_actions": remaining,
+            "evidence": [*cp.evidence, ref],
+            "tool_calls": [*cp.tool_calls, call],
+            "position": cp.position.model_copy(update={"step": step}),
+        }
+    )
+    if ok and not remaining and take is not None:  # a failure is the attempt's (resume validation)
+        settled = take(settled, pending, seen)
     return builder.commit(
-        RunEvent.EXTERNAL_RECEIVED,
-        checkpoint=cp.model_copy(
-            update={
-                "pending_actions": remaining,
-                "evidence": [*cp.evidence, ref],
-                "tool_calls": [*cp.tool_calls, call],
-                "position": cp.position.model_copy(update={"step": step}),
-            }
-        ),
-        detail=f"action {pending.effect} {seen.state.value}",
+        RunEvent.EXTERNAL_RECEIVED, checkpoint=settled, detail=f"action {pending.effect} {seen.state.value}"
     )
 
 

@@ -13,6 +13,7 @@ from datetime import datetime
 
 from durable_agents.api.v1alpha1 import Outcome
 from durable_agents.api.v1alpha1.states import RunState
+from durable_agents.core.agent.planner import ModelPlanner
 from durable_agents.core.authority import Unproven, service_account_unproven
 from durable_agents.core.checkpoint import Checkpoint, Fencing, Loaded, Quarantine
 from durable_agents.core.durations import InvalidDuration
@@ -41,6 +42,7 @@ from durable_agents.core.engine.loading import (
     initial_checkpoint,
     load_stored,
 )
+from durable_agents.core.engine.model_turns import effect_response_taker
 from durable_agents.core.engine.plan import plan
 from durable_agents.core.engine.quarantine import cancel_unreadable, enter_quarantine, quarantine_controls
 from durable_agents.core.engine.retries import retry_when_due
@@ -279,7 +281,10 @@ def _waiting_external(
     if cp.pending_actions:
         # A turn or tool-call cancellation of this step: an undispatched intent is canceled.
         cancel = cancellation_of_step(cp, in_flight=True) is not None
-        return reconcile_actions(builder, builder.run, planner, settings, observed.actions, cancel=cancel)
+        take = effect_response_taker(builder.run, planner) if isinstance(planner, ModelPlanner) else None
+        return reconcile_actions(
+            builder, builder.run, planner, settings, observed.actions, cancel=cancel, take=take
+        )
     if running_children(cp):
         return reconcile_children(builder, builder.run, observed.children)
     return leave_external_wait(builder, settings)

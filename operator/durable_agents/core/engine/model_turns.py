@@ -30,13 +30,20 @@ from durable_agents.core.agent_facts import (
     with_model_call,
     with_turn,
 )
-from durable_agents.core.checkpoint import Checkpoint
+from durable_agents.core.checkpoint import Checkpoint, PendingAction
+from durable_agents.core.engine.actions import TakeResponse
 from durable_agents.core.engine.commits import CommitBuilder
 from durable_agents.core.engine.decisions import Decision, NeedModelTurn
 from durable_agents.core.engine.retries import attempt_failed
-from durable_agents.core.engine.snapshot import ModelAnswer, ReadResult, RunSnapshot, Settings
+from durable_agents.core.engine.snapshot import (
+    ActionObservation,
+    ModelAnswer,
+    ReadResult,
+    RunSnapshot,
+    Settings,
+)
 from durable_agents.core.engine.waits import delivered_key
-from durable_agents.core.sealed_values import ValueSealingError, is_sealed, unseal_value
+from durable_agents.core.sealed_values import ValueSealingError, is_sealed, outcome_label, unseal_value
 from durable_agents.core.statemachine import RunEvent
 
 EMPTY_REPLY = "ModelReplyEmpty"
@@ -214,18 +221,53 @@ def settle_finished(builder: CommitBuilder, run: RunSnapshot, planner: ModelPlan
     """Settle the pending call whose step has ended (an effect reconciled, a question answered, an
     event received): its result is what the checkpoint and the run record. Updates the builder's
     checkpoint (the next commit carries it); True if a call was settled."""
-    cp = builder.cp
+    settled = _settle(builder.cp, run, planner, response=None)
+    if settled is None:
+        return False
+    builder.cp = settled
+    return True
+
+
+def effect_response_taker(run: RunSnapshot, planner: ModelPlanner) -> TakeResponse:
+    """How the model's pending call takes the response of its action once the ledger recorded it
+    succeeded: settled in the same commit as the outcome, with the response as the ledger holds it
+    (the ActionRecord's outcome, whose stamp the shell verified), sealed into the turn. A restart
+    rebuilds the model's request from the turn: the same response, and the effect is not asked again."""
+
+    def take(cp: Checkpoint, action: PendingAction, seen: ActionObservation) -> Checkpoint:
+        response = _recorded_response(planner, action.action_record_name, seen.outcome)
+        return _settle(cp, run, planner, response=response) or cp
+
+    return take
+
+
+def _recorded_response(planner: ModelPlanner, record_name: str, outcome: Any) -> Any:
+    """The ActionRecord's outcome, unsealed with the run's key (the dispatcher sealed it under the
+    record's label): an MCP tool's content, an ``http.post``'s status and bounded body."""
+    if outcome is None or not is_sealed(outcome):
+        return outcome  # a run without a data key stores its responses as they come
+    try:
+        return unseal_value(planner.inputs.data_key, outcome, outcome_label(record_name))
+    except ValueSealingError:
+        return {"error": "the recorded response cannot be opened with this run's key"}
+
+
+def _settle(cp: Checkpoint, run: RunSnapshot, planner: ModelPlanner, *, response: Any) -> Checkpoint | None:
+    """``cp`` with its pending call settled, if its step has ended (None if not): its outcome,
+    what was delivered to it, and the response of its action (``response``) when one was recorded."""
     pending = cp.agent.pending if cp.agent is not None else None
     if pending is None:
-        return False
+        return None
     calls = [c for c in cp.tool_calls if c.step_index == pending.step_index]
     in_flight = any(a.step_index == pending.step_index for a in cp.pending_actions)
     failed = bool(calls) and calls[-1].outcome == "failed" and not in_flight
     if pending.step_index >= cp.position.step and not failed:
-        return False
+        return None
     result: dict[str, Any] = {"step": pending.step_index}
     if calls:
         result.update(outcome=calls[-1].outcome, error=calls[-1].error)
+    if response is not None:
+        result["response"] = response
     delivered = _delivered(run, planner, pending, cp)
     if delivered is not None:
         result["delivered"] = delivered
@@ -234,8 +276,7 @@ def settle_finished(builder: CommitBuilder, run: RunSnapshot, planner: ModelPlan
     inputs = planner.inputs
     facts = settle_last(cp.agent, inputs.data_key, entropy=inputs.entropy, outcome=outcome, result=result)
     position = cp.position.model_copy(update={"step": max(cp.position.step, pending.step_index + 1)})
-    builder.cp = cp.model_copy(update={"agent": facts, "position": position})
-    return True
+    return cp.model_copy(update={"agent": facts, "position": position})
 
 
 def _delivered(run: RunSnapshot, planner: ModelPlanner, turn: ModelTurn, cp: Checkpoint) -> Any:
@@ -265,4 +306,4 @@ def _delivered(run: RunSnapshot, planner: ModelPlanner, turn: ModelTurn, cp: Che
     return None
 
 
-__all__ = ["model_turn", "settle_finished", "settle_read"]
+__all__ = ["effect_response_taker", "model_turn", "settle_finished", "settle_read"]

@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import httpx2
 
+from durable_agents.core.agent.mcp_content import described_parts
 from durable_agents.core.digest import canonical_digest, canonical_json
 from durable_agents.shell.ground import tracing
 
@@ -120,7 +121,8 @@ class McpTool:
 @dataclass(frozen=True)
 class McpResult:
     """A ``CallToolResult``. ``content`` is ``structuredContent`` when the server sent it, else
-    the text parts joined by newlines, else (non-text parts present) the parts as JSON objects."""
+    the text parts joined by newlines, else (non-text parts present) the parts as JSON objects,
+    binary ones described (:mod:`durable_agents.core.agent.mcp_content`)."""
 
     is_error: bool
     content: Any
@@ -228,7 +230,8 @@ def _result(result: CallToolResult) -> McpResult:
             content="\n".join(part.text for part in parts if isinstance(part, TextContent)),
         )
     content = [part.model_dump(mode="json", by_alias=True, exclude_none=True) for part in parts]
-    return McpResult(is_error=result.is_error, content=content)
+    # Images, audio and binary resources: described (type, size), never pasted as base64.
+    return McpResult(is_error=result.is_error, content=described_parts(content))
 
 
 def _unknown(url: str, tool: str, exc: BaseException) -> McpError:

@@ -2,7 +2,9 @@
 
 target: ``{"url": "...", "queryUrl": "..."}``; the query is ``GET queryUrl?key=<key>`` (200:
 applied, 404: not applied). 2xx is applied; 4xx other than 408/409/425/429 is a definite failure;
-5xx, timeouts and dropped connections are unknown. A target that is no http(s) URL (missing,
+5xx, timeouts and dropped connections are unknown. What the ActionRecord keeps of an answer
+(sealed): its status and its body, at most BODY_MAX_BYTES of it (the model planner gives it to the
+model as the call's result). A target that is no http(s) URL (missing,
 unparseable, no host) is a definite ``InvalidTarget`` failure: nothing was sent, so nothing is unknown.
 A redirect is never followed (it could lead outside the policy's ``spec.destinations``): a 3xx
 answer to the POST is unknown (the receiver may have applied it), reconciled by the query.
@@ -11,12 +13,15 @@ answer to the POST is unknown (the receiver may have applied it), reconciled by 
 from __future__ import annotations
 
 import asyncio
+import json
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
 
 from durable_agents.api.v1alpha1 import ActionTier
+from durable_agents.core.digest import canonical_json
 from durable_agents.shell.effects.base import (
     Action,
     Applied,
@@ -32,14 +37,33 @@ from durable_agents.shell.ground import tracing
 _RETRYABLE_4XX = frozenset({408, 409, 425, 429})
 
 
-def _outcome(status: int, body: Any) -> dict[str, Any]:
-    # Keep what identifies the effect (a receipt), not the whole response body.
+BODY_MAX_BYTES = 16 * 1024
+"""The most of a response body the ActionRecord keeps (read no further): the model planner gives
+it to the model as the call's result, and the record must stay small (docs/reference/limits.md)."""
+
+
+def _outcome(status: int, body: Body) -> dict[str, Any]:
+    """The response as the ActionRecord keeps it: the status, what identifies the effect (a
+    receipt) at the top, and the body (JSON when it is, else text), cut to BODY_MAX_BYTES with
+    ``bodyTruncated`` saying so."""
     out: dict[str, Any] = {"status": status}
-    if isinstance(body, dict):
+    if isinstance(body.value, dict):
         for key in ("receipt", "id", "key"):
-            if key in body:
-                out[key] = body[key]
+            if key in body.value:
+                out[key] = body.value[key]
+    if body.value is not None:
+        out["body"] = body.value
+    if body.truncated:
+        out["bodyTruncated"] = True
     return out
+
+
+@dataclass(frozen=True)
+class Body:
+    """A response body as read: JSON (whole), text (maybe cut), or None (empty)."""
+
+    value: Any
+    truncated: bool = False
 
 
 def target_problem(url: object, field: str = "target.url") -> str | None:
@@ -58,11 +82,21 @@ def target_problem(url: object, field: str = "target.url") -> str | None:
     return None
 
 
-async def _json(resp: aiohttp.ClientResponse) -> Any:
-    try:
-        return await resp.json(content_type=None)
-    except (ValueError, aiohttp.ContentTypeError):
-        return None
+async def _body(resp: aiohttp.ClientResponse) -> Body:
+    """At most BODY_MAX_BYTES of the body (a larger one is neither read whole nor kept whole)."""
+    raw = await resp.content.read(BODY_MAX_BYTES + 1)
+    truncated = len(raw) > BODY_MAX_BYTES
+    raw = raw[:BODY_MAX_BYTES]
+    if not raw.strip():
+        return Body(None, truncated)
+    if not truncated:
+        try:
+            value = json.loads(raw)
+            canonical_json(value)  # it must seal: a number beyond 2^53, or nesting too deep, goes as text
+            return Body(value)
+        except (ValueError, RecursionError):
+            pass
+    return Body(raw.decode("utf-8", errors="ignore"), truncated)
 
 
 def _headers(key: str) -> dict[str, str]:
@@ -89,7 +123,7 @@ class HttpPost:
                     url, json=action.arguments, headers=_headers(action.key), allow_redirects=False
                 ) as resp,
             ):
-                body = await _json(resp)
+                body = await _body(resp)
                 if 200 <= resp.status < 300:
                     return Applied(_outcome(resp.status, body))
                 if 400 <= resp.status < 500 and resp.status not in _RETRYABLE_4XX:
@@ -116,7 +150,7 @@ class HttpPost:
                 aiohttp.ClientSession(timeout=timeout) as session,
                 session.get(url, params={"key": action.key}, allow_redirects=False) as resp,
             ):
-                body = await _json(resp)
+                body = await _body(resp)
                 if resp.status == 200:
                     return Applied(_outcome(resp.status, body))
                 if resp.status == 404:
