@@ -183,13 +183,24 @@ def _verify(access: McpAccess) -> ssl.SSLContext | bool:
 
 
 @asynccontextmanager
-async def _connect(url: str, access: McpAccess) -> AsyncIterator[Client]:
+async def _connect(url: str, access: McpAccess, refused: list[int]) -> AsyncIterator[Client]:
+    """A client of ``url`` sending ``access``; a 401 or 403 answer's status goes into ``refused``
+    (the SDK reports it only as "an error response", which would not say why)."""
     from mcp import Client
     from mcp.client.streamable_http import streamable_http_client
     from mcp_types import Implementation
 
+    async def note(response: httpx2.Response) -> None:
+        if response.status_code in (401, 403):
+            refused.append(response.status_code)
+
     info = Implementation(name="durable-agents", version="1")
-    http = httpx2.AsyncClient(headers=dict(access.headers), timeout=_HTTP_TIMEOUT, verify=_verify(access))
+    http = httpx2.AsyncClient(
+        headers=dict(access.headers),
+        timeout=_HTTP_TIMEOUT,
+        verify=_verify(access),
+        event_hooks={"response": [note]},
+    )
     async with http:
         # cache=None: every listing is fetched from the server (a tool list is pinned by digest).
         transport = streamable_http_client(url, http_client=http)
@@ -220,8 +231,11 @@ def _leaves(exc: BaseException) -> list[BaseException]:
     return [exc]
 
 
-def _describe(exc: BaseException) -> str:
-    return "; ".join(f"{type(leaf).__name__}: {leaf}" for leaf in _leaves(exc))
+def _describe(exc: BaseException, refused: Sequence[int] = ()) -> str:
+    said = "; ".join(f"{type(leaf).__name__}: {leaf}" for leaf in _leaves(exc))
+    if refused:
+        return f"the server refused the request's credentials (HTTP {refused[-1]}); {said}"
+    return said
 
 
 # A timeout parameter (ASYNC109): the deadline is part of the contract, applied inside.
@@ -237,15 +251,15 @@ async def list_tools(
     Raises :class:`McpUnreachable` if the server could not be reached or the handshake failed,
     :class:`McpError` for any other failure (a timeout, a JSON-RPC error, an endless listing).
     """
-    connected = False
+    connected, refused = False, []
     try:
         async with asyncio.timeout(timeout):
-            async with _connect(url, access) as client:
+            async with _connect(url, access, refused) as client:
                 connected = True
                 tools = await _all_tools(client)
     except Exception as exc:
         failure = McpUnreachable if not connected else McpError
-        raise failure(f"listing the tools of {url} failed: {_describe(exc)}", url=url) from exc
+        raise failure(f"listing the tools of {url} failed: {_describe(exc, refused)}", url=url) from exc
     return sorted((McpTool.from_sdk(server, tool) for tool in tools), key=lambda tool: tool.name)
 
 
@@ -314,10 +328,11 @@ async def call_tool(
     # RequestParamsMeta is an open TypedDict (PEP 728 extra items), which mypy cannot express.
     meta = cast(RequestParamsMeta, items) if items else None
     listed = sent = False
+    refused: list[int] = []
     answer: CallToolResult | None = None
     try:
         async with asyncio.timeout(timeout):
-            async with _connect(url, access) as client:
+            async with _connect(url, access, refused) as client:
                 listed = tool in {known.name for known in await _all_tools(client)}
                 if listed:
                     sent = True
@@ -327,7 +342,9 @@ async def call_tool(
             # The answer arrived; only closing the connection failed.
             return _result(answer)
         if not sent:
-            raise McpUnreachable(f"calling {tool} at {url}: not sent: {_describe(exc)}", url=url) from exc
+            raise McpUnreachable(
+                f"calling {tool} at {url}: not sent: {_describe(exc, refused)}", url=url
+            ) from exc
         raise _unknown(url, tool, exc) from exc
     if answer is None:
         raise McpToolNotListed(f"{url} does not list a tool named {tool!r}; not sent", url=url)
