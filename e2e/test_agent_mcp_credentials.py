@@ -1,0 +1,147 @@
+"""MCP servers reached with credentials read as the run's ServiceAccount.
+
+Real API server, the operator as a separate process exporting its spans to the test kit's OTLP
+receiver, the reference model server and the reference MCP server requiring a bearer token (401
+without it). The token is a key of a Secret that the run's ServiceAccount (and only it, through
+the sample's Role) may read.
+
+- The token is sent with the listing, the read-only call and the consequential call; rotated at the
+  server and in the Secret while the run waits for approval, the next call uses the new one; no
+  value of either token is in the operator's log, its spans, the namespace's Events, the run or the
+  action record.
+- A Secret the account may not read, a key the Secret lacks, or no token at all: the run fails
+  with a reason naming the Secret and the account (or the server's refusal), never waits.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from e2e.test_agent import agent_namespace, approve, mcp_spec, model, trust_lookups
+from kubernetes import client
+
+from durable_agents.api.v1alpha1 import GROUP, VERSION
+from durable_agents_testkit.cluster import KubeEnv
+from durable_agents_testkit.eventually import Within
+from durable_agents_testkit.mcpserver import McpServerThread
+from durable_agents_testkit.modelserver import ModelServerThread
+from durable_agents_testkit.operator_process import OperatorProcess
+from durable_agents_testkit.otlp import OtlpReceiver
+from durable_agents_testkit.refsystem import ReferenceSystemThread
+from durable_agents_testkit.runs import Runs
+
+__all__ = ["agent_namespace", "model"]  # the fixtures, as test_agent.py defines them
+
+TOKEN = "mcp-bearer-7d1e5a0c"
+ROTATED = "mcp-bearer-rotated-93b2f4"
+GRANTED, FORBIDDEN = "mcp-token", "mcp-forbidden"
+
+
+@pytest.fixture
+def receiver() -> Iterator[OtlpReceiver]:
+    with OtlpReceiver() as running:
+        yield running
+
+
+def secret(kube: KubeEnv, namespace: str, name: str, token: str) -> None:
+    body = client.V1Secret(metadata=client.V1ObjectMeta(name=name), string_data={"token": token})
+    client.CoreV1Api(kube.api).create_namespaced_secret(namespace, body)
+
+
+def grant(kube: KubeEnv, namespace: str, name: str) -> None:
+    """The run's ServiceAccount (the sample Role's subject) may get Secret ``name`` too."""
+    rbac = client.RbacAuthorizationV1Api(kube.api)
+    role = rbac.read_namespaced_role("refund-agent", namespace)
+    role.rules.append(
+        client.V1PolicyRule(api_groups=[""], resources=["secrets"], verbs=["get"], resource_names=[name])
+    )
+    rbac.replace_namespaced_role("refund-agent", namespace, role)
+
+
+def bearer(name: str, key: str = "token") -> dict[str, Any]:
+    return {"bearerTokenSecretRef": {"name": name, "key": key}}
+
+
+def leaks(text: str) -> list[str]:
+    return [token for token in (TOKEN, ROTATED) if token in text]
+
+
+def test_a_bearer_token_from_a_secret_is_sent_rotated_and_never_shown(
+    start_operator: Callable[..., OperatorProcess],
+    runs: Runs,
+    kube: KubeEnv,
+    agent_namespace: str,
+    model: ModelServerThread,
+    refsystem: ReferenceSystemThread,
+    receiver: OtlpReceiver,
+) -> None:
+    secret(kube, agent_namespace, GRANTED, TOKEN)
+    grant(kube, agent_namespace, GRANTED)
+    with McpServerThread(bearer_token=TOKEN) as tickets:
+        trust_lookups(runs, tickets)
+        traced = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "50"}
+        op = start_operator("mcp-creds", **traced)
+        name = runs.create(mcp_spec(model, refsystem, tickets, **bearer(GRANTED)))
+        run = runs.wait_state(name, "waiting_approval", timeout=Within.RUN)
+        turns = run["status"]["checkpoint"]["agent"]["turns"]
+        assert (turns[0]["tool"], turns[0]["outcome"]) == ("lookup_ticket", "succeeded"), turns
+        assert tickets.refused() == 0, "the listing and the read-only call carried the token"
+        assert tickets.counts() == {}
+        # Rotate at the server (the old token is refused from now on) and in the Secret.
+        tickets.rotate_token(ROTATED)
+        patch = {"data": {"token": base64.b64encode(ROTATED.encode()).decode()}}
+        client.CoreV1Api(kube.api).patch_namespaced_secret(GRANTED, agent_namespace, patch)
+        approve(runs, name)
+        done = runs.wait_state(name, "completed", "failed", timeout=Within.RUN)
+        assert done["status"]["state"] == "completed", done["status"].get("outcome")
+        counts = tickets.counts()
+        assert list(counts.values()) == [1], f"applied once, with the rotated token: {counts}"
+        # Nowhere to be seen: the operator's log, its spans, the Events, the run, the record.
+        assert leaks(op.log_path.read_text()) == [], "a token is in the operator's log"
+        spans = [span for trace in receiver.traces().values() for span in trace]
+        assert spans, "the operator exported spans"
+        assert leaks(json.dumps([span.texts() for span in spans] + [span.name for span in spans])) == []
+        events = client.CoreV1Api(kube.api).list_namespaced_event(agent_namespace).items
+        assert leaks(json.dumps([e.to_dict() for e in events], default=str)) == [], "a token is in an Event"
+        assert leaks(json.dumps(runs.get(name))) == [], "a token is in the run"
+        records = runs.custom.list_namespaced_custom_object(GROUP, VERSION, agent_namespace, "actionrecords")
+        assert len(records["items"]) == 1
+        assert leaks(json.dumps(records)) == [], "a token is in the action record"
+
+
+# What the run names, and what its reason must say.
+BAD = {
+    "forbidden": (bearer(FORBIDDEN), "ServiceAccount {ns}/default may not read Secret {ns}/mcp-forbidden"),
+    "missing-key": (bearer(GRANTED, "nope"), "Secret {ns}/mcp-token has no key 'nope'"),
+    "no-token": ({}, "the server refused the request's credentials (HTTP 401)"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_credentials_the_run_cannot_use_fail_it_with_a_reason(
+    start_operator: Callable[..., OperatorProcess],
+    runs: Runs,
+    kube: KubeEnv,
+    agent_namespace: str,
+    model: ModelServerThread,
+    refsystem: ReferenceSystemThread,
+    case: str,
+) -> None:
+    secret(kube, agent_namespace, GRANTED, TOKEN)
+    grant(kube, agent_namespace, GRANTED)
+    secret(kube, agent_namespace, FORBIDDEN, TOKEN)  # exists; the run's account may not read it
+    server, expected = BAD[case]
+    with McpServerThread(bearer_token=TOKEN) as tickets:
+        op = start_operator("mcp-creds-bad")
+        name = runs.create(mcp_spec(model, refsystem, tickets, **server))
+        done = runs.wait_state(name, "completed", "failed", timeout=Within.RUN)
+        outcome = done["status"]["outcome"]
+        assert done["status"]["state"] == "failed", outcome
+        assert expected.format(ns=agent_namespace) in outcome["message"], outcome
+        assert "MCP server 'tickets'" in outcome["message"], outcome
+        assert tickets.counts() == {}, "nothing was applied"
+        assert leaks(json.dumps(done) + op.log_path.read_text()) == []
