@@ -86,7 +86,7 @@ async def test_an_https_server_is_verified_with_the_ca_bundle_and_refused_withou
 ) -> None:
     server, ca_pem = tls_server
     assert server.url.startswith("https://")
-    with pytest.raises(McpUnreachable, match="CERTIFICATE_VERIFY_FAILED|certificate verify failed"):
+    with pytest.raises(McpUnreachable, match=r"CERTIFICATE_VERIFY_FAILED|certificate verify failed"):
         await list_tools("tickets", server.url, timeout=TIMEOUT)
     other_ca = generate_ca("another CA").cert_pem.decode()
     with pytest.raises(McpUnreachable):

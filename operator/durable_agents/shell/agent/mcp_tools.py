@@ -251,7 +251,8 @@ async def list_tools(
     Raises :class:`McpUnreachable` if the server could not be reached or the handshake failed,
     :class:`McpError` for any other failure (a timeout, a JSON-RPC error, an endless listing).
     """
-    connected, refused = False, []
+    connected = False
+    refused: list[int] = []
     try:
         async with asyncio.timeout(timeout):
             async with _connect(url, access, refused) as client:
