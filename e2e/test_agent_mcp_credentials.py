@@ -9,6 +9,9 @@ the sample's Role) may read.
   server and in the Secret while the run waits for approval, the next call uses the new one; no
   value of either token is in the operator's log, its spans, the namespace's Events, the run or the
   action record.
+- An https server verified with a CA bundle from a ConfigMap the run's account reads (and the
+  token from a Secret): the run completes; without the bundle it fails saying the certificate was
+  not verified.
 - A Secret the account may not read, a key the Secret lacks, or no token at all: the run fails
   with a reason naming the Secret and the account (or the server's refusal), never waits.
 """
@@ -18,6 +21,7 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,6 +29,7 @@ from e2e.test_agent import agent_namespace, approve, mcp_spec, model, trust_look
 from kubernetes import client
 
 from durable_agents.api.v1alpha1 import GROUP, VERSION
+from durable_agents.shell.ground.certs import generate_ca, issue_serving_cert
 from durable_agents_testkit.cluster import KubeEnv
 from durable_agents_testkit.eventually import Within
 from durable_agents_testkit.mcpserver import McpServerThread
@@ -52,12 +57,12 @@ def secret(kube: KubeEnv, namespace: str, name: str, token: str) -> None:
     client.CoreV1Api(kube.api).create_namespaced_secret(namespace, body)
 
 
-def grant(kube: KubeEnv, namespace: str, name: str) -> None:
-    """The run's ServiceAccount (the sample Role's subject) may get Secret ``name`` too."""
+def grant(kube: KubeEnv, namespace: str, name: str, resource: str = "secrets") -> None:
+    """The run's ServiceAccount (the sample Role's subject) may get ``name`` too."""
     rbac = client.RbacAuthorizationV1Api(kube.api)
     role = rbac.read_namespaced_role("refund-agent", namespace)
     role.rules.append(
-        client.V1PolicyRule(api_groups=[""], resources=["secrets"], verbs=["get"], resource_names=[name])
+        client.V1PolicyRule(api_groups=[""], resources=[resource], verbs=["get"], resource_names=[name])
     )
     rbac.replace_namespaced_role("refund-agent", namespace, role)
 
@@ -145,3 +150,46 @@ def test_credentials_the_run_cannot_use_fail_it_with_a_reason(
         assert "MCP server 'tickets'" in outcome["message"], outcome
         assert tickets.counts() == {}, "nothing was applied"
         assert leaks(json.dumps(done) + op.log_path.read_text()) == []
+
+
+@pytest.mark.parametrize("bundle", [True, False])
+def test_an_https_server_is_verified_with_the_runs_ca_bundle(
+    start_operator: Callable[..., OperatorProcess],
+    runs: Runs,
+    kube: KubeEnv,
+    agent_namespace: str,
+    model: ModelServerThread,
+    refsystem: ReferenceSystemThread,
+    tmp_path: Path,
+    bundle: bool,
+) -> None:
+    ca = generate_ca("tickets test CA")
+    leaf = issue_serving_cert(ca, "tickets", ["localhost"], ["127.0.0.1"])
+    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    cert.write_bytes(leaf.cert_pem)
+    key.write_bytes(leaf.key_pem)
+    secret(kube, agent_namespace, GRANTED, TOKEN)
+    grant(kube, agent_namespace, GRANTED)
+    config_map = client.V1ConfigMap(
+        metadata=client.V1ObjectMeta(name="tickets-ca"), data={"ca.crt": ca.cert_pem.decode()}
+    )
+    client.CoreV1Api(kube.api).create_namespaced_config_map(agent_namespace, config_map)
+    grant(kube, agent_namespace, "tickets-ca", "configmaps")
+    tls = {"tls": {"caConfigMapRef": {"name": "tickets-ca", "key": "ca.crt"}}} if bundle else {}
+    with McpServerThread(bearer_token=TOKEN, tls=(cert, key)) as tickets:
+        assert tickets.url.startswith("https://")
+        trust_lookups(runs, tickets)
+        start_operator("mcp-tls")
+        name = runs.create(mcp_spec(model, refsystem, tickets, **bearer(GRANTED), **tls))
+        if not bundle:
+            done = runs.wait_state(name, "completed", "failed", timeout=Within.RUN)
+            outcome = done["status"]["outcome"]
+            assert done["status"]["state"] == "failed", outcome
+            assert "CERTIFICATE_VERIFY_FAILED" in outcome["message"], outcome
+            assert tickets.http_requests() == 0, "no request reached the server unverified"
+            return
+        approve(runs, name)
+        done = runs.wait_state(name, "completed", "failed", timeout=Within.RUN)
+        assert done["status"]["state"] == "completed", done["status"].get("outcome")
+        assert list(tickets.counts().values()) == [1], tickets.counts()
+        assert tickets.refused() == 0
