@@ -193,3 +193,32 @@ def test_an_https_server_is_verified_with_the_runs_ca_bundle(
         assert done["status"]["state"] == "completed", done["status"].get("outcome")
         assert list(tickets.counts().values()) == [1], tickets.counts()
         assert tickets.refused() == 0
+
+
+def test_a_header_from_a_secret_is_sent_and_may_not_double_the_bearer_token(
+    start_operator: Callable[..., OperatorProcess],
+    runs: Runs,
+    kube: KubeEnv,
+    agent_namespace: str,
+    model: ModelServerThread,
+    refsystem: ReferenceSystemThread,
+) -> None:
+    secret(kube, agent_namespace, GRANTED, f"Bearer {TOKEN}")  # the whole header's value
+    grant(kube, agent_namespace, GRANTED)
+    header = {"headers": [{"name": "Authorization", "secretKeyRef": {"name": GRANTED, "key": "token"}}]}
+    with McpServerThread(bearer_token=TOKEN) as tickets:
+        trust_lookups(runs, tickets)
+        start_operator("mcp-header")
+        name = runs.create(mcp_spec(model, refsystem, tickets, **header))
+        run = runs.wait_state(name, "waiting_approval", timeout=Within.RUN)
+        turns = run["status"]["checkpoint"]["agent"]["turns"]
+        assert (turns[0]["tool"], turns[0]["outcome"]) == ("lookup_ticket", "succeeded"), turns
+        assert tickets.refused() == 0, "the listing and the read-only call carried the header"
+        both = runs.create(mcp_spec(model, refsystem, tickets, **header, **bearer(GRANTED)))
+        done = runs.wait_state(both, "completed", "failed", timeout=Within.RUN)
+        assert done["status"]["state"] == "failed", done["status"]["outcome"]
+        assert (
+            "sets both bearerTokenSecretRef and an Authorization header"
+            in done["status"]["outcome"]["message"]
+        )
+        assert leaks(json.dumps([run, done])) == []
