@@ -65,11 +65,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import hmac
 import json
 import socket
 from collections.abc import AsyncIterator, Callable, Iterable, MutableMapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import uvicorn
@@ -410,17 +412,35 @@ class _ConnectionDropper:
     ignores the app's writes: the cycle is disconnected).
     """
 
-    def __init__(self, app: _ASGIApp) -> None:
+    def __init__(self, app: _ASGIApp, bearer_token: str | None = None) -> None:
         self._app = app
         self.http_requests = 0  # every HTTP request that reached the server (a listing, a call)
+        self.bearer_token = bearer_token  # None: no token required
+        self.refused = 0  # requests answered 401: no token, or another one
 
     async def __call__(self, scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
         if scope.get("type") == "http":
             self.http_requests += 1
+            if self.bearer_token is not None and not self._authorized(scope):
+                self.refused += 1
+                await _unauthorized(send)
+                return
             transport = getattr(getattr(receive, "__self__", None), "transport", None)
             if transport is not None:
                 scope[_DROP_SCOPE_KEY] = transport.close
         await self._app(scope, receive, send)
+
+    def _authorized(self, scope: MutableMapping[str, Any]) -> bool:
+        expected = f"Bearer {self.bearer_token}".encode()
+        sent = [value for name, value in scope.get("headers", []) if name.lower() == b"authorization"]
+        return len(sent) == 1 and hmac.compare_digest(sent[0], expected)
+
+
+async def _unauthorized(send: Any) -> None:
+    body = b'{"error":"invalid_token"}'
+    headers = [(b"content-type", b"application/json"), (b"www-authenticate", b'Bearer error="invalid_token"')]
+    await send({"type": "http.response.start", "status": 401, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 class McpServerThread(LoopThread[int]):
@@ -438,8 +458,14 @@ class McpServerThread(LoopThread[int]):
         hide: Iterable[str] = (),
         page_size: int | None = None,
         allow_non_loopback: bool = False,
+        bearer_token: str | None = None,
+        tls: tuple[Path, Path] | None = None,
     ) -> None:
+        """``bearer_token``: every HTTP request must carry ``Authorization: Bearer <it>`` (else 401,
+        counted by :meth:`refused`); ``tls``: (certificate, key) PEM files to serve https with."""
         refuse_non_loopback(host, allow_non_loopback)
+        self._bearer_token = bearer_token
+        self._tls = tls
         self.system = TicketSystem()
         self._server = make_server(self.system, hide=hide, page_size=page_size)
         self._host = host
@@ -454,7 +480,8 @@ class McpServerThread(LoopThread[int]):
     @property
     def url(self) -> str:
         """The streamable HTTP endpoint."""
-        return http_url(self._host, self.port, MCP_PATH)
+        url = http_url(self._host, self.port, MCP_PATH)
+        return "https://" + url.removeprefix("http://") if self._tls is not None else url
 
     @contextlib.asynccontextmanager
     async def _listen(self) -> AsyncIterator[int]:
@@ -466,9 +493,12 @@ class McpServerThread(LoopThread[int]):
             app = self._server.streamable_http_app(streamable_http_path=MCP_PATH, host=self._host)
             # log_config=None: leave the process's logging configuration alone (but for uvicorn's
             # own loggers' level: its start/stop lines at INFO are noise here).
-            self._dropper = _ConnectionDropper(app)
+            self._dropper = _ConnectionDropper(app, self._bearer_token)
+            certfile, keyfile = self._tls if self._tls is not None else (None, None)
             config = uvicorn.Config(
                 self._dropper,
+                ssl_certfile=certfile,
+                ssl_keyfile=keyfile,
                 http="h11",
                 lifespan="on",
                 log_config=None,
@@ -496,6 +526,20 @@ class McpServerThread(LoopThread[int]):
     def http_requests(self) -> int:
         """HTTP requests the server received (listings and calls alike, answered or not)."""
         return self.call(lambda: self._dropper.http_requests if self._dropper is not None else 0)
+
+    def refused(self) -> int:
+        """Requests answered 401 because they did not carry the bearer token."""
+        return self.call(lambda: self._dropper.refused if self._dropper is not None else 0)
+
+    def rotate_token(self, token: str) -> None:
+        """Require ``token`` from now on (the old one is refused)."""
+
+        def rotate() -> None:
+            self._bearer_token = token
+            if self._dropper is not None:
+                self._dropper.bearer_token = token
+
+        self.call(rotate)
 
     def applied(self, key: str) -> int:
         return self.call(lambda: self.system.applied(key))

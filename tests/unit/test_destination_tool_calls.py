@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from types import SimpleNamespace
 
 import pytest
 from tests.unit.builders import new_run, snap
@@ -54,7 +55,8 @@ def test_a_server_outside_the_policy_gets_an_error_result_and_no_request(server:
 
 async def test_the_observer_checks_before_it_calls(server: McpServerThread) -> None:
     run = snap(new_run(agent={"mcpServers": [{"name": "tickets", "url": server.url}]}))
-    observers = Observers(None, None, None)  # type: ignore[arg-type]  # only a tool call is observed
+    # Only a tool call is observed; the server names no credentials, so no API client is needed.
+    observers = Observers(SimpleNamespace(kube=None), None, None)  # type: ignore[arg-type]
     seen = await observers.observe(
         run, _call(server), datetime.now(UTC), Observations(), _settings(["http://127.0.0.1:1/mcp"])
     )

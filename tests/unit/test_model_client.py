@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from durable_agents.core.agent.exchange import ModelRequest
+from durable_agents.shell.agent.credentials import Unresolvable, header_value
 from durable_agents.shell.agent.model_client import ModelCallFailed, ModelClient, ModelEndpoint
-from durable_agents.shell.agent.resolver import Unresolvable, _api_key
 from durable_agents_testkit.modelserver import ModelServerThread
 
 pytestmark = pytest.mark.unit
@@ -192,5 +192,5 @@ async def test_a_key_no_header_can_carry_is_a_model_error_not_an_exception(
 @pytest.mark.parametrize("raw", ["ключ".encode(), b"\xff\xfe", b"sk-a\nb", b"sk-a\x00"])
 def test_the_resolver_refuses_a_secret_that_is_no_api_key(raw: bytes) -> None:
     with pytest.raises(Unresolvable, match=r"^Secret ns/keys key 'k' is not printable ASCII"):
-        _api_key(raw, "Secret ns/keys key 'k'")
-    assert _api_key(b"  sk-good\n", "here") == "sk-good"
+        header_value(raw, "Secret ns/keys key 'k'")
+    assert header_value(b"  sk-good\n", "here") == "sk-good"

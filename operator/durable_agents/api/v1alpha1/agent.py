@@ -141,6 +141,31 @@ class AgentTool(ApiModel):
     """Wait for the external event the model names (waiting_external)."""
 
 
+class McpHeader(ApiModel):
+    """An HTTP header sent with every request to an MCP server, its value from a Secret."""
+
+    name: str = Field(max_length=128, pattern=r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+    """The header's name (for example X-Api-Key)."""
+    secret_key_ref: KeyReference = Field(
+        description=(
+            "The header's value: a key of a Secret in the run's namespace, read as the run's "
+            "ServiceAccount before every request (a rotated value is used by the next one)."
+        )
+    )
+
+
+class McpTls(ApiModel):
+    """How the operator verifies an https MCP server's certificate."""
+
+    ca_config_map_ref: KeyReference | None = Field(
+        default=None,
+        description=(
+            "PEM CA certificates that verify the server (instead of the system's): a key of a "
+            "ConfigMap in the run's namespace, read as the run's ServiceAccount."
+        ),
+    )
+
+
 class McpServer(ApiModel):
     """An MCP server (streamable HTTP): its tool list is digested (a change fails a pending call);
     its annotations give a tool's tier only when the policy trusts it (spec.mcp.trustedServers)."""
@@ -149,6 +174,21 @@ class McpServer(ApiModel):
     """The server's name in this run: its tools are named mcp:<name>/<tool> in the policy's tiers."""
     url: str = Field(max_length=2048, pattern=r"^https?://[^\s]+$")
     """The server's endpoint (streamable HTTP)."""
+    bearer_token_secret_ref: KeyReference | None = Field(
+        default=None,
+        description=(
+            "A token sent as `Authorization: Bearer <token>`: a key of a Secret in the run's "
+            "namespace, read as the run's ServiceAccount before every request (a rotated token is "
+            "used by the next one). Never logged, traced or recorded."
+        ),
+    )
+    headers: list[McpHeader] = Field(
+        default_factory=list,
+        max_length=16,
+        description="More headers sent with every request, each value from a Secret key.",
+    )
+    tls: McpTls | None = None
+    """TLS options for an https URL (a CA bundle)."""
     tools: list[Annotated[str, Field(max_length=64)]] = Field(
         default_factory=list,
         max_length=64,

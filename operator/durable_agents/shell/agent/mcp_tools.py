@@ -38,14 +38,19 @@ connection, so the SDK has the output schemas it validates results against (othe
 after the call, and a failure there would hide a result that did arrive).
 
 The idempotency key travels in the request's ``_meta`` under :data:`IDEMPOTENCY_META_KEY`.
+
+Credentials (:class:`McpAccess`: headers such as ``Authorization``, a CA bundle) are read by the
+caller as the run's ServiceAccount (:mod:`.credentials`) and go on the HTTP client of this one
+connection only; their values never appear in an error's message (which names the URL).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+import ssl
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
 import httpx2
@@ -62,6 +67,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "IDEMPOTENCY_META_KEY",
+    "McpAccess",
     "McpCallUnknown",
     "McpError",
     "McpResult",
@@ -83,6 +89,24 @@ _NOT_SENT_ERRORS = (
     httpx2.PoolTimeout,
     httpx2.UnsupportedProtocol,
 )
+
+
+@dataclass(frozen=True)
+class McpAccess:
+    """What a request to one MCP server carries: headers (values from Secrets) and the PEM CA
+    bundle that verifies an https server (None: the system's). ``repr`` shows header names only."""
+
+    headers: Mapping[str, str] = field(default_factory=dict)
+    ca_pem: str | None = None
+
+    def __repr__(self) -> str:
+        return f"McpAccess(headers={sorted(self.headers)}, ca_pem={'set' if self.ca_pem else None})"
+
+
+NO_ACCESS = McpAccess()
+# The SDK's defaults (create_mcp_http_client): 30 s to connect, 300 s to read an SSE stream; the
+# caller's deadline bounds the whole operation anyway.
+_HTTP_TIMEOUT = httpx2.Timeout(30.0, read=300.0)
 
 
 @dataclass(frozen=True)
@@ -154,15 +178,36 @@ class McpCallUnknown(McpError):
         self.code = code
 
 
+def _verify(access: McpAccess) -> ssl.SSLContext | bool:
+    if access.ca_pem is None:
+        return True
+    return ssl.create_default_context(cadata=access.ca_pem)
+
+
 @asynccontextmanager
-async def _connect(url: str) -> AsyncIterator[Client]:
+async def _connect(url: str, access: McpAccess, refused: list[int]) -> AsyncIterator[Client]:
+    """A client of ``url`` sending ``access``; a 401 or 403 answer's status goes into ``refused``
+    (the SDK reports it only as "an error response", which would not say why)."""
     from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
     from mcp_types import Implementation
 
+    async def note(response: httpx2.Response) -> None:
+        if response.status_code in (401, 403):
+            refused.append(response.status_code)
+
     info = Implementation(name="durable-agents", version="1")
-    # cache=None: every listing is fetched from the server (a tool list is pinned by digest).
-    async with Client(url, cache=None, client_info=info) as client:
-        yield client
+    http = httpx2.AsyncClient(
+        headers=dict(access.headers),
+        timeout=_HTTP_TIMEOUT,
+        verify=_verify(access),
+        event_hooks={"response": [note]},
+    )
+    async with http:
+        # cache=None: every listing is fetched from the server (a tool list is pinned by digest).
+        transport = streamable_http_client(url, http_client=http)
+        async with Client(transport, cache=None, client_info=info) as client:
+            yield client
 
 
 async def _all_tools(client: Client) -> list[Tool]:
@@ -188,26 +233,36 @@ def _leaves(exc: BaseException) -> list[BaseException]:
     return [exc]
 
 
-def _describe(exc: BaseException) -> str:
-    return "; ".join(f"{type(leaf).__name__}: {leaf}" for leaf in _leaves(exc))
+def _describe(exc: BaseException, refused: Sequence[int] = ()) -> str:
+    said = "; ".join(f"{type(leaf).__name__}: {leaf}" for leaf in _leaves(exc))
+    if refused:
+        return f"the server refused the request's credentials (HTTP {refused[-1]}); {said}"
+    return said
 
 
 # A timeout parameter (ASYNC109): the deadline is part of the contract, applied inside.
-async def list_tools(server: str, url: str, *, timeout: float) -> list[McpTool]:  # noqa: ASYNC109
+async def list_tools(
+    server: str,
+    url: str,
+    *,
+    timeout: float,  # noqa: ASYNC109
+    access: McpAccess = NO_ACCESS,
+) -> list[McpTool]:
     """All the tools ``url`` lists (every page), sorted by name, as ``server``'s.
 
     Raises :class:`McpUnreachable` if the server could not be reached or the handshake failed,
     :class:`McpError` for any other failure (a timeout, a JSON-RPC error, an endless listing).
     """
     connected = False
+    refused: list[int] = []
     try:
         async with asyncio.timeout(timeout):
-            async with _connect(url) as client:
+            async with _connect(url, access, refused) as client:
                 connected = True
                 tools = await _all_tools(client)
     except Exception as exc:
         failure = McpUnreachable if not connected else McpError
-        raise failure(f"listing the tools of {url} failed: {_describe(exc)}", url=url) from exc
+        raise failure(f"listing the tools of {url} failed: {_describe(exc, refused)}", url=url) from exc
     return sorted((McpTool.from_sdk(server, tool) for tool in tools), key=lambda tool: tool.name)
 
 
@@ -259,6 +314,7 @@ async def call_tool(
     *,
     idempotency_key: str | None,
     timeout: float,  # noqa: ASYNC109 (a deadline for the whole operation, applied inside)
+    access: McpAccess = NO_ACCESS,
 ) -> McpResult:
     """Call ``tool`` once with ``arguments``; ``idempotency_key`` goes in the request's ``_meta``.
 
@@ -276,10 +332,11 @@ async def call_tool(
     # RequestParamsMeta is an open TypedDict (PEP 728 extra items), which mypy cannot express.
     meta = cast(RequestParamsMeta, items) if items else None
     listed = sent = False
+    refused: list[int] = []
     answer: CallToolResult | None = None
     try:
         async with asyncio.timeout(timeout):
-            async with _connect(url) as client:
+            async with _connect(url, access, refused) as client:
                 listed = tool in {known.name for known in await _all_tools(client)}
                 if listed:
                     sent = True
@@ -289,7 +346,9 @@ async def call_tool(
             # The answer arrived; only closing the connection failed.
             return _result(answer)
         if not sent:
-            raise McpUnreachable(f"calling {tool} at {url}: not sent: {_describe(exc)}", url=url) from exc
+            raise McpUnreachable(
+                f"calling {tool} at {url}: not sent: {_describe(exc, refused)}", url=url
+            ) from exc
         raise _unknown(url, tool, exc) from exc
     if answer is None:
         raise McpToolNotListed(f"{url} does not list a tool named {tool!r}; not sent", url=url)

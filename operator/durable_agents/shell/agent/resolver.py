@@ -19,16 +19,13 @@ been resolved keeps the last good one (a server blip does not fail a run waiting
 
 from __future__ import annotations
 
-import base64
 import logging
 import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from kubernetes.client.rest import ApiException
-
-from durable_agents.api.v1alpha1 import ActionTier, AgentConfig
+from durable_agents.api.v1alpha1 import ActionTier, AgentConfig, KeyReference
 from durable_agents.core.agent.declared import declared_tools
 from durable_agents.core.agent.limits import AgentLimits
 from durable_agents.core.agent.mcp_trust import McpTrust, hinted_tier, mcp_trust
@@ -41,9 +38,10 @@ from durable_agents.core.engine import RunSnapshot, Settings
 from durable_agents.core.planner import PlannedStep, Planner, PlannerError, PlanningContext
 from durable_agents.core.sealed_values import DataKey, open_data_key
 from durable_agents.core.sealing import Keyring, UndecryptableError
+from durable_agents.shell.agent.credentials import Unresolvable, mcp_access, read_key
 from durable_agents.shell.agent.mcp_tools import McpError, McpTool, list_tools
 from durable_agents.shell.agent.model_client import ModelEndpoint
-from durable_agents.shell.ground.kube import Kube, service_account_user
+from durable_agents.shell.ground.kube import Kube
 
 log = logging.getLogger(__name__)
 
@@ -70,10 +68,6 @@ def destinations_refused(run: RunSnapshot, settings: Settings) -> str | None:
     source = f"AgentPolicy {run.namespace}/{settings.policy_name}"
     wire = {"agent": run.spec.agent.model_dump(mode="json", by_alias=True) if run.spec.agent else {}}
     return run_refusal(wire, [of_policy(source, settings.policy)])
-
-
-class Unresolvable(Exception):
-    """An input the run names cannot be used, and will not become usable by retrying soon."""
 
 
 @dataclass(frozen=True)
@@ -179,10 +173,10 @@ class AgentResolver:
             prompt = pinned.system_prompt
         else:
             assert agent.system_prompt is not None
-            prompt = await self.key_of(run, "ConfigMap", agent.system_prompt.name, agent.system_prompt.key)
-        api_key = await self.key_of(run, "Secret", secret_ref.name, secret_ref.key) if secret_ref else None
+            prompt = await self.key_of(run, "ConfigMap", agent.system_prompt)
+        api_key = await self.key_of(run, "Secret", secret_ref) if secret_ref else None
         try:
-            tools = (*declared_tools(agent), *await self._mcp_tools(agent))
+            tools = (*declared_tools(agent), *await self._mcp_tools(run, agent))
             inputs = AgentInputs(
                 model=agent.model,
                 system_prompt=prompt,
@@ -205,13 +199,18 @@ class AgentResolver:
         )
         return inputs, endpoint
 
-    async def _mcp_tools(self, agent: AgentConfig) -> list[ToolDeclaration]:
-        """Each MCP server's tools (those the spec allows), as the model is offered them."""
+    async def _mcp_tools(self, run: RunSnapshot, agent: AgentConfig) -> list[ToolDeclaration]:
+        """Each MCP server's tools (those the spec allows), as the model is offered them; its
+        credentials read as the run's ServiceAccount (unreadable: the run fails saying which)."""
         out: list[ToolDeclaration] = []
         for server in agent.mcp_servers:
             timeout = parse_duration(server.timeout).total_seconds()
             try:
-                listed = await list_tools(server.name, server.url, timeout=timeout)
+                access = await mcp_access(self.kube, run.namespace, run.spec.service_account_name, server)
+            except Unresolvable as err:
+                raise Unresolvable(f"MCP server {server.name!r}: {err}") from None
+            try:
+                listed = await list_tools(server.name, server.url, timeout=timeout, access=access)
             except McpError as err:
                 raise Unresolvable(f"MCP server {server.name!r} cannot list its tools: {err}") from err
             by_name = {tool.name: tool for tool in listed}
@@ -244,37 +243,6 @@ class AgentResolver:
                 f"the run's data key cannot be opened ({err}); is the sealing webhook installed?"
             ) from err
 
-    async def key_of(self, run: RunSnapshot, kind: str, name: str, key: str) -> str:
+    async def key_of(self, run: RunSnapshot, kind: str, ref: KeyReference) -> str:
         """One key of a ConfigMap or Secret in the run's namespace, read as its ServiceAccount."""
-        sa = run.spec.service_account_name
-        headers = {"Impersonate-User": service_account_user(run.namespace, sa)}
-        core = self.kube.core
-        read = core.read_namespaced_config_map if kind == "ConfigMap" else core.read_namespaced_secret
-        try:
-            obj = await self.kube.call(read, name, run.namespace, _headers=headers)
-        except ApiException as err:
-            if err.status == 403:
-                raise Unresolvable(
-                    f"ServiceAccount {run.namespace}/{sa} may not read {kind} {run.namespace}/{name}"
-                ) from err
-            if err.status == 404:
-                raise Unresolvable(f"{kind} {run.namespace}/{name} not found") from err
-            raise
-        data: dict[str, str] = obj.data or {}
-        if key not in data:
-            raise Unresolvable(f"{kind} {run.namespace}/{name} has no key {key!r}")
-        if kind == "Secret":
-            return _api_key(base64.b64decode(data[key]), f"Secret {run.namespace}/{name} key {key!r}")
-        return data[key]
-
-
-def _api_key(raw: bytes, where: str) -> str:
-    """A Secret's value as an API key: printable ASCII, as an HTTP header carries it (anything
-    else made the model client raise before a byte was sent: an internal error, not a reason)."""
-    try:
-        text = raw.decode("ascii").strip()
-    except UnicodeDecodeError:
-        raise Unresolvable(f"{where} is not printable ASCII, so it cannot be sent as an API key") from None
-    if not text.isprintable():
-        raise Unresolvable(f"{where} is not printable ASCII, so it cannot be sent as an API key")
-    return text
+        return await read_key(self.kube, run.namespace, run.spec.service_account_name, kind, ref)

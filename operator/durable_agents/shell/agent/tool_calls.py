@@ -6,7 +6,10 @@ it is). The answer, or why there is none, goes back to the core as a
 the run's facts). No idempotency key: a read-only call has no effect to deduplicate.
 
 Each call is an ``execute_tool {tool}`` span (GenAI semantic conventions, see :mod:`.tracing`):
-which tool on which server, and how it ended, never its arguments or result.
+which tool on which server, and how it ended, never its arguments, result or credentials.
+
+The server's credentials are read as the run's ServiceAccount before every call (a rotated Secret
+is used by the next call); one that cannot be read is the call's error, and nothing is sent.
 """
 
 from __future__ import annotations
@@ -16,11 +19,14 @@ from typing import TYPE_CHECKING
 
 from opentelemetry.trace import SpanKind
 
+from durable_agents.api.v1alpha1 import McpServer
 from durable_agents.core.destinations import destination_refusal, of_policy
 from durable_agents.core.durations import parse_duration
 from durable_agents.core.engine import NeedToolCall, ReadResult, RunSnapshot, Settings
-from durable_agents.shell.agent.mcp_tools import McpError, bounded_content, call_tool
+from durable_agents.shell.agent.credentials import Unresolvable, mcp_access
+from durable_agents.shell.agent.mcp_tools import NO_ACCESS, McpAccess, McpError, bounded_content, call_tool
 from durable_agents.shell.ground import metrics, tracing
+from durable_agents.shell.ground.kube import Kube
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Tracer
@@ -29,6 +35,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT = 30.0
 DESTINATION_NOT_ALLOWED = "DestinationNotAllowed"
+CREDENTIALS_UNREADABLE = "McpCredentialsUnreadable"
 
 
 def refused_destination(run: RunSnapshot, need: NeedToolCall, settings: Settings | None) -> ReadResult | None:
@@ -48,15 +55,35 @@ def refused_destination(run: RunSnapshot, need: NeedToolCall, settings: Settings
     return ReadResult(need.step_index, error_reason=DESTINATION_NOT_ALLOWED, error_message=problem[:1024])
 
 
-def _timeout(run: RunSnapshot, server: str) -> float:
+def _configured(run: RunSnapshot, server: str) -> McpServer | None:
     for configured in run.spec.agent.mcp_servers if run.spec.agent else []:
         if configured.name == server:
-            return parse_duration(configured.timeout).total_seconds()
-    return DEFAULT_TIMEOUT
+            return configured
+    return None
 
 
-async def call_read_tool(run: RunSnapshot, need: NeedToolCall, *, tracer: Tracer | None = None) -> ReadResult:
+async def server_access(
+    kube: Kube | None, namespace: str, service_account: str, server: McpServer | None
+) -> McpAccess:
+    """The server's credentials, read now as the run's ServiceAccount (none configured: none)."""
+    if kube is None or server is None:
+        return NO_ACCESS
+    return await mcp_access(kube, namespace, service_account, server)
+
+
+async def call_read_tool(
+    run: RunSnapshot, need: NeedToolCall, *, kube: Kube | None = None, tracer: Tracer | None = None
+) -> ReadResult:
     step = need.step
+    configured = _configured(run, step.server)
+    timeout = parse_duration(configured.timeout).total_seconds() if configured else DEFAULT_TIMEOUT
+    try:
+        access = await server_access(kube, run.namespace, run.spec.service_account_name, configured)
+    except Unresolvable as err:
+        message = f"MCP server {step.server!r}: {err}; not sent"
+        metrics.MCP_CALLS.labels(CREDENTIALS_UNREADABLE).inc()
+        log.warning("%s/%s MCP read %s not sent: %s", run.namespace, run.name, step.tool, message)
+        return ReadResult(need.step_index, error_reason=CREDENTIALS_UNREADABLE, error_message=message[:1024])
     attributes = {
         "gen_ai.operation.name": "execute_tool",
         "gen_ai.tool.name": step.tool,
@@ -70,7 +97,7 @@ async def call_read_tool(run: RunSnapshot, need: NeedToolCall, *, tracer: Tracer
     with tracing.call_span(tracer or tracing.tracer(), span_name, SpanKind.INTERNAL, attributes) as span:
         try:
             result = await call_tool(
-                step.url, step.tool, step.arguments, idempotency_key=None, timeout=_timeout(run, step.server)
+                step.url, step.tool, step.arguments, idempotency_key=None, timeout=timeout, access=access
             )
         except McpError as err:
             tracing.failed(span, type(err).__name__)

@@ -10,12 +10,29 @@ is unknown. MCP has no standard query by idempotency key: a server may declare o
 (``spec.agent.mcpServers[].queryTools``, carried as ``target.queryTool``); without it the query
 answers unknown and the action stays ``outcome_unknown`` until a person reconciles it
 (``kubectl agentrun reconcile``).
+
+The server's credentials (``spec.agent.mcpServers[]``: bearer token, headers, CA bundle; the
+dispatcher hands the run's entries in ``ctx.extra[MCP_SERVERS_EXTRA]``) are read as the run's
+ServiceAccount before every dispatch and query: a rotated Secret is used by the next one; one
+that cannot be read fails the call before anything is sent.
 """
 
 from __future__ import annotations
 
-from durable_agents.api.v1alpha1 import ActionTier
-from durable_agents.shell.agent.mcp_tools import McpCallUnknown, McpError, bounded_content, call_tool
+from typing import Any
+
+from pydantic import ValidationError
+
+from durable_agents.api.v1alpha1 import ActionTier, McpServer
+from durable_agents.shell.agent.credentials import Unresolvable, mcp_access
+from durable_agents.shell.agent.mcp_tools import (
+    NO_ACCESS,
+    McpAccess,
+    McpCallUnknown,
+    McpError,
+    bounded_content,
+    call_tool,
+)
 from durable_agents.shell.effects.base import (
     Action,
     Applied,
@@ -28,6 +45,33 @@ from durable_agents.shell.effects.base import (
 )
 
 NO_QUERY = "NoQueryByKey"
+MCP_SERVERS_EXTRA = "mcpServers"
+CREDENTIALS_UNREADABLE = "McpCredentialsUnreadable"
+
+
+def run_mcp_servers(run: dict[str, Any] | None) -> list[Any]:
+    """The run's MCP servers as read (None: the run is gone), for the context: its inline
+    ``spec.agent.mcpServers``, or, for a run of an Agent, those its checkpoint pinned. Only the
+    credential references are taken from here: they are read as the run's ServiceAccount, for the
+    server the verified intent names, so an entry written by someone else reaches no more than the
+    run itself may read."""
+    inline = (((run or {}).get("spec") or {}).get("agent") or {}).get("mcpServers")
+    if inline:
+        return list(inline)
+    pinned = (((run or {}).get("status") or {}).get("checkpoint") or {}).get("definition") or {}
+    return list((pinned.get("agent") or {}).get("mcpServers") or [])
+
+
+async def _access(ctx: EffectContext, name: object) -> McpAccess:
+    """The credentials of the run's MCP server ``name``, read now as the run's ServiceAccount."""
+    for entry in ctx.extra.get(MCP_SERVERS_EXTRA) or []:
+        if isinstance(entry, dict) and entry.get("name") == name:
+            try:
+                server = McpServer.model_validate(entry)
+            except ValidationError as err:
+                raise Unresolvable(f"spec.agent.mcpServers[{name!r}] is invalid: {err}") from None
+            return await mcp_access(ctx.kube, ctx.namespace, ctx.service_account, server)
+    return NO_ACCESS
 
 
 class McpCall:
@@ -41,8 +85,12 @@ class McpCall:
         if not isinstance(url, str) or not isinstance(tool, str):
             return Failed("InvalidTarget", "mcp.call needs target.url and target.tool")
         try:
+            access = await _access(ctx, action.target.get("server"))
+        except Unresolvable as err:  # nothing sent: a definite failure that names the Secret
+            return Failed(CREDENTIALS_UNREADABLE, f"MCP server {action.target.get('server')!r}: {err}")
+        try:
             result = await call_tool(
-                url, tool, action.arguments, idempotency_key=action.key, timeout=ctx.timeout
+                url, tool, action.arguments, idempotency_key=action.key, timeout=ctx.timeout, access=access
             )
         except McpCallUnknown as err:
             return Unknown("McpCallUnknown", str(err))
@@ -55,7 +103,11 @@ class McpCall:
     async def query(self, ctx: EffectContext, action: Action) -> QueryResult:
         url, query = action.target.get("url"), action.target.get("queryTool")
         if isinstance(url, str) and isinstance(query, str):
-            return await self._ask(ctx, url, query, action.key)
+            try:
+                access = await _access(ctx, action.target.get("server"))
+            except Unresolvable as err:
+                return Unknown(CREDENTIALS_UNREADABLE, str(err))
+            return await self._ask(ctx, url, query, action.key, access)
         return Unknown(
             NO_QUERY,
             f"MCP has no query by idempotency key: ask the server's owner whether "
@@ -63,11 +115,13 @@ class McpCall:
             "`kubectl agentrun reconcile RUN --action NAME --applied|--not-applied`",
         )
 
-    async def _ask(self, ctx: EffectContext, url: str, query: str, key: str) -> QueryResult:
+    async def _ask(
+        self, ctx: EffectContext, url: str, query: str, key: str, access: McpAccess
+    ) -> QueryResult:
         """The server's own query tool: ``{"idempotencyKey": key}`` -> ``{"applied": bool}``."""
         try:
             result = await call_tool(
-                url, query, {"idempotencyKey": key}, idempotency_key=None, timeout=ctx.timeout
+                url, query, {"idempotencyKey": key}, idempotency_key=None, timeout=ctx.timeout, access=access
             )
         except McpError as err:
             return Unknown(type(err).__name__, str(err))

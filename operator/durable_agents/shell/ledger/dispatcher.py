@@ -40,6 +40,7 @@ from durable_agents.core.sealed_values import DataKey
 from durable_agents.core.sealing import Keyring
 from durable_agents.shell.agent.resolver import AgentResolver
 from durable_agents.shell.effects import Action, Applied, Effect, EffectContext, NotApplied, Unknown
+from durable_agents.shell.effects.mcp import MCP_SERVERS_EXTRA, run_mcp_servers
 from durable_agents.shell.effects.plugins import load_effects, load_planners
 from durable_agents.shell.ground import metrics
 from durable_agents.shell.ground.faults import process_faults
@@ -222,6 +223,7 @@ class Dispatcher(Background):
 
     def _context(self, spec: ActionRecordSpec, namespace: str, run: dict[str, Any] | None) -> EffectContext:
         extra = run_traces.effect_extra(run, spec.run_ref.name, namespace, self.config)
+        extra[MCP_SERVERS_EXTRA] = run_mcp_servers(run)  # credentials are read per call, as the run
         return EffectContext(self.kube, namespace, spec.service_account_name, self.config.timeout, extra)
 
     async def _claim_and_dispatch(

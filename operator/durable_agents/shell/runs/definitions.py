@@ -32,7 +32,8 @@ from durable_agents.api.v1alpha1 import (
 )
 from durable_agents.core.definitions import DefinitionNow, DefinitionUnusable, PinnedDefinition, pin
 from durable_agents.core.engine import RunSnapshot, Settings
-from durable_agents.shell.agent.resolver import AgentResolver, Unresolvable
+from durable_agents.shell.agent.credentials import Unresolvable
+from durable_agents.shell.agent.resolver import AgentResolver
 from durable_agents.shell.ground.kube import Kube, ObjectKey
 from durable_agents.shell.ground.store import RunStore
 from durable_agents.shell.observability.events import EventRecorder
@@ -188,4 +189,4 @@ class Definitions:
             return prompt.inline
         assert prompt.config_map_key_ref is not None
         ref = prompt.config_map_key_ref
-        return await self.resolver.key_of(run, "ConfigMap", ref.name, ref.key)
+        return await self.resolver.key_of(run, "ConfigMap", ref)

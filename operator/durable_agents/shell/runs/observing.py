@@ -63,5 +63,7 @@ class Observers:
             return replace(seen, fresh_evidence=fresh)
         if isinstance(decision, NeedToolCall):  # its server: the policy's allowlist, now
             refused = refused_destination(run, decision, settings)
-            return replace(seen, read=refused or await call_read_tool(run, decision))
+            if refused is not None:
+                return replace(seen, read=refused)
+            return replace(seen, read=await call_read_tool(run, decision, kube=self.reader.kube))
         return await self.records(run, decision, seen)
