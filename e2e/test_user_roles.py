@@ -11,6 +11,7 @@ here they are checked as RBAC grants them.
 
 from __future__ import annotations
 
+import ast
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,14 @@ import yaml
 from kubernetes import client
 
 from durable_agents.api.v1alpha1 import GROUP, VERSION
+from durable_agents.api.v1alpha1.agentpolicy import ApproverRule
+from durable_agents.core.controls import VERBS as CONTROL_VERBS
+from durable_agents.core.policy_integrity import FORCE_DELETE_VERB
+from durable_agents.core.request_stamps import REQUEST_VERBS, RETRY_VERB
+from durable_agents.shell.admission.authority import USE_VERB
+from durable_agents.shell.admission.definitions import PLURALS as DEFINITION_PLURALS
+from durable_agents.shell.admission.failover import FAILOVER_VERB, REGIONS
+from durable_agents.shell.runs.reveal_question import ANSWER_VERB
 from durable_agents_testkit.cluster import KubeEnv
 from durable_agents_testkit.eventually import Within, eventually
 from durable_agents_testkit.rbac import bind, grant_cluster
@@ -51,7 +60,7 @@ class Action:
 
 RUN_VERBS = (
     *("get", "list", "watch", "create", "update", "patch", "delete"),
-    *("answer", "cancel", "approve", "retry", "reconcile", "escalate", "failover"),
+    *("answer", "cancel", "approve", "retry", "reconcile", "escalate"),
 )
 ACTIONS: tuple[Action, ...] = (
     *(Action(verb, "agentruns") for verb in RUN_VERBS),
@@ -93,7 +102,7 @@ MATRIX: dict[str, frozenset[Action]] = {
     # the question a run waits on and nothing else (e2e/test_responder.py).
     "responder": on("agentruns", "get", "list", "watch", "patch", "answer"),
     "on-call": READS
-    | on("agentruns", "patch", "retry", "reconcile", "escalate", "failover")
+    | on("agentruns", "patch", "retry", "reconcile", "escalate")
     | on("agentpolicies", "force-delete"),
     "policy-user": on("agentpolicies", "use"),
     "policy-author": on("agentpolicies", "get", "create", "update", "delete"),
@@ -394,6 +403,86 @@ def test_the_region_failover_role_allows_asking_for_failovers_only(kube: KubeEnv
     finally:
         rbac.delete_cluster_role_binding(name)
         rbac.delete_cluster_role(name)
+
+
+# --- no dead grants ---------------------------------------------------------------------------------
+
+# The verbs the API server itself enforces, on the resources it serves.
+STANDARD_VERBS = frozenset(
+    {"get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"}
+)
+SERVED = frozenset(
+    yaml.safe_load(crd.read_text())["spec"]["names"]["plural"]
+    for crd in (REPO / "charts/durable-agents/crds").glob("*.yaml")
+) | {"serviceaccounts"}
+# The (verb, resource) pairs the operator asks a SubjectAccessReview for, from the constants its
+# checks use (the policy's approver verb at its default; a policy naming another verb is the
+# user's own grant). test_every_subject_access_review_asks_for_a_derived_verb keeps this complete.
+ASKED: frozenset[tuple[str, str]] = frozenset(
+    {(verb, "agentruns") for verb in (*REQUEST_VERBS.values(), RETRY_VERB, *CONTROL_VERBS.values())}
+    | {(ApproverRule().verb, ApproverRule().resource), (ANSWER_VERB, "agentruns")}
+    | {(USE_VERB, "serviceaccounts"), (USE_VERB, "agentpolicies"), (USE_VERB, "clusteragentpolicies")}
+    | {(FORCE_DELETE_VERB, "agentpolicies"), (FAILOVER_VERB, REGIONS)}
+    | {(FORCE_DELETE_VERB, plural) for plural in DEFINITION_PLURALS.values()}
+)
+# How the operator's SubjectAccessReview call sites name their verb, and where that verb comes from
+# in ASKED: a new call site with another verb fails the test below until ASKED derives it.
+VERB_ARGUMENTS = {
+    "verb": "authority.refused_verb's own, and verbs_needed(): REQUEST_VERBS, RETRY_VERB",
+    "USE_VERB": "a run's ServiceAccount and policy",
+    "VERBS[field]": "core.controls.VERBS",
+    "rule.verb": "the policy's approvers (reconciliations, reveal, decisions)",
+    "ANSWER_VERB": "reveal of the question a run waits on",
+    "FORCE_DELETE_VERB": "policy_integrity",
+    "FAILOVER_VERB": "admission.failover",
+}
+
+
+def granted_verbs() -> list[tuple[str, str, str]]:
+    """(role, verb, resource) for every verb every role of files/user-roles.yaml holds."""
+    spec = yaml.safe_load(USER_ROLES.read_text())
+    roles = {**spec["roles"], **spec["clusterRoles"]}
+    return [
+        (name, verb, resource)
+        for name, role in roles.items()
+        for rule in role["rules"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    ]
+
+
+def test_no_role_holds_a_verb_nothing_checks() -> None:
+    """A custom verb the operator never asks for is a dead grant: the roles table would promise
+    what nobody enforces (as on-call's `failover` on agentruns did). A standard verb must be on a
+    resource the API server serves."""
+    dead = [
+        f"{role}: {verb} on {resource}"
+        for role, verb, resource in granted_verbs()
+        if (verb in STANDARD_VERBS and resource not in SERVED)
+        or (verb not in STANDARD_VERBS and (verb, resource) not in ASKED)
+    ]
+    assert not dead, f"granted, never checked: {dead} (the operator asks for {sorted(ASKED)})"
+
+
+def test_every_subject_access_review_asks_for_a_derived_verb() -> None:
+    """Every call of may()/refused_verb() in the operator names its verb one of the ways ASKED is
+    derived from, so a check with a new verb cannot be added without the roles test seeing it."""
+    found: dict[str, str] = {}
+    for path in (REPO / "operator/durable_agents/shell").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Call):
+                continue
+            callee = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+            if callee == "refused_verb" and len(node.args) >= 3:
+                found[f"{path.name}:{node.lineno}"] = ast.unparse(node.args[2])
+            elif callee in ("may", "refused_verb"):
+                verb = [k.value for k in node.keywords if k.arg == "verb"]
+                if verb:
+                    found[f"{path.name}:{node.lineno}"] = ast.unparse(verb[0])
+    assert len(found) >= len(VERB_ARGUMENTS), f"fewer SubjectAccessReview call sites than expected: {found}"
+    unknown = {site: verb for site, verb in found.items() if verb not in VERB_ARGUMENTS}
+    assert not unknown, f"a SubjectAccessReview for a verb ASKED does not derive: {unknown}"
+    assert set(found.values()) == set(VERB_ARGUMENTS), "VERB_ARGUMENTS names a verb no call site uses"
 
 
 def test_the_readme_table_is_the_matrix() -> None:

@@ -12,8 +12,12 @@ with ``OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint``. Anything else is answere
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
+import json
+import sys
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -175,16 +179,17 @@ class _Handler(BaseHTTPRequestHandler):
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self) -> None:
-        super().__init__(("127.0.0.1", 0), _Handler)
+    def __init__(self, address: tuple[str, int] = ("127.0.0.1", 0)) -> None:
+        super().__init__(address, _Handler)
         self.store = _Store()
 
 
 class OtlpReceiver:
-    """The receiver, serving in a thread from :meth:`start` (or ``with``) until :meth:`stop`."""
+    """The receiver, serving in a thread from :meth:`start` (or ``with``) until :meth:`stop`; on
+    loopback unless given another address (a collector Pod serves on every address)."""
 
-    def __init__(self) -> None:
-        self._server = _Server()
+    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+        self._server = _Server((host, port))
         self._thread: threading.Thread | None = None
 
     @property
@@ -237,3 +242,28 @@ class OtlpReceiver:
         """Requests refused as undecodable or of another content type."""
         with self._server.store.lock:
             return self._server.store.refused
+
+
+def span_line(span: ReceivedSpan) -> str:
+    """One span as a JSON line (what a collector Pod logs, for a test to read back)."""
+    return json.dumps(dataclasses.asdict(span), default=str, sort_keys=True)
+
+
+def serve(host: str, port: int) -> None:
+    """Receive on ``host:port`` and print every span as a JSON line on stdout until killed: the
+    receiver as a collector Pod runs it (``python otlp.py [HOST:PORT]``; this file needs only
+    protobuf and opentelemetry-proto, which the operator's image has)."""
+    receiver = OtlpReceiver(host, port).start()
+    print(f"otlp receiver on {host}:{receiver.port}", flush=True)
+    printed = 0
+    while True:
+        spans = receiver.spans()
+        for span in spans[printed:]:
+            print(span_line(span), flush=True)
+        printed = len(spans)
+        time.sleep(0.2)
+
+
+if __name__ == "__main__":
+    where = sys.argv[1] if len(sys.argv) > 1 else "0.0.0.0:4318"
+    serve(where.rpartition(":")[0], int(where.rpartition(":")[2]))

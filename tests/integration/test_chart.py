@@ -12,9 +12,11 @@ directory with kubectl: a missing helm fails these tests, it does not skip them.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -100,6 +102,30 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
             "prometheusRule": {"enabled": True, "approvalWaitSeconds": 600, "stuckFor": "1m"},
             "dashboard": {"enabled": True},
         }
+    },
+    # The operator's Pod as a platform team tunes it (issue 37, item 4).
+    "operator-knobs": {
+        "env": [
+            {"name": "OTEL_EXPORTER_OTLP_ENDPOINT", "value": "http://otel-collector.monitoring:4318"},
+            {"name": "HTTPS_PROXY", "valueFrom": {"secretKeyRef": {"name": "proxy", "key": "url"}}},
+        ],
+        "envFrom": [{"configMapRef": {"name": "otel-settings"}}],
+        "extraVolumes": [{"name": "corp-ca", "configMap": {"name": "corp-ca"}}],
+        "extraVolumeMounts": [{"name": "corp-ca", "mountPath": "/etc/ssl/corp", "readOnly": True}],
+        "priorityClassName": "platform-critical",
+        "topologySpreadConstraints": [
+            {
+                "maxSkew": 1,
+                "topologyKey": "topology.kubernetes.io/zone",
+                "whenUnsatisfiable": "ScheduleAnyway",
+            }
+        ],
+        "probes": {
+            "liveness": {"periodSeconds": 20, "timeoutSeconds": 3},
+            "readiness": {"failureThreshold": 5},
+        },
+        "podLabels": {"example.com/team": "ops"},
+        "podAnnotations": {"example.com/owner": "platform"},
     },
     "cert-manager-cluster-issuer": {
         "webhook": {
@@ -378,6 +404,14 @@ def test_render_references_resolve(helm: str, values_file: tuple[Path, dict[str,
 
 SCHEMA_CASES = {
     "replicas": ("--set", "replicas=many"),
+    "env/0/value": ("--set", "env[0].name=OTEL_BSP_SCHEDULE_DELAY,env[0].value=50"),
+    "priorityClassName": ("--set", "priorityClassName=5"),
+    "probes/liveness/periodSeconds": ("--set", "probes.liveness.periodSeconds=often"),
+    "topologySpreadConstraints/0/whenUnsatisfiable": (
+        "--set",
+        "topologySpreadConstraints[0].maxSkew=1,topologySpreadConstraints[0].topologyKey=zone,"
+        "topologySpreadConstraints[0].whenUnsatisfiable=Sometimes",
+    ),
     "leaseDurationSeconds": ("--set", "leaseDurationSeconds=abc"),
     "region": ("--set", "region=Not_A_DNS_Label"),
     "podDisruptionBudget/maxUnavailable": ("--set", "podDisruptionBudget.maxUnavailable=abc"),
@@ -391,10 +425,19 @@ def test_schema_refuses_a_wrong_value_by_name(helm: str, value: str) -> None:
     assert f"'/{value}'" in result.stderr, result.stderr
 
 
-def test_schema_refuses_a_misspelt_value(helm: str) -> None:
-    result = run([helm, "template", RELEASE, str(CHART), "--set", "replica=3"])
-    assert result.returncode != 0, "helm template accepted the unknown value replica"
-    assert "'replica'" in result.stderr, result.stderr
+@pytest.mark.parametrize(
+    ("setting", "unknown"),
+    [
+        ("replica=3", "replica"),
+        ("probes.liveness.period=3", "period"),
+        ("env[0].name=NO_PROXY,env[0].val=x", "val"),
+        ("environment[0].name=NO_PROXY", "environment"),
+    ],
+)
+def test_schema_refuses_a_misspelt_value(helm: str, setting: str, unknown: str) -> None:
+    result = run([helm, "template", RELEASE, str(CHART), "--set", setting])
+    assert result.returncode != 0, f"helm template accepted the unknown value {unknown}"
+    assert f"'{unknown}'" in result.stderr, result.stderr
 
 
 def test_two_listeners_on_one_port_are_refused(helm: str) -> None:
@@ -528,3 +571,108 @@ def test_the_console_holds_no_rights_and_no_token(helm: str) -> None:
     assert not all(labels.get(k) == v for k, v in selector.items()), (
         f"the operator selects the console's Pods: {pod_labels}"
     )
+
+
+def operator_container(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    [deployment] = [d for d in docs if d["kind"] == "Deployment"]
+    [container] = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["name"] == "operator"
+    return dict(container)
+
+
+def test_each_operator_knob_lands_where_it_should(helm: str, tmp_path: Path) -> None:
+    knobs = VALUE_SETS["operator-knobs"]
+    path = tmp_path / "values.yaml"
+    path.write_text(yaml.safe_dump(knobs))
+    docs = render(helm, "ns", "--values", str(path))
+    [deployment] = [d for d in docs if d["kind"] == "Deployment"]
+    pod = deployment["spec"]["template"]
+    container = operator_container(docs)
+
+    # The user's variables come after the chart's, as given; the chart's are all still there.
+    assert container["env"][-len(knobs["env"]) :] == knobs["env"]
+    defaults = operator_container(render(helm, "ns"))
+    assert container["env"][: len(defaults["env"])] == defaults["env"]
+    assert container["envFrom"] == knobs["envFrom"]
+    # The extra volume beside the chart's own, mounted where asked; the chart's mounts kept.
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert set(volumes) == {"sealing-keys", "tmp", "corp-ca"}
+    assert volumes["corp-ca"] == knobs["extraVolumes"][0]
+    assert container["volumeMounts"][-1] == knobs["extraVolumeMounts"][0]
+    assert container["volumeMounts"][:-1] == defaults["volumeMounts"]
+    assert pod["spec"]["priorityClassName"] == "platform-critical"
+    # A constraint without a selector counts this release's operator Pods (the Deployment's own).
+    [spread] = pod["spec"]["topologySpreadConstraints"]
+    assert spread == {
+        **knobs["topologySpreadConstraints"][0],
+        "labelSelector": {"matchLabels": deployment["spec"]["selector"]["matchLabels"]},
+    }
+    # Probe timings: what was set, the rest at the chart's defaults; the paths are the chart's.
+    liveness, readiness = container["livenessProbe"], container["readinessProbe"]
+    assert (liveness["periodSeconds"], liveness["timeoutSeconds"], liveness["initialDelaySeconds"]) == (
+        20,
+        3,
+        10,
+    )
+    assert (readiness["failureThreshold"], readiness["periodSeconds"]) == (5, 2)
+    assert liveness["httpGet"]["path"] == "/healthz"
+    assert readiness["httpGet"]["path"] == "/readyz"
+    assert pod["metadata"]["labels"]["example.com/team"] == "ops"
+    assert pod["metadata"]["annotations"] == {"example.com/owner": "platform"}
+    assert deployment["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    # The defaults add none of it.
+    default_pod = next(d for d in render(helm, "ns") if d["kind"] == "Deployment")["spec"]["template"]
+    for key in ("priorityClassName", "topologySpreadConstraints"):
+        assert key not in default_pod["spec"], key
+    assert "envFrom" not in defaults
+
+
+def test_a_spread_constraint_keeps_its_own_selector(helm: str) -> None:
+    constraint = "topologySpreadConstraints[0]"
+    docs = render(
+        helm, "ns", "--set",
+        f"{constraint}.maxSkew=2,{constraint}.topologyKey=kubernetes.io/hostname,"
+        f"{constraint}.whenUnsatisfiable=DoNotSchedule,{constraint}.labelSelector.matchLabels.tier=ops",
+    )  # fmt: skip
+    [deployment] = [d for d in docs if d["kind"] == "Deployment"]
+    [spread] = deployment["spec"]["template"]["spec"]["topologySpreadConstraints"]
+    assert spread["labelSelector"] == {"matchLabels": {"tier": "ops"}}
+
+
+@pytest.mark.parametrize(
+    ("setting", "said"),
+    [
+        # Kubernetes would keep the last of two variables of one name: silently the user's or the chart's.
+        (
+            "env[0].name=DURABLE_AGENTS_REGION,env[0].value=eu",
+            "env[0]: DURABLE_AGENTS_REGION is set by the chart from its value region",
+        ),
+        ("env[0].name=DURABLE_AGENTS_WORKERS,env[0].value=two", "from its value workers"),
+        # The Deployment selects its Pods by the chart's labels.
+        ("podLabels.app\\.kubernetes\\.io/instance=other", "podLabels.app.kubernetes.io/instance"),
+        ("extraVolumes[0].name=tmp,extraVolumes[0].emptyDir.medium=Memory", "extraVolumes[0].name: tmp"),
+    ],
+)
+def test_a_knob_that_would_override_the_charts_own_is_refused(helm: str, setting: str, said: str) -> None:
+    result = run([helm, "template", RELEASE, str(CHART), "--set", setting])
+    assert result.returncode != 0, f"helm template accepted {setting}"
+    assert said in result.stderr, result.stderr
+
+
+def test_an_env_variable_the_operator_does_not_know_stops_its_start(helm: str, tmp_path: Path) -> None:
+    """The environment the chart renders, with a misspelt setting in env, given to the operator's
+    own command: it exits at start-up naming the variable (as for any DURABLE_AGENTS_* typo)."""
+    docs = render(
+        helm, "ns", "--set-string",
+        "env[0].name=DURABLE_AGENTS_DISPATCH_TIMOUT,env[0].value=9,env[1].name=OTEL_SERVICE_NAME,env[1].value=ops",
+    )  # fmt: skip
+    rendered = {e["name"]: e["value"] for e in operator_container(docs)["env"] if "value" in e}
+    assert rendered["DURABLE_AGENTS_DISPATCH_TIMOUT"] == "9"
+    operator = Path(sys.executable).with_name("durable-agents-operator")
+    env = {"PATH": os.environ.get("PATH", ""), "HOME": str(tmp_path), **rendered}
+    done = subprocess.run(
+        [str(operator)], env=env, capture_output=True, text=True, timeout=TIMEOUT, check=False
+    )
+    assert done.returncode != 0, f"the operator started with an unknown variable:\n{done.stderr}"
+    assert "DURABLE_AGENTS_DISPATCH_TIMOUT: unknown variable" in done.stderr, done.stderr
+    assert "OTEL_SERVICE_NAME" not in done.stderr, "OpenTelemetry's variables are not the operator's settings"
