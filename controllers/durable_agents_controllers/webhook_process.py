@@ -41,6 +41,7 @@ from kopf._core.engines.admission import MemoGetter, serve_admission_request
 from kopf._core.engines.indexing import OperatorIndexers
 
 from durable_agents.api.v1alpha1 import FAILOVER_PLURAL, GROUP, VERSION
+from durable_agents.shell.admission.definitions import PLURALS as DEFINITION_PLURALS
 from durable_agents.shell.admission.policies import CLUSTER_POLICY_PLURAL
 from durable_agents.shell.intake.policies import CLUSTER
 from durable_agents.shell.intake.reflector import RunReflector
@@ -60,6 +61,7 @@ SERVED = (
     (GROUP, VERSION, "agentpolicies", True),
     (GROUP, VERSION, CLUSTER_POLICY_PLURAL, False),
     ("", "v1", "secrets", True),  # keyring Secrets (keyguard)
+    *((GROUP, VERSION, plural, True) for plural in DEFINITION_PLURALS.values()),  # Agents, ModelConfigs
 )
 
 
