@@ -71,16 +71,14 @@ def console_ns(env: KubeEnv, installed_with_console: None) -> Iterator[str]:  # 
     client.CoreV1Api(env.api).delete_namespace(ns)
 
 
-def console_may(kube: KubeEnv, verb: str, namespace: str | None) -> bool:
-    """May the console's ServiceAccount (with the groups the API server gives it) ``verb`` agentruns?"""
+def account_may(kube: KubeEnv, account: str, verb: str, namespace: str | None) -> bool:
+    """May the ServiceAccount ``account`` (``system:serviceaccount:NS:NAME``, with the groups the
+    API server gives it) ``verb`` agentruns in ``namespace`` (None: cluster-wide)?"""
+    home = account.split(":")[2]
     review = {
         "spec": {
-            "user": CONSOLE_SA,
-            "groups": [
-                "system:serviceaccounts",
-                f"system:serviceaccounts:{OPERATOR_NS}",
-                "system:authenticated",
-            ],
+            "user": account,
+            "groups": ["system:serviceaccounts", f"system:serviceaccounts:{home}", "system:authenticated"],
             "resourceAttributes": {
                 "group": "durable-agents.io",
                 "resource": "agentruns",
@@ -130,7 +128,7 @@ def test_the_console_holds_no_rights_and_no_token_in_cluster(
 ) -> None:
     for namespace in (console_ns, None):
         for verb in RUN_VERBS:
-            assert not console_may(env, verb, namespace), (
+            assert not account_may(env, CONSOLE_SA, verb, namespace), (
                 f"the console's account may {verb} agentruns ({namespace})"
             )
     pods = (
@@ -177,6 +175,8 @@ def test_an_approver_approves_through_the_in_cluster_console_with_a_bearer_token
     sample = yaml.safe_load((REPO / "config/samples/agentrun-rollout.yaml").read_text())
     proposed = next(s for s in sample["spec"]["steps"] if "effect" in s)["effect"]["arguments"]
     user, token = approver_token(env, ns)
+    # The same review that refuses the console's account grants the approver's (not refusing all).
+    assert all(account_may(env, user, verb, ns) for verb in RUN_VERBS), "the approver's binding"
     assert node_bed.plane is not None
     audit = node_bed.plane.audit_log_path
     offset = audit_offset(audit)
