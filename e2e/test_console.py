@@ -411,7 +411,7 @@ def in_cluster_console(
     with log.open("w") as out:
         process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
-    eventually(lambda: _answers(f"{base}/sign-in"), Within.COMMIT, "the in-cluster console to serve")
+    eventually(lambda: _answers(f"{base}/sign-in"), Within.TAKEOVER, "the in-cluster console to serve")
     return process, base
 
 
