@@ -151,6 +151,9 @@ def test_failover_verifies_adopts_and_the_paused_former_owner_commits_nothing(
         ),
         start_operator("west1", LEASE, DURABLE_AGENTS_REGION="west"),
     ]
+    # west0 installs the webhook configurations at start, pointing at its own webhook process,
+    # which serves a moment later: until then writes fail closed (connection refused).
+    runs.await_webhook(Within.TAKEOVER)
 
     def holder_of(name: str) -> str | None:
         held = {lease.metadata.name: lease.spec.holder_identity for lease in runs.shard_leases()}
