@@ -36,6 +36,10 @@ def _sample(name: str) -> dict[str, Any]:
     return body
 
 
+def _samples(name: str) -> list[dict[str, Any]]:
+    return [doc for doc in yaml.safe_load_all((REPO / "config" / "samples" / name).read_text()) if doc]
+
+
 def _objects(suffix: str) -> dict[str, dict[str, Any]]:
     """One valid object of every kind, by kind."""
     record = {
@@ -69,6 +73,8 @@ def _objects(suffix: str) -> dict[str, dict[str, Any]]:
         "AgentPolicy": _sample("agentpolicy-default.yaml"),
         "AgentRunRecord": record,
         "RegionFailover": failover,
+        # The refunds Agent and its ModelConfig (config/samples/agent-refunds.yaml, minus its run).
+        **{doc["kind"]: doc for doc in _samples("agent-refunds.yaml") if doc["kind"] != "AgentRun"},
     }
     assert set(found) == {k.kind for k in crdgen.KINDS}, "a kind without an object in this test"
     return found

@@ -272,7 +272,8 @@ def test_with_the_webhook_removed_no_approval_is_acted_on(
         admission = client.AdmissionregistrationV1Api(env.api)
         names = {w.metadata.name for w in admission.list_validating_webhook_configuration().items}
         assert "durable-agents" not in names
-        answer = agentrun(approver_kubeconfig(env, demo_ns), "approve", name, "-n", demo_ns)
+        pinned = ("--request", request["requestId"], "--digest", request["digest"])
+        answer = agentrun(approver_kubeconfig(env, demo_ns), "approve", name, "-n", demo_ns, *pinned)
         assert answer.returncode == 0, answer.stdout + answer.stderr  # nothing refuses the write itself
 
         def refused() -> dict[str, Any] | None:
