@@ -243,10 +243,14 @@ def test_a_policy_narrowed_under_a_live_run_stops_its_send(
         pending = runs.get(name)["status"]["checkpoint"]["pendingActions"]
         assert [p["effect"] for p in pending] == ["http.post"], "the approved intent is committed"
         assert refsystem.counts() == {}, "sent before the policy narrowed"
-    narrowed = runs.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, "agentpolicies", POLICY)
-    narrowed["spec"]["version"] = "narrow"
-    narrowed["spec"]["destinations"] = {"effects": {"http.post": [f"{refsystem.url}/allowed"]}}
-    runs.custom.replace_namespaced_custom_object(GROUP, VERSION, namespace, "agentpolicies", POLICY, narrowed)
+    # a merge patch, as kubectl apply sends: no resourceVersion the operator's writes could move
+    narrowed = {
+        "spec": {
+            "version": "narrow",
+            "destinations": {"effects": {"http.post": [f"{refsystem.url}/allowed"]}},
+        }
+    }
+    runs.custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, "agentpolicies", POLICY, narrowed)
     if point == "waiting":
         runs.patch_spec(name, approve)
     else:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from kubernetes.client.rest import ApiException
-
 from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents_testkit.cluster import KubeEnv
 
@@ -53,14 +51,17 @@ def policy_body(name: str, version: str, **spec: Any) -> dict[str, Any]:
 
 
 def apply_policy(kube: KubeEnv, namespace: str, name: str, version: str, **spec: Any) -> None:
-    """Create the AgentPolicy, or replace its spec (as a GitOps pipeline would)."""
-    custom = kube.custom()
-    body = policy_body(name, version, **spec)
-    try:
-        custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "agentpolicies", body)
-    except ApiException as err:
-        if err.status != 409:
-            raise
-        current = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, "agentpolicies", name)
-        body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
-        custom.replace_namespaced_custom_object(GROUP, VERSION, namespace, "agentpolicies", name, body)
+    """Create or update the AgentPolicy by server-side apply, as a GitOps pipeline does: one
+    request with no resourceVersion precondition, so the operator's own writes to the policy
+    (its integrity stamp, its status) never make the pipeline's apply conflict."""
+    kube.custom().patch_namespaced_custom_object(
+        GROUP,
+        VERSION,
+        namespace,
+        "agentpolicies",
+        name,
+        policy_body(name, version, **spec),
+        field_manager="gitops-pipeline",
+        force=True,
+        _content_type="application/apply-patch+yaml",
+    )
