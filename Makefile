@@ -137,6 +137,12 @@ bench-peers: $(BENCH_STAMP) binaries ## the peer workload on durable-agents, DBO
 		--out bench/results/peers.json $(BENCH_ARGS)
 	$(PY) -m bench.figure
 
+.PHONY: profile
+profile: $(BENCH_STAMP) binaries ## flame graphs of the operator (py-spy) under the peer workload's durable-agents rows -> bench/results/profile/<row>.svg
+	DURABLE_AGENTS_BIN_DIR=$$(bash hack/build.sh | tail -n1) $(PY) -m bench.peers.run \
+		--systems durable-agents-boundaries,durable-agents-model --repeat 1 --unloaded-runs 0 \
+		--profile bench/results/profile --out bench/results/profile/peers.json $(BENCH_ARGS)
+
 .PHONY: bench-status-shapes
 bench-status-shapes: $(BENCH_STAMP) binaries ## status writes/s by status and CRD shape (issue 14) -> bench/results/status_shapes.json (~10 min)
 	DURABLE_AGENTS_BIN_DIR=$$(bash hack/build.sh | tail -n1) $(PY) -m bench.status_shapes --repeat $(BENCH_REPEAT) \

@@ -519,6 +519,8 @@ class DurableAgentsPeer(PeerSystem):
             # Processes of this worker that stand for something remote: the orchestrator reports
             # their CPU in cpu_by_process under this label but not in the system's cpu_seconds.
             "uncounted_processes": uncounted,
+            # What `--profile` (make profile) records with py-spy: the operator (its webhook child too).
+            "operator_pid": self.operator.pid,
         }
 
     def _grant_approvers(self) -> None:

@@ -30,6 +30,7 @@ import os
 import platform
 import queue
 import shutil
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -442,6 +443,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--keep-logs", action="store_true", help="keep the workers' logs and work directories"
     )
     parser.add_argument("--rep-timeout", type=float, default=900.0, help="seconds one repetition may take")
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        help="after the repetitions, one more repetition of each durable-agents row (not counted in its"
+        " figures) with py-spy recording the operator: DIR/<row>.svg flame graphs (make profile)",
+    )
     args = parser.parse_args(argv)
     names = [n.strip() for n in args.systems.split(",") if n.strip()]
     unknown = [n for n in names if n not in SYSTEMS]
@@ -451,6 +459,48 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.in_flight < 1 or args.repeat < 1:
         parser.error("--in-flight and --repeat must be at least 1")
     return args
+
+
+def profile_rows(
+    args: argparse.Namespace,
+    specs: list[SystemSpec],
+    workers: dict[str, Worker],
+    systems: dict[str, Any],
+    postmaster: int | None,
+    refsystem: Any,
+) -> dict[str, str]:
+    """One more repetition of each durable-agents row with py-spy recording the operator process and
+    its children (the webhook's process) at 100 Hz: a flame graph per row. Its figures are kept apart
+    (``profiled``): the sampler's own cost would bend the measured repetitions."""
+    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    args.profile.mkdir(parents=True, exist_ok=True)
+    written: dict[str, str] = {}
+    for spec in specs:
+        pid = workers[spec.worker].info.get("operator_pid")
+        if pid is None:
+            continue  # a peer: not ours to profile
+        out = args.profile / f"{spec.name}.svg"
+        command = [spy, "record", "--pid", str(pid), "--subprocesses", "--rate", "100", "--output", str(out)]
+        recorder = subprocess.Popen([*command, "--format", "flamegraph"], stdout=subprocess.DEVNULL)
+        try:
+            result = run_one_rep(
+                spec,
+                workers[spec.worker],
+                -3,
+                args.runs,
+                args.in_flight,
+                postmaster,
+                refsystem,
+                args.rep_timeout,
+            )
+        finally:
+            recorder.send_signal(signal.SIGINT)  # py-spy writes its profile on SIGINT
+            recorder.wait(timeout=120)
+        result.pop("latencies_ms")
+        systems[spec.name]["profiled"] = result
+        written[spec.name] = str(out)
+        print(f"  profiled {spec.name:<26} -> {out} ok={result['ok']}", flush=True)
+    return written
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -478,7 +528,7 @@ def main(argv: list[str] | None = None) -> int:
     pg: ThrowawayPostgres | None = None
     workers: dict[str, Worker] = {}
     systems: dict[str, Any] = {
-        s.name: {"info": {}, "warmup": None, "reps": [], "unloaded": None} for s in specs
+        s.name: {"info": {}, "warmup": None, "reps": [], "unloaded": None, "profiled": None} for s in specs
     }
     ok = True
     failure = ""
@@ -578,6 +628,9 @@ def main(argv: list[str] | None = None) -> int:
                     f"max {lat['max'] or 0:7.1f} ms  ok={alone['ok']}",
                     flush=True,
                 )
+            if args.profile is not None:
+                record["profiles"] = profile_rows(args, specs, workers, systems, postmaster, refsystem)
+                ok &= all((systems[name]["profiled"] or {}).get("ok", False) for name in record["profiles"])
         except Exception as err:
             ok = False
             failure = f"{type(err).__name__}: {err}"
@@ -592,6 +645,7 @@ def main(argv: list[str] | None = None) -> int:
     expected = sum(
         (s["warmup"] or {}).get("completed", 0)
         + (s["unloaded"] or {}).get("completed", 0)
+        + (s["profiled"] or {}).get("completed", 0)
         + sum(r["completed"] for r in s["reps"])
         for s in systems.values()
     )
