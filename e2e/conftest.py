@@ -12,11 +12,13 @@ from kubernetes import client
 from durable_agents_testkit import local_plane
 from durable_agents_testkit.chaos.warm import ForkServer, WarmOperator, runs_this_checkout
 from durable_agents_testkit.cluster import KubeEnv
+from durable_agents_testkit.eventually import Within, eventually
 from durable_agents_testkit.governance import permissive_default
 from durable_agents_testkit.operator_process import OperatorProcess
 from durable_agents_testkit.rbac import grant, grant_cluster, rule, service_account
 from durable_agents_testkit.refsystem import ReferenceSystemThread
 from durable_agents_testkit.runs import Runs
+from durable_agents_testkit.scrape import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 OPERATOR_USER = "durable-agents-operator"
@@ -99,6 +101,24 @@ def start_operator(
 @pytest.fixture
 def runs(kube: KubeEnv, namespace: str) -> Runs:
     return Runs(kube, namespace)
+
+
+@pytest.fixture
+def webhook_operator(
+    start_operator: Callable[..., OperatorProcess], runs: Runs
+) -> Callable[..., OperatorProcess]:
+    """Operators with their admission webhook on a free loopback port, each returned once writes
+    in the test's namespace pass through it: the operator installs its webhook configurations
+    before its webhook process serves (admission fails closed meanwhile), and the API server
+    learns of a configuration through a watch."""
+
+    def start(name: str = "webhook", lease_duration: int = 2, **env: str) -> OperatorProcess:
+        op = start_operator(name, lease_duration, DURABLE_AGENTS_WEBHOOK_PORT=str(free_port()), **env)
+        eventually(lambda: op.logged("admission webhook serving"), Within.TAKEOVER, "the admission webhook")
+        runs.await_webhook()
+        return op
+
+    return start
 
 
 @pytest.fixture

@@ -28,22 +28,8 @@ from durable_agents_testkit.operator_process import OperatorProcess
 from durable_agents_testkit.rbac import grant, rule
 from durable_agents_testkit.refsystem import ReferenceSystemThread
 from durable_agents_testkit.runs import Runs
-from durable_agents_testkit.scrape import free_port
 
 LEASE = 2
-
-
-@pytest.fixture
-def webhook_operator(
-    start_operator: Callable[..., OperatorProcess], runs: Runs
-) -> Callable[..., OperatorProcess]:
-    def start(name: str = "limits") -> OperatorProcess:
-        op = start_operator(name, LEASE, DURABLE_AGENTS_WEBHOOK_PORT=str(free_port()))
-        eventually(lambda: op.logged("admission webhook serving"), Within.COMMIT, "the admission webhook")
-        runs.await_webhook()  # what is refused here, only the webhook refuses
-        return op
-
-    return start
 
 
 @pytest.fixture

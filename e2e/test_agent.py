@@ -29,7 +29,6 @@ from durable_agents_testkit.runs import Runs, assert_history_is_gapless
 
 # Users who may (alice) and may not (bob) approve, and an operator with its webhook: as there.
 people = test_reconcile.people
-webhook_operator = test_reconcile.webhook_operator
 
 
 @pytest.fixture

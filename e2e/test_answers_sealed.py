@@ -35,21 +35,10 @@ from durable_agents_testkit.operator_process import OperatorProcess
 from durable_agents_testkit.rbac import grant
 from durable_agents_testkit.refsystem import ReferenceSystemThread
 from durable_agents_testkit.runs import Runs, assert_history_is_gapless
-from durable_agents_testkit.scrape import free_port
 
 LEASE = 2
 KUBECTL_AGENTRUN = (sys.executable, "-m", "durable_agents.kubectl.main")
 AWAIT = {"name": "window", "await": {"event": "window"}}
-
-
-@pytest.fixture
-def webhook_operator(start_operator: Callable[..., OperatorProcess]) -> Callable[..., OperatorProcess]:
-    def start(name: str) -> OperatorProcess:
-        op = start_operator(name, LEASE, DURABLE_AGENTS_WEBHOOK_PORT=str(free_port()))
-        eventually(lambda: op.logged("admission webhook serving"), Within.COMMIT, "the admission webhook")
-        return op
-
-    return start
 
 
 @pytest.fixture

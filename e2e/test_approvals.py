@@ -24,7 +24,6 @@ from durable_agents_testkit.operator_process import OperatorProcess
 from durable_agents_testkit.rbac import grant, group, rule
 from durable_agents_testkit.refsystem import ReferenceSystemThread
 from durable_agents_testkit.runs import Runs, assert_history_is_gapless
-from durable_agents_testkit.scrape import free_port
 
 LEASE = 2
 pytestmark = pytest.mark.local_plane("users", "webhook")
@@ -147,19 +146,6 @@ def pending(runs: Runs, name: str) -> dict[str, Any]:
     run = runs.wait_state(name, "waiting_approval", timeout=60)
     request: dict[str, Any] = run["status"]["approvalRequest"]
     return request
-
-
-@pytest.fixture
-def webhook_operator(
-    start_operator: Callable[..., OperatorProcess], runs: Runs
-) -> Callable[..., OperatorProcess]:
-    def start(name: str = "approvals", **env: str) -> OperatorProcess:
-        op = start_operator(name, LEASE, DURABLE_AGENTS_WEBHOOK_PORT=str(free_port()), **env)
-        eventually(lambda: op.logged("admission webhook serving"), Within.COMMIT, "the admission webhook")
-        runs.await_webhook()  # people's writes are stamped by it (a creator, an approver)
-        return op
-
-    return start
 
 
 def test_an_approver_approves_and_the_action_runs_once_under_their_identity(

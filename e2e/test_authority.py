@@ -30,7 +30,6 @@ from durable_agents_testkit.operator_process import OperatorProcess
 from durable_agents_testkit.rbac import grant, rule, service_account
 from durable_agents_testkit.refsystem import ReferenceSystemThread
 from durable_agents_testkit.runs import Runs, assert_history_is_gapless
-from durable_agents_testkit.scrape import free_port
 
 LEASE = 2
 FORGED_STAMP = "test-key-1:" + "QUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUE="
@@ -120,16 +119,6 @@ def refused(call: Callable[[], Any]) -> str:
     assert err.value.status in (403, 422), err.value.body
     body = err.value.body
     return str(json.loads(body).get("message", body) if isinstance(body, str) else body)
-
-
-@pytest.fixture
-def webhook_operator(start_operator: Callable[..., OperatorProcess]) -> Callable[..., OperatorProcess]:
-    def start(name: str = "authority") -> OperatorProcess:
-        op = start_operator(name, LEASE, DURABLE_AGENTS_WEBHOOK_PORT=str(free_port()))
-        eventually(lambda: op.logged("admission webhook serving"), Within.COMMIT, "the admission webhook")
-        return op
-
-    return start
 
 
 def webhook_off(kube: KubeEnv, runs: Runs, op: OperatorProcess) -> None:

@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 import requests
 from e2e.test_agent import agent_namespace, agent_spec  # noqa: F401 (a fixture)
-from e2e.test_reconcile import key_of, payment, people, stuck, webhook_operator  # noqa: F401 (fixtures)
+from e2e.test_reconcile import key_of, payment, people, stuck  # noqa: F401 (fixtures)
 from e2e.test_reconcile import policy as reconcile_policy
 from e2e.test_reveal import MEMO, QUESTION, invoice, kubeconfigs, policy, user_api  # noqa: F401 (a fixture)
 from kubernetes import client
@@ -487,7 +487,7 @@ def test_a_page_says_when_the_api_server_is_gone_and_when_it_is_back_and_when_it
 @pytest.mark.local_plane("users", "webhook")
 def test_an_approver_says_in_the_console_that_an_unknown_action_happened(
     plane: LocalControlPlane,
-    webhook_operator: Callable[..., OperatorProcess],  # noqa: F811 (a fixture)
+    webhook_operator: Callable[..., OperatorProcess],
     runs: Runs,
     people: dict[str, client.ApiClient],  # noqa: F811 (a fixture: alice approves, bob edits)
     refsystem: ReferenceSystemThread,

@@ -31,7 +31,6 @@ from durable_agents_testkit.operator_process import OperatorProcess
 from durable_agents_testkit.rbac import grant, rule, service_account
 from durable_agents_testkit.refsystem import ReferenceSystemThread
 from durable_agents_testkit.runs import Runs
-from durable_agents_testkit.scrape import free_port
 
 LEASE = 2
 pytestmark = pytest.mark.ungoverned
@@ -96,19 +95,6 @@ def action_records(runs: Runs) -> list[dict[str, Any]]:
         GROUP, VERSION, runs.namespace, "actionrecords"
     )["items"]
     return items
-
-
-@pytest.fixture
-def webhook_operator(
-    start_operator: Callable[..., OperatorProcess], runs: Runs
-) -> Callable[[], OperatorProcess]:
-    def start() -> OperatorProcess:
-        op = start_operator("governance", LEASE, DURABLE_AGENTS_WEBHOOK_PORT=str(free_port()))
-        eventually(lambda: op.logged("admission webhook serving"), Within.COMMIT, "the admission webhook")
-        runs.await_webhook()
-        return op
-
-    return start
 
 
 def assert_policy_required(runs: Runs, name: str, refsystem: ReferenceSystemThread) -> dict[str, Any]:

@@ -36,7 +36,6 @@ from durable_agents_testkit.operator_process import OperatorProcess
 from durable_agents_testkit.rbac import grant, grant_cluster, rule
 from durable_agents_testkit.refsystem import ReferenceSystemThread
 from durable_agents_testkit.runs import Runs
-from durable_agents_testkit.scrape import free_port
 
 LEASE = 2
 pytestmark = pytest.mark.local_plane("users", "webhook")
@@ -124,19 +123,6 @@ def people(kube: KubeEnv, plane: LocalControlPlane, namespace: str, ns2: Runs) -
     for name in cluster:
         rbac.delete_cluster_role_binding(name)
         rbac.delete_cluster_role(name)
-
-
-@pytest.fixture
-def webhook_operator(
-    start_operator: Callable[..., OperatorProcess], runs: Runs
-) -> Callable[..., OperatorProcess]:
-    def start(name: str = "inbox", **env: str) -> OperatorProcess:
-        op = start_operator(name, LEASE, DURABLE_AGENTS_WEBHOOK_PORT=str(free_port()), **env)
-        eventually(lambda: op.logged("admission webhook serving"), Within.COMMIT, "the admission webhook")
-        runs.await_webhook()
-        return op
-
-    return start
 
 
 def test_each_inbox_shows_exactly_what_its_owner_may_decide(

@@ -357,16 +357,6 @@ def test_a_forged_action_record_is_never_dispatched(
 # --- the second line: the checkpoint's integrity stamp -------------------------------------------
 
 
-@pytest.fixture
-def webhook_operator(start_operator: Callable[..., OperatorProcess]) -> Callable[..., OperatorProcess]:
-    def start(name: str = "integrity", **env: str) -> OperatorProcess:
-        op = start_operator(name, LEASE, DURABLE_AGENTS_WEBHOOK_PORT=str(free_port()), **env)
-        eventually(lambda: "admission webhook serving" in op.log_tail(100), Within.TAKEOVER, "the webhook")
-        return op
-
-    return start
-
-
 def approve(api: client.ApiClient, runs: Runs, name: str) -> None:
     request = runs.wait_state(name, "waiting_approval", timeout=Within.COMMIT)["status"]["approvalRequest"]
     patch = {

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e.test_approvals import payment, pending, people, policy, policy_known, webhook_operator
+from e2e.test_approvals import payment, pending, people, policy, policy_known
 from kubernetes import client
 
 from durable_agents.kubectl import decide as kubectl_decide
@@ -30,7 +30,7 @@ from durable_agents_testkit.operator_process import OperatorProcess
 from durable_agents_testkit.refsystem import ReferenceSystemThread
 from durable_agents_testkit.runs import Runs
 
-__all__ = ["people", "webhook_operator"]  # fixtures, shared with test_approvals
+__all__ = ["people"]  # a fixture, shared with test_approvals
 pytestmark = pytest.mark.local_plane("users", "webhook")
 
 

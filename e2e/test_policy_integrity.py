@@ -32,7 +32,6 @@ from durable_agents_testkit.operator_process import OperatorProcess
 from durable_agents_testkit.rbac import grant, rule
 from durable_agents_testkit.refsystem import ReferenceSystemThread
 from durable_agents_testkit.runs import Runs, written_by_clients
-from durable_agents_testkit.scrape import free_port
 
 LEASE = 2
 FORGED_STAMP = "test-key-1:" + "QUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUE="
@@ -127,19 +126,6 @@ def policy_known(op: OperatorProcess, runs: Runs, name: str, version: str) -> No
         Within.COMMIT,
         f"the operator to know policy {name} {version}",
     )
-
-
-@pytest.fixture
-def webhook_operator(
-    start_operator: Callable[..., OperatorProcess], runs: Runs
-) -> Callable[..., OperatorProcess]:
-    def start(name: str = "policies") -> OperatorProcess:
-        op = start_operator(name, LEASE, DURABLE_AGENTS_WEBHOOK_PORT=str(free_port()))
-        eventually(lambda: op.logged("admission webhook serving"), Within.COMMIT, "the admission webhook")
-        runs.await_webhook()
-        return op
-
-    return start
 
 
 def kubectl(kube: KubeEnv, *args: str, stdin: str) -> str:

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 import yaml
-from e2e.test_approvals import decide, pending, people, policy_known, webhook_operator
+from e2e.test_approvals import decide, pending, people, policy_known
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
@@ -35,7 +35,7 @@ from durable_agents_testkit.rbac import grant, group, rule, service_account
 from durable_agents_testkit.refsystem import ReferenceSystemThread
 from durable_agents_testkit.runs import Runs, assert_history_is_gapless, written_by_clients
 
-__all__ = ["people", "webhook_operator"]  # fixtures, shared with test_approvals
+__all__ = ["people"]  # a fixture, shared with test_approvals
 pytestmark = pytest.mark.local_plane("users", "webhook")
 
 RUNS = {

@@ -30,7 +30,6 @@ from durable_agents_testkit.operator_process import OperatorProcess
 from durable_agents_testkit.rbac import grant, rule
 from durable_agents_testkit.refsystem import ReferenceSystemThread
 from durable_agents_testkit.runs import Runs, assert_history_is_gapless
-from durable_agents_testkit.scrape import free_port
 
 LEASE = 2
 FORGED_STAMP = "test-key-1:" + "QUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUE="
@@ -119,19 +118,6 @@ def pending(runs: Runs, name: str) -> dict[str, Any]:
 def shown(runs: Runs, name: str) -> list[tuple[str, str]]:
     request = runs.get(name)["status"].get("approvalRequest") or {}
     return [(vote["approver"], vote["key"]) for vote in request.get("approvedBy") or []]
-
-
-@pytest.fixture
-def webhook_operator(
-    start_operator: Callable[..., OperatorProcess], runs: Runs
-) -> Callable[..., OperatorProcess]:
-    def start(name: str = "quorum", **env: str) -> OperatorProcess:
-        op = start_operator(name, LEASE, DURABLE_AGENTS_WEBHOOK_PORT=str(free_port()), **env)
-        eventually(lambda: op.logged("admission webhook serving"), Within.COMMIT, "the admission webhook")
-        runs.await_webhook()
-        return op
-
-    return start
 
 
 def test_two_distinct_approvers_are_needed_and_the_action_is_applied_once(

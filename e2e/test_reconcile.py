@@ -55,19 +55,6 @@ def people(kube: KubeEnv, plane: LocalControlPlane, namespace: str) -> dict[str,
     return {"alice": kube.user_client("alice", ["approvers"]), "bob": kube.user_client("bob", ["editors"])}
 
 
-@pytest.fixture
-def webhook_operator(
-    start_operator: Callable[..., OperatorProcess], runs: Runs
-) -> Callable[..., OperatorProcess]:
-    def start(name: str = "reconcile", **env: str) -> OperatorProcess:
-        op = start_operator(name, LEASE, DURABLE_AGENTS_WEBHOOK_PORT=str(free_port()), **env)
-        eventually(lambda: op.logged("admission webhook serving"), Within.COMMIT, "the admission webhook")
-        runs.await_webhook()
-        return op
-
-    return start
-
-
 def policy(runs: Runs) -> None:
     """A consequential http.post; who may approve the run's actions may reconcile them."""
     body = {

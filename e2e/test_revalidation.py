@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from e2e.test_approvals import decide, payment, pending, people, policy, policy_known, webhook_operator
+from e2e.test_approvals import decide, payment, pending, people, policy, policy_known
 from kubernetes import client
 
 from durable_agents.api.v1alpha1 import GROUP, VERSION
@@ -25,7 +25,7 @@ from durable_agents_testkit.refsystem import ReferenceSystemThread
 from durable_agents_testkit.runs import Runs, assert_history_is_gapless
 from durable_agents_testkit.scrape import free_port, metric, scrape_when
 
-__all__ = ["people", "webhook_operator"]  # fixtures, shared with test_approvals
+__all__ = ["people"]  # a fixture, shared with test_approvals
 pytestmark = pytest.mark.local_plane("users", "webhook")
 
 HELD = "3"  # seconds each status write waits (DURABLE_AGENTS_TEST_COMMIT_DELAY)
