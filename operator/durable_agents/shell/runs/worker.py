@@ -129,9 +129,7 @@ class RunWorker(Background):
         self.store = RunStore(kube)
         self.actions = ActionStore(kube, self.config.keyring)  # stamps its writes, verifies its reads
         self.events = EventRecorder(kube, self.identity)
-        self.children = ChildRuns(
-            kube, self.store, self.events, self.config.keyring, region=self.config.region
-        )
+        self.children = ChildRuns(kube, self.store, self.events, self.config.keyring)
         self.shard_leases = ShardLeases(
             kube,
             self.identity,
