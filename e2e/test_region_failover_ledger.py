@@ -171,7 +171,11 @@ def test_failover_meets_the_ledger_in_flight_unknown_approval_and_child_and_comp
         approval = runs.create(payment(refsystem.url, refsystem.url, 3, policy="payments"), "approval")
         ask = {"name": "ask", "ask": {"question": "which one?"}}
         sub = {"name": "sub", "child": {"taskType": "sub", "objective": "o", "steps": [ask, DONE]}}
-        parent = runs.create({"taskType": "t", "objective": "o", "region": A, "steps": [sub, DONE]}, "parent")
+        # A second child, started only after the parent's adoption: by B, so it is B's.
+        later = {"name": "later", "child": {"taskType": "sub", "objective": "o", "steps": [DONE]}}
+        parent = runs.create(
+            {"taskType": "t", "objective": "o", "region": A, "steps": [sub, later, DONE]}, "parent"
+        )
         child = child_run_name(parent, "sub")
 
         eventually(
@@ -238,6 +242,12 @@ def test_failover_meets_the_ledger_in_flight_unknown_approval_and_child_and_comp
         for name in (unknown, approval, child, parent):
             done = runs.wait_state(name, "completed", timeout=Within.RUN)
             adopted_by_b(done, first["metadata"]["name"], b)
+        # The child the adopted parent started in B is B's from its creation: no failover moved it.
+        born_in_b = runs.get(child_run_name(parent, "later"))
+        assert born_in_b["spec"]["region"] == B
+        assert born_in_b["status"]["state"] == "completed"
+        assert {h["holder"] for h in assert_history_is_gapless(born_in_b)} == {b.identity}
+        assert not (born_in_b["status"].get("ownership") or {}).get("adoptedFrom")
 
     settled = record(runs, unknown_key)["status"]
     assert settled["state"] == "succeeded", settled
