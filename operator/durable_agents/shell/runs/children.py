@@ -34,6 +34,7 @@ from durable_agents.core.engine.children import (
     stamp_child,
 )
 from durable_agents.core.engine.loading import forged_object
+from durable_agents.core.regions import owning_region
 from durable_agents.core.request_stamps import stamps
 from durable_agents.core.sealed_values import DATA_KEY_ANNOTATION, open_data_key, wrap_data_key
 from durable_agents.core.sealing import Keyring, UndecryptableError
@@ -98,6 +99,13 @@ class ChildRuns:
         Returns the reason the API server refused it for good (403, 422), reported by an Event;
         None when it was created or exists."""
         user = service_account_user(parent.namespace, parent.spec.service_account_name)
+        # The child is its parent's owning region's (the parent's home, or the region a stamped
+        # failover moved it to). Left unset, the admission webhook would give it the region of
+        # whichever deployment serves the webhook (or none: `default`): another region would
+        # advance it, and a failover of its parent's region would leave it behind.
+        ownership = parent.status.ownership.wire() if parent.status.ownership is not None else None
+        region = owning_region(parent.spec.region, ownership, parent.run_id, self.keyring)
+        body = {**body, "spec": {**body["spec"], "region": region}}
         if self.keyring is not None:
             body = stamp_child(body, self.keyring, parent.run_id)
             body = with_data_key(body, parent, self.keyring)
