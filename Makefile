@@ -41,12 +41,17 @@ crds: $(STAMP) ## generate crds/*.yaml and docs/reference/crds.md from the pydan
 	$(PY) -m durable_agents.shell.admission.manifests charts/durable-agents/files
 
 .PHONY: lint
-lint: $(STAMP) ## ruff, mypy, the import-linter contracts (layers, no cycles) and the size limits
+lint: $(STAMP) ## ruff, mypy, the import-linter contracts (layers, no cycles), the size limits and the chart scan
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 	$(PY) hack/check_sizes.py
+	bash hack/chart-scan/scan.sh
+
+.PHONY: chart-scan
+chart-scan: ## checkov's Kubernetes checks on the rendered chart (defaults and every option on), offline; part of lint
+	bash hack/chart-scan/scan.sh
 
 # Material for MkDocs prints an end-of-life banner on every build; the site does not depend on it.
 export NO_MKDOCS_2_WARNING := 1
@@ -182,4 +187,4 @@ kind-down:
 
 .PHONY: clean
 clean: ## remove the venv and caches (the control-plane binaries stay cached by version)
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
+	rm -rf $(VENV) .venv-scan .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -510,8 +510,11 @@ def test_the_egress_network_policy_takes_each_destinations_port_from_its_url(
     path = tmp_path / "values.yaml"
     path.write_text(yaml.safe_dump({"networkPolicy": {"egress": EGRESS}}))
     docs = render(helm, "ns", "--values", str(path))
-    [egress] = [doc for doc in docs if doc["kind"] == "NetworkPolicy"]
-    assert egress["spec"]["policyTypes"] == ["Egress"]
+    policies = {tuple(doc["spec"]["policyTypes"]): doc for doc in docs if doc["kind"] == "NetworkPolicy"}
+    assert set(policies) == {("Ingress",), ("Egress",)}, (
+        "the ingress policy is on by default, the egress asked"
+    )
+    egress = policies[("Egress",)]
     ports = [([p["port"] for p in rule["ports"]], rule.get("to")) for rule in egress["spec"]["egress"]]
     assert ports[0] == ([443, 6443], EGRESS["apiServer"]["to"]), "the API server first"
     assert ports[1][0] == [53, 53], "cluster DNS"
