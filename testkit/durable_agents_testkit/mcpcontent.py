@@ -14,16 +14,17 @@ Tools (all ``readOnlyHint=true``, no arguments unless said):
     refuse as a tool error.
 ``show_large`` ``{"mebibytes": int}``
     A text part of that many MiB (one 50 MiB result, say).
-``show_noisy`` ``{"progress": int, "logs": int}``
+``show_noisy`` ``{"progress": int, "logs": int, "seconds": int}``
     Sends that many progress notifications and log notifications (each log line 2 KiB) while the
-    call is open, then answers ``"noisy done"``. :meth:`ContentServerThread.noise` counts what it
-    sent.
+    call is open, spread over ``seconds`` (default 0: at once), then answers ``"noisy done"``.
+    :meth:`ContentServerThread.noise` counts what it sent.
 
 Run by :class:`ContentServerThread`, the ticket server's thread with this server in its place.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import warnings
@@ -101,6 +102,7 @@ TOOLS: Final = (
         "Progress and log notifications, then a short answer.",
         progress="Progress notifications to send.",
         logs="Log notifications to send.",
+        seconds="Seconds to spread them over (0: at once).",
     ),
     _tool("show_structured", "Structured content matching the schema.", TOTAL_SCHEMA),
 )
@@ -129,7 +131,11 @@ def make_content_server(noise: Noise) -> Server[Any]:
 
     async def noisy(ctx: ServerRequestContext[Any], arguments: dict[str, Any] | None) -> CallToolResult:
         progress, logs = _count(arguments, "progress", 100_000), _count(arguments, "logs", 100_000)
+        steps = max(progress, logs, 1)
+        pause = _count(arguments, "seconds", 600) / steps  # spread over that many seconds
         for n in range(max(progress, logs)):
+            if pause:
+                await asyncio.sleep(pause)
             if n < progress:
                 await ctx.session.report_progress(n + 1, progress, f"step {n + 1} of {progress}")
                 noise.progress += 1
