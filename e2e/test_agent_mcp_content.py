@@ -8,7 +8,9 @@ given:
 - structured content matching the tool's output schema: the structured value;
 - structured content that does not match it: a tool error saying so, and the run goes on;
 - a result of 50 MiB: a clear failure that says the bound, and the run goes on;
-- a progress flood and a log flood while a call is open: the call's answer, nothing failed.
+- a progress flood and a log flood while a call is open: the call's answer, nothing failed;
+- the progress of a long approved call: in its ActionRecord and ``kubectl agentrun status`` while
+  it runs, written a few times for 1500 notifications, cleared by the answer.
 """
 
 from __future__ import annotations
@@ -17,13 +19,17 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from e2e.test_agent import agent_namespace, agent_spec, model
+from e2e.test_agent import agent_namespace, agent_spec, approve, model
+from e2e.test_agent_recovery import WriteLog
 from e2e.test_agent_results import tool_results
 
 from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents.core.agent.mcp_content import NOT_FETCHED, NOT_SHOWN, SCHEMA_MISMATCH
+from durable_agents.kubectl import progress as kubectl_progress
 from durable_agents.shell.agent.mcp_notices import RESPONSE_MAX_BYTES
 from durable_agents_testkit import mcpcontent
+from durable_agents_testkit.cluster import KubeEnv
+from durable_agents_testkit.eventually import Within, eventually
 from durable_agents_testkit.mcpcontent import ContentServerThread
 from durable_agents_testkit.modelserver import ModelServerThread
 from durable_agents_testkit.operator_process import OperatorProcess
@@ -119,3 +125,72 @@ def test_every_content_kind_reaches_the_model_usable_and_bounded(
         assert (sent.progress, sent.logs) == (3000, 1000), "the server did flood while the call was open"
         assert not op.logged("Traceback")
         assert op.logged("MCP server 'content'"), "the server's log lines are in the operator's log"
+
+
+NOISY_PROGRESS = 1500
+
+
+def noisy_script() -> dict[str, Any]:
+    arguments = {"progress": NOISY_PROGRESS, "logs": 300, "seconds": 16}
+    return {
+        "model": "scripted-refunds",
+        "rules": [
+            {
+                "when": {"notCalled": ["show_noisy"]},
+                "content": "A long report.",
+                "toolCalls": [{"name": "show_noisy", "arguments": arguments}],
+            },
+            {"when": {"called": ["show_noisy"]}, "content": "Done."},
+        ],
+    }
+
+
+def test_the_progress_of_a_long_approved_call_is_shown_in_status_within_the_write_budget(
+    start_operator: Callable[..., OperatorProcess],
+    kube: KubeEnv,
+    runs: Runs,
+    agent_namespace: str,
+    model: ModelServerThread,
+    refsystem: ReferenceSystemThread,
+) -> None:
+    # The content server is not trusted: show_noisy is consequential, approved by a person and
+    # sent by the ledger, whose dispatch timeout outlasts the call's 16 s.
+    with ContentServerThread() as content, WriteLog(kube, runs.namespace) as writes:
+        model.set_script(noisy_script())
+        spec = agent_spec(model, refsystem)
+        spec["agent"]["tools"] = []
+        spec["agent"]["mcpServers"] = [{"name": "content", "url": content.url, "tools": ["show_noisy"]}]
+        start_operator("agent-mcp-progress", DURABLE_AGENTS_DISPATCH_TIMEOUT="90")
+        name = runs.create(spec)
+        assert approve(runs, name)["effect"] == "mcp.call"
+
+        def progressing() -> dict[str, Any] | None:
+            listed = runs.custom.list_namespaced_custom_object(
+                GROUP, VERSION, runs.namespace, "actionrecords"
+            )
+            shown = [r for r in listed["items"] if (r.get("status") or {}).get("progress")]
+            return shown[0] if shown else None
+
+        record = eventually(progressing, Within.RUN, "an ActionRecord with the call's progress")
+        assert record["status"]["state"] in ("intent", "dispatching"), "not settled yet"
+        progress = record["status"]["progress"]
+        assert progress["total"] == NOISY_PROGRESS
+        assert 0 < progress["progress"] <= NOISY_PROGRESS
+        lines = kubectl_progress.in_flight_lines(runs.custom, runs.namespace, runs.get(name))
+        assert lines[0].startswith(f"In flight:   mcp.call at step 0 ({record['metadata']['name']})"), lines
+        assert lines[1].startswith("  progress:  "), lines
+        assert 'server says "step ' in lines[1], lines
+
+        done = runs.wait_state(name, "completed", timeout=Within.RUN)
+        assert content.noise().answered == 1, "the call was made once"
+        final = runs.custom.get_namespaced_custom_object(
+            GROUP, VERSION, runs.namespace, "actionrecords", record["metadata"]["name"]
+        )
+        assert final["status"]["state"] == "succeeded"
+        assert "progress" not in final["status"], "the answer's write clears the progress"
+        assert "noisy done" in json.dumps(tool_results(model.calls()["requests"], "show_noisy"))
+        assert done["status"]["state"] == "completed"
+    progress_writes = [seen for seen in writes.seen if seen[1] == "actionrecords" and seen[4].get("progress")]
+    # 1500 notifications over 16 s: a write per notification would be 1500; at most one per 5 s
+    # is 3 or 4 (the first after 5 s). Not a timing assertion: any coalescing passes, none fails.
+    assert 1 <= len(progress_writes) <= 10, f"{len(progress_writes)} progress writes"

@@ -26,10 +26,13 @@ def _amount(progress: dict[str, Any]) -> str:
 
 
 def record_lines(record: dict[str, Any]) -> list[str]:
-    """One in-flight ActionRecord as printed (nothing for a record that is not dispatching)."""
+    """One in-flight ActionRecord as printed: dispatching, or sent under its first claim (its
+    state still ``intent``) with progress reported; nothing for any other record."""
     status, spec = record.get("status") or {}, record.get("spec") or {}
-    if status.get("state") != "dispatching":
-        return []
+    if status.get("state") not in ("intent", "dispatching") or (
+        status.get("state") == "intent" and not status.get("progress")
+    ):
+        return []  # settled, unknown, or an intent not sent yet
     name = record["metadata"]["name"]
     lines = [
         f"In flight:   {spec.get('effect')} at step {spec.get('stepIndex')} ({name}), "

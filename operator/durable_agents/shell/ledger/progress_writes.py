@@ -8,13 +8,14 @@ no I/O); a writer beside the dispatch writes that latest value at most once per
 costs no write at all and a call of ``T`` seconds at most ``T / PROGRESS_WRITE_INTERVAL`` writes,
 however many notifications came. The next write of the record's state (the answer) clears it.
 
-Only a claimed record (``dispatching``) is written: one sent under the first claim of its
-creator still says ``intent``, and its first write must be the answer. The writes are the
-dispatcher's own compare-and-swap writes of the record (stamped, as every status write): the
-writer hands the record it wrote back to the dispatcher, whose answer is then written on top of
-it. A write that fails (the record moved on, the API server refused) ends the progress writes of
-this attempt, never the call: the dispatcher's answer is written on the last record it knows, as
-without progress.
+The record is written in the state it has: ``dispatching`` under a claim, ``intent`` when sent
+under its creator's first claim (no claim write: the first claim in its spec says who sends it
+until when; a dispatcher that sees the progress write waits for that claim, as for any). The
+writes are the dispatcher's own compare-and-swap writes of the record (stamped, as every status
+write): the writer hands the record it wrote back to the dispatcher, whose answer is then written
+on top of it. A write that fails (the record moved on, the API server refused) ends the progress
+writes of this attempt, never the call: the dispatcher's answer is written on the last record it
+knows, as without progress.
 """
 
 from __future__ import annotations
@@ -69,8 +70,8 @@ class ProgressWrites:
         return True
 
     async def _run(self) -> None:
-        if self.status.state is not ActionState.DISPATCHING:
-            return  # sent under a first claim (the record says intent): no write until the answer
+        if self.status.state not in (ActionState.DISPATCHING, ActionState.INTENT):
+            return
         while True:
             try:
                 await asyncio.wait_for(self._done.wait(), PROGRESS_WRITE_INTERVAL)
