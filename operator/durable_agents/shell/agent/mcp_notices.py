@@ -141,19 +141,10 @@ class _CountedStream(httpx2.AsyncByteStream):
         await self._inner.aclose()
 
 
-class BoundedTransport(httpx2.AsyncBaseTransport):
-    """An HTTP transport whose responses are read up to :data:`RESPONSE_MAX_BYTES` each; a cut
-    response's URL goes into ``cut`` (the SDK reports the failure in its own words)."""
-
-    def __init__(self, inner: httpx2.AsyncBaseTransport, cut: list[str]) -> None:
-        self._inner, self.cut = inner, cut
-
-    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
-        response = await self._inner.handle_async_request(request)
-        stream = response.stream
-        if isinstance(stream, httpx2.AsyncByteStream):
-            response.stream = _CountedStream(stream, str(request.url), self.cut)
-        return response
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
+def bound_response(response: httpx2.Response, cut: list[str]) -> None:
+    """Read ``response`` (from a response event hook: its body not read yet) up to
+    :data:`RESPONSE_MAX_BYTES`; a cut response's URL goes into ``cut`` (the SDK reports the
+    failure in its own words). A hook, not a transport: it also bounds a proxy's responses."""
+    stream = response.stream
+    if isinstance(stream, httpx2.AsyncByteStream):
+        response.stream = _CountedStream(stream, str(response.request.url), cut)

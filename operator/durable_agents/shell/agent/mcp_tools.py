@@ -59,10 +59,10 @@ from durable_agents.core.agent.mcp_content import model_content, schema_mismatch
 from durable_agents.core.digest import canonical_digest, canonical_json
 from durable_agents.shell.agent.mcp_notices import (
     RESPONSE_MAX_BYTES,
-    BoundedTransport,
     ProgressSeen,
     ProgressSink,
     ServerLog,
+    bound_response,
 )
 from durable_agents.shell.ground import tracing
 
@@ -212,12 +212,13 @@ async def _connect(url: str, access: McpAccess, seen: _Seen) -> AsyncIterator[Cl
     async def note(response: httpx2.Response) -> None:
         if response.status_code in (401, 403):
             seen.refused.append(response.status_code)
+        bound_response(response, seen.cut)  # before its body is read, whatever transport read it
 
     info = Implementation(name="durable-agents", version="1")
     http = httpx2.AsyncClient(
         headers=dict(access.headers),
         timeout=_HTTP_TIMEOUT,
-        transport=BoundedTransport(httpx2.AsyncHTTPTransport(verify=_verify(access)), seen.cut),
+        verify=_verify(access),
         event_hooks={"response": [note]},
     )
     async with http:
