@@ -24,7 +24,7 @@ from e2e.test_agent_recovery import WriteLog
 from e2e.test_agent_results import tool_results
 
 from durable_agents.api.v1alpha1 import GROUP, VERSION
-from durable_agents.core.agent.mcp_content import NOT_FETCHED, NOT_SHOWN, SCHEMA_MISMATCH
+from durable_agents.core.agent.mcp_content import IMAGE_FOLLOWS, NOT_FETCHED, NOT_SHOWN, SCHEMA_MISMATCH
 from durable_agents.kubectl import progress as kubectl_progress
 from durable_agents.shell.agent.mcp_notices import RESPONSE_MAX_BYTES
 from durable_agents_testkit import mcpcontent
@@ -194,3 +194,43 @@ def test_the_progress_of_a_long_approved_call_is_shown_in_status_within_the_writ
     # 1500 notifications over 16 s: a write per notification would be 1500; at most one per 5 s
     # is 3 or 4 (the first after 5 s). Not a timing assertion: any coalescing passes, none fails.
     assert 1 <= len(progress_writes) <= 10, f"{len(progress_writes)} progress writes"
+
+
+def test_a_model_that_accepts_images_is_given_a_results_image_as_an_image(
+    start_operator: Callable[..., OperatorProcess],
+    runs: Runs,
+    agent_namespace: str,
+    model: ModelServerThread,
+    refsystem: ReferenceSystemThread,
+) -> None:
+    with ContentServerThread() as content:
+        trusted = {"trustedServers": [{"url": content.url, "tools": ["show_everything"]}]}
+        runs.custom.patch_namespaced_custom_object(
+            GROUP, VERSION, runs.namespace, "agentpolicies", "refunds", {"spec": {"mcp": trusted}}
+        )
+        script = content_script()
+        model.set_script(
+            {
+                **script,
+                "rules": [
+                    script["rules"][0],
+                    {"when": {"called": ["show_everything"]}, "content": "A red dot."},
+                ],
+            }
+        )
+        spec = agent_spec(model, refsystem)
+        spec["agent"]["endpoint"]["acceptsImages"] = True
+        spec["agent"]["tools"] = []
+        spec["agent"]["mcpServers"] = [{"name": "content", "url": content.url, "tools": ["show_everything"]}]
+        start_operator("agent-mcp-images")
+        name = runs.create(spec)
+        runs.wait_state(name, "completed", timeout=Within.RUN)
+
+    last = model.calls()["requests"][-1]["messages"]
+    assert [m["role"] for m in last[-2:]] == ["tool", "user"], "the images follow the result"
+    told = json.loads(last[-2]["content"])["content"]
+    assert told[1]["note"] == IMAGE_FOLLOWS
+    assert mcpcontent.PNG not in last[-2]["content"], "not pasted into the text"
+    image = last[-1]["content"][1]
+    assert image == {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{mcpcontent.PNG}"}}
+    assert mcpcontent.WAV not in json.dumps(last), "audio stays described"

@@ -39,7 +39,14 @@ async def test_every_content_kind_reaches_the_model_usable_and_bounded(server: C
     assert not result.is_error
     text, image, audio, link, note, blob = result.content
     assert text == {"type": "text", "text": "Quarterly figures attached."}
-    assert image == {"type": "image", "mimeType": "image/png", "bytes": 70, "note": NOT_SHOWN}
+    # A small image keeps its data for a model that accepts images; the context drops it for others.
+    assert image == {
+        "type": "image",
+        "mimeType": "image/png",
+        "bytes": 70,
+        "note": NOT_SHOWN,
+        "data": mcpcontent.PNG,
+    }
     assert audio == {"type": "audio", "mimeType": "audio/wav", "bytes": 44, "note": NOT_SHOWN}
     assert link == {
         "type": "resource_link",
@@ -56,7 +63,8 @@ async def test_every_content_kind_reaches_the_model_usable_and_bounded(server: C
     assert blob["uri"] == "blob://raw/1"
     assert blob["bytes"] == 1024
     assert blob["note"] == NOT_SHOWN
-    assert mcpcontent.PNG not in canonical_json(result.content).decode(), "no base64 reaches the model"
+    assert mcpcontent.WAV not in canonical_json(result.content).decode(), "no audio's base64 is kept"
+    assert mcpcontent.BLOB not in canonical_json(result.content).decode(), "no blob's base64 is kept"
 
 
 async def test_structured_content_matching_its_schema_is_given_as_structured(

@@ -10,7 +10,9 @@ by the shell before it gets here) and ``content`` parts of five kinds. What the 
   - ``text``: as it came;
   - ``image`` and ``audio`` (base64 ``data``): described by type, MIME type and size. Pasted into
     a text model's context they are kilobytes of base64 the model cannot read, crowding out the
-    rest of the result (the result is cut at 16 KiB);
+    rest of the result (the result is cut at 16 KiB). Images keep their data while the result
+    stays within :data:`WITH_IMAGES_MAX_BYTES`: a model whose endpoint says it accepts images is
+    given them as images (:func:`images_taken`, at each request), any other only the description;
   - ``resource_link``: its name, URI, MIME type, title, description and size: named, never fetched
     (a read tool of the run may fetch it, if the run has one);
   - ``resource`` (embedded): a text resource's URI, MIME type and text (the wire's shape); a
@@ -26,9 +28,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
+from durable_agents.core.digest import canonical_json
+
 NOT_SHOWN: Final = "binary content, not shown to the model: described by its type and size"
 NOT_FETCHED: Final = "a link to a resource: not fetched"
 SCHEMA_MISMATCH: Final = "the tool's result does not match the output schema it declared"
+IMAGE_FOLLOWS: Final = "an image: given to the model in the message that follows the results"
+IMAGE_TYPES: Final = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp"})
+"""The image types both model protocols take (others stay described)."""
+WITH_IMAGES_MAX_BYTES: Final = 12 * 1024
+"""A result with its images' data, at most: under the 16 KiB a recorded result keeps, so a result
+is never cut inside an image; images past it stay described."""
+_WALK_DEPTH: Final = 64
 _LINK_FIELDS: Final = ("name", "title", "uri", "mimeType", "description", "size")
 _FIELD_MAX_CHARS: Final = 1024
 
@@ -91,14 +102,54 @@ def described_parts(parts: list[Any]) -> list[Any]:
     return [described_part(part) for part in parts]
 
 
+def _with_image_data(described: list[Any], parts: list[Any]) -> list[Any]:
+    """``described`` with the base64 ``data`` of its images kept, in order, while the whole stays
+    within :data:`WITH_IMAGES_MAX_BYTES` (so a result is never cut inside an image's data)."""
+    out = list(described)
+    for n, part in enumerate(parts):
+        kept = out[n]
+        if not (isinstance(kept, dict) and kept.get("type") == "image" and isinstance(part, Mapping)):
+            continue
+        candidate = [*out[:n], {**kept, "data": part.get("data")}, *out[n + 1 :]]
+        if len(canonical_json(candidate)) <= WITH_IMAGES_MAX_BYTES:
+            out = candidate
+    return out
+
+
 def model_content(parts: list[Any], structured: Any = None) -> Any:
     """What the model is given of a result (see the module docstring): ``parts`` as JSON objects
-    (the wire's field names), ``structured`` the ``structuredContent`` (None: not sent)."""
+    (the wire's field names), ``structured`` the ``structuredContent`` (None: not sent). Small
+    images keep their data, for a model that accepts images (:func:`images_taken`)."""
     if structured is not None:
         return structured
     if all(isinstance(part, Mapping) and part.get("type") == "text" for part in parts):
         return "\n".join(str(part.get("text", "")) for part in parts)
-    return described_parts(parts)
+    return _with_image_data(described_parts(parts), parts)
+
+
+def images_taken(value: Any, *, passed: bool) -> tuple[Any, list[dict[str, str]]]:
+    """``value`` (a recorded result) without the data of its images, and the images taken out
+    (``mimeType``, base64 ``data``) when ``passed`` (the model accepts images): their note then
+    says they follow. For a text model the images stay described, their data dropped."""
+    images: list[dict[str, str]] = []
+
+    def walk(node: Any, depth: int) -> Any:
+        if depth > _WALK_DEPTH:
+            return node
+        if isinstance(node, list):
+            return [walk(item, depth + 1) for item in node]
+        if not isinstance(node, dict):
+            return node
+        if node.get("type") == "image" and isinstance(node.get("data"), str):
+            kept = {key: item for key, item in node.items() if key != "data"}
+            mime = node.get("mimeType")
+            if passed and isinstance(mime, str) and mime in IMAGE_TYPES:
+                images.append({"mimeType": mime, "data": node["data"]})
+                kept["note"] = IMAGE_FOLLOWS
+            return kept
+        return {key: walk(item, depth + 1) for key, item in node.items()}
+
+    return walk(value, 0), images
 
 
 def schema_mismatch(tool: str, problem: str) -> str:
