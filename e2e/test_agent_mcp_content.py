@@ -19,6 +19,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 from e2e.test_agent import agent_namespace, agent_spec, approve, model
 from e2e.test_agent_recovery import WriteLog
 from e2e.test_agent_results import tool_results
@@ -196,12 +197,14 @@ def test_the_progress_of_a_long_approved_call_is_shown_in_status_within_the_writ
     assert 1 <= len(progress_writes) <= 10, f"{len(progress_writes)} progress writes"
 
 
+@pytest.mark.parametrize("protocol", ["openai-chat", "anthropic-messages"])
 def test_a_model_that_accepts_images_is_given_a_results_image_as_an_image(
     start_operator: Callable[..., OperatorProcess],
     runs: Runs,
     agent_namespace: str,
     model: ModelServerThread,
     refsystem: ReferenceSystemThread,
+    protocol: str,
 ) -> None:
     with ContentServerThread() as content:
         trusted = {"trustedServers": [{"url": content.url, "tools": ["show_everything"]}]}
@@ -218,7 +221,7 @@ def test_a_model_that_accepts_images_is_given_a_results_image_as_an_image(
                 ],
             }
         )
-        spec = agent_spec(model, refsystem)
+        spec = agent_spec(model, refsystem, protocol)
         spec["agent"]["endpoint"]["acceptsImages"] = True
         spec["agent"]["tools"] = []
         spec["agent"]["mcpServers"] = [{"name": "content", "url": content.url, "tools": ["show_everything"]}]
@@ -226,6 +229,7 @@ def test_a_model_that_accepts_images_is_given_a_results_image_as_an_image(
         name = runs.create(spec)
         runs.wait_state(name, "completed", timeout=Within.RUN)
 
+    assert set(model.calls()["byProtocol"]) == {protocol}
     last = model.calls()["requests"][-1]["messages"]
     assert [m["role"] for m in last[-2:]] == ["tool", "user"], "the images follow the result"
     told = json.loads(last[-2]["content"])["content"]
