@@ -3,7 +3,8 @@
 Scripted exactly like chat completions (the same script, rules, faults and counts): a request is
 translated to the protocol-neutral form, the chat-completions shape (``system`` as the first
 message, ``tool_use`` blocks as the assistant's ``tool_calls`` with RFC 8785 arguments,
-``tool_result`` blocks as ``tool`` messages, tools as functions), which is what ``GET /calls``
+``tool_result`` blocks as ``tool`` messages, ``image`` blocks as ``image_url`` parts with data
+URLs, tools as functions), which is what ``GET /calls``
 records and what the rules match, so a test asserts on either protocol alike; ``byProtocol``
 counts the requests of each. The answer is then written as a Messages API message (text and
 ``tool_use`` blocks, ``stop_reason`` ``end_turn`` or ``tool_use``, ``usage``).
@@ -67,7 +68,17 @@ def _user(blocks: list[Any]) -> list[dict[str, Any]]:
         if b.get("type") == "tool_result"
     ]
     text = "".join(b["text"] for b in blocks if b.get("type") == "text" and isinstance(b.get("text"), str))
+    images = [_image_part(b) for b in blocks if b.get("type") == "image"]
+    if images:  # recorded as chat-completions parts: text, then each image as a data URL
+        parts = [*([{"type": "text", "text": text}] if text else []), *images]
+        return [*results, {"role": "user", "content": parts}]
     return [*results, *([{"role": "user", "content": text}] if text else [])]
+
+
+def _image_part(block: dict[str, Any]) -> dict[str, Any]:
+    source = block.get("source") or {}
+    url = f"data:{source.get('media_type')};base64,{source.get('data')}"
+    return {"type": "image_url", "image_url": {"url": url}}
 
 
 def _problem(messages: Any) -> str | None:

@@ -370,6 +370,14 @@ def turn_reason(turn: ModelTurn, data_key: DataKey) -> str | None:
     return str(plain["text"])
 
 
+def turn_result_value(turn: ModelTurn, data_key: DataKey) -> Any:
+    """The recorded result's value (None: no result, or a truncated one: see turn_result_text)."""
+    if turn.result is None:
+        return None
+    plain = unseal_value(data_key, turn.result, turn_label(turn.index, "result"))
+    return plain.get(VALUE_KEY)
+
+
 def turn_result_text(turn: ModelTurn, data_key: DataKey) -> str | None:
     """The result as the model is shown it: canonical JSON text (cut when it was truncated)."""
     if turn.result is None:

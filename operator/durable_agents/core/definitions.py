@@ -107,6 +107,7 @@ def pin(name: str, agent: AgentSpec, model: ModelConfigSpec, prompt: str) -> Pin
             credentials_secret_ref=model.credentials_secret_ref,
             timeout=model.timeout,
             protocol=model.protocol,
+            accepts_images=model.accepts_images,
         ),
         tools=agent.tools,
         mcp_servers=agent.mcp_servers,

@@ -166,4 +166,5 @@ def next_status(
         update["claim_expires_at"] = None
     if state in (ActionState.SUCCEEDED, ActionState.FAILED, ActionState.CANCELED):
         update |= {"finished_at": now, "claim_expires_at": None, "outcome": outcome}
+    update["progress"] = None  # an attempt's progress ends with any write of its state
     return status.model_copy(update=update)

@@ -80,6 +80,7 @@ from durable_agents.kubectl import inbox as kubectl_inbox
 from durable_agents.kubectl import list as kubectl_list
 from durable_agents.kubectl import policy as kubectl_policy
 from durable_agents.kubectl import policy_force_delete as kubectl_policy_force_delete
+from durable_agents.kubectl import progress as kubectl_progress
 from durable_agents.kubectl import reconcile as kubectl_reconcile
 from durable_agents.kubectl import region as kubectl_region
 from durable_agents.kubectl import revealed as kubectl_revealed
@@ -442,9 +443,11 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "retry":
             print(retry(api, ns, args.name))
         elif args.command == "status" and args.reveal:
-            print(describe(*reveal(api, ns, args.name)))
+            run, revealed = reveal(api, ns, args.name)
+            print("\n".join([describe(run, revealed), *kubectl_progress.in_flight_lines(api, ns, run)]))
         elif args.command == "status":
-            print(describe(_get(api, ns, args.name)))
+            run = _get(api, ns, args.name)
+            print("\n".join([describe(run), *kubectl_progress.in_flight_lines(api, ns, run)]))
         else:
             print(history(_get(api, ns, args.name)))
     except ApiException as err:

@@ -121,6 +121,20 @@ class ResolvedReference(ApiModel):
     """A digest of the value keyed by the run's data key (never the value)."""
 
 
+class ActionProgress(ApiModel):
+    """The latest progress the called system reported while the action is dispatching (an MCP
+    server's progress notifications), written at most once per few seconds; cleared when the
+    action's state changes. The ``message`` is the server's text, not the operator's."""
+
+    progress: float
+    total: float | None = None
+    message: str | None = Field(default=None, max_length=256)
+    notifications: int = Field(default=0, ge=0)
+    """Progress notifications received so far in this attempt."""
+    at: datetime
+    """When this progress was written."""
+
+
 class ActionRecordStatus(ApiModel):
     """The dispatch record: written by the operator's dispatchers only, stamped (status.stamp)."""
 
@@ -149,6 +163,8 @@ class ActionRecordStatus(ApiModel):
     """Why it is in its state, as a CamelCase word (for example PolicyChanged, RunCanceled)."""
     message: str | None = Field(default=None, max_length=4096)
     """Why, for people."""
+    progress: ActionProgress | None = None
+    """The called system's latest progress while dispatching (see ActionProgress)."""
     resolved_references: list[ResolvedReference] = Field(
         default_factory=list,
         max_length=32,

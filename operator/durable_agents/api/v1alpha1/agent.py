@@ -72,6 +72,14 @@ class ModelEndpoint(ApiModel):
     credentials_secret_ref: KeyReference | None = Field(
         default=None, description="The API key: a key of a Secret in the run's namespace."
     )
+    accepts_images: bool | None = Field(
+        default=None,
+        description=(
+            "Whether the model takes images: true gives it the small images of MCP tool results "
+            "as images (a user message after the results); absent or false, only their "
+            "description (type and size)."
+        ),
+    )
     timeout: str = Field(
         default="60s", max_length=32, pattern=DURATION_PATTERN, json_schema_extra=bounded_duration("timeout")
     )

@@ -44,6 +44,14 @@ class ModelConfigSpec(ApiModel):
     """The model's name at the endpoint; recorded in each run that uses it."""
     protocol: ModelProtocol = ModelProtocol.OPENAI_CHAT
     """The protocol the endpoint speaks: openai-chat (default) or anthropic-messages."""
+    accepts_images: bool | None = Field(
+        default=None,
+        description=(
+            "Whether the model takes images: true gives it the small images of MCP tool results "
+            "as images (a user message after the results); absent or false, only their "
+            "description (type and size)."
+        ),
+    )
     credentials_secret_ref: KeyReference | None = Field(
         default=None,
         description="The API key: a key of a Secret in the namespace, read as each run's ServiceAccount.",

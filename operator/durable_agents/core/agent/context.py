@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 from durable_agents.core.agent.exchange import ModelRequest
+from durable_agents.core.agent.mcp_content import images_taken
 from durable_agents.core.agent.tools import ToolDeclaration, openai_tools, tool_set_digest
 from durable_agents.core.agent_facts import (
     RESULT_MAX_BYTES,
@@ -28,6 +29,7 @@ from durable_agents.core.agent_facts import (
     turn_arguments,
     turn_reason,
     turn_result_text,
+    turn_result_value,
 )
 from durable_agents.core.digest import canonical_json
 from durable_agents.core.sealed_values import DataKey
@@ -93,11 +95,27 @@ def _call_arguments(turn: ModelTurn, data_key: DataKey) -> str:
     return _text(arguments if isinstance(arguments, dict) else {})
 
 
-def _result(turn: ModelTurn, data_key: DataKey) -> str:
-    text = turn_result_text(turn, data_key)
-    if text is None:
-        return _text(_NO_RESULT[turn.outcome])
-    return text + TRUNCATION_NOTE if turn.result_truncated else text
+def _result(turn: ModelTurn, data_key: DataKey, images: bool) -> tuple[str, list[dict[str, str]]]:
+    """The result's text, and its images when ``images`` (the model accepts them): a recorded
+    image's data never reaches the text (:func:`~durable_agents.core.agent.mcp_content.images_taken`)."""
+    if turn.result is None:
+        return _text(_NO_RESULT[turn.outcome]), []
+    if turn.result_truncated:  # cut text: no image's data in it (WITH_IMAGES_MAX_BYTES)
+        return str(turn_result_text(turn, data_key)) + TRUNCATION_NOTE, []
+    value, taken = images_taken(turn_result_value(turn, data_key), passed=images)
+    return _text(value), taken
+
+
+def images_message(turn: ModelTurn, images: list[dict[str, str]]) -> dict[str, Any]:
+    """The images of a turn's result, as the user message that follows its results (a tool
+    message carries text only in chat completions)."""
+    parts: list[dict[str, Any]] = [
+        {"type": "text", "text": f"The images of the result of call {turn.call_id} ({turn.tool}):"}
+    ]
+    for image in images:
+        url = f"data:{image['mimeType']};base64,{image['data']}"
+        parts.append({"type": "image_url", "image_url": {"url": url}})
+    return {"role": "user", "content": parts}
 
 
 def dropped_call_id(turn: ModelTurn, position: int) -> str:
@@ -106,9 +124,12 @@ def dropped_call_id(turn: ModelTurn, position: int) -> str:
     return f"drop{turn.index % 10_000:04d}{position % 10}"
 
 
-def turn_messages(turn: ModelTurn, data_key: DataKey) -> tuple[dict[str, Any], ...]:
+def turn_messages(
+    turn: ModelTurn, data_key: DataKey, *, accepts_images: bool = False
+) -> tuple[dict[str, Any], ...]:
     """The model's call and the call's result, as chat-completions messages; then, for each
-    further call of the same reply, a result saying it was not executed."""
+    further call of the same reply, a result saying it was not executed; then, for a model that
+    accepts images, the result's images in a user message."""
     dropped = turn.dropped_tools or []
     calls = [
         {
@@ -126,12 +147,14 @@ def turn_messages(turn: ModelTurn, data_key: DataKey) -> tuple[dict[str, Any], .
         ),
     ]
     call = {"role": "assistant", "content": turn_reason(turn, data_key), "tool_calls": calls}
-    result = {"role": "tool", "tool_call_id": turn.call_id, "content": _result(turn, data_key)}
+    text, images = _result(turn, data_key, accepts_images)
+    result = {"role": "tool", "tool_call_id": turn.call_id, "content": text}
     not_executed = [
         {"role": "tool", "tool_call_id": dropped_call_id(turn, n), "content": NOT_EXECUTED}
         for n in range(len(dropped))
     ]
-    return call, result, *not_executed
+    shown = [images_message(turn, images)] if images else []
+    return call, result, *not_executed, *shown
 
 
 def build_request(
@@ -142,6 +165,7 @@ def build_request(
     tools: Sequence[ToolDeclaration],
     facts: AgentFacts | None,
     data_key: DataKey,
+    accepts_images: bool = False,
 ) -> ModelRequest:
     """The next request to the model. :class:`ContextMismatch` when ``facts`` were recorded under
     another configuration (old facts are never fed silently to another model, prompt or tool set)."""
@@ -154,5 +178,5 @@ def build_request(
         if change is not None:
             raise ContextMismatch(f"the run's facts were recorded under another configuration: {change}")
         for turn in facts.turns:  # in order: the facts validate that turn i has index i
-            messages.extend(turn_messages(turn, data_key))
+            messages.extend(turn_messages(turn, data_key, accepts_images=accepts_images))
     return ModelRequest(model=model, messages=tuple(messages), tools=openai_tools(tools))

@@ -6,7 +6,9 @@ way whatever the endpoint speaks. An endpoint whose protocol is ``anthropic-mess
 same request translated here (pure: no SDK types, the shell hands the body to the ``anthropic``
 client), and its reply is read back into the core's :class:`ModelReply`:
 
-- the ``system`` messages become the ``system`` parameter; ``user`` messages text blocks;
+- the ``system`` messages become the ``system`` parameter; ``user`` messages text blocks, and the
+  images of a tool result (``image_url`` parts with ``data:`` URLs) base64 image blocks, after the
+  ``tool_result`` blocks of the same user turn;
 - an assistant's ``tool_calls`` become ``tool_use`` blocks (after its text, if any), with the
   arguments as the ``input`` object (arguments that are not a JSON object are replayed as ``{}``,
   as the core already does for chat completions);
@@ -92,7 +94,27 @@ def _blocks(message: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
             "content": _text(message.get("content")),
         }
         return "user", [result]
-    return "user", [{"type": "text", "text": _text(message.get("content"))}]
+    return "user", _user_blocks(message.get("content"))
+
+
+def _user_blocks(content: Any) -> list[dict[str, Any]]:
+    """A user message's text, and its images (``data:`` URLs, as the core writes a result's
+    images) as base64 image blocks."""
+    if not isinstance(content, list):
+        return [{"type": "text", "text": _text(content)}]
+    blocks: list[dict[str, Any]] = []
+    for part in content:
+        if not isinstance(part, dict):
+            continue
+        url = (part.get("image_url") or {}).get("url") if part.get("type") == "image_url" else None
+        if isinstance(url, str) and url.startswith("data:") and ";base64," in url:
+            media_type, data = url.removeprefix("data:").split(";base64,", 1)
+            blocks.append(
+                {"type": "image", "source": {"type": "base64", "media_type": media_type, "data": data}}
+            )
+        elif part.get("type", "text") == "text" and isinstance(part.get("text"), str):
+            blocks.append({"type": "text", "text": part["text"]})
+    return blocks
 
 
 def messages_tool(tool: dict[str, Any]) -> dict[str, Any]:

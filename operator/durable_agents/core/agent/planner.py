@@ -52,6 +52,8 @@ class AgentInputs:
     """The policy's tiers of MCP tools, by :func:`mcp_tier_key`: they override the server's hints."""
     mcp_trust: McpTrust = field(default_factory=dict)
     """The servers (by URL) whose hints the policy believes; any other's tools are consequential."""
+    accepts_images: bool = False
+    """The model endpoint takes images: the small images of tool results are given as images."""
 
 
 MCP_EFFECT = "mcp.call"
@@ -123,6 +125,7 @@ class ModelPlanner:
             tools=self.inputs.tools,
             facts=context.checkpoint.agent,
             data_key=self.inputs.data_key,
+            accepts_images=self.inputs.accepts_images,
         )
 
     def step_of(self, turn: ModelTurn, spec: AgentRunSpec) -> PlannedStep:

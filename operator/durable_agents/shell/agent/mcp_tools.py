@@ -55,8 +55,15 @@ from typing import TYPE_CHECKING, Any, cast
 
 import httpx2
 
-from durable_agents.core.agent.mcp_content import described_parts
+from durable_agents.core.agent.mcp_content import model_content, schema_mismatch
 from durable_agents.core.digest import canonical_digest, canonical_json
+from durable_agents.shell.agent.mcp_notices import (
+    RESPONSE_MAX_BYTES,
+    ProgressSeen,
+    ProgressSink,
+    ServerLog,
+    bound_response,
+)
 from durable_agents.shell.ground import tracing
 
 # The SDK is imported on first use: building its pydantic models takes seconds of CPU, which every
@@ -184,17 +191,28 @@ def _verify(access: McpAccess) -> ssl.SSLContext | bool:
     return ssl.create_default_context(cadata=access.ca_pem)
 
 
+@dataclass
+class _Seen:
+    """What a connection observed besides its answers: refusals of its credentials (401/403: the
+    SDK reports them only as "an error response", which would not say why), responses cut at
+    their size bound, the server's log notifications."""
+
+    server_log: ServerLog
+    refused: list[int] = field(default_factory=list)
+    cut: list[str] = field(default_factory=list)
+
+
 @asynccontextmanager
-async def _connect(url: str, access: McpAccess, refused: list[int]) -> AsyncIterator[Client]:
-    """A client of ``url`` sending ``access``; a 401 or 403 answer's status goes into ``refused``
-    (the SDK reports it only as "an error response", which would not say why)."""
+async def _connect(url: str, access: McpAccess, seen: _Seen) -> AsyncIterator[Client]:
+    """A client of ``url`` sending ``access``, observed into ``seen``."""
     from mcp import Client
     from mcp.client.streamable_http import streamable_http_client
     from mcp_types import Implementation
 
     async def note(response: httpx2.Response) -> None:
         if response.status_code in (401, 403):
-            refused.append(response.status_code)
+            seen.refused.append(response.status_code)
+        bound_response(response, seen.cut)  # before its body is read, whatever transport read it
 
     info = Implementation(name="durable-agents", version="1")
     http = httpx2.AsyncClient(
@@ -205,9 +223,16 @@ async def _connect(url: str, access: McpAccess, refused: list[int]) -> AsyncIter
     )
     async with http:
         # cache=None: every listing is fetched from the server (a tool list is pinned by digest).
+        # log_level: the opt-in to the server's log notifications (2026-07-28), bounded by ServerLog.
         transport = streamable_http_client(url, http_client=http)
-        async with Client(transport, cache=None, client_info=info) as client:
-            yield client
+        client = Client(
+            transport, cache=None, client_info=info, logging_callback=seen.server_log, log_level="info"
+        )
+        try:
+            async with client:
+                yield client
+        finally:
+            seen.server_log.close()
 
 
 async def _all_tools(client: Client) -> list[Tool]:
@@ -233,10 +258,12 @@ def _leaves(exc: BaseException) -> list[BaseException]:
     return [exc]
 
 
-def _describe(exc: BaseException, refused: Sequence[int] = ()) -> str:
+def _describe(exc: BaseException, seen: _Seen | None = None) -> str:
     said = "; ".join(f"{type(leaf).__name__}: {leaf}" for leaf in _leaves(exc))
-    if refused:
-        return f"the server refused the request's credentials (HTTP {refused[-1]}); {said}"
+    if seen is not None and seen.cut:
+        return f"the server's response was larger than {RESPONSE_MAX_BYTES} bytes and was not read; {said}"
+    if seen is not None and seen.refused:
+        return f"the server refused the request's credentials (HTTP {seen.refused[-1]}); {said}"
     return said
 
 
@@ -254,15 +281,15 @@ async def list_tools(
     :class:`McpError` for any other failure (a timeout, a JSON-RPC error, an endless listing).
     """
     connected = False
-    refused: list[int] = []
+    seen = _Seen(ServerLog(server))
     try:
         async with asyncio.timeout(timeout):
-            async with _connect(url, access, refused) as client:
+            async with _connect(url, access, seen) as client:
                 connected = True
                 tools = await _all_tools(client)
     except Exception as exc:
         failure = McpUnreachable if not connected else McpError
-        raise failure(f"listing the tools of {url} failed: {_describe(exc, refused)}", url=url) from exc
+        raise failure(f"listing the tools of {url} failed: {_describe(exc, seen)}", url=url) from exc
     return sorted((McpTool.from_sdk(server, tool) for tool in tools), key=lambda tool: tool.name)
 
 
@@ -274,22 +301,23 @@ def tool_list_digest(tools: Sequence[McpTool]) -> str:
 
 
 def _result(result: CallToolResult) -> McpResult:
-    from mcp_types import TextContent
-
-    if result.structured_content is not None:
-        return McpResult(is_error=result.is_error, content=result.structured_content)
-    parts = result.content
-    if all(isinstance(part, TextContent) for part in parts):
-        return McpResult(
-            is_error=result.is_error,
-            content="\n".join(part.text for part in parts if isinstance(part, TextContent)),
-        )
-    content = [part.model_dump(mode="json", by_alias=True, exclude_none=True) for part in parts]
-    # Images, audio and binary resources: described (type, size), never pasted as base64.
-    return McpResult(is_error=result.is_error, content=described_parts(content))
+    """The result as the model is given it (:func:`durable_agents.core.agent.mcp_content.model_content`)."""
+    parts = [part.model_dump(mode="json", by_alias=True, exclude_none=True) for part in result.content]
+    return McpResult(is_error=result.is_error, content=model_content(parts, result.structured_content))
 
 
-def _unknown(url: str, tool: str, exc: BaseException) -> McpError:
+async def _checked(client: Client, tool: str, result: CallToolResult) -> McpResult:
+    """``result``, or a tool error telling the model its structured content does not match the
+    output schema the tool declared (the SDK's check; a definite answer, not an unknown one)."""
+    if not result.is_error:
+        try:
+            await client.session.validate_tool_result(tool, result)
+        except RuntimeError as err:
+            return McpResult(is_error=True, content=schema_mismatch(tool, str(err)))
+    return _result(result)
+
+
+def _unknown(url: str, tool: str, exc: BaseException, seen: _Seen) -> McpError:
     """The error for a failure after the request was handed to the transport."""
     from mcp.shared.exceptions import MCPError
 
@@ -298,7 +326,8 @@ def _unknown(url: str, tool: str, exc: BaseException) -> McpError:
         # The call's HTTP connection could not be opened: no byte of the request went out.
         return McpUnreachable(f"calling {tool} at {url}: not sent: {_describe(exc)}", url=url)
     codes = [leaf.code for leaf in leaves if isinstance(leaf, MCPError)]
-    reason = "timed out waiting for the result" if isinstance(exc, TimeoutError) else _describe(exc)
+    timed_out = isinstance(exc, TimeoutError) and not seen.cut
+    reason = "timed out waiting for the result" if timed_out else _describe(exc, seen)
     return McpCallUnknown(
         f"calling {tool} at {url}: outcome unknown ({reason})",
         url=url,
@@ -315,15 +344,19 @@ async def call_tool(
     idempotency_key: str | None,
     timeout: float,  # noqa: ASYNC109 (a deadline for the whole operation, applied inside)
     access: McpAccess = NO_ACCESS,
+    server: str = "",
+    on_progress: ProgressSink | None = None,
 ) -> McpResult:
     """Call ``tool`` once with ``arguments``; ``idempotency_key`` goes in the request's ``_meta``.
 
     ``timeout`` bounds the whole operation (connect, handshake, listing, call). Returns the
-    server's answer, a tool error included (``is_error``). Raises :class:`McpUnreachable` or
-    :class:`McpToolNotListed` when nothing was sent, :class:`McpCallUnknown` when the call was sent
-    and its outcome is unknown (see the module docstring).
+    server's answer, a tool error included (``is_error``; a result that does not match the tool's
+    output schema is one). Raises :class:`McpUnreachable` or :class:`McpToolNotListed` when nothing
+    was sent, :class:`McpCallUnknown` when the call was sent and its outcome is unknown (see the
+    module docstring; a response past its size bound is one). ``server`` names the server in the
+    operator's log (its log notifications); ``on_progress`` is given its progress notifications.
     """
-    from mcp_types import RequestParamsMeta
+    from mcp_types import CallToolRequest, CallToolRequestParams, CallToolResult, RequestParamsMeta
 
     # The W3C traceparent of the current span (a dispatch's, a tool call's): the server may join it.
     items: dict[str, Any] = tracing.traceparent()
@@ -332,35 +365,47 @@ async def call_tool(
     # RequestParamsMeta is an open TypedDict (PEP 728 extra items), which mypy cannot express.
     meta = cast(RequestParamsMeta, items) if items else None
     listed = sent = False
-    refused: list[int] = []
-    answer: CallToolResult | None = None
+    seen = _Seen(ServerLog(server or url))
+    answer: McpResult | None = None
     try:
         async with asyncio.timeout(timeout):
-            async with _connect(url, access, refused) as client:
+            async with _connect(url, access, seen) as client:
                 listed = tool in {known.name for known in await _all_tools(client)}
                 if listed:
                     sent = True
-                    answer = await client.session.call_tool(tool, arguments, meta=meta)
+                    # send_request, not session.call_tool: the SDK's call_tool raises on a result
+                    # that does not match the output schema, which would lose a definite answer.
+                    request = CallToolRequest(
+                        params=CallToolRequestParams(name=tool, arguments=arguments, _meta=meta)
+                    )
+                    raw = await client.session.send_request(
+                        request, CallToolResult, progress_callback=ProgressSeen(on_progress)
+                    )
+                    answer = await _checked(client, tool, raw)
     except Exception as exc:
         if answer is not None:
             # The answer arrived; only closing the connection failed.
-            return _result(answer)
+            return answer
         if not sent:
             raise McpUnreachable(
-                f"calling {tool} at {url}: not sent: {_describe(exc, refused)}", url=url
+                f"calling {tool} at {url}: not sent: {_describe(exc, seen)}", url=url
             ) from exc
-        raise _unknown(url, tool, exc) from exc
+        raise _unknown(url, tool, exc, seen) from exc
     if answer is None:
         raise McpToolNotListed(f"{url} does not list a tool named {tool!r}; not sent", url=url)
-    return _result(answer)
+    return answer
 
 
 OUTCOME_MAX_BYTES = 16 * 1024
 
 
 def bounded_content(content: Any) -> Any:
-    """The tool's answer as the outcome keeps it: whole when small, else its first bytes as text."""
+    """The tool's answer as the outcome keeps it: whole when small, else its first bytes as text,
+    with a note that tells the model the cut (``note`` sorts first: a later cut keeps it)."""
     text = canonical_json(content)
     if len(text) <= OUTCOME_MAX_BYTES:
         return content
-    return {"truncated": text[:OUTCOME_MAX_BYTES].decode("utf-8", errors="ignore")}
+    return {
+        "note": f"cut: the result has {len(text)} bytes, only its first {OUTCOME_MAX_BYTES} are shown",
+        "truncated": text[:OUTCOME_MAX_BYTES].decode("utf-8", errors="ignore"),
+    }

@@ -184,6 +184,7 @@ class AgentResolver:
                 data_key=self._data_key(run),
                 entropy=os.urandom,
                 agent_limits=pinned.agent_limits() if pinned is not None else {},
+                accepts_images=bool(agent.endpoint.accepts_images),
             )
         except (ToolDeclarationError, ValueError) as err:
             raise Unresolvable(f"a tool is refused: {err}") from err

@@ -97,7 +97,13 @@ async def call_read_tool(
     with tracing.call_span(tracer or tracing.tracer(), span_name, SpanKind.INTERNAL, attributes) as span:
         try:
             result = await call_tool(
-                step.url, step.tool, step.arguments, idempotency_key=None, timeout=timeout, access=access
+                step.url,
+                step.tool,
+                step.arguments,
+                idempotency_key=None,
+                timeout=timeout,
+                access=access,
+                server=step.server,
             )
         except McpError as err:
             tracing.failed(span, type(err).__name__)

@@ -46,6 +46,8 @@ from durable_agents.shell.effects.base import (
 
 NO_QUERY = "NoQueryByKey"
 MCP_SERVERS_EXTRA = "mcpServers"
+PROGRESS_EXTRA = "progress"
+"""``ctx.extra`` entry: a callable given the call's progress notifications (the dispatcher's)."""
 CREDENTIALS_UNREADABLE = "McpCredentialsUnreadable"
 
 
@@ -90,7 +92,14 @@ class McpCall:
             return Failed(CREDENTIALS_UNREADABLE, f"MCP server {action.target.get('server')!r}: {err}")
         try:
             result = await call_tool(
-                url, tool, action.arguments, idempotency_key=action.key, timeout=ctx.timeout, access=access
+                url,
+                tool,
+                action.arguments,
+                idempotency_key=action.key,
+                timeout=ctx.timeout,
+                access=access,
+                server=str(action.target.get("server") or url),
+                on_progress=ctx.extra.get(PROGRESS_EXTRA),
             )
         except McpCallUnknown as err:
             return Unknown("McpCallUnknown", str(err))
@@ -121,7 +130,13 @@ class McpCall:
         """The server's own query tool: ``{"idempotencyKey": key}`` -> ``{"applied": bool}``."""
         try:
             result = await call_tool(
-                url, query, {"idempotencyKey": key}, idempotency_key=None, timeout=ctx.timeout, access=access
+                url,
+                query,
+                {"idempotencyKey": key},
+                idempotency_key=None,
+                timeout=ctx.timeout,
+                access=access,
+                server=url,
             )
         except McpError as err:
             return Unknown(type(err).__name__, str(err))

@@ -40,7 +40,7 @@ from durable_agents.core.sealed_values import DataKey
 from durable_agents.core.sealing import Keyring
 from durable_agents.shell.agent.resolver import AgentResolver
 from durable_agents.shell.effects import Action, Applied, Effect, EffectContext, NotApplied, Unknown
-from durable_agents.shell.effects.mcp import MCP_SERVERS_EXTRA, run_mcp_servers
+from durable_agents.shell.effects.mcp import MCP_SERVERS_EXTRA, PROGRESS_EXTRA, run_mcp_servers
 from durable_agents.shell.effects.plugins import load_effects, load_planners
 from durable_agents.shell.ground import metrics
 from durable_agents.shell.ground.faults import process_faults
@@ -51,6 +51,7 @@ from durable_agents.shell.ground.workqueue import WorkQueue
 from durable_agents.shell.intake.policies import PolicyCache
 from durable_agents.shell.ledger.actions import ActionStore, FirstClaims
 from durable_agents.shell.ledger.intent_checks import DESTINATION_NOT_ALLOWED, check_intent, query_refusal
+from durable_agents.shell.ledger.progress_writes import ProgressWrites
 from durable_agents.shell.ledger.query_pacing import QueryPacing, observe_unknown_duration
 from durable_agents.shell.ledger.reconciling import PersonAnswers, system_said
 from durable_agents.shell.ledger.record_writes import RecordWrites
@@ -315,7 +316,11 @@ class Dispatcher(Background):
         process_faults().before_send()
         if not self._claim_holds(claimed_at):
             return await self._claim_lapsed(claimed, spec)
-        result = await run_traces.dispatched(send.effect, send.ctx, send.action)
+        progress = ProgressWrites(self.writes.store, claimed, claimed_status)
+        send.ctx.extra[PROGRESS_EXTRA] = progress.seen  # written coalesced: progress_writes
+        async with progress.writing():
+            result = await run_traces.dispatched(send.effect, send.ctx, send.action)
+        claimed, claimed_status = progress.body, progress.status
         metrics.ACTION_DISPATCHES.labels(spec.effect, type(result).__name__).inc()
         run_traces.log_dispatch(send.ctx, claimed, spec.effect, claimed_status.attempts, result)
         return await self.writes.dispatch_answered(
