@@ -18,6 +18,12 @@ Reasons, checked in this order (one condition, the first that applies):
   the verb makes the count unknown: not stuck).
 * ``WaitWithoutExpiry``: it has waited longer than the threshold for something without an expiry
   (an action in flight, a child run) and has no deadline.
+* ``NotAdvancing``: it is eligible to work (pending, ready, resume_validation, cancel_requested) and
+  its owner has not advanced it (its ``stateVersion`` unchanged) within the bound of its state.
+
+The runs no live replica owns (their region served by nobody, or their shard Lease held by a
+replica that stopped renewing it) are judged by the replicas that are alive:
+:mod:`durable_agents.core.stuck_unowned`.
 """
 
 from __future__ import annotations
@@ -36,15 +42,21 @@ POLICY_MISSING = "PolicyMissing"
 UNRECONCILABLE_OUTCOME = "UnreconcilableOutcome"
 NO_APPROVER = "NoApprover"
 WAIT_WITHOUT_EXPIRY = "WaitWithoutExpiry"
+NOT_ADVANCING = "NotAdvancing"
 REASONS: tuple[str, ...] = (
     POLICY_MISSING,
     NO_APPROVER,
     UNRECONCILABLE_OUTCOME,
     WAIT_WITHOUT_EXPIRY,
     QUARANTINED,
+    NOT_ADVANCING,
 )
 NOT_STUCK = "NotStuck"  # the condition's reason once the cause is gone (status False)
 DEFAULT_THRESHOLD = timedelta(hours=24)
+# The states in which a run is eligible to work: its owner advances it without waiting for anyone.
+ELIGIBLE_STATES = (RunState.PENDING, RunState.READY, RunState.RESUME_VALIDATION, RunState.CANCEL_REQUESTED)
+DEFAULT_BOUND = timedelta(minutes=10)
+DEFAULT_BOUNDS: Mapping[RunState, timedelta] = dict.fromkeys(ELIGIBLE_STATES, DEFAULT_BOUND)
 # An unknown outcome's last query answered this: its system cannot be asked by key (an MCP tool
 # without a query tool: durable_agents.shell.effects.mcp.NO_QUERY), or its query target is invalid.
 NO_QUERY_REASONS = frozenset({"NoQueryByKey", "InvalidTarget"})
@@ -85,6 +97,10 @@ class Facts:
     """Under a quorum: the users (ServiceAccounts as ``system:serviceaccount:NS:NAME``) a binding
     names who hold the approver verb; None: not looked at, or unknowable (a Group holds it)."""
     unknown_actions: Sequence[UnknownAction] = ()
+    bounds: Mapping[RunState, timedelta] = field(default_factory=lambda: dict(DEFAULT_BOUNDS))
+    """How long a run may stay in an eligible state without advancing (per state)."""
+    unchanged_since: datetime | None = None
+    """Since when the run's ``stateVersion`` has not changed, as the shell saw it; None: unknown."""
 
 
 @dataclass(frozen=True)
@@ -169,7 +185,32 @@ def stuck(
         waited = facts.now - status.state_since
         if waited >= facts.threshold:
             return Stuck(WAIT_WITHOUT_EXPIRY, _no_expiry_message(namespace, name, status, status.state_since))
-    return None
+    return _not_advancing(namespace, name, status, facts)
+
+
+def _not_advancing(namespace: str, name: str, status: AgentRunStatus, facts: Facts) -> Stuck | None:
+    """An eligible run whose owner has not advanced it within its state's bound. The words are the
+    same on every pass (the bound, not the running age): the condition is written once."""
+    bound = facts.bounds.get(status.state)
+    if bound is None or facts.unchanged_since is None or facts.now - facts.unchanged_since < bound:
+        return None
+    run = f"{name} -n {namespace}"
+    state = status.state.value
+    hint = {
+        RunState.PENDING: "a pending run needs its AgentPolicy and its region's epoch to start",
+        RunState.READY: "a ready run's step is in progress: a model or tool call that does not answer"
+        " holds it until the endpoint's timeout",
+        RunState.RESUME_VALIDATION: "a resumed run is checked against its policy before it goes on",
+        RunState.CANCEL_REQUESTED: "a cancel waits for the action in flight to be answered",
+    }.get(status.state, "")
+    return Stuck(
+        NOT_ADVANCING,
+        f"it has been {state} at stateVersion {status.state_version} for longer than its bound "
+        f"({int(bound.total_seconds())}s) and its operator has not advanced it ({hint}); read the "
+        f"operator's log for run {name} (the replica that holds its shard), fix what it reports or "
+        f"restart that replica, and see kubectl agentrun why {run}; or cancel it: kubectl agentrun "
+        f"cancel {run}",
+    )
 
 
 def needs_quorum(status: AgentRunStatus) -> bool:
