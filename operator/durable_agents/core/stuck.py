@@ -197,7 +197,8 @@ def _not_advancing(namespace: str, name: str, status: AgentRunStatus, facts: Fac
     run = f"{name} -n {namespace}"
     state = status.state.value
     hint = {
-        RunState.PENDING: "a pending run needs its AgentPolicy and its region's epoch to start",
+        RunState.PENDING: "a pending run's first steps are in progress, none committed yet (a model or"
+        " tool call that does not answer holds them until the endpoint's timeout), or it cannot start",
         RunState.READY: "a ready run's step is in progress: a model or tool call that does not answer"
         " holds it until the endpoint's timeout",
         RunState.RESUME_VALIDATION: "a resumed run is checked against its policy before it goes on",
