@@ -76,6 +76,11 @@ def test_a_shard_held_by_a_replica_that_stopped_renewing_names_that_replica() ->
 def test_a_shard_still_valid_or_just_expired_or_released_is_not_owner_not_renewing() -> None:
     assert unowned_judge(1, lease("op", NOW - timedelta(seconds=5))) is None, "valid: a live owner"
     assert unowned_judge(1, lease("op", NOW - timedelta(seconds=20))) is None, "a survivor has a duration"
+    just = lease("op", NOW - timedelta(seconds=20))
+    verdict = unowned_judge(0, just)
+    assert verdict is not None, "just expired, and no member left to take it over"
+    assert verdict.reason == unowned.OWNER_NOT_RENEWING
+    assert unowned_judge(0, lease("op", NOW - timedelta(seconds=5))) is None, "held, renewed: not unowned"
     assert unowned_judge(1, lease("", NOW - timedelta(hours=1))) is None, "released: a member takes it"
 
 

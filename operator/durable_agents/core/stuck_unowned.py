@@ -5,12 +5,12 @@ region that holds its shard Lease. When that replica hangs (a paused process, a 
 region has no replica at all, nobody would ever flag the run; so every replica also looks at the
 runs it sees but does not own, and calls one stuck when, from the Leases:
 
-* ``OwnerNotRenewing``: its shard Lease has a holder that stopped renewing it more than one Lease
-  duration ago, and nobody took it over (the survivors of a region take an expired shard within one
-  duration: a shard still held after that has no survivor to go to). The fix: restart the hung
+* ``OwnerNotRenewing``: its shard Lease has a holder that stopped renewing it, and nobody took it
+  over: the region has no live member, or the Lease expired more than one duration ago (the
+  survivors of a region take an expired shard within one duration). The fix: restart the hung
   replica, and run more than one per region.
-* ``NoRegionOwner``: no replica of its region has a live member Lease (the region's Deployment is
-  gone, scaled to zero, or was never installed). The fix: deploy the operator for that region, or
+* ``NoRegionOwner``: no replica of its region has a live member Lease and no replica holds its
+  shard (the region's Deployment is gone, scaled to zero, or was never installed). The fix: deploy the operator for that region, or
   move its runs with a RegionFailover.
 
 Either only once the run has not advanced for ``after`` (the unowned bound): a region that restarts
@@ -75,7 +75,10 @@ def stuck_unowned(namespace: str, name: str, facts: UnownedFacts) -> Stuck | Non
     shard = facts.region.shard
     if shard is not None and shard.holder:
         late = shard.expired_for(facts.now)
-        if late is not None and late >= shard.duration:
+        if late is None:
+            return None  # held and renewed: a live owner judges it
+        # Survivors take an expired shard within one duration; with none, nobody ever will.
+        if facts.region.live_members == 0 or late >= shard.duration:
             renewed = shard.renewed.isoformat() if shard.renewed is not None else "never"
             return Stuck(
                 OWNER_NOT_RENEWING,

@@ -269,8 +269,10 @@ class StuckCheck(Background):
         counts: dict[tuple[str, str], int] = {}
         if self.leases is None:
             return counts
-        if keys:
-            await self.leases.refresh(now)
+        after = timedelta(seconds=self.config.unowned_after)
+        keys = [k for k in keys if k in self.versions and now - self.versions[k][1] >= after]
+        if keys:  # only runs past the unowned bound cost a list (at most one per few passes)
+            await self.leases.refresh(now, self.config.cache_seconds)
         for key in keys:
             body = self.runs.get(key)
             seen = self._parse(key, body) if body is not None else None
@@ -409,6 +411,8 @@ class StuckCheck(Background):
             return
         spec, status = seen
         if unowned:
+            assert self.leases is not None
+            await self.leases.refresh(now)  # fresh before a write: its owner may be back
             verdict = self.unowned_verdict(key, body, now)
             if verdict is None or status.state.terminal:
                 return

@@ -1,8 +1,10 @@
 """The Leases a live replica reads to judge the runs nobody alive owns
 (:mod:`durable_agents.core.stuck_unowned`).
 
-One list of the operator's member and shard Leases (every region's, in the Lease namespace) per
-stuck-check pass, and only on a pass that has runs this replica does not own to judge. From it,
+One list of the operator's member and shard Leases (every region's, in the Lease namespace), only
+on a pass that has a run this replica does not own that has not advanced for the unowned bound,
+and reused for three passes: a replica among others with parked runs makes one list per three
+passes, not one request per run. From it,
 for each region: how many member Leases are live, how many shards it has (its shard Leases) and
 the shard Lease that covers a run.
 
@@ -60,9 +62,14 @@ class LeaseView:
         self.namespace = namespace
         self.lock = LeaseLock(kube, "stuck-check", 1)  # reads only
         self._regions: dict[str, _Region] = {}
+        self._listed_at: datetime | None = None
 
-    async def refresh(self, now: datetime) -> None:
+    async def refresh(self, now: datetime, reuse: float = 0.0) -> None:
+        """List the Leases again, unless the last list is younger than ``reuse`` seconds."""
+        if self._listed_at is not None and (now - self._listed_at).total_seconds() < reuse:
+            return
         leases = await self.lock.select(self.namespace, f"{KIND_LABEL} in (member,shard)")
+        self._listed_at = now
         regions: dict[str, _Region] = {}
         for lease in leases:
             region = lease.labels.get(REGION_LABEL, "")
