@@ -10,8 +10,8 @@ runs it sees but does not own, and calls one stuck when, from the Leases:
   survivors of a region take an expired shard within one duration). The fix: restart the hung
   replica, and run more than one per region.
 * ``NoRegionOwner``: no replica of its region has a live member Lease and no replica holds its
-  shard (the region's Deployment is gone, scaled to zero, or was never installed). The fix: deploy the operator for that region, or
-  move its runs with a RegionFailover.
+  shard (the region's Deployment is gone, scaled to zero, or was never installed). The fix:
+  deploy the operator for that region, or move its runs with a RegionFailover.
 
 Either only once the run has not advanced for ``after`` (the unowned bound): a region that restarts
 its only replica is not stuck. The words are the same from every replica that judges (no replica's
