@@ -64,6 +64,7 @@ def build(manager: Manager) -> None:
                 threshold=config.stuck_after,
                 bounds=config.stuck_bounds,
                 unowned_after=config.stuck_unowned_after,
+                unanswered_after=config.stuck_unanswered_after,
                 lease_namespace=config.lease_namespace,
             ),
         )

@@ -125,6 +125,11 @@ VARIABLES: tuple[Variable, ...] = (
         for state in ("pending", "ready", "resume_validation", "cancel_requested")
     ),
     Variable("STUCK_UNOWNED_AFTER", "10m", "how long a run nobody alive owns waits before it is Stuck"),
+    Variable(
+        "STUCK_UNANSWERED_AFTER",
+        "10m",
+        "how long an action's outcome may stay unknown, its queries unanswered",
+    ),
     Variable("NOTIFY_TIMEOUT_SECONDS", "10", "seconds one notification attempt may take, answer included"),
     Variable("NOTIFY_BACKOFF_SECONDS", "1", "seconds before a notification's second attempt (then doubled)"),
     Variable("NOTIFY_BACKOFF_MAX_SECONDS", "60", "the longest pause between two attempts of a notification"),
@@ -202,6 +207,7 @@ class OperatorConfig:
     # Per eligible state: seconds without advancing before NotAdvancing; and the unowned bound.
     stuck_bounds: tuple[tuple[str, float], ...] = ()
     stuck_unowned_after: float = 600.0
+    stuck_unanswered_after: float = 600.0
     notify_timeout: float = 10.0
     notify_backoff: float = 1.0
     notify_backoff_max: float = 60.0
@@ -260,6 +266,7 @@ class OperatorConfig:
                 for state in ("pending", "ready", "resume_validation", "cancel_requested")
             ),
             stuck_unowned_after=read.duration("STUCK_UNOWNED_AFTER", 600.0),
+            stuck_unanswered_after=read.duration("STUCK_UNANSWERED_AFTER", 600.0),
             notify_timeout=read.number("NOTIFY_TIMEOUT_SECONDS", float, 10.0, minimum=0.1),
             notify_backoff=read.number("NOTIFY_BACKOFF_SECONDS", float, 1.0, minimum=0.01),
             notify_backoff_max=read.number("NOTIFY_BACKOFF_MAX_SECONDS", float, 60.0, minimum=0.01),

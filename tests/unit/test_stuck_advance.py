@@ -97,3 +97,16 @@ def test_a_region_without_a_live_member_has_no_owner() -> None:
 def test_a_run_that_advanced_lately_is_not_called_unowned() -> None:
     assert unowned_judge(0, None, since=NOW - 9 * MINUTE) is None, "within the unowned bound"
     assert unowned_judge(0, None, since=None) is None
+
+
+def test_an_outcome_unknown_past_its_bound_with_a_queryable_system_is_action_unanswered() -> None:
+    late = core.UnknownAction("pay-1-pay-0", "QueryTimeout", NOW - 10 * MINUTE)
+    verdict = judge("waiting_external", None, unknown_actions=(late,), threshold=timedelta(days=30))
+    assert verdict is not None
+    assert verdict.reason == core.ACTION_UNANSWERED
+    assert "has not answered the operator's queries by key for longer than 600s" in verdict.message
+    assert f"kubectl agentrun reconcile {RUN} -n {NS} --action pay-1-pay-0 --applied|--not-applied" in (
+        verdict.message
+    )
+    recent = core.UnknownAction("pay-1-pay-0", "QueryTimeout", NOW - 9 * MINUTE)
+    assert judge("waiting_external", None, unknown_actions=(recent,), threshold=timedelta(days=30)) is None

@@ -18,6 +18,8 @@ Reasons, checked in this order (one condition, the first that applies):
   the verb makes the count unknown: not stuck).
 * ``WaitWithoutExpiry``: it has waited longer than the threshold for something without an expiry
   (an action in flight, a child run) and has no deadline.
+* ``ActionUnanswered``: an action's outcome has been unknown for longer than its bound though its
+  system can be asked by key: the queries do not answer (the system or its query endpoint is down).
 * ``NotAdvancing``: it is eligible to work (pending, ready, resume_validation, cancel_requested) and
   its owner has not advanced it (its ``stateVersion`` unchanged) within the bound of its state.
 
@@ -43,6 +45,7 @@ UNRECONCILABLE_OUTCOME = "UnreconcilableOutcome"
 NO_APPROVER = "NoApprover"
 WAIT_WITHOUT_EXPIRY = "WaitWithoutExpiry"
 NOT_ADVANCING = "NotAdvancing"
+ACTION_UNANSWERED = "ActionUnanswered"
 REASONS: tuple[str, ...] = (
     POLICY_MISSING,
     NO_APPROVER,
@@ -50,6 +53,7 @@ REASONS: tuple[str, ...] = (
     WAIT_WITHOUT_EXPIRY,
     QUARANTINED,
     NOT_ADVANCING,
+    ACTION_UNANSWERED,
 )
 NOT_STUCK = "NotStuck"  # the condition's reason once the cause is gone (status False)
 DEFAULT_THRESHOLD = timedelta(hours=24)
@@ -78,6 +82,7 @@ class UnknownAction:
 
     name: str
     reason: str | None = None  # the last query's answer (status.reason)
+    since: datetime | None = None  # since when it is unknown, as the shell saw it
 
     @property
     def queryable(self) -> bool:
@@ -101,6 +106,8 @@ class Facts:
     """How long a run may stay in an eligible state without advancing (per state)."""
     unchanged_since: datetime | None = None
     """Since when the run's ``stateVersion`` has not changed, as the shell saw it; None: unknown."""
+    unanswered_after: timedelta = DEFAULT_BOUND
+    """How long an action's outcome may stay unknown, its system asked and not answering."""
 
 
 @dataclass(frozen=True)
@@ -168,6 +175,20 @@ def stuck(
             f"({action.reason}); someone who holds verb {facts.approver.verb!r} on {facts.approver.resource} "
             f"says whether it happened: kubectl agentrun reconcile {run} --action {action.name} "
             "--applied|--not-applied",
+        )
+    unanswered = [
+        action
+        for action in facts.unknown_actions
+        if action.since is not None and facts.now - action.since >= facts.unanswered_after
+    ]
+    if unanswered:
+        action = unanswered[0]
+        return Stuck(
+            ACTION_UNANSWERED,
+            f"the outcome of action {action.name} is unknown and its system has not answered the "
+            f"operator's queries by key for longer than {int(facts.unanswered_after.total_seconds())}s; "
+            "check that system (its query endpoint) and, if you know whether the action happened: "
+            f"kubectl agentrun reconcile {run} --action {action.name} --applied|--not-applied",
         )
     if needs_approver(status) and facts.approver_held is False:
         verb, resource = facts.approver.verb, facts.approver.resource

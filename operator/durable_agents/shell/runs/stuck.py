@@ -88,6 +88,7 @@ class StuckConfig:
     threshold: float = 86400.0  # seconds a wait without expiry may last before it is stuck
     bounds: tuple[tuple[str, float], ...] = ()  # per eligible state: seconds unadvanced (else 10 min)
     unowned_after: float = 600.0  # seconds a run nobody alive owns stays unadvanced before it is stuck
+    unanswered_after: float = 600.0  # seconds an outcome may stay unknown, its system not answering
     lease_namespace: str | None = None  # where the Leases are; None: runs not owned are not judged
 
     @property
@@ -210,7 +211,9 @@ class StuckCheck(Background):
         status = believed_status(body, self.keyring, datetime.now(UTC))
         actions = self.unknown.get(key, {})
         if event_type != "DELETED" and status.state.value == UNKNOWN:
-            actions[name] = core.UnknownAction(name, status.reason)
+            known = actions.get(name)
+            since = known.since if known is not None else datetime.now(UTC)
+            actions[name] = core.UnknownAction(name, status.reason, since)
             self.unknown[key] = actions
         elif actions.pop(name, None) is not None and not actions:
             del self.unknown[key]
@@ -348,6 +351,7 @@ class StuckCheck(Background):
             threshold=timedelta(seconds=self.config.threshold),
             bounds=self.config.state_bounds,
             unchanged_since=self.versions[key][1] if key in self.versions else None,
+            unanswered_after=timedelta(seconds=self.config.unanswered_after),
             policy_present=present,
             approver=rule,
             approver_held=held,
