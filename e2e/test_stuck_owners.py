@@ -7,6 +7,8 @@ the fix, and the metric; undoing the wedge clears it.
 * ``OwnerNotRenewing``: the only replica of ``east`` is paused (SIGSTOP) and a run of ``east``
   created: its shard Lease is held by a replica that stopped renewing it, so ``west`` flags it,
   naming the hung replica; resuming it (SIGCONT) advances the run and clears it.
+* ``ActionUnanswered``: an action's answer lost and its system's query endpoint answering nothing:
+  flagged past its bound; a person's reconciliation settles it and clears it.
 * ``NotAdvancing``: the owner is alive but its run's model call does not answer: the run stays
   ``pending`` (its first batch of model and tool calls not committed) past its bound
   (``DURABLE_AGENTS_STUCK_PENDING_AFTER``); the call answered, it goes on.
@@ -18,10 +20,12 @@ import signal
 from collections.abc import Callable
 from typing import Any
 
+from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents.kubectl import why as kubectl_why
 from durable_agents_testkit.agent_sample import API_KEY, install_sample, sample_of
 from durable_agents_testkit.cluster import KubeEnv
 from durable_agents_testkit.eventually import Within, eventually
+from durable_agents_testkit.keys import admitted
 from durable_agents_testkit.modelserver import ModelServerThread
 from durable_agents_testkit.operator_process import OperatorProcess
 from durable_agents_testkit.refsystem import ReferenceSystemThread
@@ -190,3 +194,50 @@ def test_an_eligible_run_its_live_owner_does_not_advance_is_not_advancing_until_
             Within.MOMENT,
             "the gauge back to 0",
         )
+
+
+def test_an_action_whose_system_never_answers_is_action_unanswered_until_reconciled(
+    start_operator: Callable[..., OperatorProcess], runs: Runs, refsystem: ReferenceSystemThread
+) -> None:
+    ns, port = runs.namespace, free_port()
+    refsystem.inject("drop_after_apply")  # applied, answer lost: the outcome is unknown
+    start_operator(
+        "ledger",
+        LEASE,
+        DURABLE_AGENTS_METRICS_PORT=str(port),
+        DURABLE_AGENTS_STUCK_UNANSWERED_AFTER="4s",
+        DURABLE_AGENTS_DISPATCH_TIMEOUT="2",
+        **FAST,
+    )
+    nowhere = f"http://127.0.0.1:{free_port()}/effects"  # its query endpoint: nothing answers there
+    pay = {
+        "effect": "http.post",
+        "target": {"url": f"{refsystem.url}/effects", "queryUrl": nowhere},
+        "arguments": {"amount": 120},
+    }
+    name = runs.create({"taskType": "t", "objective": "o", "steps": [{"name": "pay", "effect": pay}, DONE]})
+    runs.wait_state(name, "waiting_external", timeout=Within.COMMIT)
+    stuck(runs, name, "ActionUnanswered")
+    (action,) = [
+        r
+        for r in runs.custom.list_namespaced_custom_object(GROUP, VERSION, ns, "actionrecords")["items"]
+        if r["spec"]["runRef"]["name"] == name
+    ]
+    record = action["metadata"]["name"]
+    assert action["status"]["state"] == "outcome_unknown", action["status"]
+    said = why(runs, name)
+    assert "Stuck:            ActionUnanswered" in said, said
+    assert f"kubectl agentrun reconcile {name} -n {ns} --action {record} --applied|--not-applied" in said
+    assert metric(scrape(port), 'durable_agents_stuck_runs{reason="ActionUnanswered"}') == 1
+
+    # A person who knows it happened says so: the run goes on and the condition clears.
+    old = runs.get(name)
+    entry = {"applied": True, "attempt": action["status"]["attempts"], "reason": "the statement shows it"}
+    new = {**old, "spec": {**old["spec"], "reconciliations": {record: entry}}}
+    stamped = admitted("UPDATE", new, old)
+    runs.custom.patch_namespaced_custom_object(
+        GROUP, VERSION, ns, "agentruns", name, {"spec": {"reconciliations": {record: entry}, **stamped}}
+    )
+    runs.wait_state(name, "completed", timeout=Within.COMMIT)
+    assert cleared(runs, name)["message"] == "no longer stuck (was ActionUnanswered)"
+    assert refsystem.applied(action["spec"]["idempotencyKey"]) == 1, "applied once, never sent again"
