@@ -110,3 +110,19 @@ def test_an_outcome_unknown_past_its_bound_with_a_queryable_system_is_action_una
     )
     recent = core.UnknownAction("pay-1-pay-0", "QueryTimeout", NOW - 9 * MINUTE)
     assert judge("waiting_external", None, unknown_actions=(recent,), threshold=timedelta(days=30)) is None
+
+
+def test_a_waiting_child_whose_parent_is_gone_names_the_cancel() -> None:
+    spec = AgentRunSpec.model_validate(
+        {"taskType": "t", "objective": "o", "parentRef": {"name": "pay-0", "uid": "u-1"}}
+    )
+    waiting = AgentRunStatus.model_validate({"state": "waiting_input", "waitingFor": "input:ask"})
+    facts = core.Facts(now=NOW, parent_present=False)
+    verdict = core.stuck(NS, RUN, spec, waiting, facts)
+    assert verdict is not None
+    assert verdict.reason == core.PARENT_GONE
+    assert "its parent run 'pay-0' (uid u-1), which is gone" in verdict.message
+    assert f"kubectl agentrun cancel {RUN} -n {NS}" in verdict.message
+    assert core.stuck(NS, RUN, spec, waiting, core.Facts(now=NOW, parent_present=True)) is None
+    ready = AgentRunStatus.model_validate({"state": "ready"})
+    assert core.stuck(NS, RUN, spec, ready, facts) is None, "a child at work finishes by itself"

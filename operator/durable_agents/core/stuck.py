@@ -18,6 +18,8 @@ Reasons, checked in this order (one condition, the first that applies):
   the verb makes the count unknown: not stuck).
 * ``WaitWithoutExpiry``: it has waited longer than the threshold for something without an expiry
   (an action in flight, a child run) and has no deadline.
+* ``ParentGone``: a child run waits, and its parent run (by name and uid) is gone: nobody will
+  read its result (a parent deleted through the operator cancels its children first).
 * ``ActionUnanswered``: an action's outcome has been unknown for longer than its bound though its
   system can be asked by key: the queries do not answer (the system or its query endpoint is down).
 * ``NotAdvancing``: it is eligible to work (pending, ready, resume_validation, cancel_requested) and
@@ -46,6 +48,7 @@ NO_APPROVER = "NoApprover"
 WAIT_WITHOUT_EXPIRY = "WaitWithoutExpiry"
 NOT_ADVANCING = "NotAdvancing"
 ACTION_UNANSWERED = "ActionUnanswered"
+PARENT_GONE = "ParentGone"
 REASONS: tuple[str, ...] = (
     POLICY_MISSING,
     NO_APPROVER,
@@ -54,6 +57,7 @@ REASONS: tuple[str, ...] = (
     QUARANTINED,
     NOT_ADVANCING,
     ACTION_UNANSWERED,
+    PARENT_GONE,
 )
 NOT_STUCK = "NotStuck"  # the condition's reason once the cause is gone (status False)
 DEFAULT_THRESHOLD = timedelta(hours=24)
@@ -107,6 +111,8 @@ class Facts:
     unchanged_since: datetime | None = None
     """Since when the run's ``stateVersion`` has not changed, as the shell saw it; None: unknown."""
     unanswered_after: timedelta = DEFAULT_BOUND
+    parent_present: bool | None = None
+    """For a child run: whether its parent (by name and uid) is still there; None: not looked at."""
     """How long an action's outcome may stay unknown, its system asked and not answering."""
 
 
@@ -165,6 +171,15 @@ def stuck(
             POLICY_MISSING,
             f"its AgentPolicy {policy!r} is gone from namespace {namespace!r}; nothing runs without it: "
             f"create it again (kubectl apply -n {namespace} -f <AgentPolicy {policy}>)",
+        )
+    if spec.parent_ref is not None and facts.parent_present is False and state.waiting:
+        parent = spec.parent_ref
+        return Stuck(
+            PARENT_GONE,
+            f"it waits ({status.waiting_for or state.value}) for its parent run {parent.name!r} (uid "
+            f"{parent.uid}), which is gone: nothing will read its result; cancel it: kubectl agentrun "
+            f"cancel {run} (or, if its work is still wanted, answer what it waits for: kubectl agentrun "
+            f"why {run})",
         )
     unqueryable = [action for action in facts.unknown_actions if not action.queryable]
     if unqueryable:

@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -57,7 +56,7 @@ from durable_agents.shell.ground.kube import Kube, ObjectKey
 from durable_agents.shell.ground.lifecycle import Background
 from durable_agents.shell.intake.policies import PolicyCache
 from durable_agents.shell.observability.events import EventRecorder
-from durable_agents.shell.runs.stuck_unowned import LeaseView, set_gauge
+from durable_agents.shell.runs.stuck_unowned import Cached, LeaseView, set_gauge
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +78,7 @@ TERMINAL = frozenset(s.value for s in RunState if s.terminal)
 UNKNOWN = ActionState.OUTCOME_UNKNOWN.value
 # What the check keeps of a run's checkpoint: where its wait's own expiry is recorded.
 _CHECKPOINT_KEEP = {"pendingInput": ("expiresAt",), "pendingExternal": ("expiresAt",), "retry": ("retryAt",)}
-_SPEC_KEEP = ("taskType", "objective", "policyRef", "deadline", "region", "createdBy")
+_SPEC_KEEP = ("taskType", "objective", "policyRef", "deadline", "region", "createdBy", "parentRef")
 
 
 @dataclass(frozen=True)
@@ -131,24 +130,6 @@ def parsed(body: dict[str, Any]) -> tuple[AgentRunSpec, AgentRunStatus] | None:
         return None  # an unreadable run is the worker's to quarantine, not this check's to judge
 
 
-class _Cached:
-    """Values read from the API, reused for ``ttl`` seconds."""
-
-    def __init__(self, ttl: float) -> None:
-        self.ttl = ttl
-        self._values: dict[Any, tuple[float, Any]] = {}
-
-    def get(self, key: Any) -> tuple[bool, Any]:
-        hit = self._values.get(key)
-        if hit is None or time.monotonic() - hit[0] > self.ttl:
-            return False, None
-        return True, hit[1]
-
-    def put(self, key: Any, value: Any) -> Any:
-        self._values[key] = (time.monotonic(), value)
-        return value
-
-
 class StuckCheck(Background):
     def __init__(
         self,
@@ -173,7 +154,8 @@ class StuckCheck(Background):
         where = self.config.lease_namespace
         self.leases = LeaseView(kube, where) if where is not None else None
         self._unowned_series: set[tuple[str, str]] = set()
-        self._rbac = _Cached(self.config.cache_seconds)
+        self._rbac = Cached(self.config.cache_seconds)
+        self._parents = Cached(self.config.cache_seconds)
         self._rbac_refused = False
         self.passes = 0
 
@@ -346,8 +328,15 @@ class StuckCheck(Background):
             if rbac is not None and core.needs_quorum(status)
             else None
         )
+        parent = spec.parent_ref
+        present_parent = (
+            await self._parent(namespace, parent.name, parent.uid)
+            if parent is not None and status.state.waiting
+            else None
+        )
         return core.Facts(
             now=now,
+            parent_present=present_parent,
             threshold=timedelta(seconds=self.config.threshold),
             bounds=self.config.state_bounds,
             unchanged_since=self.versions[key][1] if key in self.versions else None,
@@ -358,6 +347,25 @@ class StuckCheck(Background):
             approver_holders=holders,
             unknown_actions=tuple(self.unknown.get(key, {}).values()),
         )
+
+    async def _parent(self, namespace: str, name: str, uid: str) -> bool:
+        """Whether the parent run (this name, this uid) is there: from the watch, else one read
+        (kept a few passes; a parent that has ended is no longer watched here)."""
+        watched = self.runs.get((namespace, name))
+        if watched is not None and (watched.get("metadata") or {}).get("uid") == uid:
+            return True
+        hit, value = self._parents.get((namespace, name, uid))
+        if hit:
+            return bool(value)
+        try:
+            body = await self.kube.call(
+                self.kube.get_namespaced_object, GROUP, VERSION, namespace, "agentruns", name
+            )
+        except ApiException as err:
+            if err.status != 404:
+                raise
+            return bool(self._parents.put((namespace, name, uid), False))
+        return bool(self._parents.put((namespace, name, uid), (body.get("metadata") or {}).get("uid") == uid))
 
     async def _policy(self, namespace: str, name: str) -> AgentPolicySpec | None:
         # The watch may not have delivered it yet: is it really gone? (a miss is believed a few passes)

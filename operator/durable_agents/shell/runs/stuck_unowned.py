@@ -19,8 +19,10 @@ what it sees: the alert takes the ``max`` over replicas, not the sum.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from prometheus_client import Gauge
 
@@ -102,3 +104,21 @@ def set_gauge(counts: dict[tuple[str, str], int], previous: set[tuple[str, str]]
     for key, count in counts.items():
         STUCK_UNOWNED.labels(*key).set(count)
     return set(counts)
+
+
+class Cached:
+    """Values read from the API, reused for ``ttl`` seconds."""
+
+    def __init__(self, ttl: float) -> None:
+        self.ttl = ttl
+        self._values: dict[Any, tuple[float, Any]] = {}
+
+    def get(self, key: Any) -> tuple[bool, Any]:
+        hit = self._values.get(key)
+        if hit is None or time.monotonic() - hit[0] > self.ttl:
+            return False, None
+        return True, hit[1]
+
+    def put(self, key: Any, value: Any) -> Any:
+        self._values[key] = (time.monotonic(), value)
+        return value
