@@ -9,6 +9,8 @@ the fix, and the metric; undoing the wedge clears it.
   naming the hung replica; resuming it (SIGCONT) advances the run and clears it.
 * ``ActionUnanswered``: an action's answer lost and its system's query endpoint answering nothing:
   flagged past its bound; a person's reconciliation settles it and clears it.
+* ``ParentGone``: a parent run removed past the operator (paused meanwhile; its finalizer stripped,
+  deleted with ``--cascade=orphan``) while its child waits: the child is flagged until canceled.
 * ``NotAdvancing``: the owner is alive but its run's model call does not answer: the run stays
   ``pending`` (its first batch of model and tool calls not committed) past its bound
   (``DURABLE_AGENTS_STUCK_PENDING_AFTER``); the call answered, it goes on.
@@ -20,7 +22,10 @@ import signal
 from collections.abc import Callable
 from typing import Any
 
+from kubernetes import client
+
 from durable_agents.api.v1alpha1 import GROUP, VERSION
+from durable_agents.core.engine import child_run_name
 from durable_agents.kubectl import why as kubectl_why
 from durable_agents_testkit.agent_sample import API_KEY, install_sample, sample_of
 from durable_agents_testkit.cluster import KubeEnv
@@ -28,6 +33,7 @@ from durable_agents_testkit.eventually import Within, eventually
 from durable_agents_testkit.keys import admitted
 from durable_agents_testkit.modelserver import ModelServerThread
 from durable_agents_testkit.operator_process import OperatorProcess
+from durable_agents_testkit.rbac import grant, rule, service_account
 from durable_agents_testkit.refsystem import ReferenceSystemThread
 from durable_agents_testkit.runs import Runs
 from durable_agents_testkit.scrape import free_port, metric, scrape
@@ -241,3 +247,49 @@ def test_an_action_whose_system_never_answers_is_action_unanswered_until_reconci
     runs.wait_state(name, "completed", timeout=Within.COMMIT)
     assert cleared(runs, name)["message"] == "no longer stuck (was ActionUnanswered)"
     assert refsystem.applied(action["spec"]["idempotencyKey"]) == 1, "applied once, never sent again"
+
+
+def test_a_child_whose_parent_is_gone_is_parent_gone_until_canceled(
+    kube: KubeEnv, start_operator: Callable[..., OperatorProcess], runs: Runs
+) -> None:
+    ns = runs.namespace
+    children = rule(GROUP, "agentruns", "get", "create", "patch")
+    grant(kube, ns, service_account("default", ns), children, name="start-children")
+    op = start_operator("family", LEASE, **FAST)
+    child = {"name": "sub", "child": {"taskType": "sub", "objective": "o", "steps": [ASK, DONE]}}
+    parent = runs.create({"taskType": "t", "objective": "o", "steps": [child, DONE]})
+    sub = child_run_name(parent, "sub")
+    runs.wait_state(sub, "waiting_input", timeout=Within.COMMIT)
+    runs.wait_state(parent, "waiting_external", timeout=Within.COMMIT)
+
+    # Someone removes the parent past the operator (paused meanwhile): its finalizer stripped, deleted
+    # with --cascade=orphan. The child stays, waiting for a parent that will never read its result.
+    op.signal(signal.SIGSTOP)
+    try:
+        eventually(op.stopped, Within.MOMENT, "the operator to be paused")
+        runs.custom.patch_namespaced_custom_object(
+            GROUP, VERSION, ns, "agentruns", parent, {"metadata": {"finalizers": None}}
+        )
+        runs.custom.delete_namespaced_custom_object(
+            GROUP, VERSION, ns, "agentruns", parent, propagation_policy="Orphan"
+        )
+
+        def gone() -> bool:
+            try:
+                runs.get(parent)
+            except client.ApiException as err:
+                return err.status == 404
+            return False
+
+        eventually(gone, Within.TAKEOVER, "the parent to be gone (the garbage collector orphans its child)")
+    finally:
+        op.signal(signal.SIGCONT)
+    found = stuck(runs, sub, "ParentGone")
+    assert f"for its parent run {parent!r}" in found["message"]
+    said = why(runs, sub)
+    assert "Stuck:            ParentGone" in said, said
+    assert f"kubectl agentrun cancel {sub} -n {ns}" in said, said
+
+    runs.patch_spec(sub, {"cancellations": {"orphaned": {"scope": "task", "reason": "parent gone"}}})
+    runs.wait_state(sub, "canceled", timeout=Within.COMMIT)
+    assert cleared(runs, sub)["message"] == "no longer stuck (was ParentGone)"
