@@ -188,9 +188,13 @@ def test_an_eligible_run_its_live_owner_does_not_advance_is_not_advancing_until_
         assert "Stuck:            NotAdvancing" in said, said
         assert f"kubectl agentrun cancel {name} -n {ns}" in said, said
         assert "restart that replica" in said, said
-        text = scrape(port)
-        assert metric(text, 'durable_agents_stuck_runs{reason="NotAdvancing"}') == 1
-        assert metric(text, 'durable_agents_stuck_detections_total{reason="NotAdvancing"}') == 1
+        # The gauge is set at the end of the pass that wrote the condition.
+        eventually(
+            lambda: metric(scrape(port), 'durable_agents_stuck_runs{reason="NotAdvancing"}') == 1,
+            Within.MOMENT,
+            "the gauge at 1",
+        )
+        assert metric(scrape(port), 'durable_agents_stuck_detections_total{reason="NotAdvancing"}') == 1
 
         # The call answers: the run goes on, and the condition clears.
         runs.wait_state(name, "completed", timeout=Within.RUN)
@@ -234,7 +238,12 @@ def test_an_action_whose_system_never_answers_is_action_unanswered_until_reconci
     said = why(runs, name)
     assert "Stuck:            ActionUnanswered" in said, said
     assert f"kubectl agentrun reconcile {name} -n {ns} --action {record} --applied|--not-applied" in said
-    assert metric(scrape(port), 'durable_agents_stuck_runs{reason="ActionUnanswered"}') == 1
+    # The gauge is set at the end of the pass that wrote the condition.
+    eventually(
+        lambda: metric(scrape(port), 'durable_agents_stuck_runs{reason="ActionUnanswered"}') == 1,
+        Within.MOMENT,
+        "the gauge at 1",
+    )
 
     # A person who knows it happened says so: the run goes on and the condition clears.
     old = runs.get(name)
