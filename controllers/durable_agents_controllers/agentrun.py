@@ -59,7 +59,14 @@ def build(manager: Manager) -> None:
             keyring=manager.keyring,
             policies=manager.policies,
             events=worker.events,
-            config=StuckConfig(interval=config.stuck_check_seconds, threshold=config.stuck_after),
+            config=StuckConfig(
+                interval=config.stuck_check_seconds,
+                threshold=config.stuck_after,
+                bounds=config.stuck_bounds,
+                unowned_after=config.stuck_unowned_after,
+                unanswered_after=config.stuck_unanswered_after,
+                lease_namespace=config.lease_namespace,
+            ),
         )
         manager.stuck = stuck
         runs.subscribe(stuck.observe_run)

@@ -116,6 +116,20 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("TRACEMALLOC", "0", "`1`: SIGUSR1 also logs where live memory was allocated"),
     Variable("STUCK_CHECK_SECONDS", "10", "seconds between passes of the stuck-run check over owned runs"),
     Variable("STUCK_AFTER", "24h", "how long a wait without expiry may last before the run is Stuck"),
+    *(
+        Variable(
+            f"STUCK_{state.upper()}_AFTER",
+            "10m",
+            f"how long a run may stay {state} unadvanced (NotAdvancing)",
+        )
+        for state in ("pending", "ready", "resume_validation", "cancel_requested")
+    ),
+    Variable("STUCK_UNOWNED_AFTER", "10m", "how long a run nobody alive owns waits before it is Stuck"),
+    Variable(
+        "STUCK_UNANSWERED_AFTER",
+        "10m",
+        "how long an action's outcome may stay unknown, its queries unanswered",
+    ),
     Variable("NOTIFY_TIMEOUT_SECONDS", "10", "seconds one notification attempt may take, answer included"),
     Variable("NOTIFY_BACKOFF_SECONDS", "1", "seconds before a notification's second attempt (then doubled)"),
     Variable("NOTIFY_BACKOFF_MAX_SECONDS", "60", "the longest pause between two attempts of a notification"),
@@ -190,6 +204,10 @@ class OperatorConfig:
     tracemalloc: bool = False
     stuck_check_seconds: float = 10.0
     stuck_after: float = 86400.0
+    # Per eligible state: seconds without advancing before NotAdvancing; and the unowned bound.
+    stuck_bounds: tuple[tuple[str, float], ...] = ()
+    stuck_unowned_after: float = 600.0
+    stuck_unanswered_after: float = 600.0
     notify_timeout: float = 10.0
     notify_backoff: float = 1.0
     notify_backoff_max: float = 60.0
@@ -243,6 +261,12 @@ class OperatorConfig:
             tracemalloc=read.choice("TRACEMALLOC", ("0", "1"), "0") == "1",
             stuck_check_seconds=read.number("STUCK_CHECK_SECONDS", float, 10.0, minimum=0.1),
             stuck_after=read.duration("STUCK_AFTER", 86400.0),
+            stuck_bounds=tuple(
+                (state, read.duration(f"STUCK_{state.upper()}_AFTER", 600.0))
+                for state in ("pending", "ready", "resume_validation", "cancel_requested")
+            ),
+            stuck_unowned_after=read.duration("STUCK_UNOWNED_AFTER", 600.0),
+            stuck_unanswered_after=read.duration("STUCK_UNANSWERED_AFTER", 600.0),
             notify_timeout=read.number("NOTIFY_TIMEOUT_SECONDS", float, 10.0, minimum=0.1),
             notify_backoff=read.number("NOTIFY_BACKOFF_SECONDS", float, 1.0, minimum=0.01),
             notify_backoff_max=read.number("NOTIFY_BACKOFF_MAX_SECONDS", float, 60.0, minimum=0.01),

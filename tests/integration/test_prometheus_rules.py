@@ -115,12 +115,14 @@ def test_the_thresholds_are_chart_values(promtool: str, helm: str, tmp_path: Pat
         "monitoring.prometheusRule.unknownOutcomeSeconds=120",
         "monitoring.prometheusRule.stuckFor=90s",
         "monitoring.prometheusRule.regionWithoutOwnerFor=1m",
+        "monitoring.prometheusRule.unownedFor=3m",
     )
     rules = alerts(spec)
     assert rules["DurableAgentsApprovalWaitTooLong"]["expr"].endswith("> 600")
     assert rules["DurableAgentsUnknownOutcomeTooOld"]["expr"].endswith("> 120")
     assert rules["DurableAgentsRunsStuck"]["for"] == "90s"
     assert rules["DurableAgentsRegionWithoutOwner"]["for"] == "1m"
+    assert rules["DurableAgentsRunsWithoutLiveOwner"]["for"] == "3m"
     (tmp_path / "rules.yaml").write_text(yaml.safe_dump(spec))
     ok(run([promtool, "check", "rules", str(tmp_path / "rules.yaml")]))
 

@@ -18,6 +18,16 @@ Reasons, checked in this order (one condition, the first that applies):
   the verb makes the count unknown: not stuck).
 * ``WaitWithoutExpiry``: it has waited longer than the threshold for something without an expiry
   (an action in flight, a child run) and has no deadline.
+* ``ParentGone``: a child run waits, and its parent run (by name and uid) is gone: nobody will
+  read its result (a parent deleted through the operator cancels its children first).
+* ``ActionUnanswered``: an action's outcome has been unknown for longer than its bound though its
+  system can be asked by key: the queries do not answer (the system or its query endpoint is down).
+* ``NotAdvancing``: it is eligible to work (pending, ready, resume_validation, cancel_requested) and
+  its owner has not advanced it (its ``stateVersion`` unchanged) within the bound of its state.
+
+The runs no live replica owns (their region served by nobody, or their shard Lease held by a
+replica that stopped renewing it) are judged by the replicas that are alive:
+:mod:`durable_agents.core.stuck_unowned`.
 """
 
 from __future__ import annotations
@@ -36,15 +46,25 @@ POLICY_MISSING = "PolicyMissing"
 UNRECONCILABLE_OUTCOME = "UnreconcilableOutcome"
 NO_APPROVER = "NoApprover"
 WAIT_WITHOUT_EXPIRY = "WaitWithoutExpiry"
+NOT_ADVANCING = "NotAdvancing"
+ACTION_UNANSWERED = "ActionUnanswered"
+PARENT_GONE = "ParentGone"
 REASONS: tuple[str, ...] = (
     POLICY_MISSING,
     NO_APPROVER,
     UNRECONCILABLE_OUTCOME,
     WAIT_WITHOUT_EXPIRY,
     QUARANTINED,
+    NOT_ADVANCING,
+    ACTION_UNANSWERED,
+    PARENT_GONE,
 )
 NOT_STUCK = "NotStuck"  # the condition's reason once the cause is gone (status False)
 DEFAULT_THRESHOLD = timedelta(hours=24)
+# The states in which a run is eligible to work: its owner advances it without waiting for anyone.
+ELIGIBLE_STATES = (RunState.PENDING, RunState.READY, RunState.RESUME_VALIDATION, RunState.CANCEL_REQUESTED)
+DEFAULT_BOUND = timedelta(minutes=10)
+DEFAULT_BOUNDS: Mapping[RunState, timedelta] = dict.fromkeys(ELIGIBLE_STATES, DEFAULT_BOUND)
 # An unknown outcome's last query answered this: its system cannot be asked by key (an MCP tool
 # without a query tool: durable_agents.shell.effects.mcp.NO_QUERY), or its query target is invalid.
 NO_QUERY_REASONS = frozenset({"NoQueryByKey", "InvalidTarget"})
@@ -66,6 +86,7 @@ class UnknownAction:
 
     name: str
     reason: str | None = None  # the last query's answer (status.reason)
+    since: datetime | None = None  # since when it is unknown, as the shell saw it
 
     @property
     def queryable(self) -> bool:
@@ -85,6 +106,14 @@ class Facts:
     """Under a quorum: the users (ServiceAccounts as ``system:serviceaccount:NS:NAME``) a binding
     names who hold the approver verb; None: not looked at, or unknowable (a Group holds it)."""
     unknown_actions: Sequence[UnknownAction] = ()
+    bounds: Mapping[RunState, timedelta] = field(default_factory=lambda: dict(DEFAULT_BOUNDS))
+    """How long a run may stay in an eligible state without advancing (per state)."""
+    unchanged_since: datetime | None = None
+    """Since when the run's ``stateVersion`` has not changed, as the shell saw it; None: unknown."""
+    unanswered_after: timedelta = DEFAULT_BOUND
+    parent_present: bool | None = None
+    """For a child run: whether its parent (by name and uid) is still there; None: not looked at."""
+    """How long an action's outcome may stay unknown, its system asked and not answering."""
 
 
 @dataclass(frozen=True)
@@ -143,6 +172,15 @@ def stuck(
             f"its AgentPolicy {policy!r} is gone from namespace {namespace!r}; nothing runs without it: "
             f"create it again (kubectl apply -n {namespace} -f <AgentPolicy {policy}>)",
         )
+    if spec.parent_ref is not None and facts.parent_present is False and state.waiting:
+        parent = spec.parent_ref
+        return Stuck(
+            PARENT_GONE,
+            f"it waits ({status.waiting_for or state.value}) for its parent run {parent.name!r} (uid "
+            f"{parent.uid}), which is gone: nothing will read its result; cancel it: kubectl agentrun "
+            f"cancel {run} (or, if its work is still wanted, answer what it waits for: kubectl agentrun "
+            f"why {run})",
+        )
     unqueryable = [action for action in facts.unknown_actions if not action.queryable]
     if unqueryable:
         action = unqueryable[0]
@@ -152,6 +190,20 @@ def stuck(
             f"({action.reason}); someone who holds verb {facts.approver.verb!r} on {facts.approver.resource} "
             f"says whether it happened: kubectl agentrun reconcile {run} --action {action.name} "
             "--applied|--not-applied",
+        )
+    unanswered = [
+        action
+        for action in facts.unknown_actions
+        if action.since is not None and facts.now - action.since >= facts.unanswered_after
+    ]
+    if unanswered:
+        action = unanswered[0]
+        return Stuck(
+            ACTION_UNANSWERED,
+            f"the outcome of action {action.name} is unknown and its system has not answered the "
+            f"operator's queries by key for longer than {int(facts.unanswered_after.total_seconds())}s; "
+            "check that system (its query endpoint) and, if you know whether the action happened: "
+            f"kubectl agentrun reconcile {run} --action {action.name} --applied|--not-applied",
         )
     if needs_approver(status) and facts.approver_held is False:
         verb, resource = facts.approver.verb, facts.approver.resource
@@ -169,7 +221,33 @@ def stuck(
         waited = facts.now - status.state_since
         if waited >= facts.threshold:
             return Stuck(WAIT_WITHOUT_EXPIRY, _no_expiry_message(namespace, name, status, status.state_since))
-    return None
+    return _not_advancing(namespace, name, status, facts)
+
+
+def _not_advancing(namespace: str, name: str, status: AgentRunStatus, facts: Facts) -> Stuck | None:
+    """An eligible run whose owner has not advanced it within its state's bound. The words are the
+    same on every pass (the bound, not the running age): the condition is written once."""
+    bound = facts.bounds.get(status.state)
+    if bound is None or facts.unchanged_since is None or facts.now - facts.unchanged_since < bound:
+        return None
+    run = f"{name} -n {namespace}"
+    state = status.state.value
+    hint = {
+        RunState.PENDING: "a pending run's first steps are in progress, none committed yet (a model or"
+        " tool call that does not answer holds them until the endpoint's timeout), or it cannot start",
+        RunState.READY: "a ready run's step is in progress: a model or tool call that does not answer"
+        " holds it until the endpoint's timeout",
+        RunState.RESUME_VALIDATION: "a resumed run is checked against its policy before it goes on",
+        RunState.CANCEL_REQUESTED: "a cancel waits for the action in flight to be answered",
+    }.get(status.state, "")
+    return Stuck(
+        NOT_ADVANCING,
+        f"it has been {state} at stateVersion {status.state_version} for longer than its bound "
+        f"({int(bound.total_seconds())}s) and its operator has not advanced it ({hint}); read the "
+        f"operator's log for run {name} (the replica that holds its shard), fix what it reports or "
+        f"restart that replica, and see kubectl agentrun why {run}; or cancel it: kubectl agentrun "
+        f"cancel {run}",
+    )
 
 
 def needs_quorum(status: AgentRunStatus) -> bool:

@@ -15,6 +15,11 @@ read: a 409 only means the next pass tries again). A run newly found stuck gets 
 ``durable_agents_stuck_runs{reason}`` counts the stuck runs this replica owns. Commits of the
 worker carry the condition over (``CARRIED_CONDITIONS`` in the engine): only this check sets or
 clears it.
+
+An eligible run (pending, ready, resume_validation, cancel_requested) is ``NotAdvancing`` when its
+``stateVersion`` has not changed, as this replica's watch saw it, for its state's bound
+(``DURABLE_AGENTS_STUCK_<STATE>_AFTER``). The runs this replica sees but does not own are judged
+too, for the causes that leave them with no live owner (:mod:`.stuck_unowned` says who writes).
 """
 
 from __future__ import annotations
@@ -22,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -43,6 +47,7 @@ from durable_agents.api.v1alpha1 import (
 )
 from durable_agents.api.v1alpha1.states import RunState
 from durable_agents.core import stuck as core
+from durable_agents.core import stuck_unowned as unowned
 from durable_agents.core.outcome_stamps import believed_status
 from durable_agents.core.regions import owning_region_of
 from durable_agents.core.sealing import Keyring
@@ -51,6 +56,7 @@ from durable_agents.shell.ground.kube import Kube, ObjectKey
 from durable_agents.shell.ground.lifecycle import Background
 from durable_agents.shell.intake.policies import PolicyCache
 from durable_agents.shell.observability.events import EventRecorder
+from durable_agents.shell.runs.stuck_unowned import Cached, LeaseView, set_gauge
 
 log = logging.getLogger(__name__)
 
@@ -65,18 +71,30 @@ STUCK_DETECTIONS = Counter(
 for _reason in core.REASONS:  # the series exist (at 0) on a live operator
     STUCK_RUNS.labels(_reason).set(0)
     STUCK_DETECTIONS.labels(_reason)
+for _reason in unowned.REASONS:
+    STUCK_DETECTIONS.labels(_reason)
 
 TERMINAL = frozenset(s.value for s in RunState if s.terminal)
 UNKNOWN = ActionState.OUTCOME_UNKNOWN.value
 # What the check keeps of a run's checkpoint: where its wait's own expiry is recorded.
 _CHECKPOINT_KEEP = {"pendingInput": ("expiresAt",), "pendingExternal": ("expiresAt",), "retry": ("retryAt",)}
-_SPEC_KEEP = ("taskType", "objective", "policyRef", "deadline", "region", "createdBy")
+_SPEC_KEEP = ("taskType", "objective", "policyRef", "deadline", "region", "createdBy", "parentRef")
 
 
 @dataclass(frozen=True)
 class StuckConfig:
     interval: float = 10.0  # seconds between passes
     threshold: float = 86400.0  # seconds a wait without expiry may last before it is stuck
+    bounds: tuple[tuple[str, float], ...] = ()  # per eligible state: seconds unadvanced (else 10 min)
+    unowned_after: float = 600.0  # seconds a run nobody alive owns stays unadvanced before it is stuck
+    unanswered_after: float = 600.0  # seconds an outcome may stay unknown, its system not answering
+    lease_namespace: str | None = None  # where the Leases are; None: runs not owned are not judged
+
+    @property
+    def state_bounds(self) -> dict[RunState, timedelta]:
+        bounds = dict(core.DEFAULT_BOUNDS)
+        bounds.update({RunState(state): timedelta(seconds=seconds) for state, seconds in self.bounds})
+        return bounds
 
     @property
     def cache_seconds(self) -> float:
@@ -112,24 +130,6 @@ def parsed(body: dict[str, Any]) -> tuple[AgentRunSpec, AgentRunStatus] | None:
         return None  # an unreadable run is the worker's to quarantine, not this check's to judge
 
 
-class _Cached:
-    """Values read from the API, reused for ``ttl`` seconds."""
-
-    def __init__(self, ttl: float) -> None:
-        self.ttl = ttl
-        self._values: dict[Any, tuple[float, Any]] = {}
-
-    def get(self, key: Any) -> tuple[bool, Any]:
-        hit = self._values.get(key)
-        if hit is None or time.monotonic() - hit[0] > self.ttl:
-            return False, None
-        return True, hit[1]
-
-    def put(self, key: Any, value: Any) -> Any:
-        self._values[key] = (time.monotonic(), value)
-        return value
-
-
 class StuckCheck(Background):
     def __init__(
         self,
@@ -150,7 +150,12 @@ class StuckCheck(Background):
         # Parsed runs, with the resourceVersion parsed: re-parsed only when the run changed.
         self._parsed: dict[ObjectKey, tuple[str | None, tuple[AgentRunSpec, AgentRunStatus] | None]] = {}
         self.unknown: dict[ObjectKey, dict[str, core.UnknownAction]] = {}  # per run: unknown outcomes
-        self._rbac = _Cached(self.config.cache_seconds)
+        self.versions: dict[ObjectKey, tuple[int, datetime]] = {}  # stateVersion, first seen at
+        where = self.config.lease_namespace
+        self.leases = LeaseView(kube, where) if where is not None else None
+        self._unowned_series: set[tuple[str, str]] = set()
+        self._rbac = Cached(self.config.cache_seconds)
+        self._parents = Cached(self.config.cache_seconds)
         self._rbac_refused = False
         self.passes = 0
 
@@ -166,10 +171,15 @@ class StuckCheck(Background):
         if event_type == "DELETED" or (status.get("state") in TERMINAL and not marked):
             self.runs.pop(key, None)
             self._parsed.pop(key, None)
+            self.versions.pop(key, None)
             if event_type == "DELETED":
                 self.unknown.pop(key, None)
             return
         self.runs[key] = slim(body)
+        raw = status.get("stateVersion")
+        version = raw if isinstance(raw, int) else 0
+        if key not in self.versions or self.versions[key][0] != version:  # it advanced (or is new)
+            self.versions[key] = (version, datetime.now(UTC))
         self._parsed.pop(key, None)
 
     def observe_action(self, event_type: str | None, body: dict[str, Any]) -> None:
@@ -183,7 +193,9 @@ class StuckCheck(Background):
         status = believed_status(body, self.keyring, datetime.now(UTC))
         actions = self.unknown.get(key, {})
         if event_type != "DELETED" and status.state.value == UNKNOWN:
-            actions[name] = core.UnknownAction(name, status.reason)
+            known = actions.get(name)
+            since = known.since if known is not None else datetime.now(UTC)
+            actions[name] = core.UnknownAction(name, status.reason, since)
             self.unknown[key] = actions
         elif actions.pop(name, None) is not None and not actions:
             del self.unknown[key]
@@ -209,9 +221,13 @@ class StuckCheck(Background):
         """One pass over the runs this replica owns: the gauge, and the conditions that changed."""
         now = datetime.now(UTC)
         counts = dict.fromkeys(core.REASONS, 0)
+        others: list[ObjectKey] = []
         for key in list(self.runs):
             body = self.runs.get(key)  # as of now: the watch may have delivered during an await
-            if body is None or not self._owned(key, body):
+            if body is None:
+                continue
+            if not self._owned(key, body):
+                others.append(key)
                 continue
             seen = self._parse(key, body)
             if seen is None:
@@ -229,8 +245,50 @@ class StuckCheck(Background):
                 )
         for reason, count in counts.items():
             STUCK_RUNS.labels(reason).set(count)
+        await self._check_unowned(others, now)
         self.passes += 1
         return counts
+
+    async def _check_unowned(self, keys: list[ObjectKey], now: datetime) -> dict[tuple[str, str], int]:
+        """The runs this replica sees but does not own: stuck when nobody alive owns them."""
+        counts: dict[tuple[str, str], int] = {}
+        if self.leases is None:
+            return counts
+        after = timedelta(seconds=self.config.unowned_after)
+        keys = [k for k in keys if k in self.versions and now - self.versions[k][1] >= after]
+        if keys:  # only runs past the unowned bound cost a list (at most one per few passes)
+            await self.leases.refresh(now, self.config.cache_seconds)
+        for key in keys:
+            body = self.runs.get(key)
+            seen = self._parse(key, body) if body is not None else None
+            if body is None or seen is None or seen[1].state.terminal:
+                continue
+            verdict = self.unowned_verdict(key, body, now)
+            if verdict is None:
+                continue  # a live replica owns it: its own check judges (and clears) it
+            region = owning_region_of(body, self.keyring)
+            counts[(region, verdict.reason)] = counts.get((region, verdict.reason), 0) + 1
+            if core.conditions_with(seen[1].conditions, verdict, now, seen[1].observed_generation):
+                try:
+                    await self._update(key, now, unowned=True)
+                except ApiException as err:
+                    log.warning("stuck check of run %s/%s failed (%s %s)", *key, err.status, err.reason)
+        self._unowned_series = set_gauge(counts, self._unowned_series)
+        return counts
+
+    def unowned_verdict(self, key: ObjectKey, body: dict[str, Any], now: datetime) -> core.Stuck | None:
+        assert self.leases is not None
+        assert self.config.lease_namespace is not None
+        region = self.leases.region(owning_region_of(body, self.keyring), *key)
+        since = self.versions.get(key)
+        facts = unowned.UnownedFacts(
+            now=now,
+            lease_namespace=self.config.lease_namespace,
+            region=region,
+            unchanged_since=since[1] if since is not None else None,
+            after=timedelta(seconds=self.config.unowned_after),
+        )
+        return unowned.stuck_unowned(key[0], key[1], facts)
 
     def _parse(self, key: ObjectKey, body: dict[str, Any]) -> tuple[AgentRunSpec, AgentRunStatus] | None:
         """The run parsed, once per resourceVersion (a parse kept for an older one is never used)."""
@@ -270,15 +328,44 @@ class StuckCheck(Background):
             if rbac is not None and core.needs_quorum(status)
             else None
         )
+        parent = spec.parent_ref
+        present_parent = (
+            await self._parent(namespace, parent.name, parent.uid)
+            if parent is not None and status.state.waiting
+            else None
+        )
         return core.Facts(
             now=now,
+            parent_present=present_parent,
             threshold=timedelta(seconds=self.config.threshold),
+            bounds=self.config.state_bounds,
+            unchanged_since=self.versions[key][1] if key in self.versions else None,
+            unanswered_after=timedelta(seconds=self.config.unanswered_after),
             policy_present=present,
             approver=rule,
             approver_held=held,
             approver_holders=holders,
             unknown_actions=tuple(self.unknown.get(key, {}).values()),
         )
+
+    async def _parent(self, namespace: str, name: str, uid: str) -> bool:
+        """Whether the parent run (this name, this uid) is there: from the watch, else one read
+        (kept a few passes; a parent that has ended is no longer watched here)."""
+        watched = self.runs.get((namespace, name))
+        if watched is not None and (watched.get("metadata") or {}).get("uid") == uid:
+            return True
+        hit, value = self._parents.get((namespace, name, uid))
+        if hit:
+            return bool(value)
+        try:
+            body = await self.kube.call(
+                self.kube.get_namespaced_object, GROUP, VERSION, namespace, "agentruns", name
+            )
+        except ApiException as err:
+            if err.status != 404:
+                raise
+            return bool(self._parents.put((namespace, name, uid), False))
+        return bool(self._parents.put((namespace, name, uid), (body.get("metadata") or {}).get("uid") == uid))
 
     async def _policy(self, namespace: str, name: str) -> AgentPolicySpec | None:
         # The watch may not have delivered it yet: is it really gone? (a miss is believed a few passes)
@@ -319,8 +406,9 @@ class StuckCheck(Background):
             lists.append(json.loads(response.data).get("items") or [])
         return self._rbac.put(namespace, (lists[0], lists[1]))  # type: ignore[no-any-return]
 
-    async def _update(self, key: ObjectKey, now: datetime) -> None:
-        """Read the run, judge it again and write its condition if it still differs."""
+    async def _update(self, key: ObjectKey, now: datetime, *, unowned: bool = False) -> None:
+        """Read the run, judge it again and write its condition if it still differs (a run not
+        owned: only a stuck verdict is written, never a clearing one)."""
         try:
             body = await self.kube.call(
                 self.kube.get_namespaced_object, GROUP, VERSION, key[0], "agentruns", key[1]
@@ -334,7 +422,14 @@ class StuckCheck(Background):
         if seen is None:
             return
         spec, status = seen
-        verdict = await self.verdict(key, spec, status, now)
+        if unowned:
+            assert self.leases is not None
+            await self.leases.refresh(now)  # fresh before a write: its owner may be back
+            verdict = self.unowned_verdict(key, body, now)
+            if verdict is None or status.state.terminal:
+                return
+        else:
+            verdict = await self.verdict(key, spec, status, now)
         conditions = core.conditions_with(status.conditions, verdict, now, status.observed_generation)
         if conditions is None:
             self.observe_run("MODIFIED", body)  # our copy was behind: it says so already
