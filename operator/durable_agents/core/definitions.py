@@ -79,7 +79,11 @@ class DefinitionUnusable(ValueError):
 def definition_digests(agent: AgentSpec, model: ModelConfigSpec, prompt: str) -> dict[str, str]:
     """The four digests a run records, and the whole definition's over them."""
     wire_agent = agent.model_dump(mode="json", by_alias=True, exclude_none=True)
+    if not wire_agent.get("subAgents"):  # absent as before it existed: earlier pins keep their digest
+        wire_agent.pop("subAgents", None)
     tools = {k: wire_agent.get(k, []) for k in ("tools", "mcpServers")}
+    if "subAgents" in wire_agent:
+        tools["subAgents"] = wire_agent["subAgents"]
     parts = {
         "agentDigest": canonical_digest(wire_agent),
         "modelDigest": canonical_digest(model.model_dump(mode="json", by_alias=True, exclude_none=True)),
@@ -110,6 +114,7 @@ def pin(name: str, agent: AgentSpec, model: ModelConfigSpec, prompt: str) -> Pin
         ),
         tools=agent.tools,
         mcp_servers=agent.mcp_servers,
+        sub_agents=agent.sub_agents,
     )
     pinned = PinnedDefinition.model_validate(
         {
