@@ -374,3 +374,28 @@ def all_runs(runs: Runs) -> list[dict[str, Any]]:
         GROUP, VERSION, runs.namespace, "agentruns"
     )["items"]
     return items
+
+
+@pytest.mark.local_plane("webhook")
+def test_an_agent_closing_a_cycle_of_sub_agents_is_refused_at_admission_naming_the_field(
+    start_operator: Callable[..., OperatorProcess], runs: Runs
+) -> None:
+    op = start_operator("webhook", LEASE, DURABLE_AGENTS_WEBHOOK_PORT=str(free_port()))
+    eventually(lambda: op.logged("admission webhook serving"), Within.COMMIT, "the admission webhook")
+    runs.await_webhook()
+    create = runs.custom.create_namespaced_custom_object
+    create(GROUP, VERSION, runs.namespace, "agents", agent("alpha", "Call beta.", subAgents=[sub("beta")]))
+    create(GROUP, VERSION, runs.namespace, "agents", agent("beta", "Call gamma.", subAgents=[sub("gamma")]))
+    closing = agent("gamma", "Call delta and alpha.", subAgents=[sub("delta"), sub("alpha")])
+    with pytest.raises(client.ApiException) as err:
+        create(GROUP, VERSION, runs.namespace, "agents", closing)
+    assert err.value.status == 403, err.value.body
+    body = str(err.value.body)
+    assert "spec.subAgents[1].agentRef" in body, body
+    assert "gamma → alpha → beta → gamma" in body, body
+    create(GROUP, VERSION, runs.namespace, "agents", agent("gamma", "Call delta.", subAgents=[sub("delta")]))
+    with pytest.raises(client.ApiException) as err:  # an update that closes it is refused too
+        runs.custom.patch_namespaced_custom_object(
+            GROUP, VERSION, runs.namespace, "agents", "gamma", {"spec": {"subAgents": [sub("beta")]}}
+        )
+    assert "gamma → beta → gamma" in str(err.value.body), err.value.body

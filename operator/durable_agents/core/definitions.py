@@ -209,3 +209,20 @@ def definition_users(
     return sorted(
         str((run.get("metadata") or {}).get("name") or "") for run in runs if live(run) and uses(run)
     )
+
+
+def sub_agent_cycle(name: str, calls: Mapping[str, Iterable[str]]) -> list[str] | None:
+    """A cycle of sub-agent calls through Agent ``name`` (``calls``: each Agent's subAgents, by
+    name; ``name``'s as it is to be written), as the path from ``name`` back to it; None if none.
+    A run of such an Agent would refuse the call that closes the cycle (``SubAgentCycle``)."""
+    seen: set[str] = set()
+    stack: list[tuple[str, list[str]]] = [(name, [name])]
+    while stack:
+        agent, path = stack.pop()
+        for callee in calls.get(agent, ()):
+            if callee == name:
+                return [*path, callee]
+            if callee not in seen:
+                seen.add(callee)
+                stack.append((callee, [*path, callee]))
+    return None
