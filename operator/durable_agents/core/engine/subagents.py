@@ -110,7 +110,7 @@ def sub_agent_body(run: RunSnapshot, step: StartSubAgent, path: tuple[str, ...])
     }
 
 
-def _refusal(
+def call_refusal(
     run: RunSnapshot, step: StartSubAgent, limits: AgentLimits, keyring: Keyring | None
 ) -> Outcome | str:
     """Why this call may not start its child (an Outcome), else the child's path."""
@@ -146,7 +146,7 @@ def start_sub_agent(
     """Record the child in the checkpoint and wait for it (the shell creates it after the commit);
     or end the run with the bound the call breaks."""
     cp = builder.cp
-    refused = _refusal(run, step, limits, keyring)
+    refused = call_refusal(run, step, limits, keyring)
     if isinstance(refused, Outcome):
         return builder.commit(RunEvent.ATTEMPT_FAILED, outcome=refused, detail=refused.message)
     if len(cp.children) >= limits.max_sub_agents:
