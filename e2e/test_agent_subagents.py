@@ -282,17 +282,9 @@ def test_two_sub_agents_complete_and_the_parent_gets_both_answers(
     assert waited
     try:
         runs.wait_state(name, "completed", timeout=Within.RUN)
-    except TimeoutError:
-        kids = [
-            (
-                r["metadata"]["name"],
-                r.get("status", {}).get("state"),
-                r.get("status", {}).get("outcome"),
-                r.get("status", {}).get("waitingFor"),
-            )
-            for r in all_runs(runs)
-        ]
-        raise AssertionError(f"{kids}\n{op.log_tail(80)}") from None
+    except TimeoutError as err:  # say where the tree stands: each run's state and what it waits for
+        where = [(r["metadata"]["name"], (r.get("status") or {}).get("waitingFor")) for r in all_runs(runs)]
+        raise AssertionError(f"{err}; {where}\n{op.log_tail(80)}") from None
     assert_tree_done(runs, name, refsystem, tickets, model)
     history = [h["event"] for h in runs.get(name)["status"]["history"]]
     waits = (history.count("external_awaited"), history.count("external_received"))
@@ -399,3 +391,23 @@ def test_an_agent_closing_a_cycle_of_sub_agents_is_refused_at_admission_naming_t
             GROUP, VERSION, runs.namespace, "agents", "gamma", {"spec": {"subAgents": [sub("beta")]}}
         )
     assert "gamma → beta → gamma" in str(err.value.body), err.value.body
+
+
+@pytest.mark.local_plane("webhook")
+def test_two_sub_agents_complete_through_the_admission_webhook(
+    start_operator: Callable[..., OperatorProcess],
+    runs: Runs,
+    support: str,
+    model: ModelServerThread,
+    refsystem: ReferenceSystemThread,
+    tickets: McpServerThread,
+) -> None:
+    """The children are created as the parent's ServiceAccount through the webhook (which stamps
+    and seals them as any run): they still are the operator's children, with their stamped path."""
+    op = start_operator("webhook", LEASE, DURABLE_AGENTS_WEBHOOK_PORT=str(free_port()))
+    eventually(lambda: op.logged("admission webhook serving"), Within.COMMIT, "the admission webhook")
+    runs.await_webhook()
+    name = run_of(runs, "coordinator", sample_run()["objective"], name="hooked")
+    runs.wait_state(name, "completed", timeout=Within.RUN)
+    assert_tree_done(runs, name, refsystem, tickets, model)
+    assert not op.logged("Traceback"), op.log_tail()
