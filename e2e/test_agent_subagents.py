@@ -411,3 +411,39 @@ def test_two_sub_agents_complete_through_the_admission_webhook(
     runs.wait_state(name, "completed", timeout=Within.RUN)
     assert_tree_done(runs, name, refsystem, tickets, model)
     assert not op.logged("Traceback"), op.log_tail()
+
+
+def test_a_forged_answer_of_a_sub_agent_is_never_given_to_the_parents_model(
+    start_operator: Callable[..., OperatorProcess],
+    kube: KubeEnv,
+    runs: Runs,
+    support: str,
+    model: ModelServerThread,
+) -> None:
+    """Someone who may write a sub-agent run's status writes it ended with an answer: the child's
+    status stamp does not verify, so the parent waits on (its worker quarantines the child) and its
+    model never sees that answer; the parent's own cancel still ends the tree."""
+    start_operator("forged", LEASE)
+    name = run_of(runs, "tree", "tree-task: hand it down")
+    middle = child_run_name(name, "agent-0")
+    runs.wait_state(child_run_name(middle, "agent-0"), "waiting_input", timeout=Within.RUN)
+    forged = {"state": "completed", "outcome": {"reason": "Completed", "result": "FORGED-ANSWER"}}
+    client.CustomObjectsApi(kube.api).patch_namespaced_custom_object_status(
+        GROUP, VERSION, runs.namespace, "agentruns", middle, {"status": forged}
+    )
+    runs.wait_state(middle, "quarantined", timeout=Within.COMMIT)  # its worker: IntegrityFailed
+    parent = runs.get(name)
+    assert parent["status"]["state"] == "waiting_external", parent["status"]
+    assert turns(parent) == [("middle", "pending")], "the call is not settled by the forged end"
+    requests: list[dict[str, Any]] = model.calls()["requests"]  # type: ignore[assignment]
+    assert not any("FORGED-ANSWER" in str(r) for r in requests), "the forged answer reached a model"
+    # The parent's cancel does not act on a child it does not believe; a person cancels that one.
+    stop = {"cancellations": {"stop": {"scope": "task", "reason": "forged child"}}}
+    runs.patch_spec(name, stop)
+    runs.patch_spec(middle, stop)
+    for each in (name, middle):
+        runs.wait_state(each, "canceled", timeout=Within.RUN)
+    done = runs.get(name)
+    assert [(c["outcome"], c["reason"]) for c in done["status"]["checkpoint"]["children"]] == [
+        ("canceled", "Canceled")
+    ], "the child's real, stamped end"
