@@ -9,7 +9,7 @@ With the admission webhook on, every create, update and delete of a policy is re
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 import kopf
 
@@ -181,10 +181,14 @@ def register_definitions(registry: kopf.OperatorRegistry, manager: Manager) -> N
         for key, value in marks.items():
             patch.setdefault("metadata", {}).setdefault("annotations", {})[key] = value
 
-    for plural in DEFINITION_PLURALS.values():
-        kopf.on.validate(
-            GROUP, VERSION, plural, id=DEFINITION_PATH, operations=["UPDATE", "DELETE"], registry=registry
-        )(review_definition)
+    for kind, plural in DEFINITION_PLURALS.items():
+        # An Agent's creation too: a cycle of sub-agent calls is refused when it is written.
+        writes: list[Literal["CREATE", "UPDATE", "DELETE"]] = ["UPDATE", "DELETE"]
+        if kind == "Agent":
+            writes = ["CREATE", *writes]
+        kopf.on.validate(GROUP, VERSION, plural, id=DEFINITION_PATH, operations=writes, registry=registry)(
+            review_definition
+        )
         kopf.on.mutate(
             GROUP, VERSION, plural, id=DEFINITION_STAMP_PATH, operations=["UPDATE"], registry=registry
         )(stamp_definition)

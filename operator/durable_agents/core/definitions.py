@@ -79,7 +79,11 @@ class DefinitionUnusable(ValueError):
 def definition_digests(agent: AgentSpec, model: ModelConfigSpec, prompt: str) -> dict[str, str]:
     """The four digests a run records, and the whole definition's over them."""
     wire_agent = agent.model_dump(mode="json", by_alias=True, exclude_none=True)
+    if not wire_agent.get("subAgents"):  # absent as before it existed: earlier pins keep their digest
+        wire_agent.pop("subAgents", None)
     tools = {k: wire_agent.get(k, []) for k in ("tools", "mcpServers")}
+    if "subAgents" in wire_agent:
+        tools["subAgents"] = wire_agent["subAgents"]
     parts = {
         "agentDigest": canonical_digest(wire_agent),
         "modelDigest": canonical_digest(model.model_dump(mode="json", by_alias=True, exclude_none=True)),
@@ -111,6 +115,7 @@ def pin(name: str, agent: AgentSpec, model: ModelConfigSpec, prompt: str) -> Pin
         ),
         tools=agent.tools,
         mcp_servers=agent.mcp_servers,
+        sub_agents=agent.sub_agents,
     )
     pinned = PinnedDefinition.model_validate(
         {
@@ -205,3 +210,20 @@ def definition_users(
     return sorted(
         str((run.get("metadata") or {}).get("name") or "") for run in runs if live(run) and uses(run)
     )
+
+
+def sub_agent_cycle(name: str, calls: Mapping[str, Iterable[str]]) -> list[str] | None:
+    """A cycle of sub-agent calls through Agent ``name`` (``calls``: each Agent's subAgents, by
+    name; ``name``'s as it is to be written), as the path from ``name`` back to it; None if none.
+    A run of such an Agent would refuse the call that closes the cycle (``SubAgentCycle``)."""
+    seen: set[str] = set()
+    stack: list[tuple[str, list[str]]] = [(name, [name])]
+    while stack:
+        agent, path = stack.pop()
+        for callee in calls.get(agent, ()):
+            if callee == name:
+                return [*path, callee]
+            if callee not in seen:
+                seen.add(callee)
+                stack.append((callee, [*path, callee]))
+    return None

@@ -63,6 +63,15 @@ class StartChild:
 
 
 @dataclass(frozen=True)
+class StartSubAgent:
+    """The model calls another Agent: start a child run of it and wait for its answer."""
+
+    name: str
+    agent_ref: str
+    objective: str
+
+
+@dataclass(frozen=True)
 class Finish:
     name: str
     result: str
@@ -80,7 +89,9 @@ class ReadTool:
     arguments: dict[str, Any]
 
 
-PlannedStep = ReadObject | AskHuman | AwaitEvent | PerformEffect | StartChild | Finish | ReadTool
+PlannedStep = (
+    ReadObject | AskHuman | AwaitEvent | PerformEffect | StartChild | StartSubAgent | Finish | ReadTool
+)
 
 
 @dataclass(frozen=True)

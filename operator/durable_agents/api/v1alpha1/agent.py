@@ -149,6 +149,22 @@ class AgentTool(ApiModel):
     """Wait for the external event the model names (waiting_external)."""
 
 
+class SubAgent(ApiModel):
+    """Another Agent (in the run's namespace) the model may call as a tool: each call is a child
+    AgentRun of that Agent, owned by the run, under the run's ServiceAccount and policy."""
+
+    agent_ref: str = Field(max_length=253, pattern=NAME_PATTERN)
+    """The Agent the child run is a run of."""
+    tool_name: str | None = Field(default=None, pattern=TOOL_NAME_PATTERN, max_length=64)
+    """The function name the model calls it by (unset: the Agent's name, with - kept)."""
+    description: str = Field(default="", max_length=1024)
+    """What the sub-agent does, told to the model."""
+
+    def tool(self) -> str:
+        """The tool's name as the model sees it."""
+        return self.tool_name or self.agent_ref.replace(".", "_")[:64]
+
+
 class McpHeader(ApiModel):
     """An HTTP header sent with every request to an MCP server, its value from a Secret."""
 
@@ -251,3 +267,5 @@ class AgentConfig(ApiModel):
     """The tools the model may call, declared here."""
     mcp_servers: list[McpServer] = Field(default_factory=list, max_length=8)
     """MCP servers whose tools the model may call."""
+    sub_agents: list[SubAgent] = Field(default_factory=list, max_length=8)
+    """Agents the model may call as tools (each call a child run; see the Agents page)."""

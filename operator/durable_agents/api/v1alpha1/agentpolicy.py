@@ -224,6 +224,18 @@ class AgentLimitsSpec(ApiModel):
         le=64,
         description="Bad calls in a row (unknown tool, invalid arguments) before the run fails.",
     )
+    max_sub_agent_depth: int | None = Field(
+        default=None,
+        ge=1,
+        le=8,
+        description="How deep sub-agent runs may nest below a top-level run (default 3).",
+    )
+    max_sub_agents: int | None = Field(
+        default=None,
+        ge=1,
+        le=32,
+        description="Sub-agent runs one run may start (its fan-out; default 8).",
+    )
 
 
 class TrustedMcpServer(ApiModel):

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field
 
-from durable_agents.api.v1alpha1.agent import AgentTool, KeyReference, McpServer, ModelProtocol
+from durable_agents.api.v1alpha1.agent import AgentTool, KeyReference, McpServer, ModelProtocol, SubAgent
 from durable_agents.api.v1alpha1.agentpolicy import AgentLimitsSpec
 from durable_agents.api.v1alpha1.meta import (
     API_VERSION,
@@ -93,6 +93,10 @@ class AgentSpec(ApiModel):
     """The tools the model may call."""
     mcp_servers: list[McpServer] = Field(default_factory=list, max_length=8)
     """MCP servers whose tools the model may call."""
+    sub_agents: list[SubAgent] = Field(default_factory=list, max_length=8)
+    """Other Agents the model may call as tools: each call is a child AgentRun of that Agent,
+    owned by the run, with the run's ServiceAccount and policy; the child's final answer comes
+    back as the call's result. Depth and fan-out are bounded by the policy's agentLimits."""
     prompt: str | None = Field(default=None, min_length=1, max_length=253)
     """An ID of the prompt's version, for people and the policy's runtime.prompts (unset: the
     pinned prompt's digest)."""

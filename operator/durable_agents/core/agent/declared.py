@@ -13,6 +13,7 @@ from durable_agents.core.agent.tools import (
     await_event_tool,
     effect_tool,
     read_tool,
+    sub_agent_tool,
 )
 from durable_agents.core.durations import parse_duration
 
@@ -38,5 +39,8 @@ def declared_tool(tool: AgentTool) -> ToolDeclaration:
 
 
 def declared_tools(config: AgentConfig) -> tuple[ToolDeclaration, ...]:
-    """Every tool of the spec, in the spec's order (the order the model sees them in)."""
-    return tuple(declared_tool(tool) for tool in config.tools)
+    """Every tool of the spec, in the spec's order, then one per sub-agent (an Agent it may call)."""
+    sub_agents = (
+        sub_agent_tool(sub.tool(), sub.description, agent_ref=sub.agent_ref) for sub in config.sub_agents
+    )
+    return (*(declared_tool(tool) for tool in config.tools), *sub_agents)

@@ -36,7 +36,14 @@ from durable_agents.core.agent_facts import (
 )
 from durable_agents.core.checkpoint import ActionTier
 from durable_agents.core.digest import canonical_json
-from durable_agents.core.planner import AskHuman, AwaitEvent, PerformEffect, PlannedStep, ReadObject
+from durable_agents.core.planner import (
+    AskHuman,
+    AwaitEvent,
+    PerformEffect,
+    PlannedStep,
+    ReadObject,
+    StartSubAgent,
+)
 from durable_agents.core.sealed_values import DataKey, keyed_digest
 
 MESSAGE_MAX: Final = 1024
@@ -195,6 +202,8 @@ def step_for(declaration: ToolDeclaration, arguments: dict[str, Any], *, step_in
         return AskHuman(name, name, arguments["question"], declaration.expires_in)
     if declaration.kind == "await_event":
         return AwaitEvent(name, name, arguments["event"], declaration.expires_in)
+    if declaration.kind == "agent":
+        return StartSubAgent(name, _fixed(declaration.agent_ref), arguments["objective"])
     tier: ActionTier = _fixed(declaration.tier)
     server, tool = _fixed(declaration.server), _fixed(declaration.tool)
     return CallMcpTool(name, server, tool, arguments, declaration.read_only, tier)

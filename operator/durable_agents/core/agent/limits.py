@@ -37,6 +37,10 @@ class AgentLimits:
     """Bad calls in a row (unknown tool, invalid arguments) before the run gives up."""
     max_facts_bytes: int = DEFAULT_MAX_FACTS_BYTES
     """The agent facts' stored JSON, in bytes."""
+    max_sub_agent_depth: int = 3
+    """How deep sub-agent runs nest below a top-level run (a child of a top-level run: depth 1)."""
+    max_sub_agents: int = 8
+    """Sub-agent runs one run may start."""
 
     def __post_init__(self) -> None:
         for name in (
@@ -46,6 +50,8 @@ class AgentLimits:
             "max_tool_calls",
             "max_consecutive_tool_errors",
             "max_facts_bytes",
+            "max_sub_agent_depth",
+            "max_sub_agents",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")

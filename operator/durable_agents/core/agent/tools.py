@@ -23,7 +23,7 @@ from jsonschema.exceptions import SchemaError
 from durable_agents.core.checkpoint import ActionTier
 from durable_agents.core.digest import canonical_digest
 
-ToolKind = Literal["read", "effect", "ask_human", "await_event", "mcp"]
+ToolKind = Literal["read", "effect", "ask_human", "await_event", "mcp", "agent"]
 
 NAME_PATTERN: Final = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 """What chat-completions APIs accept as a function name."""
@@ -74,6 +74,22 @@ AWAIT_EVENT_PARAMETERS: Final[Mapping[str, Any]] = {
     "additionalProperties": False,
 }
 
+OBJECTIVE_MAX: Final = 4096
+"""A sub-agent's objective, in characters (an AgentRun's spec.objective holds 4096)."""
+SUB_AGENT_PARAMETERS: Final[Mapping[str, Any]] = {
+    "type": "object",
+    "properties": {
+        "objective": {
+            "type": "string",
+            "description": "What the sub-agent is to achieve; the run waits for its answer.",
+            "minLength": 1,
+            "maxLength": OBJECTIVE_MAX,
+        }
+    },
+    "required": ["objective"],
+    "additionalProperties": False,
+}
+
 # The fields each kind must set (and only that kind may set).
 _KIND_FIELDS: Final[Mapping[str, frozenset[str]]] = {
     "read": frozenset({"api_version", "object_kind"}),
@@ -81,8 +97,9 @@ _KIND_FIELDS: Final[Mapping[str, frozenset[str]]] = {
     "ask_human": frozenset(),
     "await_event": frozenset(),
     "mcp": frozenset({"server", "tool", "tier"}),
+    "agent": frozenset({"agent_ref"}),
 }
-_OPTIONAL: Final = ("api_version", "object_kind", "effect", "target", "server", "tool", "tier")
+_OPTIONAL: Final = ("api_version", "object_kind", "effect", "target", "server", "tool", "tier", "agent_ref")
 
 
 class ToolDeclarationError(ValueError):
@@ -119,6 +136,8 @@ class ToolDeclaration:
     tier: ActionTier | None = None
     """mcp: the tier the server's hints claim; a claim, believed only for a server the policy
     trusts (see :mod:`.mcp_trust`)."""
+    agent_ref: str | None = None
+    """agent: the Agent a call starts a child run of (a sub-agent)."""
 
     def __post_init__(self) -> None:
         if not NAME_PATTERN.match(self.name):
@@ -197,6 +216,10 @@ def await_event_tool(name: str, description: str, *, expires_in: timedelta | Non
     return ToolDeclaration(name, description, AWAIT_EVENT_PARAMETERS, "await_event", expires_in=expires_in)
 
 
+def sub_agent_tool(name: str, description: str, *, agent_ref: str) -> ToolDeclaration:
+    return ToolDeclaration(name, description, SUB_AGENT_PARAMETERS, "agent", agent_ref=agent_ref)
+
+
 def mcp_tool(
     name: str,
     description: str,
@@ -235,6 +258,7 @@ def declaration_json(declaration: ToolDeclaration) -> dict[str, Any]:
         "server": declaration.server,
         "tool": declaration.tool,
         "tier": declaration.tier,
+        "agentRef": declaration.agent_ref,
     }
     out.update({key: value for key, value in optional.items() if value is not None})
     if declaration.expires_in is not None:

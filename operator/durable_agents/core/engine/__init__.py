@@ -18,7 +18,8 @@ order): ``snapshot`` and ``decisions`` (what goes in and out), ``commits`` (the 
 commit), ``loading`` (the checkpoint a decision starts from), ``currency`` (whether a decision's
 policy and tool set are still current), ``fencing``, ``quarantine``, ``actions``, ``children``,
 ``retries``, ``runtime``, ``waits``, ``rejections`` (what a rejection does), ``approvals``,
-``cancellation``, ``validation`` (resume validation), ``model_turns``, ``plan`` (the planner's
+``cancellation``, ``validation`` (resume validation), ``subagents`` (a model's call of another
+Agent: a child run), ``model_turns``, ``plan`` (the planner's
 next step) and ``decide`` on top.
 """
 

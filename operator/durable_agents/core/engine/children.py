@@ -36,6 +36,8 @@ from durable_agents.core.statemachine import RunEvent
 PARENT_LABEL = "durable-agents.io/parent"
 PARENT_STEP_ANNOTATION = "durable-agents.io/parent-step"
 CHILD_STAMP_ANNOTATION = "durable-agents.io/child-stamp"
+AGENT_PATH_ANNOTATION = "durable-agents.io/agent-path"
+AGENT_PATH_STAMP_ANNOTATION = "durable-agents.io/agent-path-stamp"
 FOREIGN_CHILD = "ForeignChild"
 """The reason a step fails when an object under its child's name is not the operator's child."""
 CHILD_NOT_PERMITTED = "ChildNotPermitted"
@@ -52,6 +54,7 @@ _DEFINING_FIELDS = (
     "service_account_name",
     "policy_ref",
     "agent",
+    "agent_ref",
     "deadline",
     "steps",
 )
@@ -120,6 +123,12 @@ def stamp_child(body: Mapping[str, Any], keyring: Keyring, parent_run_id: str) -
     annotations = meta.setdefault("annotations", {})
     proof = child_proof(parent_run_id, annotations[PARENT_STEP_ANNOTATION], meta["name"])
     annotations[CHILD_STAMP_ANNOTATION] = stamp(keyring, Purpose.CHILD, proof)
+    path = annotations.get(AGENT_PATH_ANNOTATION)
+    if path is not None:  # a sub-agent: the Agents above it, which bound its depth and cycles
+        parent = out["spec"]["parentRef"]["name"]
+        annotations[AGENT_PATH_STAMP_ANNOTATION] = stamp(
+            keyring, Purpose.CHILD, {"subAgentOf": parent, "child": meta["name"], "agentPath": path}
+        )
     return out
 
 

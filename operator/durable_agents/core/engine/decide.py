@@ -48,6 +48,7 @@ from durable_agents.core.engine.quarantine import cancel_unreadable, enter_quara
 from durable_agents.core.engine.retries import retry_when_due
 from durable_agents.core.engine.runtime import deployment_change
 from durable_agents.core.engine.snapshot import NOTHING_OBSERVED, Observations, RunSnapshot, Settings
+from durable_agents.core.engine.subagents import reconcile_sub_agents
 from durable_agents.core.engine.validation import resume_validation
 from durable_agents.core.engine.waits import leave_external_wait, leave_input_wait
 from durable_agents.core.planner import Planner
@@ -286,5 +287,7 @@ def _waiting_external(
             builder, builder.run, planner, settings, observed.actions, cancel=cancel, take=take
         )
     if running_children(cp):
+        if isinstance(planner, ModelPlanner):  # a model-planned run's children are its sub-agents
+            return reconcile_sub_agents(builder, builder.run, planner, settings.keyring, observed.children)
         return reconcile_children(builder, builder.run, observed.children)
     return leave_external_wait(builder, settings)

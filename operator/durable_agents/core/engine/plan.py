@@ -14,9 +14,10 @@ from durable_agents.core.engine.children import start_child
 from durable_agents.core.engine.commits import CommitBuilder
 from durable_agents.core.engine.currency import policy_moved
 from durable_agents.core.engine.decisions import Commit, Decision, NeedRead, NeedToolCall
-from durable_agents.core.engine.model_turns import model_turn, settle_finished, settle_read
+from durable_agents.core.engine.model_turns import limits_of, model_turn, settle_finished, settle_read
 from durable_agents.core.engine.retries import attempt_failed
 from durable_agents.core.engine.snapshot import ModelAnswer, ReadResult, RunSnapshot, Settings
+from durable_agents.core.engine.subagents import start_sub_agent
 from durable_agents.core.engine.waits import ask_human, await_event
 from durable_agents.core.ledger import action_record_name
 from durable_agents.core.planner import (
@@ -31,6 +32,7 @@ from durable_agents.core.planner import (
     ReadObject,
     ReadTool,
     StartChild,
+    StartSubAgent,
 )
 from durable_agents.core.policy_resolution import POLICY_REQUIRED, policy_required_message
 from durable_agents.core.statemachine import RunEvent
@@ -73,6 +75,8 @@ def _plan_model(
     except PlannerError as err:
         return builder.commit(RunEvent.ATTEMPT_FAILED, outcome=Outcome(reason=err.reason, message=str(err)))
     index = builder.cp.position.step
+    if isinstance(step, StartSubAgent):
+        return start_sub_agent(builder, run, step, limits_of(planner, settings), settings.keyring)
     if isinstance(step, ReadTool):
         if read is None or read.step_index != index:
             return NeedToolCall(index, step)
@@ -111,11 +115,11 @@ def _carry_out(
         return _perform_effect(builder, run, step, settings)
     if isinstance(step, StartChild):
         return start_child(builder, run, step)
-    if isinstance(step, ReadTool):  # only the model planner proposes one, and plans it itself
+    if isinstance(step, ReadTool | StartSubAgent):  # only the model planner proposes these
         return builder.commit(
             RunEvent.ATTEMPT_FAILED,
             outcome=Outcome(
-                reason="PlannerError", message=f"step {step.name}: an MCP call needs the model planner"
+                reason="PlannerError", message=f"step {step.name}: the call needs the model planner"
             ),
         )
     assert isinstance(step, Finish)

@@ -69,6 +69,10 @@ class RunSnapshot:
     """``metadata.creationTimestamp``: set by the API server, never by a client (whole seconds)."""
     definition: PinnedDefinition | None = None
     """A run of an Agent: the definition it pinned (or, before acceptance, is about to pin)."""
+    agent_path: str | None = None
+    """A sub-agent run: the Agents above it, as its parent wrote them (believed only with the
+    stamp below: core/engine/subagents.py)."""
+    agent_path_stamp: str | None = None
 
     @classmethod
     def from_object(cls, obj: Mapping[str, Any]) -> RunSnapshot:
@@ -77,6 +81,7 @@ class RunSnapshot:
         raw_checkpoint = raw_status.pop("checkpoint", None)
         spec = AgentRunSpec.model_validate(obj["spec"])
         pinned = pinned_of(raw_checkpoint) if spec.agent_ref else None
+        annotations = meta.get("annotations") or {}
         if pinned is not None:  # a run of an Agent acts by the definition it pinned, only
             spec = spec.model_copy(update={"agent": pinned.agent_config()})
         return cls(
@@ -89,8 +94,10 @@ class RunSnapshot:
             spec=spec,
             status=AgentRunStatus.model_validate(raw_status),
             raw_checkpoint=raw_checkpoint,
-            data_key=(meta.get("annotations") or {}).get(DATA_KEY_ANNOTATION),
+            data_key=annotations.get(DATA_KEY_ANNOTATION),
             created_at=creation_time(meta),
+            agent_path=annotations.get("durable-agents.io/agent-path"),
+            agent_path_stamp=annotations.get("durable-agents.io/agent-path-stamp"),
         )
 
     def with_definition(self, pinned: PinnedDefinition) -> RunSnapshot:
@@ -160,6 +167,8 @@ class ChildObservation:
 
     state: RunState
     reason: str | None = None
+    result: str | None = None
+    """Its ``outcome.result`` (a sub-agent's sealed final answer), from a status whose stamp verified."""
 
 
 @dataclass(frozen=True)

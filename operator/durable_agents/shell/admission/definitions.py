@@ -19,7 +19,7 @@ from typing import Any
 from kubernetes.client.rest import ApiException
 
 from durable_agents.api.v1alpha1 import AGENT_PLURAL, GROUP, MODEL_CONFIG_PLURAL, VERSION, Identity
-from durable_agents.core.definitions import definition_users
+from durable_agents.core.definitions import definition_users, sub_agent_cycle
 from durable_agents.core.policy_integrity import deletion_refusal, force_reason, force_unproven
 from durable_agents.core.sealing import Keyring
 from durable_agents.shell.admission.policy_integrity import check_mark
@@ -38,12 +38,48 @@ async def check_definition(
     user: Identity,
     keyring: Keyring,
 ) -> str | None:
-    """Why this Agent or ModelConfig update or delete must be refused, or None."""
+    """Why this Agent or ModelConfig write or delete must be refused, or None (an Agent's creation:
+    only a cycle of sub-agent calls)."""
     if operation == "DELETE":
         return await _check_delete(kube, old, keyring) if old is not None else None
     if new is None:
         return None
+    cycle = await _check_cycle(kube, new) if new.get("kind") == "Agent" else None
+    if cycle is not None or operation == "CREATE":
+        return cycle
     return await check_mark(kube, new, old, user, keyring, PLURALS.get(str(new.get("kind")), AGENT_PLURAL))
+
+
+async def _check_cycle(kube: Kube, new: Mapping[str, Any]) -> str | None:
+    """An Agent whose sub-agents call it back (A calls B calls A), directly or further down, is
+    refused naming the field and the cycle (the Agents of its namespace as they are now; a run
+    would refuse the call that closes it anyway: SubAgentCycle)."""
+    meta, spec = new.get("metadata") or {}, new.get("spec") or {}
+    namespace, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
+    own = [str(sub.get("agentRef")) for sub in spec.get("subAgents") or [] if isinstance(sub, Mapping)]
+    if not own:
+        return None
+    try:
+        found = await kube.call(
+            kube.custom.list_namespaced_custom_object, GROUP, VERSION, namespace, AGENT_PLURAL
+        )
+    except ApiException as err:
+        return f"Agent {namespace}/{name}: could not list the Agents its subAgents name ({err.reason})"
+    calls: dict[str, list[str]] = {
+        str(a["metadata"]["name"]): [
+            str(sub.get("agentRef")) for sub in (a.get("spec") or {}).get("subAgents") or []
+        ]
+        for a in found.get("items") or []
+    }
+    calls[name] = own
+    cycle = sub_agent_cycle(name, calls)
+    if cycle is None:
+        return None
+    index = own.index(cycle[1])
+    return (
+        f"spec.subAgents[{index}].agentRef: Agent {cycle[1]!r} makes a cycle of sub-agent calls "
+        f"({' → '.join(cycle)}): a run would refuse the call that closes it"
+    )
 
 
 async def _check_delete(kube: Kube, old: Mapping[str, Any], keyring: Keyring) -> str | None:

@@ -132,12 +132,14 @@ def _definition_hooks(target: Target, namespace: str | None) -> list[dict[str, A
     their deletion while runs use them is refused (DELETE fails open, as a policy's: a run that
     pinned its definition never needs it again)."""
     hooks: list[dict[str, Any]] = []
-    for plural in PLURALS.values():
+    for kind, plural in PLURALS.items():
+        # An Agent's creation too: a cycle of sub-agent calls is refused when it is written.
+        writes = ["CREATE", "UPDATE"] if kind == "Agent" else ["UPDATE"]
         hooks += [
             {
                 **_hook(target, DEFINITION_PATH, "definition", namespace),
                 "name": f"definition.{plural}.{GROUP}",
-                "rules": [_rule(plural, ["UPDATE"], "Namespaced")],
+                "rules": [_rule(plural, writes, "Namespaced")],
             },
             {
                 **_hook(target, DEFINITION_PATH, "definition", namespace),

@@ -233,7 +233,9 @@ class ChildRuns:
             if need.cancel is not None and not status.state.terminal:
                 await self.cancel(parent, child, need.cancel)
             reason = status.outcome.reason if status.outcome else None
-            seen[name] = ChildObservation(status.state, reason)
+            # Its answer too (a sub-agent's), from a status whose stamp verified just above.
+            result = status.outcome.result if status.outcome else None
+            seen[name] = ChildObservation(status.state, reason, result)
         return seen
 
     async def _report_forged(self, parent: RunSnapshot, child: dict[str, Any], why: str) -> None:
