@@ -127,8 +127,11 @@ class ActionProgress(ApiModel):
     action's state changes. The ``message`` is the server's text, not the operator's."""
 
     progress: float
+    """How far the call is, in the server's own unit (grows with each notification)."""
     total: float | None = None
+    """The server's total in the same unit, when it knows one."""
     message: str | None = Field(default=None, max_length=256)
+    """The server's own words about the progress (quoted and escaped when shown)."""
     notifications: int = Field(default=0, ge=0)
     """Progress notifications received so far in this attempt."""
     at: datetime
