@@ -61,7 +61,7 @@ def creator(kube: KubeEnv, namespace: str, readable_configmap: str) -> client.Ap
     """carol may create runs and schedules and use the ServiceAccount default; default may create
     runs (each scheduled run is created as it) and read the sample's ConfigMap."""
     rules = [
-        rule(GROUP, ["agentruns", "agentschedules"], "get", "list", "create"),
+        rule(GROUP, ["agentruns", "agentschedules"], "get", "list", "create", "patch"),
         rule("", "serviceaccounts", "use", names=["default"]),
     ]
     grant(kube, namespace, "carol", rules)
@@ -265,10 +265,12 @@ def test_with_the_webhook_bad_schedules_are_refused_naming_the_field_and_runs_ar
         ("x" * (SCHEDULE_NAME_MAX + 1), {}, "metadata.name"),
     ):
         status, message = refused(lambda name=name, spec=spec: create(name, **spec))
-        assert status == 422 and field in message, (status, message)
+        assert status == 422, (status, message)
+        assert field in message, message
     template = {**sample()["spec"]["runTemplate"], "serviceAccountName": "deployer"}
     status, message = refused(lambda: create("as-deployer", runTemplate=template))
-    assert status == 403 and "may not use serviceaccounts/deployer" in message, message
+    assert status == 403, message
+    assert "may not use serviceaccounts/deployer" in message, message
 
     made = create("nightly", schedule="* * * * *")
     assert made["spec"]["createdBy"]["username"] == "carol"
@@ -287,4 +289,5 @@ def test_with_the_webhook_bad_schedules_are_refused_naming_the_field_and_runs_ar
             {"spec": {"runTemplate": {"objective": "x"}}},
         )
     )
-    assert status == 422 and "runTemplate is immutable" in message, message
+    assert status == 422, message
+    assert "runTemplate is immutable" in message, message

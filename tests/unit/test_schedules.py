@@ -33,9 +33,11 @@ def test_the_due_slot_is_the_latest_at_or_before_now_and_the_next_is_after(
     expr: str, tz: str, now: datetime
 ) -> None:
     found = schedules.due(expr, tz, now - timedelta(days=400), now, None)
-    assert found.slot is not None and found.slot <= now < found.next
+    assert found.slot is not None
+    assert found.slot <= now < found.next
     assert schedules.next_slot(expr, tz, found.slot) == found.next, "no slot between the due one and the next"
-    assert found.slot.second == 0 and found.slot.microsecond == 0
+    assert found.slot.second == 0
+    assert found.slot.microsecond == 0
 
 
 @given(expressions, zones, moments)
@@ -91,7 +93,8 @@ def test_a_repeated_local_hour_gives_two_instants_two_names() -> None:
 )
 def test_bad_schedules_name_their_field(name: str, expr: str, tz: str, field: str) -> None:
     found = schedules.problems(name, expr, tz)
-    assert len(found) == 1 and found[0].startswith(f"{field}:"), found
+    assert len(found) == 1, found
+    assert found[0].startswith(f"{field}:"), found
 
 
 def test_good_schedules_have_no_problem() -> None:
@@ -124,7 +127,8 @@ def test_the_creator_stamp_verifies_only_for_its_schedule_template_and_time() ->
         "a copied createdBy"
     )
     unproven = schedule_unproven(keyring, "ns", "nightly", _spec(None), T0)
-    assert unproven is not None and unproven.reason == "Unstamped"
+    assert unproven is not None
+    assert unproven.reason == "Unstamped"
 
 
 def test_a_schedule_stamp_is_never_a_runs() -> None:
@@ -132,9 +136,8 @@ def test_a_schedule_stamp_is_never_a_runs() -> None:
     creator = stamp_schedule(
         keyring, "ns", "n", Identity(username="carol"), T0, AgentRunSpec.model_validate(TEMPLATE)
     )
-    assert (
-        creator["stamp"] and Purpose.SERVICE_ACCOUNT
-    )  # the same purpose, with kind AgentSchedule in the proof
+    assert creator["stamp"]
+    assert Purpose.SERVICE_ACCOUNT
     run = {"metadata": {"name": "n", "namespace": "ns"}, "spec": {**TEMPLATE, "createdBy": creator}}
     assert not vouched_creator(run, Identity(username="system:serviceaccount:ns:default"), keyring, T0)
 
@@ -145,7 +148,8 @@ def test_a_template_carries_no_requests_and_a_run_takes_none() -> None:
     assert template_problem(TEMPLATE) is None
     schedule = {"metadata": {"name": "nightly", "namespace": "ns", "uid": "u1"}}
     body = run_body(schedule, _spec(None), T0, "nightly-29938560")
-    assert "createdBy" not in body["spec"] and "approvals" not in body["spec"]
+    assert "createdBy" not in body["spec"]
+    assert "approvals" not in body["spec"]
     assert body["metadata"]["ownerReferences"][0] == {
         "apiVersion": "durable-agents.io/v1alpha1",
         "kind": "AgentSchedule",
