@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field
 
@@ -101,7 +101,7 @@ class AgentScheduleStatus(ApiModel):
     """The latest schedule time a run was started for."""
     last_successful_time: datetime | None = None
     """When a run it started last completed."""
-    active: list[str] = Field(default_factory=list, max_length=64)
+    active: list[Annotated[str, Field(max_length=RUN_NAME_MAX)]] = Field(default_factory=list, max_length=64)
     """The runs it started that are not finished."""
     next_schedule_time: datetime | None = None
     """The next time a run is due (while not suspended)."""
