@@ -106,6 +106,10 @@ def started(runs: Runs, name: str) -> dict[str, dict[str, Any]]:
     }
 
 
+def run_names(runs: Runs, name: str) -> list[str]:
+    return [r["metadata"]["name"] for r in started(runs, name).values()]
+
+
 def minutes(times: list[str]) -> list[int]:
     return sorted(int(datetime.fromisoformat(t.replace("Z", "+00:00")).timestamp()) // 60 for t in times)
 
@@ -291,3 +295,36 @@ def test_with_the_webhook_bad_schedules_are_refused_naming_the_field_and_runs_ar
     )
     assert status == 422, message
     assert "runTemplate is immutable" in message, message
+
+
+def test_replace_cancels_the_running_run_and_the_history_limit_deletes_the_oldest(
+    start_operator: Callable[..., OperatorProcess], runs: Runs, creator: client.ApiClient
+) -> None:
+    del creator
+    fast(start_operator, "op")
+    body = sample(
+        schedule="* * * * *", concurrencyPolicy="Replace", runTemplate=ASKING, failedRunsHistoryLimit=1
+    )
+    create_stamped(runs, body, "replace")
+    names: list[str] = []
+    for count in (1, 2, 3):  # each time replaces the run before it
+        eventually(
+            lambda count=count: len(set(run_names(runs, "replace")) | set(names)) >= count,
+            Within.COMMIT + MINUTE,
+            f"run {count} of the schedule",
+        )
+        (new,) = [name for name in run_names(runs, "replace") if name not in names]
+        runs.wait_state(new, "waiting_input")
+        if names:
+            canceled = runs.wait_state(names[-1], "canceled")
+            assert "schedule-replace" in canceled["spec"]["cancellations"], (
+                "through the run's own cancellation"
+            )
+        names.append(new)
+    eventually(
+        lambda: names[0] not in {r["metadata"]["name"] for r in runs.all()},
+        Within.COMMIT,
+        "the oldest canceled run deleted (failedRunsHistoryLimit 1)",
+    )
+    left = {r["metadata"]["name"] for r in runs.all()}
+    assert {names[1], names[2]} <= left, "the newest canceled run is kept, the running one too"
