@@ -199,11 +199,13 @@ class Schedules(Background):
         meta, status = schedule["metadata"], schedule.get("status") or {}
         started = [_time((r["metadata"].get("annotations") or {}).get(SCHEDULED_AT_ANNOTATION)) for r in runs]
         created = creation_time(meta) or datetime.now(UTC)
+        now = self.clock.now()
+        # A time after now was not started: a status or annotation written by someone else (they
+        # are not the operator's alone) must not stop the schedule.
         since = max(
-            [t for t in (*started, _time(status.get("lastScheduleTime"))) if t is not None]
+            [t for t in (*started, _time(status.get("lastScheduleTime"))) if t is not None and t <= now]
             + [self.clock.of(created)]
         )
-        now = self.clock.now()
         due = slots.due(spec.schedule, spec.time_zone, since, now, spec.starting_deadline_seconds)
         fields: dict[str, Any] = {"nextScheduleTime": instant(due.next), "lastScheduleTime": instant(since)}
         if since == self.clock.of(created):
