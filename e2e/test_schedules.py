@@ -76,11 +76,11 @@ def creator(kube: KubeEnv, namespace: str, readable_configmap: str) -> client.Ap
     return kube.user_client("carol", list(CAROL.groups))
 
 
-def create_stamped(runs: Runs, body: dict[str, Any], name: str) -> None:
-    """Create the schedule with createdBy stamped for carol, as the webhook would."""
+def create_stamped(runs: Runs, body: dict[str, Any], name: str, who: Identity = CAROL) -> None:
+    """Create the schedule with createdBy stamped for ``who``, as the webhook would."""
     body = {**body, "metadata": {"name": name, "namespace": runs.namespace}}
     template = AgentRunSpec.model_validate(body["spec"]["runTemplate"])
-    created_by = stamp_schedule(session_keyring(), runs.namespace, name, CAROL, datetime.now(UTC), template)
+    created_by = stamp_schedule(session_keyring(), runs.namespace, name, who, datetime.now(UTC), template)
     body["spec"] = {**body["spec"], "createdBy": created_by}
     runs.custom.create_namespaced_custom_object(GROUP, VERSION, runs.namespace, "agentschedules", body)
 
@@ -209,7 +209,7 @@ def test_forbid_skips_while_one_runs_and_a_time_past_its_deadline_is_not_started
     assert missed_time not in later, "the missed time was never started"
 
 
-def test_with_the_webhook_off_an_unstamped_or_forged_schedule_starts_nothing(
+def test_an_unstamped_forged_or_no_longer_allowed_schedule_starts_nothing(
     start_operator: Callable[..., OperatorProcess], runs: Runs, creator: client.ApiClient
 ) -> None:
     del creator
@@ -225,9 +225,15 @@ def test_with_the_webhook_off_an_unstamped_or_forged_schedule_starts_nothing(
     runs.custom.create_namespaced_custom_object(
         GROUP, VERSION, runs.namespace, "agentschedules", {**forged, "metadata": {"name": "forged"}}
     )
-    for name, reason in (("unstamped", "Unstamped"), ("forged", "StampInvalid")):
-        ready = eventually(
-            lambda n=name: condition(runs, n, "Ready"), Within.COMMIT, f"{name}'s Ready condition"
+    # Stamped, but for dave, who may not create runs (say, his rights were revoked since): the
+    # operator asks the API server again before each start.
+    create_stamped(runs, sample(schedule="* * * * *"), "daves", Identity(username="dave"))
+    expected = (("unstamped", "Unstamped"), ("forged", "StampInvalid"), ("daves", "CreatorNotAllowed"))
+    for name, reason in expected:
+        ready = eventually(  # the rights are asked at a schedule time: within a minute
+            lambda n=name: (c := condition(runs, n, "Ready")) and c["status"] == "False" and c,
+            Within.COMMIT + MINUTE,
+            f"{name}'s Ready condition to say why nothing starts",
         )
         assert (ready["status"], ready["reason"]) == ("False", reason), ready
         assert "starts no run" in ready["message"]
@@ -236,6 +242,7 @@ def test_with_the_webhook_off_an_unstamped_or_forged_schedule_starts_nothing(
     while time.time() < deadline:  # a whole schedule minute passes: still no run
         assert not started(runs, "unstamped")
         assert not started(runs, "forged")
+        assert not started(runs, "daves")
         time.sleep(1)
 
 
