@@ -137,8 +137,10 @@ def test_two_replicas_and_one_killed_at_the_slot_time_start_each_time_exactly_on
     assert len(first) == 1
     # The replica that owns the schedule is the one that said it started a run: kill it at the
     # next schedule time.
-    owner = next(
-        n for n, op in replicas.items() if op.logged("schedule ") and op.logged("started every-minute-")
+    owner = eventually(  # its log line follows the creation the test saw
+        lambda: next((n for n, op in replicas.items() if op.logged("started every-minute-")), None),
+        Within.MOMENT,
+        "the replica that started the first run to say so",
     )
     next_time = eventually(
         lambda: (schedule(runs, "every-minute").get("status") or {}).get("nextScheduleTime"),
@@ -164,6 +166,11 @@ def test_two_replicas_and_one_killed_at_the_slot_time_start_each_time_exactly_on
     assert (
         runs.wait_state(runs_by_time[some]["metadata"]["name"], "completed")["status"]["outcome"]["result"]
         == "reported"
+    )
+    eventually(
+        lambda: (schedule(runs, "every-minute").get("status") or {}).get("lastSuccessfulTime"),
+        Within.COMMIT,
+        "the schedule's lastSuccessfulTime",
     )
 
 

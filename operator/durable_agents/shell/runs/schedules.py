@@ -167,7 +167,17 @@ class Schedules(Background):
             return
         runs = await self._runs(schedule, spec)
         active = [r for r in runs if not self._finished(r)]
-        await self._status(schedule, *await self._tick(schedule, spec, runs, active))
+        fields, conditions = await self._tick(schedule, spec, runs, active)
+        completed = [
+            at
+            for r in runs
+            if (r.get("status") or {}).get("state") == "completed"
+            and self._finished(r)
+            and (at := finished_at(r)) is not None
+        ]
+        if completed:
+            fields["lastSuccessfulTime"] = instant(max(completed))
+        await self._status(schedule, fields, conditions)
         await self._trim(spec, runs)
 
     async def _runs(self, schedule: dict[str, Any], spec: AgentScheduleSpec) -> list[dict[str, Any]]:
