@@ -44,7 +44,12 @@ from durable_agents.core.engine.loading import forged_object
 from durable_agents.core.engine.snapshot import creation_time
 from durable_agents.core.request_stamps import stamps
 from durable_agents.core.retention import finished_at, is_terminal, label_value, owned_by
-from durable_agents.core.schedule_authority import replace_cancellation, run_body, schedule_unproven
+from durable_agents.core.schedule_authority import (
+    REPLACE_REQUEST_ID,
+    replace_cancellation,
+    run_body,
+    schedule_unproven,
+)
 from durable_agents.core.sealing import Keyring
 from durable_agents.shell.admission.authority import USE_VERB, check_policy_choice, refused_verb
 from durable_agents.shell.ground.kube import Kube, service_account_user
@@ -316,6 +321,8 @@ class Schedules(Background):
         return f"{instant(slot)}: run {name} exists and was not started by this schedule: not counted"
 
     async def _cancel(self, run: dict[str, Any], reason: str) -> None:
+        if REPLACE_REQUEST_ID in ((run.get("spec") or {}).get("cancellations") or {}):
+            return  # asked already (a cancellation is never changed once made)
         entry = replace_cancellation(run, self.keyring, self.operator, datetime.now(UTC), reason)
         body = {"spec": {"cancellations": entry}}
         meta = run["metadata"]
