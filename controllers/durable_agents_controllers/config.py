@@ -145,6 +145,7 @@ VARIABLES: tuple[Variable, ...] = (
         FAULTS,
     ),
     Variable("TEST_INTERNAL_ERROR", "(off)", "run-name prefix: its commits raise an error", FAULTS),
+    Variable("TEST_SCHEDULE_MINUTE", "60", "seconds one AgentSchedule minute lasts (a faster clock)", FAULTS),
     Variable("BIN_DIR", "(built)", "where the control-plane binaries are", TEST_KIT),
     Variable("CACHE", "~/.cache/durable-agents", "cache of built binaries", TEST_KIT),
     Variable("TEST_KUBECONFIG", "(local plane)", "run the suites on this cluster", TEST_KIT),
@@ -216,6 +217,7 @@ class OperatorConfig:
     shards: int = 16
     lease_namespace: str = "default"
     faults: FaultPoints = field(default_factory=lambda: FaultPoints([]), repr=False)
+    schedule_minute: float = 60.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> OperatorConfig:
@@ -272,6 +274,7 @@ class OperatorConfig:
             notify_backoff_max=read.number("NOTIFY_BACKOFF_MAX_SECONDS", float, 60.0, minimum=0.01),
             notify_give_up=read.duration("NOTIFY_GIVE_UP_AFTER", 900.0),
             faults=read.faults(),
+            schedule_minute=read.number("TEST_SCHEDULE_MINUTE", float, 60.0, minimum=1.0),
             region=read.region("REGION"),
             shards=read.number("SHARDS", int, 16, minimum=1),
             lease_namespace=read.text("LEASE_NAMESPACE")

@@ -31,6 +31,7 @@ from pydantic import ValidationError
 from durable_agents.api.v1alpha1 import FAILOVER_PLURAL, GROUP, VERSION, AgentRunSpec, Identity
 from durable_agents.core import limits, request_stamps
 from durable_agents.core.retention import FINALIZER
+from durable_agents.core.schedule_authority import vouched_creator
 from durable_agents.core.sealing import Keyring
 from durable_agents.core.sealing_admission import SealingRefused, sealing_changes
 from durable_agents.shell.admission import authority as admission
@@ -100,7 +101,10 @@ class Admission:
         manager, operation, old = self.manager, str(kwargs.get("operation")), kwargs.get("old")
         user, keyring = request_stamps.identity_of(dict(userinfo)), manager.keyring
         previous = dict(old) if old is not None else None
-        stamped = request_stamps.stamps(operation, dict(body), previous, user, datetime.now(UTC), keyring)
+        now = datetime.now(UTC)
+        stamped = request_stamps.stamps(operation, dict(body), previous, user, now, keyring)
+        if operation == "CREATE" and vouched_creator(dict(body), user, keyring, now):
+            stamped.pop("createdBy", None)  # a schedule's run: its creator, stamped by the operator
         for field, value in stamped.items():
             patch.spec[field] = value
         if operation == "CREATE" and not (body.get("spec") or {}).get("region"):

@@ -40,13 +40,13 @@ from kopf._cogs.structs.ephemera import AnyMemo
 from kopf._core.engines.admission import MemoGetter, serve_admission_request
 from kopf._core.engines.indexing import OperatorIndexers
 
-from durable_agents.api.v1alpha1 import FAILOVER_PLURAL, GROUP, VERSION
+from durable_agents.api.v1alpha1 import AGENT_SCHEDULE_PLURAL, FAILOVER_PLURAL, GROUP, VERSION
 from durable_agents.shell.admission.definitions import PLURALS as DEFINITION_PLURALS
 from durable_agents.shell.admission.policies import CLUSTER_POLICY_PLURAL
 from durable_agents.shell.intake.policies import CLUSTER
 from durable_agents.shell.intake.reflector import RunReflector
 from durable_agents.shell.observability.json_logs import configure_logging
-from durable_agents_controllers import agentpolicy, keyguard, webhook
+from durable_agents_controllers import agentpolicy, agentschedule, keyguard, webhook
 from durable_agents_controllers.config import ConfigError, OperatorConfig
 from durable_agents_controllers.manager import Manager
 
@@ -62,6 +62,7 @@ SERVED = (
     (GROUP, VERSION, CLUSTER_POLICY_PLURAL, False),
     ("", "v1", "secrets", True),  # keyring Secrets (keyguard)
     *((GROUP, VERSION, plural, True) for plural in DEFINITION_PLURALS.values()),  # Agents, ModelConfigs
+    (GROUP, VERSION, AGENT_SCHEDULE_PLURAL, True),
 )
 
 
@@ -144,6 +145,7 @@ def admission_function(manager: Manager) -> Any:
     webhook.register_handlers(registry, manager)
     agentpolicy.register_admission(registry, manager)
     keyguard.register_admission(registry, manager)
+    agentschedule.register_admission(registry, manager)
     insights = references.Insights()
     insights.webhook_resources.update(
         references.Resource(group, version, plural, namespaced=namespaced)

@@ -71,6 +71,7 @@ def _objects(suffix: str) -> dict[str, dict[str, Any]]:
         "ClusterAgentPolicy": cluster_policy,
         "ActionRecord": _sample("actionrecord-example.yaml"),
         "AgentPolicy": _sample("agentpolicy-default.yaml"),
+        "AgentSchedule": _sample("agentschedule-nightly.yaml"),
         "AgentRunRecord": record,
         "RegionFailover": failover,
         # The refunds Agent and its ModelConfig (config/samples/agent-refunds.yaml, minus its run).

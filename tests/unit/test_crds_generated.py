@@ -88,6 +88,7 @@ MODELS: dict[str, type[api.ApiModel]] = {
     "AgentRun": api.AgentRun,
     "ActionRecord": api.ActionRecord,
     "AgentPolicy": api.AgentPolicy,
+    "AgentSchedule": api.AgentSchedule,
 }
 
 

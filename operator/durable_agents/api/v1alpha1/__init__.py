@@ -26,5 +26,6 @@ from durable_agents.api.v1alpha1.regionfailover import *
 from durable_agents.api.v1alpha1.requests import *
 from durable_agents.api.v1alpha1.runrecord import *
 from durable_agents.api.v1alpha1.runstatus import *
+from durable_agents.api.v1alpha1.schedules import *
 from durable_agents.api.v1alpha1.states import *
 from durable_agents.api.v1alpha1.steps import *

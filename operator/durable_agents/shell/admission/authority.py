@@ -60,6 +60,7 @@ from durable_agents.core.request_stamps import (
     unstamped_controls,
     verbs_needed,
 )
+from durable_agents.core.schedule_authority import vouched_creator
 from durable_agents.core.sealing import Keyring
 from durable_agents.shell.admission.controls import check_controls
 from durable_agents.shell.admission.reconciliations import check_reconciliations
@@ -204,12 +205,14 @@ async def check_create(
         if refused is not None:
             return f"{refused}: an AgentRun acts as its ServiceAccount"
     spec_ = AgentRunSpec.model_validate(spec)
-    refused_policy = await check_policy_choice(kube, spec_, namespace, user)
-    if refused_policy is not None:
-        return refused_policy
     # The API server has set creationTimestamp by now (validating admission follows it); a
     # client never can. Without it (an API server that did not), the time is now.
     created = creation_time(meta) or datetime.now(UTC)
+    # A schedule's run: the operator asked whether its creator may use the policy.
+    if not vouched_creator(new, user, keyring, created):
+        refused_policy = await check_policy_choice(kube, spec_, namespace, user)
+        if refused_policy is not None:
+            return refused_policy
     problem = service_account_unproven(keyring, namespace, name, spec_, created)
     if problem is not None:
         return (

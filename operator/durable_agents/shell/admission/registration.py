@@ -12,7 +12,7 @@ from typing import Any
 
 from kubernetes.client.rest import ApiException
 
-from durable_agents.api.v1alpha1 import FAILOVER_PLURAL, GROUP, VERSION
+from durable_agents.api.v1alpha1 import AGENT_SCHEDULE_PLURAL, FAILOVER_PLURAL, GROUP, VERSION
 from durable_agents.shell.admission.authority import (
     MUTATE_FAILOVER_PATH,
     MUTATE_PATH,
@@ -26,6 +26,7 @@ from durable_agents.shell.admission.policies import (
     POLICY_PATH,
     POLICY_STAMP_PATH,
 )
+from durable_agents.shell.admission.schedules import SCHEDULE_PATH, SCHEDULE_STAMP_PATH
 from durable_agents.shell.ground.kube import Kube
 from durable_agents.shell.keys.keyguard import KEYGUARD_PATH, KEYRING_LABEL
 
@@ -162,6 +163,20 @@ def _definition_stamp_hooks(target: Target, namespace: str | None) -> list[dict[
     ]
 
 
+def _schedule_hooks(target: Target, namespace: str | None, *, stamp: bool) -> list[dict[str, Any]]:
+    """AgentSchedules: the creator's stamp (mutating, CREATE) or the schedule's validity and the
+    creator's authority (validating, CREATE and UPDATE); failurePolicy Fail, as a run's."""
+    path, suffix = (SCHEDULE_STAMP_PATH, "schedule-stamp") if stamp else (SCHEDULE_PATH, "schedule")
+    operations = ["CREATE"] if stamp else ["CREATE", "UPDATE"]
+    return [
+        {
+            **_hook(target, path, suffix, namespace),
+            "name": f"{suffix}.{AGENT_SCHEDULE_PLURAL}.{GROUP}",
+            "rules": [_rule(AGENT_SCHEDULE_PLURAL, operations, "Namespaced")],
+        }
+    ]
+
+
 def webhook_configurations(
     *,
     name: str,
@@ -188,6 +203,7 @@ def webhook_configurations(
                 "rules": [_rule("agentpolicies", ["UPDATE"], "Namespaced")],
             },
             *_definition_stamp_hooks(target, namespace),
+            *_schedule_hooks(target, namespace, stamp=True),
         ],
     }
     validating = {
@@ -199,6 +215,7 @@ def webhook_configurations(
             _keyring_hook(target, namespace),
             *_policy_hooks(target, namespace),
             *_definition_hooks(target, namespace),
+            *_schedule_hooks(target, namespace, stamp=False),
             _failover_hook(target, VALIDATE_FAILOVER_PATH, "failover", namespace),
         ],
     }
