@@ -435,6 +435,7 @@ VERB_ARGUMENTS = {
     "ANSWER_VERB": "reveal of the question a run waits on",
     "FORCE_DELETE_VERB": "policy_integrity",
     "FAILOVER_VERB": "admission.failover",
+    "CREATE_RUN_VERB": "a schedule's creator may create its runs (a standard verb)",
 }
 
 

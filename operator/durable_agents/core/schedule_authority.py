@@ -63,6 +63,10 @@ NOT_FROM_TEMPLATE = (
     "parentRef",
 )
 
+# A schedule starts runs for its creator only if they may create them by hand: asked at admission
+# and again before every start (a standard verb, checked beside USE_VERB on the ServiceAccount).
+CREATE_RUN_VERB = "create"
+
 
 def template_problem(template: Mapping[str, Any]) -> str | None:
     """Why a run template cannot be a new run's spec, or None."""

@@ -20,7 +20,12 @@ from durable_agents.api.v1alpha1 import AgentScheduleSpec, Identity
 from durable_agents.core import schedules as slots
 from durable_agents.core.engine.snapshot import creation_time
 from durable_agents.core.request_stamps import spec_of
-from durable_agents.core.schedule_authority import schedule_unproven, stamp_schedule, template_problem
+from durable_agents.core.schedule_authority import (
+    CREATE_RUN_VERB,
+    schedule_unproven,
+    stamp_schedule,
+    template_problem,
+)
 from durable_agents.core.sealing import Keyring
 from durable_agents.shell.admission.authority import USE_VERB, check_policy_choice, refused_verb
 from durable_agents.shell.ground.kube import Kube, service_account_user
@@ -75,7 +80,7 @@ async def check_schedule(
         )
     spec = AgentScheduleSpec.model_validate(spec_of(new))
     template = spec.run_template
-    refused = await refused_verb(kube, user, "create", "agentruns", namespace, "")
+    refused = await refused_verb(kube, user, CREATE_RUN_VERB, "agentruns", namespace, "")
     sa = template.service_account_name
     if refused is None and user.username != service_account_user(namespace, sa):
         refused = await refused_verb(kube, user, USE_VERB, "serviceaccounts", namespace, sa, group="")

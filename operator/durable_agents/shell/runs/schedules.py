@@ -45,6 +45,7 @@ from durable_agents.core.engine.snapshot import creation_time
 from durable_agents.core.request_stamps import stamps
 from durable_agents.core.retention import finished_at, is_terminal, label_value, owned_by
 from durable_agents.core.schedule_authority import (
+    CREATE_RUN_VERB,
     REPLACE_REQUEST_ID,
     replace_cancellation,
     run_body,
@@ -269,7 +270,7 @@ class Schedules(Background):
             return "the schedule names no creator"
         who = Identity(username=creator.username, groups=list(creator.groups), uid=creator.uid)
         template = spec.run_template
-        refused = await refused_verb(self.kube, who, "create", "agentruns", namespace, "")
+        refused = await refused_verb(self.kube, who, CREATE_RUN_VERB, "agentruns", namespace, "")
         sa = template.service_account_name
         if refused is None and who.username != service_account_user(namespace, sa):
             refused = await refused_verb(self.kube, who, USE_VERB, "serviceaccounts", namespace, sa, group="")
