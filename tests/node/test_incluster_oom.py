@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import yaml
 from kubernetes import client
+from tests.node.test_incluster_tracing import helm
 
 from durable_agents import __version__
 from durable_agents_testkit import demo_cluster
@@ -26,8 +27,6 @@ from durable_agents_testkit.demo import approver_kubeconfig, prepare_namespace
 from durable_agents_testkit.eventually import eventually
 from durable_agents_testkit.localcluster.node import NodeTestBed
 from durable_agents_testkit.runs import Runs
-
-from tests.node.test_incluster_tracing import helm
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts/durable-agents"
@@ -128,11 +127,9 @@ def test_the_operator_killed_at_its_memory_limit_restarts_and_the_run_completes_
         approver = approver_kubeconfig(env, ns)
 
         def approved() -> bool:
-            done = subprocess.run(
-                [str(node_bed.bin_dir / "kubectl"), "--kubeconfig", str(approver), "-n", ns, "patch", "agentrun",
-                 "rollout", "--type=merge", "-p", json.dumps({"spec": approval})],
-                capture_output=True, text=True, timeout=60, check=False,
-            )  # fmt: skip
+            kubectl = [str(node_bed.bin_dir / "kubectl"), "--kubeconfig", str(approver), "-n", ns]
+            patch = ["patch", "agentrun", "rollout", "--type=merge", "-p", json.dumps({"spec": approval})]
+            done = subprocess.run([*kubectl, *patch], capture_output=True, text=True, timeout=60, check=False)
             return done.returncode == 0
 
         eventually(approved, 120, "the approval admitted")
