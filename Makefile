@@ -148,6 +148,10 @@ profile: $(BENCH_STAMP) binaries ## flame graphs of the operator (py-spy) under 
 		--systems durable-agents-boundaries,durable-agents-model --repeat 1 --unloaded-runs 0 \
 		--profile bench/results/profile --out bench/results/profile/peers.json $(BENCH_ARGS)
 
+.PHONY: bench-resources
+bench-resources: $(BENCH_STAMP) binaries ## the operator container's memory and CPU with 10,000 parked runs and under the peer workload, against the chart's requests/limits -> bench/results/resources.json
+	DURABLE_AGENTS_BIN_DIR=$$(bash hack/build.sh | tail -n1) $(PY) -m bench.resources --out bench/results/resources.json $(BENCH_ARGS)
+
 .PHONY: bench-status-shapes
 bench-status-shapes: $(BENCH_STAMP) binaries ## status writes/s by status and CRD shape (issue 14) -> bench/results/status_shapes.json (~10 min)
 	DURABLE_AGENTS_BIN_DIR=$$(bash hack/build.sh | tail -n1) $(PY) -m bench.status_shapes --repeat $(BENCH_REPEAT) \

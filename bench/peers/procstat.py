@@ -90,3 +90,68 @@ def cpu_model() -> str:
 
 def loadavg() -> list[float]:
     return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
+
+
+def tree_memory_bytes(root: int) -> tuple[int, int]:
+    """(RSS summed, PSS summed) of ``root`` and all its descendants. The RSS sum counts a page two
+    processes share (a forked child's) twice; the PSS sum shares it out, so it is what the
+    processes hold together, as their container's memory accounting sees it (page cache aside)."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (st := _stat(int(entry))) is not None:
+            parents[int(entry)] = st[1]
+    tree = {root}
+    grew = True
+    while grew:
+        grew = False
+        for pid, ppid in parents.items():
+            if ppid in tree and pid not in tree:
+                tree.add(pid)
+                grew = True
+    rss = pss = 0
+    for pid in tree:
+        try:
+            rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
+        except OSError:
+            continue
+        for line in rollup.splitlines():
+            if line.startswith("Rss:"):
+                rss += int(line.split()[1]) * 1024
+            elif line.startswith("Pss:"):
+                pss += int(line.split()[1]) * 1024
+    return rss, pss
+
+
+class RssSampler:
+    """The peak and mean of :func:`tree_memory_bytes` of one process tree, sampled on a thread."""
+
+    def __init__(self, root: int, interval: float = 0.2) -> None:
+        import threading
+
+        self.root, self.interval = root, interval
+        self.samples: list[tuple[int, int]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="rss-sampler", daemon=True)
+
+    def __enter__(self) -> RssSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.samples.append(tree_memory_bytes(self.root))
+            self._stop.wait(self.interval)
+
+    def summary(self) -> dict[str, float]:
+        rss = [r / 2**20 for r, _ in self.samples if r] or [0.0]
+        pss = [p / 2**20 for _, p in self.samples if p] or [0.0]
+        return {
+            "peak_mib": round(max(pss), 1),  # PSS: what the container holds
+            "mean_mib": round(sum(pss) / len(pss), 1),
+            "rss_sum_peak_mib": round(max(rss), 1),
+            "samples": len(pss),
+        }

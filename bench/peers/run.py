@@ -225,9 +225,13 @@ def run_one_rep(
     busy_before = procstat.machine_busy_seconds()
     self_before = sum(os.times()[:2])
     started = time.monotonic()
-    answer = worker.command(
-        {"op": "rep", "rep": rep, "runs": runs, "in_flight": in_flight, "variant": spec.variant}, timeout
-    )
+    operator_pid = worker.info.get("operator_pid")
+    with contextlib.ExitStack() as stack:
+        # The operator's memory (with its webhook process), for the chart's limits (make bench-resources).
+        sampler = stack.enter_context(procstat.RssSampler(operator_pid)) if operator_pid else None
+        answer = worker.command(
+            {"op": "rep", "rep": rep, "runs": runs, "in_flight": in_flight, "variant": spec.variant}, timeout
+        )
     elapsed = time.monotonic() - started
     cpu_after = procstat.tree_cpu(roots, labels)
     busy = procstat.machine_busy_seconds() - busy_before
@@ -296,6 +300,7 @@ def run_one_rep(
             "loadavg": procstat.loadavg(),
         },
         **(result.get("extra") or {}),  # the model mapping's model calls
+        **({"operator_memory": sampler.summary()} if sampler is not None else {}),
     }
 
 

@@ -136,6 +136,12 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("NOTIFY_GIVE_UP_AFTER", "15m", "how long a notification is retried before it is abandoned"),
     Variable("TEST_KILL_AT", "(off)", "`before:N`/`after:N`: SIGKILL at the Nth write", FAULTS),
     Variable("TEST_STOP_AT", "(off)", "`before:N`/`after:N`: SIGSTOP at the Nth write", FAULTS),
+    Variable(
+        "TEST_OOM_AT",
+        "(off)",
+        "`before:N`/`after:N`: exhaust memory (the OOM killer) at the Nth write, once per container",
+        FAULTS,
+    ),
     Variable("TEST_STOP_BEFORE_SEND", "0", "`1`: SIGSTOP before the first effect request", FAULTS),
     Variable("TEST_COMMIT_DELAY", "0", "seconds each run commit waits first", FAULTS),
     Variable(
@@ -363,7 +369,12 @@ class _Reader:
 
     def faults(self) -> FaultPoints:
         triggers = []
-        for suffix, sig in (("TEST_KILL_AT", signal.SIGKILL), ("TEST_STOP_AT", signal.SIGSTOP)):
+        actions: tuple[tuple[str, signal.Signals | None], ...] = (
+            ("TEST_KILL_AT", signal.SIGKILL),
+            ("TEST_STOP_AT", signal.SIGSTOP),
+            ("TEST_OOM_AT", None),
+        )
+        for suffix, sig in actions:
             raw = self.text(suffix)
             if raw is not None:
                 try:

@@ -5,6 +5,9 @@ Configured once at start-up (the operator's configuration installs them):
 before (after) its Nth successful write of record: run status commits, action-record creations
 and action status writes, counted together in the order they happen.
 ``DURABLE_AGENTS_TEST_STOP_AT`` sends SIGSTOP instead, to make a zombie worker.
+``DURABLE_AGENTS_TEST_OOM_AT`` allocates memory instead, until the kernel's OOM killer ends the
+process at its container's memory limit: once per container filesystem (a marker file in the
+temporary directory, which a Pod's restarted container keeps), so the restarted operator goes on.
 ``DURABLE_AGENTS_TEST_STOP_BEFORE_SEND=1`` sends SIGSTOP to this process once, as its dispatcher
 is about to send its first effect request (after the claim and the query, before the last check
 that the claim still holds): a dispatcher paused mid-dispatch.
@@ -26,19 +29,26 @@ import ctypes
 import logging
 import os
 import signal
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 
 log = logging.getLogger(__name__)
+
+
+OOM_MARKER = "durable-agents-test-oom-fired"
+OOM_CHUNK = 64 << 20  # bytes per allocation: filled, so resident at once (not lazily mapped zeros)
+OOM_CAP = 8 << 30  # a memory limit not enforced: stop here and say so, never eat the machine
 
 
 @dataclass(frozen=True)
 class Trigger:
     phase: str  # "before" or "after"
     nth: int
-    sig: signal.Signals
+    sig: signal.Signals | None  # None: exhaust memory (TEST_OOM_AT)
 
     @classmethod
-    def parse(cls, text: str, sig: signal.Signals) -> Trigger:
+    def parse(cls, text: str, sig: signal.Signals | None) -> Trigger:
         phase, _, nth = text.partition(":")
         if phase not in ("before", "after") or not nth.isdigit() or int(nth) < 1:
             raise ValueError(f"expected before:N or after:N with N >= 1, got {text!r}")
@@ -128,7 +138,27 @@ class FaultPoints:
                 # Once: a write refused after SIGCONT does not count, so the next write would
                 # be "the Nth" again and freeze the resumed process a second time.
                 self.triggers = [other for other in self.triggers if other is not t]
-                os.kill(os.getpid(), t.sig)
+                if t.sig is None:
+                    exhaust_memory(Path(tempfile.gettempdir()) / OOM_MARKER)
+                else:
+                    os.kill(os.getpid(), t.sig)
+
+
+def exhaust_memory(marker: Path) -> None:
+    """Allocate until the kernel's OOM killer ends this process (its container's memory limit),
+    unless ``marker`` says it already happened in this container's filesystem. If nothing stops it
+    by :data:`OOM_CAP`, SIGKILL, with an error saying the limit was not enforced."""
+    try:
+        marker.touch(exist_ok=False)
+    except FileExistsError:
+        log.info("test hook: out of memory already, before this restart (%s): going on", marker)
+        return
+    log.warning("test hook: allocating memory until the OOM killer ends this process")
+    held: list[bytes] = []
+    while len(held) * OOM_CHUNK < OOM_CAP:
+        held.append(b"\x01" * OOM_CHUNK)
+    log.error("test hook: %d GiB allocated and not killed: no memory limit is enforced", OOM_CAP >> 30)
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 _process_faults = FaultPoints([])
