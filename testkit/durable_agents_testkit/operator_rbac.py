@@ -53,11 +53,17 @@ def _operator_bound(binding: Mapping[str, Any], account: str) -> bool:
 
 def rows(docs: list[dict[str, Any]]) -> list[Row]:
     """Every (where, group, resource, names, verbs) the operator's ServiceAccount holds."""
-    [account] = [d["metadata"]["name"] for d in docs if d["kind"] == "ServiceAccount" and "console" not in d["metadata"]["name"]]
+    [account] = [
+        d["metadata"]["name"]
+        for d in docs
+        if d["kind"] == "ServiceAccount" and "console" not in d["metadata"]["name"]
+    ]
     roles = {(d["kind"], d["metadata"]["name"]): d for d in docs if d["kind"] in ("Role", "ClusterRole")}
     found: set[Row] = set()
     for binding in docs:
-        if binding["kind"] not in ("RoleBinding", "ClusterRoleBinding") or not _operator_bound(binding, account):
+        if binding["kind"] not in ("RoleBinding", "ClusterRoleBinding") or not _operator_bound(
+            binding, account
+        ):
             continue
         ref = binding["roleRef"]
         role = roles[(ref["kind"], ref["name"])]  # a binding to a role the chart does not render fails here
@@ -77,7 +83,12 @@ def rows(docs: list[dict[str, Any]]) -> list[Row]:
 def table(helm: str) -> str:
     lines = []
     for label, args in RENDERS.items():
-        lines += [f"#### {label.capitalize()}", "", "| Where | API group | Resource | Names | Verbs |", "|---|---|---|---|---|"]
+        lines += [
+            f"#### {label.capitalize()}",
+            "",
+            "| Where | API group | Resource | Names | Verbs |",
+            "|---|---|---|---|---|",
+        ]
         lines += [f"| {' | '.join(row)} |" for row in rows(render(helm, args))]
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"

@@ -44,7 +44,7 @@ from durable_agents.shell.effects.mcp import MCP_SERVERS_EXTRA, run_mcp_servers
 from durable_agents.shell.effects.plugins import load_effects, load_planners
 from durable_agents.shell.ground import metrics
 from durable_agents.shell.ground.faults import process_faults
-from durable_agents.shell.ground.kube import Kube, ObjectKey
+from durable_agents.shell.ground.kube import ImpersonationRefused, Kube, ObjectKey
 from durable_agents.shell.ground.lifecycle import Background
 from durable_agents.shell.ground.store import Conflict, Gone, RunStore
 from durable_agents.shell.ground.workqueue import WorkQueue
@@ -69,6 +69,7 @@ from durable_agents.shell.ledger.unsealing import (
 from durable_agents.shell.observability import run_traces
 from durable_agents.shell.observability.census import UnknownOutcomes
 from durable_agents.shell.observability.events import EventRecorder
+from durable_agents.shell.ownership.namespaces import ManagedNamespaces
 
 log = logging.getLogger(__name__)
 A = ActionState
@@ -137,6 +138,7 @@ class Dispatcher(Background):
         self._unknown = UnknownOutcomes()  # and since when: the gauges of unknown outcomes
         self.people = PersonAnswers(self.events, config.keyring)  # spec.reconciliations, verified
         self.pacing = QueryPacing()  # unknown answers: asked again after a backoff
+        self.namespaces = ManagedNamespaces(kube)  # acting as a run's ServiceAccount: where let
 
     def observe(self, event_type: str | None, body: dict[str, Any]) -> None:
         meta = body.get("metadata") or {}
@@ -166,6 +168,9 @@ class Dispatcher(Background):
                 return
         spec = ActionRecordSpec.model_validate(body["spec"])
         for _ in range(8):  # bounded: a record moves through at most a few states per pass
+            if not await self.namespaces.allowed(key[0]):  # not managed: nothing sent, queried or failed
+                self.queue.wake_at(key, self.namespaces.due(key[0]))
+                return
             status = await self._believed(body)
             self._track_unknown(key, status)
             step = next_dispatch_step(status, datetime.now(UTC), spec.first_claim, self.config.identity)
@@ -185,6 +190,8 @@ class Dispatcher(Background):
                     if next_body is None:
                         return
                     body = next_body
+            except ImpersonationRefused:  # its namespace opted out meanwhile: the request was not made
+                self.namespaces.refused(key[0])  # so the record waits (above), untouched
             except Conflict:
                 log.info("%s/%s moved on meanwhile (409); reading it again", *key)
                 body = await self.store.get(*key)  # someone else moved it: decide again
