@@ -18,7 +18,7 @@ import yaml
 from kubernetes import client
 
 from durable_agents_testkit.cluster import KubeEnv
-from durable_agents_testkit.rbac import Rule, grant, grant_cluster, rule
+from durable_agents_testkit.rbac import Rule, bind, grant, grant_cluster, rule, service_account
 
 FILES = Path(__file__).resolve().parents[2] / "charts" / "durable-agents" / "files"
 OPERATOR_USER = "durable-agents-operator"
@@ -60,3 +60,21 @@ def manage(
 def leases_only(kube: KubeEnv | client.ApiClient, namespace: str, who: str = OPERATOR_USER) -> None:
     """The operator's Leases in ``namespace``, nothing else: its own namespace, not a managed one."""
     grant(kube, namespace, who, _rules("operator-lease-rules.yaml"), name=f"{who}-leases", exist_ok=True)
+
+
+def opt_in_args(namespace: str, release: str, operator_namespace: str) -> list[str]:
+    """The kubectl arguments that opt ``namespace`` in for the chart's operator (release
+    ``release`` in ``operator_namespace``), as docs/security/operator-rbac.md gives them."""
+    fullname = f"{release}-durable-agents"
+    return [
+        *("create", "rolebinding", "durable-agents", "-n", namespace),
+        f"--clusterrole={fullname}-managed-namespace",
+        f"--serviceaccount={operator_namespace}:{fullname}",
+    ]
+
+
+def opt_in(kube: KubeEnv | client.ApiClient, namespace: str, release: str, operator_namespace: str) -> None:
+    """The same RoleBinding as :func:`opt_in_args`, made through the API."""
+    fullname = f"{release}-durable-agents"
+    account = service_account(fullname, operator_namespace)
+    bind(kube, namespace, account, f"{fullname}-managed-namespace", cluster_role=True, name="durable-agents")
