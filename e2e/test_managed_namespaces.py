@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from kubernetes import client
 
+from durable_agents.api.v1alpha1 import GROUP, VERSION
+from durable_agents.api.v1alpha1.labels import RUN_LABEL
+from durable_agents.shell.ownership.leases import lease_name
 from durable_agents_testkit.audit import read_audit
 from durable_agents_testkit.cluster import KubeEnv
 from durable_agents_testkit.eventually import Within, eventually
@@ -43,6 +46,11 @@ READ_ASK_READ = {
         {"name": "read-again", **READ},
         {"name": "done", "complete": {"result": "ok"}},
     ],
+}
+DONE_ONLY = {
+    "taskType": "e2e",
+    "objective": "finish",
+    "steps": [{"name": "done", "complete": {"result": "ok"}}],
 }
 READ_REFUSED = "get configmaps/settings"  # the one read the API server refused the operator
 
@@ -162,3 +170,47 @@ def test_a_namespace_that_opts_out_leaves_its_runs_where_they_are_until_it_opts_
     assert done["status"]["outcome"]["result"] == "ok"
     assert len(done["status"]["checkpoint"]["evidence"]) == 2, "both reads made, as its ServiceAccount"
     assert refused_for(plane, team.namespace, since) == [READ_REFUSED], "refused once, not in a loop"
+
+
+def test_a_lease_of_an_earlier_release_renewed_while_the_run_waits_keeps_it_waiting(
+    kube: KubeEnv, plane: LocalControlPlane, runs: Runs, start_operator: Callable[..., OperatorProcess]
+) -> None:
+    """Per-run Leases of an earlier release are read (``get``, in a managed namespace), never
+    watched cluster-wide: a Lease its old holder renews after the operator first read it is read
+    again before the run is advanced, so the run waits for the renewed expiry, not the first."""
+    name = runs.create(DONE_ONLY, name="held-by-old")
+    uid = runs.get(name)["metadata"]["uid"]
+    owner = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "AgentRun", "name": name, "uid": uid}
+    duration = 6
+    leases = client.CoordinationV1Api(kube.api)
+    held = leases.create_namespaced_lease(
+        runs.namespace,
+        {
+            "metadata": {"name": lease_name(name), "labels": {RUN_LABEL: name}, "ownerReferences": [owner]},
+            "spec": {
+                "holderIdentity": "old-release-pod",
+                "leaseDurationSeconds": duration,
+                "renewTime": _micro(),
+            },
+        },
+    )
+    since = datetime.now(UTC)
+    start_operator()
+
+    def read_by_operator() -> bool:
+        entries = read_audit(plane.audit_log_path, user=OPERATOR_USER, since=since, mentions=lease_name(name))
+        return any(e.resource == "leases" and e.verb == "get" and e.code == 200 for e in entries)
+
+    eventually(read_by_operator, Within.TAKEOVER, "the operator to read the old release's Lease")
+    renewed = leases.patch_namespaced_lease(
+        lease_name(name), runs.namespace, {"spec": {"renewTime": _micro()}}
+    )
+    assert renewed.spec.renew_time < held.spec.renew_time + timedelta(seconds=duration), "renewed while live"
+    expires = renewed.spec.renew_time + timedelta(seconds=duration)
+    done = runs.wait_state(name, "completed", timeout=Within.RUN)
+    first = datetime.fromisoformat(done["status"]["history"][0]["at"])
+    assert first >= expires, f"advanced at {first}, before the renewed Lease expired at {expires}"
+
+
+def _micro() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
