@@ -168,7 +168,7 @@ class Dispatcher(Background):
                 return
         spec = ActionRecordSpec.model_validate(body["spec"])
         for _ in range(8):  # bounded: a record moves through at most a few states per pass
-            if not await self.namespaces.allowed(key[0]):  # not managed: nothing sent, queried or failed
+            if await self.namespaces.refused_before(key[0]):  # opted out: nothing sent, queried or failed
                 self.queue.wake_at(key, self.namespaces.due(key[0]))
                 return
             status = await self._believed(body)

@@ -55,6 +55,15 @@ class ManagedNamespaces:
             self._remember(namespace, allowed)
             return allowed
 
+    async def refused_before(self, namespace: str) -> bool:
+        """Whether the namespace was refused and still is. Asked again (a review) only for a
+        namespace refused before: a caller on a hot path (the dispatcher: its records were made
+        while the namespace was managed) makes no review, and no request waits for one."""
+        answer = self._answers.get(namespace)
+        if answer is None or answer[0]:
+            return False
+        return not await self.allowed(namespace)
+
     def refused(self, namespace: str) -> None:
         """The API server refused an impersonated request there: take that as the answer."""
         log.warning("namespace %s: impersonation refused; its runs wait until it opts in again", namespace)
