@@ -20,6 +20,7 @@ from kubernetes import client
 
 from durable_agents_testkit import local_plane
 from durable_agents_testkit.cluster import KubeEnv, install_crds
+from durable_agents_testkit.operator_rights import manage
 
 if TYPE_CHECKING:
     from durable_agents_testkit.localcluster.controlplane import LocalControlPlane
@@ -107,6 +108,7 @@ def namespace(kube: KubeEnv) -> Iterator[str]:
     name = f"t-{uuid.uuid4().hex[:10]}"
     core = client.CoreV1Api(kube.api)
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    manage(kube, name)  # managed: the operators the kit starts may act as its ServiceAccounts
     yield name
     core.delete_namespace(name, propagation_policy="Background")
 

@@ -6,7 +6,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-import yaml
 from kubernetes import client
 
 from durable_agents_testkit import local_plane
@@ -15,7 +14,8 @@ from durable_agents_testkit.cluster import KubeEnv
 from durable_agents_testkit.eventually import Within, eventually
 from durable_agents_testkit.governance import permissive_default
 from durable_agents_testkit.operator_process import OperatorProcess
-from durable_agents_testkit.rbac import grant, grant_cluster, rule, service_account
+from durable_agents_testkit.operator_rights import grant_operator
+from durable_agents_testkit.rbac import grant, rule, service_account
 from durable_agents_testkit.refsystem import ReferenceSystemThread
 from durable_agents_testkit.runs import Runs
 from durable_agents_testkit.scrape import free_port
@@ -37,9 +37,9 @@ def governed_namespace(request: pytest.FixtureRequest) -> None:
 
 @pytest.fixture(scope="session")
 def operator_kubeconfig(kube: KubeEnv) -> Path:
-    """A kubeconfig for the operator's own user, bound to exactly the chart's ClusterRole rules."""
-    rules = yaml.safe_load((REPO / "charts/durable-agents/files/operator-rules.yaml").read_text())
-    grant_cluster(kube, OPERATOR_USER, rules, name=OPERATOR_USER, exist_ok=True)
+    """A kubeconfig for the operator's own user, bound to the chart's cluster-wide rules; each
+    test's namespace is managed (the chart's namespace rules: conftest.py's ``namespace``)."""
+    grant_operator(kube, OPERATOR_USER)
     if kube.plane is None:  # an external cluster: run the operator with the given credentials
         return kube.kubeconfig
     return Path(kube.plane.write_user_kubeconfig(OPERATOR_USER, []))

@@ -1007,7 +1007,6 @@ def test_stale_backup_restore(lab: Lab, kube: KubeEnv) -> None:
     the same authoritative system: no effect may be applied again."""
     assert lab.refsystem is not None
     ref = lab.refsystem
-    rules = REPO / "charts/durable-agents/files/operator-rules.yaml"
     where: list[tuple[KubeEnv, list[str]]] = [(kube, lab.namespaces)]
     for r in range(SIZE.restore_rounds):
         ns = lab.namespace("restore")
@@ -1047,7 +1046,7 @@ def test_stale_backup_restore(lab: Lab, kube: KubeEnv) -> None:
         with LocalControlPlane() as plane2:
             fresh = KubeEnv.local(plane2)
             install_crds(fresh.api, REPO / "crds")
-            grant_operator_rules(fresh.api, rules)
+            grant_operator_rules(fresh.api)
             prepare_namespace(fresh.api, ns)
             restored = restore_objects(fresh, ns, backup)
             lab.note(f"round {r}: restored {restored} objects into a fresh control plane")

@@ -33,6 +33,7 @@ from durable_agents_testkit.cluster import KubeEnv
 from durable_agents_testkit.eventually import Within, eventually
 from durable_agents_testkit.localcluster.controlplane import LocalControlPlane
 from durable_agents_testkit.operator_process import OperatorProcess
+from durable_agents_testkit.operator_rights import manage
 from durable_agents_testkit.rbac import grant, grant_cluster, rule
 from durable_agents_testkit.refsystem import ReferenceSystemThread
 from durable_agents_testkit.runs import Runs
@@ -94,6 +95,7 @@ def ns2(kube: KubeEnv) -> Iterator[Runs]:
     name = f"t2-{uuid.uuid4().hex[:10]}"
     core = client.CoreV1Api(kube.api)
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    manage(kube, name)  # its operator may act there (and keeps its Leases there)
     yield Runs(kube, name)
     core.delete_namespace(name, propagation_policy="Background")
 

@@ -26,7 +26,6 @@ from durable_agents_controllers import (
     keyguard,
     regionfailover,
     retention,
-    runlease,
     webhook,
 )
 from durable_agents_controllers.config import ConfigError, OperatorConfig
@@ -60,7 +59,6 @@ def registry_for(manager: Manager) -> kopf.OperatorRegistry:
     manager.register(registry)
     controllers = (
         agentrun,
-        runlease,
         actionrecord,
         agentpolicy,
         regionfailover,

@@ -28,7 +28,7 @@ from durable_agents.shell.ground.lifecycle import Runnables
 from durable_agents.shell.intake.policies import PolicyCache
 from durable_agents.shell.intake.reflector import RunReflector
 from durable_agents.shell.ledger.actions import FirstClaims
-from durable_agents.shell.ledger.dispatcher import DispatcherConfig
+from durable_agents.shell.ledger.dispatch_config import DispatcherConfig
 from durable_agents.shell.observability.commit_metrics import initialise as initialise_metrics
 from durable_agents.shell.observability.run_traces import configure as configure_run_traces
 from durable_agents_controllers.config import OperatorConfig

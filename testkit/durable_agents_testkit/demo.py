@@ -37,6 +37,7 @@ from durable_agents_testkit.eventually import Within, eventually
 from durable_agents_testkit.localcluster.controlplane import LocalControlPlane, find_repo_root
 from durable_agents_testkit.modelserver import ModelServerThread
 from durable_agents_testkit.operator_process import OperatorProcess
+from durable_agents_testkit.operator_rights import grant_operator, manage
 from durable_agents_testkit.refsystem import ReferenceSystemThread
 from durable_agents_testkit.runs import Runs
 
@@ -88,24 +89,7 @@ def patch_spec(base: list[str], ns: str, name: str, patch: str) -> None:
 
 
 def operator_kubeconfig(env: KubeEnv, repo: Path) -> Path:
-    rules = yaml.safe_load((repo / "charts/durable-agents/files/operator-rules.yaml").read_text())
-    rbac = client.RbacAuthorizationV1Api(env.api)
-    with contextlib.suppress(client.ApiException):
-        rbac.create_cluster_role({"metadata": {"name": OPERATOR_USER}, "rules": rules})
-    with contextlib.suppress(client.ApiException):
-        rbac.create_cluster_role_binding(
-            {
-                "metadata": {"name": OPERATOR_USER},
-                "roleRef": {
-                    "apiGroup": "rbac.authorization.k8s.io",
-                    "kind": "ClusterRole",
-                    "name": OPERATOR_USER,
-                },
-                "subjects": [
-                    {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": OPERATOR_USER}
-                ],
-            }
-        )
+    grant_operator(env.api, OPERATOR_USER)  # the chart's cluster-wide rules; the demo's namespace is managed
     if env.plane is None:
         return env.kubeconfig
     return Path(env.plane.write_user_kubeconfig(OPERATOR_USER, []))
@@ -115,6 +99,7 @@ def prepare_namespace(env: KubeEnv, ns: str) -> None:
     core = client.CoreV1Api(env.api)
     rbac = client.RbacAuthorizationV1Api(env.api)
     core.create_namespace({"metadata": {"name": ns}})
+    manage(env.api, ns, OPERATOR_USER)  # the operator may act as its ServiceAccounts, keeps Leases there
     core.create_namespaced_config_map(
         ns, {"metadata": {"name": "rollout-settings"}, "data": {"maxSurge": "25%", "maxUnavailable": "0"}}
     )

@@ -72,6 +72,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "shards": 4,
         "leaseDurationSeconds": 30,
         "logLevel": "DEBUG",
+        "managedNamespaces": ["team-a", "team-b"],
     },
     "namespaced-without-optional-objects": {
         "replicas": 3,
@@ -318,7 +319,8 @@ def test_render_is_accepted_by_the_api_server(
     docs = render(helm, namespace, "--values", str(path))
 
     keys = [resource_key(doc) for doc in docs]
-    duplicates = [key for key, count in Counter(keys).items() if count > 1]
+    placed = [(doc["metadata"].get("namespace"), key) for doc, key in zip(docs, keys, strict=True)]
+    duplicates = [key for key, count in Counter(placed).items() if count > 1]
     assert not duplicates, f"rendered twice: {duplicates}"
     kinds = {(doc["apiVersion"], doc["kind"]) for doc in docs}
     assert kinds >= ALWAYS, f"missing from the render: {sorted(ALWAYS - kinds)}"
@@ -339,18 +341,29 @@ def test_render_is_accepted_by_the_api_server(
         }
         assert bool(configured) == bool(values["webhook"]["enabled"]), "webhook configurations"
 
-    kubectl = [str(bin_dir / "kubectl"), "--kubeconfig", str(kube.kubeconfig), "--namespace", namespace]
-    result = run([*kubectl, "apply", "--dry-run=server", "-f", "-"], input=yaml.safe_dump_all(docs))
-    ok(result)
-    lines = result.stdout.splitlines()
+    kubectl = [str(bin_dir / "kubectl"), "--kubeconfig", str(kube.kubeconfig)]
+    # The RoleBindings of the managed namespaces are made in those (each made here if missing).
+    where: dict[str, list[dict[str, Any]]] = {}
+    for doc in docs:
+        where.setdefault(doc["metadata"].get("namespace") or namespace, []).append(doc)
+    lines: list[str] = []
+    stderr: list[str] = []
+    for ns, those in where.items():
+        if ns != namespace:
+            run([*kubectl, "create", "namespace", ns])  # already there from another value set: fine
+        applied = [*kubectl, "--namespace", ns, "apply", "--dry-run=server", "-f", "-"]
+        result = run(applied, input=yaml.safe_dump_all(those))
+        ok(result)
+        lines += result.stdout.splitlines()
+        stderr += result.stderr.splitlines()
     refused = [line for line in lines if not APPLIED.match(line)]
-    assert not refused, f"not accepted in the server dry run: {refused}\n{result.stderr}"
+    assert not refused, f"not accepted in the server dry run: {refused}\n{stderr}"
     accepted = {f"{m['resource']}/{m['name']}" for m in map(APPLIED.match, lines) if m}
     assert accepted == set(keys), (
         f"rendered, not applied: {sorted(set(keys) - accepted)}; "
         f"applied, not rendered: {sorted(accepted - set(keys))}"
     )
-    warnings = [line for line in result.stderr.splitlines() if line.strip()]
+    warnings = [line for line in stderr if line.strip()]
     assert not warnings, "the API server warned:\n" + "\n".join(warnings)
 
 

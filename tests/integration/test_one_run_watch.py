@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
@@ -25,6 +24,7 @@ from durable_agents_testkit.audit import audit_offset, read_audit
 from durable_agents_testkit.cluster import KubeEnv
 from durable_agents_testkit.eventually import Within, eventually
 from durable_agents_testkit.operator_process import OperatorProcess
+from durable_agents_testkit.operator_rights import grant_operator, manage
 from durable_agents_testkit.runs import Runs
 from durable_agents_testkit.scrape import free_port, metric, scrape
 
@@ -37,22 +37,12 @@ ASK = {"name": "confirm", "ask": {"question": "go on?"}}
 
 
 @pytest.fixture
-def operator_kubeconfig(kube: KubeEnv) -> Iterator[Path]:
-    """A kubeconfig for a user of this test's own, bound to exactly the chart's ClusterRole rules."""
-    rules = yaml.safe_load((REPO / "charts/durable-agents/files/operator-rules.yaml").read_text())
+def operator_kubeconfig(kube: KubeEnv, namespace: str) -> Iterator[Path]:
+    """A kubeconfig for a user of this test's own, with the chart's cluster-wide rules, the
+    namespace managed for it."""
+    grant_operator(kube, USER, name=USER)
+    manage(kube, namespace, USER)
     rbac = client.RbacAuthorizationV1Api(kube.api)
-    role = {"metadata": {"name": USER}, "rules": rules}
-    binding = {
-        "metadata": {"name": USER},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": USER},
-        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": USER}],
-    }
-    for create, body in ((rbac.create_cluster_role, role), (rbac.create_cluster_role_binding, binding)):
-        try:
-            create(body)
-        except ApiException as err:
-            if err.status != 409:
-                raise
     yield Path(kube.plane.write_user_kubeconfig(USER, []))
     rbac.delete_cluster_role_binding(USER)
     rbac.delete_cluster_role(USER)

@@ -25,7 +25,8 @@ from durable_agents.core.ledger import TERMINAL_ACTION_STATES, action_record_nam
 from durable_agents.shell.ground.kube import Kube
 from durable_agents.shell.intake.reflector import RunReflector
 from durable_agents.shell.ledger.actions import FirstClaims
-from durable_agents.shell.ledger.dispatcher import Dispatcher, DispatcherConfig
+from durable_agents.shell.ledger.dispatch_config import DispatcherConfig
+from durable_agents.shell.ledger.dispatcher import Dispatcher
 from durable_agents.shell.runs.worker import RunWorker, WorkerConfig
 from durable_agents_testkit.cluster import KubeEnv
 from durable_agents_testkit.eventually import Within, eventually_async

@@ -33,6 +33,7 @@ from durable_agents_testkit.cluster import KubeEnv
 from durable_agents_testkit.demo import approver_kubeconfig, prepare_namespace
 from durable_agents_testkit.eventually import eventually
 from durable_agents_testkit.localcluster.node import NodeTestBed
+from durable_agents_testkit.operator_rights import opt_in, opt_in_args
 from durable_agents_testkit.rbac import grant
 from durable_agents_testkit.rbac import rule as policy_rule
 from durable_agents_testkit.runs import Runs
@@ -110,6 +111,7 @@ def installed(node_bed: NodeTestBed, env: KubeEnv, operator_image: str) -> Itera
 def demo_ns(env: KubeEnv, installed: float) -> Iterator[str]:
     ns = f"demo-{uuid.uuid4().hex[:6]}"
     prepare_namespace(env, ns)
+    opt_in(env, ns, RELEASE, OPERATOR_NS)  # managed: the chart's operator may act as its ServiceAccounts
     kubectl(env, "-n", ns, "apply", "-f", str(REPO / "config/samples/agentpolicy-default.yaml"))
     Runs(env, ns).await_webhook()
     yield ns
@@ -209,6 +211,36 @@ def test_the_demo_run_in_cluster_with_an_approval_through_the_webhook(env: KubeE
     done = runs.wait_state(name, "completed", timeout=90)
     assert done["status"]["outcome"]
     applied_once(env, demo_ns)
+
+
+def test_a_run_in_a_namespace_not_opted_in_is_marked_and_goes_on_once_it_opts_in(
+    env: KubeEnv, installed: float
+) -> None:
+    """The chart's operator may impersonate ServiceAccounts only where a namespace opted in: a run
+    elsewhere is left alone, marked NamespaceNotManaged (the fix named); the documented one-command
+    RoleBinding opts the namespace in and the run goes on, reading as its ServiceAccount."""
+    ns = f"unmanaged-{uuid.uuid4().hex[:6]}"
+    prepare_namespace(env, ns)
+    try:
+        kubectl(env, "-n", ns, "apply", "-f", str(REPO / "config/samples/agentpolicy-default.yaml"))
+        runs = Runs(env, ns)
+        runs.await_webhook()
+        kubectl(env, "-n", ns, "apply", "-f", str(REPO / "config/samples/agentrun-rollout.yaml"))
+
+        def marked() -> dict[str, Any] | None:
+            conditions = (runs.get("rollout").get("status") or {}).get("conditions") or []
+            return next((c for c in conditions if c["type"] == "NamespaceNotManaged"), None)
+
+        condition = eventually(marked, 60, "the run marked NamespaceNotManaged")
+        assert condition["status"] == "True"
+        assert "kubectl create rolebinding" in condition["message"], condition
+        assert (runs.get("rollout")["status"].get("state") or "pending") == "pending", "left alone"
+        kubectl(env, *opt_in_args(ns, RELEASE, OPERATOR_NS))
+        parked = runs.wait_state("rollout", "waiting_input", timeout=90)
+        assert parked["status"]["checkpoint"]["evidence"], "read as its ServiceAccount once opted in"
+        assert not [c for c in parked["status"]["conditions"] if c["type"] == "NamespaceNotManaged"]
+    finally:
+        client.CoreV1Api(env.api).delete_namespace(ns)
 
 
 def test_an_approval_by_someone_without_the_verb_is_refused_in_cluster(env: KubeEnv, demo_ns: str) -> None:

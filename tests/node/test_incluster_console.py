@@ -41,6 +41,7 @@ from durable_agents_testkit.cluster import KubeEnv
 from durable_agents_testkit.demo import prepare_namespace
 from durable_agents_testkit.eventually import eventually
 from durable_agents_testkit.localcluster.node import NodeTestBed
+from durable_agents_testkit.operator_rights import opt_in
 from durable_agents_testkit.runs import Runs
 
 CONSOLE = f"{RELEASE}-durable-agents-console"
@@ -65,6 +66,7 @@ def installed_with_console(node_bed: NodeTestBed, env: KubeEnv, operator_image: 
 def console_ns(env: KubeEnv, installed_with_console: None) -> Iterator[str]:  # noqa: F811
     ns = f"console-{uuid.uuid4().hex[:6]}"
     prepare_namespace(env, ns)
+    opt_in(env, ns, RELEASE, OPERATOR_NS)
     kubectl(env, "-n", ns, "apply", "-f", str(REPO / "config/samples/agentpolicy-default.yaml"))
     Runs(env, ns).await_webhook()
     yield ns

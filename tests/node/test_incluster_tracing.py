@@ -27,6 +27,7 @@ from durable_agents_testkit.cluster import KubeEnv
 from durable_agents_testkit.demo import prepare_namespace
 from durable_agents_testkit.eventually import eventually
 from durable_agents_testkit.localcluster.node import NodeTestBed
+from durable_agents_testkit.operator_rights import opt_in
 from durable_agents_testkit.runs import Runs
 
 REPO = Path(__file__).resolve().parents[2]
@@ -164,6 +165,7 @@ def test_tracing_turned_on_through_the_chart_reaches_a_collector_pod(
 ) -> None:
     ns = f"traced-{uuid.uuid4().hex[:6]}"
     prepare_namespace(env, ns)
+    opt_in(env, ns, RELEASE, OPERATOR_NS)
     try:
         node_bed.kubectl(
             "-n", ns, "apply", "-f", str(REPO / "config/samples/agentpolicy-default.yaml"), check=True

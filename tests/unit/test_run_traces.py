@@ -29,7 +29,7 @@ from durable_agents.core.engine.snapshot import run_trace_id, run_traceparent
 from durable_agents.shell.effects import Action, Applied, EffectContext, NotApplied
 from durable_agents.shell.effects.mcp import McpCall
 from durable_agents.shell.ground import tracing
-from durable_agents.shell.ledger.dispatcher import DispatcherConfig
+from durable_agents.shell.ledger.dispatch_config import DispatcherConfig
 from durable_agents.shell.observability import run_traces
 from durable_agents.shell.observability.json_logs import JsonFormatter, configure_logging
 from durable_agents.shell.observability.reporting import CommitReporter

@@ -11,7 +11,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
@@ -23,7 +22,8 @@ from durable_agents_testkit.cluster import KubeEnv
 from durable_agents_testkit.eventually import Within, eventually
 from durable_agents_testkit.governance import permissive_default
 from durable_agents_testkit.operator_process import OperatorProcess
-from durable_agents_testkit.rbac import grant, grant_cluster, group, rule, service_account
+from durable_agents_testkit.operator_rights import grant_operator, manage
+from durable_agents_testkit.rbac import grant, group, rule, service_account
 from durable_agents_testkit.refsystem import ReferenceSystemThread
 from durable_agents_testkit.runs import Runs
 from durable_agents_testkit.scrape import free_port
@@ -42,10 +42,10 @@ def _ignore_conflict(fn: Callable[[], Any]) -> None:
             raise
 
 
-def grant_operator_rules(api: client.ApiClient, rules_file: Path) -> None:
-    """The operator's user gets exactly the chart's ClusterRole rules (as e2e/conftest.py does)."""
-    rules = yaml.safe_load(rules_file.read_text())
-    grant_cluster(api, OPERATOR_USER, rules, name=OPERATOR_USER, exist_ok=True)
+def grant_operator_rules(api: client.ApiClient) -> None:
+    """The operator's user gets the chart's cluster-wide rules (as e2e/conftest.py does); each lab
+    namespace is managed (:func:`prepare_namespace`)."""
+    grant_operator(api, OPERATOR_USER)
 
 
 def prepare_namespace(api: client.ApiClient, name: str, *, approvers: bool = False) -> None:
@@ -60,6 +60,7 @@ def prepare_namespace(api: client.ApiClient, name: str, *, approvers: bool = Fal
             name, {"metadata": {"name": SETTINGS_CONFIGMAP}, "data": {"maxSurge": "25%"}}
         )
     )
+    manage(api, name, OPERATOR_USER)  # the operator may act as its ServiceAccounts, keeps Leases there
     reads = rule("", "configmaps", "get")
     grant(api, name, service_account("default", name), reads, name="read-settings", exist_ok=True)
     # Runs are governed by default: runs naming no policy send without approval, as they did.

@@ -243,12 +243,18 @@ async def install_webhooks(kube: Kube, mutating: dict[str, Any], validating: dic
             api.replace_validating_webhook_configuration,
         ),
     ):
-        try:
-            await kube.call(create, body)
+        try:  # the chart renders them, and grants get and update by name only: create is for
+            await kube.call(read, body["metadata"]["name"])  # an operator run outside it
         except ApiException as err:
-            if err.status != 409:
+            if err.status != 404:
                 raise
-            await _replace_webhooks(kube, body, read, replace)
+            try:
+                await kube.call(create, body)
+                continue
+            except ApiException as again:
+                if again.status != 409:  # another replica made it meanwhile
+                    raise
+        await _replace_webhooks(kube, body, read, replace)
 
 
 async def _replace_webhooks(kube: Kube, body: dict[str, Any], read: Any, replace: Any) -> None:

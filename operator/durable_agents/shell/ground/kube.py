@@ -11,6 +11,7 @@ import asyncio
 import functools
 import json
 import os
+import re
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -54,6 +55,28 @@ def load_api_client(kubeconfig: str | None = None, pool_size: int = 32) -> clien
     return client.ApiClient(cfg)
 
 
+class ImpersonationRefused(Exception):
+    """The API server refused the operator the right to act as a ServiceAccount (403 "cannot
+    impersonate"): the namespace has not opted in, or opted out. Not an ApiException, so no caller
+    takes it for the ServiceAccount's own refusal (a definite failure of the run's request): the
+    request was never made; the run waits for its namespace (NamespaceNotManaged)."""
+
+    def __init__(self, namespace: str, message: str) -> None:
+        super().__init__(message)
+        self.namespace = namespace
+
+    @classmethod
+    def of(cls, err: ApiException) -> ImpersonationRefused | None:
+        body = err.body.decode(errors="replace") if isinstance(err.body, bytes) else str(err.body or "")
+        if err.status != 403 or "cannot impersonate" not in body:
+            return None
+        found = _REFUSED_IN.search(body)
+        return cls(found.group(1) if found else "", body[:500])
+
+
+_REFUSED_IN = re.compile(r'in the namespace \\?"([a-z0-9-]+)\\?"')
+
+
 def service_account_user(namespace: str, name: str) -> str:
     return f"system:serviceaccount:{namespace}:{name}"
 
@@ -82,7 +105,13 @@ class Kube:
 
     async def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.executor, functools.partial(fn, *args, **kwargs))
+        try:
+            return await loop.run_in_executor(self.executor, functools.partial(fn, *args, **kwargs))
+        except ApiException as err:
+            refused = ImpersonationRefused.of(err)
+            if refused is not None:
+                raise refused from err
+            raise
 
     # --- the hot calls on the operator's own records -------------------------------------------
     # The generated methods validate every argument with pydantic and copy every request body

@@ -27,29 +27,27 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from durable_agents.api.v1alpha1 import ActionRecordSpec, ActionRecordStatus, ActionState, ResolvedReference
+from durable_agents.api.v1alpha1 import ActionRecordSpec, ActionRecordStatus, ActionState
 from durable_agents.core.engine import Settings
 from durable_agents.core.engine.actions import Refused, Unverified
 from durable_agents.core.ledger import Claim, GiveUpClaim, Query, SendFirst, WaitUntil, next_dispatch_step
-from durable_agents.core.regions import DEFAULT_REGION, owning_region_of
-from durable_agents.core.sealed_values import DataKey
-from durable_agents.core.sealing import Keyring
+from durable_agents.core.regions import owning_region_of
 from durable_agents.shell.agent.resolver import AgentResolver
-from durable_agents.shell.effects import Action, Applied, Effect, EffectContext, NotApplied, Unknown
+from durable_agents.shell.effects import Applied, Effect, EffectContext, NotApplied, Unknown
 from durable_agents.shell.effects.mcp import MCP_SERVERS_EXTRA, PROGRESS_EXTRA, run_mcp_servers
 from durable_agents.shell.effects.plugins import load_effects, load_planners
 from durable_agents.shell.ground import metrics
 from durable_agents.shell.ground.faults import process_faults
-from durable_agents.shell.ground.kube import Kube, ObjectKey
+from durable_agents.shell.ground.kube import ImpersonationRefused, Kube, ObjectKey
 from durable_agents.shell.ground.lifecycle import Background
 from durable_agents.shell.ground.store import Conflict, Gone, RunStore
 from durable_agents.shell.ground.workqueue import WorkQueue
 from durable_agents.shell.intake.policies import PolicyCache
-from durable_agents.shell.ledger.actions import ActionStore, FirstClaims
+from durable_agents.shell.ledger.actions import ActionStore
+from durable_agents.shell.ledger.dispatch_config import DispatcherConfig, Send
 from durable_agents.shell.ledger.intent_checks import DESTINATION_NOT_ALLOWED, check_intent, query_refusal
 from durable_agents.shell.ledger.progress_writes import ProgressWrites
 from durable_agents.shell.ledger.query_pacing import QueryPacing, observe_unknown_duration
@@ -70,6 +68,7 @@ from durable_agents.shell.ledger.unsealing import (
 from durable_agents.shell.observability import run_traces
 from durable_agents.shell.observability.census import UnknownOutcomes
 from durable_agents.shell.observability.events import EventRecorder
+from durable_agents.shell.ownership.namespaces import ManagedNamespaces
 
 log = logging.getLogger(__name__)
 A = ActionState
@@ -79,36 +78,6 @@ SEND_MARGIN = 0.5
 UNVERIFIED_RECHECK = timedelta(seconds=30)
 """How soon an intent held back (its run's checkpoint could not be verified) is looked at again."""
 FOREIGN_RECHECK = timedelta(seconds=30)  # another region's intent: looked at again after this
-
-
-@dataclass(frozen=True)
-class DispatcherConfig:
-    identity: str
-    timeout: float = 5.0  # a dispatch answer later than this is an unknown outcome
-    concurrency: int = 8
-    # Verifies run checkpoints' integrity stamps; the operator always has one (None: tests only).
-    keyring: Keyring | None = field(default=None, repr=False)
-    all_events: bool = False  # also the routine Dispatched / Succeeded Events (each an API write)
-    region: str = DEFAULT_REGION  # only the intents of runs this region owns are sent from here
-    # Shared with this process's worker: the intents it created under a first claim for us.
-    first_claims: FirstClaims | None = field(default=None, repr=False)
-
-    @property
-    def claim_ttl(self) -> timedelta:
-        # Long enough for one dispatch to answer, so a live dispatcher is never second-guessed.
-        return timedelta(seconds=self.timeout * 2 + 1)
-
-
-@dataclass(frozen=True)
-class Send:
-    """A record ready to be sent: its effect, the context it acts in (as the run's
-    ServiceAccount), the action unsealed with its references resolved, and what was read."""
-
-    effect: Effect
-    ctx: EffectContext
-    action: Action
-    data_key: DataKey | None
-    references: list[ResolvedReference]
 
 
 class Dispatcher(Background):
@@ -138,6 +107,7 @@ class Dispatcher(Background):
         self._unknown = UnknownOutcomes()  # and since when: the gauges of unknown outcomes
         self.people = PersonAnswers(self.events, config.keyring)  # spec.reconciliations, verified
         self.pacing = QueryPacing()  # unknown answers: asked again after a backoff
+        self.namespaces = ManagedNamespaces(kube)  # acting as a run's ServiceAccount: where let
 
     def observe(self, event_type: str | None, body: dict[str, Any]) -> None:
         meta = body.get("metadata") or {}
@@ -167,6 +137,9 @@ class Dispatcher(Background):
                 return
         spec = ActionRecordSpec.model_validate(body["spec"])
         for _ in range(8):  # bounded: a record moves through at most a few states per pass
+            if await self.namespaces.refused_before(key[0]):  # opted out: nothing sent, queried or failed
+                self.queue.wake_at(key, self.namespaces.due(key[0]))
+                return
             status = await self._believed(body)
             self._track_unknown(key, status)
             step = next_dispatch_step(status, datetime.now(UTC), spec.first_claim, self.config.identity)
@@ -186,6 +159,8 @@ class Dispatcher(Background):
                     if next_body is None:
                         return
                     body = next_body
+            except ImpersonationRefused:  # its namespace opted out meanwhile: the request was not made
+                self.namespaces.refused(key[0])  # so the record waits (above), untouched
             except Conflict:
                 log.info("%s/%s moved on meanwhile (409); reading it again", *key)
                 body = await self.store.get(*key)  # someone else moved it: decide again

@@ -30,11 +30,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
 from durable_agents.core.checkpoint import Fencing
 from durable_agents.shell.ground.kube import ObjectKey
-from durable_agents.shell.ownership.leases import LeaseRecord, lease_name, run_of_lease
+from durable_agents.shell.ownership.leases import LeaseRecord
 from durable_agents.shell.ownership.shards import ShardChange, ShardHold, ShardLeases, shard_of
 
 
@@ -114,22 +113,11 @@ class RunOwnership:
 
     # --- per-run Leases of an earlier release -------------------------------------------------
 
-    def observe_legacy(self, event_type: str | None, body: dict[str, Any]) -> ObjectKey | None:
-        """Track a per-run Lease from the watch; the run to look at again when one goes."""
-        meta = body.get("metadata") or {}
-        run = run_of_lease(meta)
-        if not run or meta.get("name") != lease_name(run):
-            return None
-        key = (meta.get("namespace", ""), run)
-        if event_type == "DELETED":
-            return key if self._legacy.pop(key, None) is not None else None
-        self._legacy[key] = LeaseRecord.from_dict(body)
-        return None
-
     def must_look(self, key: ObjectKey, right: Right) -> bool:
-        """Whether to read the run's per-run Lease before its first unit under this hold (once):
-        the Lease watch may not have delivered it yet when a run is first taken on."""
-        if self._looked.get(key) is right.hold:
+        """Whether to read the run's per-run Lease before this unit: once under each hold, and
+        again each time while one was seen live (nothing watches them: its holder may have renewed
+        it since; the operator may read them only in managed namespaces, never watch them all)."""
+        if self._looked.get(key) is right.hold and key not in self._legacy:
             return False
         self._looked[key] = right.hold
         return True
@@ -145,8 +133,9 @@ class RunOwnership:
         an earlier release made for this run counts (named, labelled and owned as it made them):
         anyone else's Lease under that name is no claim on the run and is left alone."""
         record = self._legacy.get(key)
-        if record is None or record.holder == self.identity or record.expired(now):
+        if record is None:
             return None
-        if record.foreign_because(key[1], uid) is not None:
+        if record.holder == self.identity or record.expired(now) or record.foreign_because(key[1], uid):
+            del self._legacy[key]  # no claim on the run: not read again under this hold
             return None
         return record.expires_at()

@@ -58,7 +58,7 @@ from durable_agents.core.sealing import Keyring
 from durable_agents.shell.agent.model_turns import ModelTurns
 from durable_agents.shell.agent.resolver import AgentResolver, model_calls_per_boundary
 from durable_agents.shell.effects.plugins import load_effects, load_planners
-from durable_agents.shell.ground.kube import Kube, ObjectKey
+from durable_agents.shell.ground.kube import ImpersonationRefused, Kube, ObjectKey
 from durable_agents.shell.ground.lifecycle import Background, forever
 from durable_agents.shell.ground.memory import trim_after_bursts
 from durable_agents.shell.ground.store import Conflict, Gone, RunStore
@@ -82,6 +82,7 @@ from durable_agents.shell.runs.internal_errors import InternalErrors
 from durable_agents.shell.runs.observing import Observers
 from durable_agents.shell.runs.policy_wait import PolicyWait
 from durable_agents.shell.runs.region_epochs import RegionEpochs
+from durable_agents.shell.runs.unmanaged import NamespaceGate
 
 log = logging.getLogger(__name__)
 
@@ -187,6 +188,7 @@ class RunWorker(Background):
         )
         wait = (self.policies, self.events, self.store, self.enqueue, self.internal_errors.policy_deleted)
         self.policy_wait = PolicyWait(*wait)  # a run waits for its policy (quarantined if force-deleted)
+        self.namespaces = NamespaceGate(kube, self.store, self.events, self.queue.wake_at, self.enqueue)
         self.definitions = Definitions(kube, self.agents, self.events, self.store, self.queue.wake_at)
 
     # --- intake ---------------------------------------------------------------------------
@@ -210,12 +212,6 @@ class RunWorker(Background):
         parent = (body.get("spec") or {}).get("parentRef")
         if parent and (body.get("status") or {}).get("state") in TERMINAL:
             self.enqueue((key[0], parent.get("name", "")))  # a child's outcome wakes its parent
-
-    def observe_lease(self, event_type: str | None, body: dict[str, Any]) -> None:
-        """A watch event for a per-run Lease (an earlier release's): a run it kept waiting may go on."""
-        released = self.ownership.observe_legacy(event_type, body)
-        if released is not None:
-            self.enqueue(released)
 
     def enqueue(self, key: ObjectKey) -> None:
         self.queue.add(key)
@@ -282,6 +278,8 @@ class RunWorker(Background):
         """One unit of work; an exception is retried with backoff, then quarantines the run."""
         try:
             await self._unit(key, body)
+        except ImpersonationRefused:  # its namespace opted out meanwhile: left alone, not failed
+            self.namespaces.refused(key)
         except Exception as err:
             await self.internal_errors.failed(key, err)
         else:
@@ -308,6 +306,8 @@ class RunWorker(Background):
         if right is None:
             return  # another replica's shard (or not yet ours): we are told when we take it
         self.failures.at(key, "decide", snap)
+        if not await self.namespaces.ready(key, body, snap):  # else NamespaceNotManaged, left alone
+            return
         if not await self.policy_wait.ready(key, body, snap):
             return
         if not await self.definitions.ready(key, body, snap):  # its Agent, ModelConfig are missing
