@@ -25,6 +25,7 @@ from durable_agents_testkit.cluster import KubeEnv
 from durable_agents_testkit.demo import approve, kubectl, patch_spec, prepare_namespace, say, step, timeline
 from durable_agents_testkit.localcluster.controlplane import find_repo_root
 from durable_agents_testkit.localcluster.node import NodeTestBed
+from durable_agents_testkit.operator_rights import opt_in_args
 from durable_agents_testkit.runs import Runs
 
 IMAGE = f"localhost/durable-agents:{__version__}"
@@ -86,6 +87,8 @@ def demo_in_cluster(bed: NodeTestBed, repo: Path) -> None:
     ns = f"demo-{uuid.uuid4().hex[:4]}"
     step(f"namespace {ns}: a ConfigMap to read; the run's ServiceAccount may read it and write one")
     prepare_namespace(env, ns)
+    step(f"namespace {ns} opts in: the operator may act as its ServiceAccounts there, nowhere else")
+    say(kubectl(kc, *opt_in_args(ns, RELEASE, OPERATOR_NS)).rstrip())
     kubectl(kc, "-n", ns, "apply", "-f", str(repo / "config/samples/agentpolicy-default.yaml"))
     runs = Runs(env, ns)
     runs.await_webhook()

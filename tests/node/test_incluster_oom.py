@@ -26,6 +26,7 @@ from durable_agents_testkit.cluster import KubeEnv
 from durable_agents_testkit.demo import approver_kubeconfig, prepare_namespace
 from durable_agents_testkit.eventually import eventually
 from durable_agents_testkit.localcluster.node import NodeTestBed
+from durable_agents_testkit.operator_rights import opt_in
 from durable_agents_testkit.runs import Runs
 
 REPO = Path(__file__).resolve().parents[2]
@@ -107,6 +108,7 @@ def test_the_operator_killed_at_its_memory_limit_restarts_and_the_run_completes_
     assert before.restart_count == 0, "the operator restarted before the test began"
     ns = f"oom-{uuid.uuid4().hex[:6]}"
     prepare_namespace(env, ns)
+    opt_in(env, ns, RELEASE, OPERATOR_NS)  # managed: the chart's operator may act as its ServiceAccounts
     try:
         node_bed.kubectl(
             "-n", ns, "apply", "-f", str(REPO / "config/samples/agentpolicy-default.yaml"), check=True
