@@ -1,5 +1,5 @@
 """AgentSchedule: the schedules of this replica's shards, each time started once
-(:mod:`durable_agents.shell.runs.schedules`, its own periodic list: a schedule is looked at every
+(:mod:`durable_agents.shell.runs.schedules`: the schedules this watch has seen are looked at every
 few seconds, whatever happens to it), and their admission in the webhook process
 (:mod:`durable_agents.shell.admission.schedules`). Only a process with run workers starts runs.
 """
@@ -20,11 +20,12 @@ from durable_agents.shell.admission.schedules import (
     check_schedule,
     schedule_stamps,
 )
-from durable_agents.shell.runs.schedules import ScheduleClock, Schedules
+from durable_agents.shell.ground.kube import ObjectKey
+from durable_agents.shell.runs.schedules import ScheduleClock, Schedules, observe_schedule
 from durable_agents_controllers.manager import Manager
 
 
-def build(manager: Manager) -> None:
+def build(manager: Manager, known: dict[ObjectKey, dict[str, Any]]) -> None:
     config = manager.config
     if config.workers == 0:
         return
@@ -39,13 +40,20 @@ def build(manager: Manager) -> None:
             operator=config.identity,
             clock=ScheduleClock(minute),
             interval=min(5.0, minute / 10),
+            known=known,
         )
     )
 
 
 def register(registry: kopf.OperatorRegistry, manager: Manager) -> None:
-    del registry  # its list is its own (a kind kopf does not need to watch)
-    manager.builds.append(build)
+    # Watched, not polled: a pass looks only at the schedules this watch has seen (kept from the
+    # first event on, whenever the schedules' loop starts).
+    known: dict[ObjectKey, dict[str, Any]] = {}
+    manager.builds.append(lambda m: build(m, known))
+
+    @kopf.on.event(GROUP, VERSION, AGENT_SCHEDULE_PLURAL, registry=registry)
+    async def schedule_event(event: kopf.RawEvent, **_: Any) -> None:
+        observe_schedule(known, event.get("type"), dict(event.get("object") or {}))
 
 
 def register_admission(registry: kopf.OperatorRegistry, manager: Manager) -> None:

@@ -93,6 +93,18 @@ def _condition(kind: str, ok: bool, reason: str, message: str) -> dict[str, Any]
     }
 
 
+def observe_schedule(
+    known: dict[ObjectKey, dict[str, Any]], event_type: str | None, body: dict[str, Any]
+) -> None:
+    """A watch event of an AgentSchedule (None: the initial listing), into ``known``."""
+    meta = body.get("metadata") or {}
+    key = (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+    if event_type == "DELETED":
+        known.pop(key, None)
+    else:
+        known[key] = body
+
+
 class Schedules(Background):
     """The schedules of the shards this replica holds, looked at every ``interval`` seconds."""
 
@@ -105,6 +117,7 @@ class Schedules(Background):
         operator: str,
         clock: ScheduleClock | None = None,
         interval: float = 5.0,
+        known: dict[ObjectKey, dict[str, Any]] | None = None,
     ) -> None:
         self.kube = kube
         self.keyring = keyring
@@ -113,6 +126,9 @@ class Schedules(Background):
         self.operator = operator  # this operator's user, as a Replace cancellation's requester
         self.clock = clock or ScheduleClock()
         self.interval = interval
+        # The schedules there are, kept by the operator's watch (observe_schedule): a pass makes
+        # no request when there is none, so parked runs and an idle cluster cost nothing here.
+        self.known: dict[ObjectKey, dict[str, Any]] = {} if known is None else known
 
     async def run(self) -> None:
         while True:
@@ -142,7 +158,7 @@ class Schedules(Background):
         return list(found.get("items") or [])
 
     async def pass_once(self) -> None:
-        for schedule in await self._list(AGENT_SCHEDULE_PLURAL, self.namespace):
+        for schedule in list(self.known.values()):
             meta = schedule.get("metadata") or {}
             key = (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
             if meta.get("deletionTimestamp") or not self.holds(key):
