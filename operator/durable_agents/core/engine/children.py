@@ -81,12 +81,24 @@ def child_run_name(parent: str, step: str) -> str:
 
 def child_body(run: RunSnapshot, step: StartChild) -> dict[str, Any]:
     """The child AgentRun: owned by the parent, same ServiceAccount, policy and deadline."""
-    spec = run.spec
-    child: dict[str, Any] = {
+    what = {
         "taskType": step.child.task_type,
         "objective": step.child.objective,
-        "serviceAccountName": spec.service_account_name,
         "steps": [child_step.wire() for child_step in step.child.steps],
+    }
+    return owned_child(run, step.name, what, {})
+
+
+def owned_child(
+    run: RunSnapshot, step: str, what: dict[str, Any], annotations: dict[str, str]
+) -> dict[str, Any]:
+    """A child AgentRun of ``run`` made by its ``step``: ``what`` it does, with the parent's
+    ServiceAccount, policy, deadline and tenant, owned by the parent (scripted children and
+    sub-agents alike)."""
+    spec = run.spec
+    child: dict[str, Any] = {
+        **what,
+        "serviceAccountName": spec.service_account_name,
         "parentRef": {"name": run.name, "uid": run.uid},
     }
     if spec.policy_ref is not None:
@@ -99,10 +111,10 @@ def child_body(run: RunSnapshot, step: StartChild) -> dict[str, Any]:
         "apiVersion": API_VERSION,
         "kind": "AgentRun",
         "metadata": {
-            "name": child_run_name(run.name, step.name),
+            "name": child_run_name(run.name, step),
             "namespace": run.namespace,
             "labels": {PARENT_LABEL: label_value(run.name)},
-            "annotations": {PARENT_STEP_ANNOTATION: step.name},
+            "annotations": {PARENT_STEP_ANNOTATION: step, **annotations},
             "ownerReferences": [
                 {"apiVersion": API_VERSION, "kind": "AgentRun", "name": run.name, "uid": run.uid}
             ],

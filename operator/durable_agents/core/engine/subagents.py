@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from durable_agents.api.v1alpha1 import API_VERSION, Outcome
+from durable_agents.api.v1alpha1 import Outcome
 from durable_agents.api.v1alpha1.states import RunState
 from durable_agents.core.agent.limits import AgentLimits
 from durable_agents.core.agent.planner import ModelPlanner
@@ -35,12 +35,10 @@ from durable_agents.core.checkpoint import ChildRecord, ExternalEvidenceRef
 from durable_agents.core.digest import canonical_digest
 from durable_agents.core.engine.children import (
     AGENT_PATH_ANNOTATION,
-    PARENT_LABEL,
-    PARENT_STEP_ANNOTATION,
     child_run_name,
     children_cancel_reason,
     ended,
-    label_value,
+    owned_child,
     running_children,
 )
 from durable_agents.core.engine.commits import CommitBuilder
@@ -80,34 +78,12 @@ def ancestry(run: RunSnapshot, keyring: Keyring | None) -> tuple[str, ...] | Non
 def sub_agent_body(run: RunSnapshot, step: StartSubAgent, path: tuple[str, ...]) -> dict[str, Any]:
     """The child AgentRun: a run of the called Agent, owned by the parent, with its ServiceAccount,
     policy, deadline and tenant; ``path`` is the Agents above the child (the parent's last)."""
-    spec = run.spec
-    child: dict[str, Any] = {
-        "taskType": (spec.task_type[:40] + "-subagent").strip("-."),
+    what = {
+        "taskType": (run.spec.task_type[:40] + "-subagent").strip("-."),
         "objective": step.objective,
-        "serviceAccountName": spec.service_account_name,
         "agentRef": step.agent_ref,
-        "parentRef": {"name": run.name, "uid": run.uid},
     }
-    if spec.policy_ref is not None:
-        child["policyRef"] = spec.policy_ref.wire()
-    if spec.deadline is not None:
-        child["deadline"] = spec.deadline.isoformat()
-    if spec.tenant is not None:
-        child["tenant"] = spec.tenant
-    return {
-        "apiVersion": API_VERSION,
-        "kind": "AgentRun",
-        "metadata": {
-            "name": child_run_name(run.name, step.name),
-            "namespace": run.namespace,
-            "labels": {PARENT_LABEL: label_value(run.name)},
-            "annotations": {PARENT_STEP_ANNOTATION: step.name, AGENT_PATH_ANNOTATION: "/".join(path)},
-            "ownerReferences": [
-                {"apiVersion": API_VERSION, "kind": "AgentRun", "name": run.name, "uid": run.uid}
-            ],
-        },
-        "spec": child,
-    }
+    return owned_child(run, step.name, what, {AGENT_PATH_ANNOTATION: "/".join(path)})
 
 
 def call_refusal(
