@@ -153,7 +153,9 @@ class StuckCheck(Background):
         self.versions: dict[ObjectKey, tuple[int, datetime]] = {}  # stateVersion, first seen at
         where = self.config.lease_namespace
         self.leases = LeaseView(kube, where) if where is not None else None
-        self._unowned_series: set[tuple[str, str]] = set()
+        # The series exist (at 0) on a live operator, for its own region: the alert and the
+        # dashboard have something to read before anything is stuck.
+        self._unowned_series = set_gauge({(region, reason): 0 for reason in unowned.REASONS}, set())
         self._rbac = Cached(self.config.cache_seconds)
         self._parents = Cached(self.config.cache_seconds)
         self._rbac_refused = False
