@@ -201,7 +201,13 @@ def test_each_cause_marks_the_run_stuck_why_names_the_fix_and_removing_it_clears
         assert f"kubectl agentrun retry {forged} -n {ns}" in why(runs, forged)
         assert asked
 
-        text = scrape(port)
+        # The gauge is set at the end of the pass that wrote the last condition: await that pass.
+        def gauges_counted() -> str | None:
+            text = scrape(port)
+            counted = all(metric(text, f'durable_agents_stuck_runs{{reason="{r}"}}') == 1 for r in REASONS)
+            return text if counted else None
+
+        text = eventually(gauges_counted, Within.COMMIT, "the stuck gauge of the pass that wrote the conditions")
         for reason in REASONS:
             assert metric(text, f'durable_agents_stuck_runs{{reason="{reason}"}}') == 1, reason
             assert metric(text, f'durable_agents_stuck_detections_total{{reason="{reason}"}}') == 1, reason
