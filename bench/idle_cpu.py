@@ -9,11 +9,14 @@ measures its CPU over ``--windows`` windows of ``--window`` seconds each (median
 machine is shared), then records ``--flame`` seconds with py-spy (a flame graph per round, written
 after the windows so the sampler's own cost is not measured).
 
-Rounds after the first wait for a file ``<out>.go-<label>`` to appear: the code can be changed
-between rounds (the operator is a fresh process started from the working tree), and the runs parked
-once serve every round, so "before" and "after" are measured in one session on the same objects.
+The runs parked once serve every round, so "before" and "after" are measured in one session on the
+same objects: a round whose label starts with ``old`` runs the operator of ``--old-tree`` (a tree
+with the previous release's ``operator/`` and ``controllers/``, e.g. ``git archive HEAD~1 operator
+controllers | tar -x -C DIR``), the others the working tree's; alternate them (``old1,new1,old2,
+new2``) so the machine's noise falls on both. With ``--gated``, rounds after the first wait for a
+file ``<out>.go-<label>`` to appear (to change the code, or the runs, between rounds).
 
-    .venv/bin/python -m bench.idle_cpu --parked 5000 --rounds before,after --out bench/results/idle_cpu.json
+    .venv/bin/python -m bench.idle_cpu --parked 5000 --rounds old1,new1,old2,new2 --old-tree DIR
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench.core import REPO, await_states, create_runs, environment, parked, proc_sample
+from bench.core import REPO, await_finalized, await_states, create_runs, environment, parked, proc_sample
 from bench.resources import ASK
 from durable_agents_testkit.eventually import Within, eventually
 from durable_agents_testkit.governance import permissive_default
@@ -70,12 +73,16 @@ def measure_round(
     env: Any, namespace: str, count: int, args: argparse.Namespace, label: str
 ) -> dict[str, Any]:
     port = free_port()
+    tree: dict[str, str] = {}
+    if label.startswith("old") and args.old_tree is not None:
+        tree["PYTHONPATH"] = f"{args.old_tree / 'operator'}:{args.old_tree / 'controllers'}"
     started = time.perf_counter()
     op = env.operator(
         namespace,
         f"idle-{label}",
         DURABLE_AGENTS_METRICS_PORT=str(port),
         DURABLE_AGENTS_WEBHOOK_PORT=str(free_port()),
+        **tree,
     )
     try:
         eventually(lambda: parked(port) >= count, 2 * Within.SETTLE, f"{count} wake-ups armed", interval=0.5)
@@ -92,6 +99,7 @@ def measure_round(
     finally:
         op.stop()
     return {
+        "code": str(args.old_tree) if tree else "working tree",
         "cold_start_seconds": round(cold, 1),
         "idle_cpu_percent_of_one_core": {
             "median": statistics.median(windows),
@@ -113,6 +121,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--windows", type=int, default=6, help="CPU windows per round")
     parser.add_argument("--window", type=float, default=20.0, help="seconds per CPU window")
     parser.add_argument("--flame", type=float, default=30.0, help="seconds py-spy records per round")
+    parser.add_argument("--old-tree", type=Path, help="the previous operator/ and controllers/: rounds old*")
+    parser.add_argument(
+        "--gated", action="store_true", help="rounds after the first wait for <out>.go-<label>"
+    )
     parser.add_argument("--out", type=Path, default=REPO / "bench/results/idle_cpu.json")
     args = parser.parse_args(argv)
     labels = [label for label in args.rounds.split(",") if label]
@@ -132,13 +144,18 @@ def main(argv: list[str] | None = None) -> int:
         started = time.perf_counter()
         try:
             await_states(env, namespace, "waiting_input", args.parked, timeout=60 * 60, interval=2)
+            result["seconds_to_park_all"] = round(time.perf_counter() - started, 1)
+            # Retention's finalizer (one paced write per parked run) lags the parking: idle is after it.
+            await_finalized(env, namespace, args.parked, timeout=60 * 60)
+            result["seconds_to_finalize_all"] = round(time.perf_counter() - started, 1)
         finally:
             op.stop()
-        result["seconds_to_park_all"] = round(time.perf_counter() - started, 1)
-        log(f"parked in {result['seconds_to_park_all']} s")
+        log(
+            f"parked in {result['seconds_to_park_all']} s, finalized in {result['seconds_to_finalize_all']} s"
+        )
         for index, label in enumerate(labels):
             gate = args.out.with_name(f"{args.out.name}.go-{label}")
-            if index > 0:
+            if index > 0 and args.gated:
                 log(f"waiting for {gate}")
                 while not gate.exists():
                     time.sleep(2)
