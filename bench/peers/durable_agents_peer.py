@@ -76,6 +76,7 @@ from durable_agents_testkit.demo import operator_kubeconfig
 from durable_agents_testkit.eventually import Within, eventually
 from durable_agents_testkit.localcluster.controlplane import LocalControlPlane, find_repo_root
 from durable_agents_testkit.operator_process import OperatorProcess
+from durable_agents_testkit.operator_rights import leases_only, manage
 from durable_agents_testkit.scrape import free_port
 
 APPROVER = "bench-approver"
@@ -472,8 +473,10 @@ class DurableAgentsPeer(PeerSystem):
             "DURABLE_AGENTS_WORKERS": str(self.workers),
             "DURABLE_AGENTS_LEASE_NAMESPACE": LEASE_NAMESPACE,
         }
+        kubeconfig = operator_kubeconfig(env, repo)
+        leases_only(env, LEASE_NAMESPACE)  # namespaces opt in: the operator's own Leases are here
         self.operator = OperatorProcess(
-            operator_kubeconfig(env, repo),
+            kubeconfig,
             self.work / "operator",
             name="bench-operator",
             lease_duration=self.lease_duration,
@@ -572,6 +575,7 @@ class DurableAgentsPeer(PeerSystem):
 
     def _prepare_namespace(self, ns: str, mapping: str) -> None:
         self.core.create_namespace({"metadata": {"name": ns}})
+        manage(self.api, ns)  # opted in: the operator may act there
         self.core.create_namespaced_config_map(ns, {"metadata": {"name": CONFIGMAP}, "data": {"x": "1"}})
         self._grant_run(ns, "peer-read", "configmaps", [CONFIGMAP])
         if mapping == "model":
