@@ -35,6 +35,7 @@ from kubernetes import client
 
 from durable_agents import __version__
 from durable_agents.api.v1alpha1 import GROUP, VERSION
+from durable_agents.core.retention import FINALIZER
 from durable_agents_testkit.audit import read_audit
 from durable_agents_testkit.cluster import KubeEnv, install_crds
 from durable_agents_testkit.eventually import Within, eventually
@@ -151,6 +152,22 @@ def await_states(
         lambda: states(env, namespace).get(state, 0) >= count,
         timeout,
         f"{count} runs in {state} in {namespace}",
+        interval=interval,
+    )
+
+
+def await_finalized(env: Env, namespace: str, count: int, timeout: float, interval: float = 2.0) -> None:
+    """Until ``count`` runs carry the retention finalizer. Retention adds it to each parked run, one
+    paced write per run, behind the parking itself: until it has, the operator is catching up
+    (a write and its watch event per run), not idle, and an idle window would measure that."""
+
+    def finalized() -> int:
+        return sum(FINALIZER in (r["metadata"].get("finalizers") or []) for r in list_runs(env, namespace))
+
+    eventually(
+        lambda: finalized() >= count,
+        timeout,
+        f"{count} runs with {FINALIZER} in {namespace}",
         interval=interval,
     )
 

@@ -294,7 +294,7 @@ def test_a_pass_judges_each_run_as_last_delivered_even_if_it_changed_during_the_
         holds=lambda key: True,
         region=DEFAULT_REGION,
         keyring=None,
-        policies=SimpleNamespace(get=lambda key: None),  # type: ignore[arg-type]
+        policies=SimpleNamespace(get=lambda key: None, policies={}),  # type: ignore[arg-type]
         events=None,  # type: ignore[arg-type]
     )
     check.observe_run(None, body("a", "waiting_input", "1"))

@@ -150,6 +150,19 @@ def wait_expiry(spec: AgentRunSpec, status: AgentRunStatus) -> datetime | None:
     return min(found) if found else None
 
 
+def judged_for_good(spec: AgentRunSpec, status: AgentRunStatus, bounds: Mapping[RunState, timedelta]) -> bool:
+    """Whether the verdict on the run, as it is, can change only when the run does, an action of it
+    is found with an unknown outcome, or a policy changes: it depends on no time passing (no wait
+    without expiry, no advance bound), no RBAC object (no approval waited for) and no parent run.
+    A periodic check need not judge such a run again until one of those changes."""
+    state = status.state
+    if state.terminal or state is RunState.QUARANTINED:
+        return True
+    if (spec.parent_ref is not None and state.waiting) or needs_approver(status) or state in bounds:
+        return False
+    return not (state.waiting and wait_expiry(spec, status) is None)
+
+
 def stuck(
     namespace: str, name: str, spec: AgentRunSpec, status: AgentRunStatus, facts: Facts
 ) -> Stuck | None:

@@ -135,6 +135,12 @@ class Notifier(Background):
         # pass skips them until one changes (what is due only shrinks with time: expiries).
         self.settled: dict[ObjectKey, tuple[Any, ...]] = {}
         self.changed: dict[ObjectKey, float] = {}  # when each run's resourceVersion last changed
+        # The runs the next pass looks at: each changed one, each not settled yet (a delivery in
+        # flight, a record not written, a shard not held), and every run once the policies
+        # changed. A settled or ungoverned run costs nothing until its next watch event.
+        self.due: set[ObjectKey] = set()
+        self._policies_seen: dict[ObjectKey, AgentPolicySpec] | None = None
+        self.looked = 0  # runs looked at by passes so far (a parked run, after its first: none)
         self._wake = asyncio.Event()
         self._slots = asyncio.Semaphore(self.config.concurrency)
         self._session: aiohttp.ClientSession | None = None
@@ -148,12 +154,14 @@ class Notifier(Background):
             self.runs.pop(key, None)
             self.done.pop(key, None)
             self.settled.pop(key, None)
+            self.due.discard(key)
             self.changed.pop(key, None)
             return
         before = self.runs.get(key)
         if before is None or before["metadata"].get("resourceVersion") != meta.get("resourceVersion"):
             self.changed[key] = time.monotonic()
         self.runs[key] = slim(body)
+        self.due.add(key)
         self._wake.set()
 
     # --- the pass ---------------------------------------------------------------------------------
@@ -187,30 +195,43 @@ class Notifier(Background):
 
     async def pass_once(self) -> None:
         now = datetime.now(UTC)
-        for key in list(self.runs):
+        if self._policies_seen != self.policies.policies:  # which policy governs, or what it asks
+            self._policies_seen = dict(self.policies.policies)
+            self.due.update(self.runs)
+        due, self.due = self.due, set()
+        for key in due:
             body = self.runs.get(key)
-            governing = self._policy(body) if body is not None else None
-            if body is None or governing is None:
-                continue
-            found, policy = governing
-            meta = body.get("metadata") or {}
-            marker = (meta.get("resourceVersion"), found, policy.version)
-            if self.settled.get(key) == marker:
-                continue  # checked before the (HMAC) checks below: a parked run costs a lookup
-            if not self.holds(key) or owning_region_of(body, self.keyring) != self.region:
-                continue
-            uid = str(meta.get("uid") or "")
-            due = core.deliveries(core.notices_for(body, now), policy.notifications or [])
-            seen = core.recorded(meta.get("annotations"), self.keyring, uid)
-            done = self.done.setdefault(key, set())
-            for delivery in due:
-                if delivery.key not in seen | done and delivery.key not in self.inflight:
-                    task = asyncio.create_task(self._deliver(key, body, found, delivery))
-                    self.inflight[delivery.key] = task
-            if (done & {d.key for d in due}) - seen and self._quiet(key, body):
-                seen = await self._record(key, body, core.record(due, seen | done, self.keyring, uid))
-            if {d.key for d in due} <= seen:
-                self.settled[key] = marker
+            if body is not None and not await self._look(key, body, now):
+                self.due.add(key)
+
+    async def _look(self, key: ObjectKey, body: dict[str, Any], now: datetime) -> bool:
+        """Start what the run is due; True when nothing is left to do for it as it is now (no
+        notification policy governs it, or every due delivery is recorded)."""
+        self.looked += 1
+        governing = self._policy(body)
+        if governing is None:
+            return True
+        found, policy = governing
+        meta = body.get("metadata") or {}
+        marker = (meta.get("resourceVersion"), found, policy.version)
+        if self.settled.get(key) == marker:
+            return True  # checked before the (HMAC) checks below
+        if not self.holds(key) or owning_region_of(body, self.keyring) != self.region:
+            return False  # looked at again: this replica may hold its shard later
+        uid = str(meta.get("uid") or "")
+        due = core.deliveries(core.notices_for(body, now), policy.notifications or [])
+        seen = core.recorded(meta.get("annotations"), self.keyring, uid)
+        done = self.done.setdefault(key, set())
+        for delivery in due:
+            if delivery.key not in seen | done and delivery.key not in self.inflight:
+                task = asyncio.create_task(self._deliver(key, body, found, delivery))
+                self.inflight[delivery.key] = task
+        if (done & {d.key for d in due}) - seen and self._quiet(key, body):
+            seen = await self._record(key, body, core.record(due, seen | done, self.keyring, uid))
+        if {d.key for d in due} <= seen:
+            self.settled[key] = marker
+            return True
+        return False
 
     def _quiet(self, key: ObjectKey, body: Mapping[str, Any]) -> bool:
         """Whether the run's record may be written now: it ended, or has not changed for a while."""
@@ -278,6 +299,7 @@ class Notifier(Background):
                 await asyncio.sleep(pause)
             if key in self.runs:  # still due something: the pass records it
                 self.done.setdefault(key, set()).add(delivery.key)
+                self.due.add(key)
                 self._wake.set()
         finally:
             self.inflight.pop(delivery.key, None)

@@ -6,15 +6,16 @@ last delivered it (a slim copy: no checkpoint body, no history), the process's A
 the ActionRecords the watch reports with an unknown outcome. The API is read only for runs that
 need it: a policy the cache does not have (is it really gone?) and, for a run waiting for an
 approval, the RBAC objects (who holds the approver verb? under a quorum: how many people?), each
-cached for a few intervals. A parked run that waits for something with an expiry costs nothing.
+cached for a few intervals. A parked run that waits for something with an expiry costs nothing:
+once judged (and its condition as judged), it is not judged again until it, the outcomes of its
+actions or the policies change (:func:`~durable_agents.core.stuck.judged_for_good`).
 
 When the verdict differs from the run's ``Stuck`` condition, the run is read, judged again, and
 its status replaced with the condition brought up to date (compare-and-swap on the resourceVersion
 read: a 409 only means the next pass tries again). A run newly found stuck gets a Warning Event
 (reason ``Stuck``) and counts in ``durable_agents_stuck_detections_total{reason}``; the gauge
-``durable_agents_stuck_runs{reason}`` counts the stuck runs this replica owns. Commits of the
-worker carry the condition over (``CARRIED_CONDITIONS`` in the engine): only this check sets or
-clears it.
+``durable_agents_stuck_runs{reason}`` counts the stuck runs this replica owns. Only this check
+sets or clears the condition (the worker's commits carry it over: ``CARRIED_CONDITIONS``).
 
 An eligible run (pending, ready, resume_validation, cancel_requested) is ``NotAdvancing`` when its
 ``stateVersion`` has not changed, as this replica's watch saw it, for its state's bound
@@ -35,7 +36,6 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 from prometheus_client import Counter, Gauge
-from pydantic import ValidationError
 
 from durable_agents.api.v1alpha1 import (
     GROUP,
@@ -57,6 +57,7 @@ from durable_agents.shell.ground.lifecycle import Background
 from durable_agents.shell.intake.policies import PolicyCache
 from durable_agents.shell.observability.events import EventRecorder
 from durable_agents.shell.runs.stuck_unowned import Cached, LeaseView, set_gauge
+from durable_agents.shell.runs.stuck_view import parsed, slim
 
 log = logging.getLogger(__name__)
 
@@ -76,9 +77,6 @@ for _reason in unowned.REASONS:
 
 TERMINAL = frozenset(s.value for s in RunState if s.terminal)
 UNKNOWN = ActionState.OUTCOME_UNKNOWN.value
-# What the check keeps of a run's checkpoint: where its wait's own expiry is recorded.
-_CHECKPOINT_KEEP = {"pendingInput": ("expiresAt",), "pendingExternal": ("expiresAt",), "retry": ("retryAt",)}
-_SPEC_KEEP = ("taskType", "objective", "policyRef", "deadline", "region", "createdBy", "parentRef")
 
 
 @dataclass(frozen=True)
@@ -102,34 +100,6 @@ class StuckConfig:
         return 3 * self.interval
 
 
-def slim(body: dict[str, Any]) -> dict[str, Any]:
-    """The part of a run the check judges from (a run's checkpoint and history can be large)."""
-    meta = body.get("metadata") or {}
-    spec = body.get("spec") or {}
-    status = {k: v for k, v in (body.get("status") or {}).items() if k not in ("checkpoint", "history")}
-    checkpoint = (body.get("status") or {}).get("checkpoint")
-    if isinstance(checkpoint, dict):
-        status["checkpoint"] = {
-            part: {k: checkpoint[part][k] for k in keys if k in checkpoint[part]}
-            for part, keys in _CHECKPOINT_KEEP.items()
-            if isinstance(checkpoint.get(part), dict)
-        }
-    return {
-        "metadata": {k: meta.get(k) for k in ("name", "namespace", "uid", "resourceVersion", "generation")},
-        "spec": {k: spec[k] for k in _SPEC_KEEP if k in spec},
-        "status": status,
-    }
-
-
-def parsed(body: dict[str, Any]) -> tuple[AgentRunSpec, AgentRunStatus] | None:
-    try:
-        return AgentRunSpec.model_validate(body.get("spec") or {}), AgentRunStatus.model_validate(
-            body.get("status") or {}
-        )
-    except ValidationError:
-        return None  # an unreadable run is the worker's to quarantine, not this check's to judge
-
-
 class StuckCheck(Background):
     def __init__(
         self,
@@ -146,11 +116,16 @@ class StuckCheck(Background):
         self.holds, self.region, self.keyring = holds, region, keyring
         self.policies, self.events = policies, events
         self.config = config or StuckConfig()
+        self.bounds = self.config.state_bounds
         self.runs: dict[ObjectKey, dict[str, Any]] = {}  # slim copies: non-terminal, or marked Stuck
         # Parsed runs, with the resourceVersion parsed: re-parsed only when the run changed.
         self._parsed: dict[ObjectKey, tuple[str | None, tuple[AgentRunSpec, AgentRunStatus] | None]] = {}
         self.unknown: dict[ObjectKey, dict[str, core.UnknownAction]] = {}  # per run: unknown outcomes
         self.versions: dict[ObjectKey, tuple[int, datetime]] = {}  # stateVersion, first seen at
+        # Runs judged for good (core.judged_for_good), condition written: (resourceVersion, reason).
+        self.settled: dict[ObjectKey, tuple[str | None, str | None]] = {}
+        self._policies_seen: dict[ObjectKey, AgentPolicySpec] | None = None
+        self.judged = 0  # verdicts derived by passes so far (a parked run with an expiry: once)
         where = self.config.lease_namespace
         self.leases = LeaseView(kube, where) if where is not None else None
         # The series exist (at 0) on a live operator, for its own region: the alert and the
@@ -170,6 +145,7 @@ class StuckCheck(Background):
         marked = any(
             c.get("type") == core.STUCK and c.get("status") == "True" for c in status.get("conditions") or []
         )
+        self.settled.pop(key, None)
         if event_type == "DELETED" or (status.get("state") in TERMINAL and not marked):
             self.runs.pop(key, None)
             self._parsed.pop(key, None)
@@ -191,6 +167,7 @@ class StuckCheck(Background):
         if not run:
             return
         key, name = (meta.get("namespace", ""), run), meta.get("name", "")
+        self.settled.pop(key, None)  # its unknown outcomes may change the verdict
         # As the operator wrote it: a settled state without a valid outcome stamp is unknown.
         status = believed_status(body, self.keyring, datetime.now(UTC))
         actions = self.unknown.get(key, {})
@@ -224,12 +201,21 @@ class StuckCheck(Background):
         now = datetime.now(UTC)
         counts = dict.fromkeys(core.REASONS, 0)
         others: list[ObjectKey] = []
+        if self._policies_seen != self.policies.policies:  # a policy gone (or back) may change verdicts
+            self._policies_seen = dict(self.policies.policies)
+            self.settled.clear()
         for key in list(self.runs):
             body = self.runs.get(key)  # as of now: the watch may have delivered during an await
             if body is None:
                 continue
             if not self._owned(key, body):
                 others.append(key)
+                continue
+            version = (body.get("metadata") or {}).get("resourceVersion")
+            settled = self.settled.get(key)
+            if settled is not None and settled[0] == version:
+                if settled[1] is not None:
+                    counts[settled[1]] += 1
                 continue
             seen = self._parse(key, body)
             if seen is None:
@@ -241,6 +227,8 @@ class StuckCheck(Background):
                     counts[verdict.reason] += 1
                 if core.conditions_with(status.conditions, verdict, now, status.observed_generation):
                     await self._update(key, now)
+                elif core.judged_for_good(spec, status, self.bounds) and not self.unknown.get(key):
+                    self.settled[key] = (version, verdict.reason if verdict is not None else None)
             except ApiException as err:
                 log.warning(
                     "stuck check of run %s/%s failed (%s %s); next pass", *key, err.status, err.reason
@@ -304,6 +292,7 @@ class StuckCheck(Background):
     async def verdict(
         self, key: ObjectKey, spec: AgentRunSpec, status: AgentRunStatus, now: datetime
     ) -> core.Stuck | None:
+        self.judged += 1
         facts = await self.facts(key, spec, status, now)
         return core.stuck(key[0], key[1], spec, status, facts)
 
@@ -340,7 +329,7 @@ class StuckCheck(Background):
             now=now,
             parent_present=present_parent,
             threshold=timedelta(seconds=self.config.threshold),
-            bounds=self.config.state_bounds,
+            bounds=self.bounds,
             unchanged_since=self.versions[key][1] if key in self.versions else None,
             unanswered_after=timedelta(seconds=self.config.unanswered_after),
             policy_present=present,
