@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -74,6 +75,10 @@ class Tasks:
     cancels: list[str] = field(default_factory=list)
     """Task IDs canceled by tasks/cancel."""
     reuse_next: str | None = None
+    on_poll: Callable[[str], Any] | None = None
+    """Called with the task ID at each tasks/get, before it is answered; what it returns is kept
+    in ``seen_at_polls`` (a test reads the ActionRecord there: was the ID in it before the poll?)."""
+    seen_at_polls: list[Any] = field(default_factory=list)
 
     def answer(self, task: Task) -> dict[str, Any]:
         return {
@@ -133,6 +138,8 @@ def make_task_server(state: Tasks) -> Server[Any]:
 
     async def get(ctx: ServerRequestContext[Any], params: _TaskId) -> dict[str, Any]:
         task = known(params.task_id)
+        if state.on_poll is not None:
+            state.seen_at_polls.append(state.on_poll(task.id))
         task.polls += 1
         answer = state.answer(task) | {"resultType": "complete"}
         if task.status == "completed":
@@ -178,6 +185,17 @@ class TaskServerThread(McpServerThread):
 
     def task_ids(self) -> list[str]:
         return self.call(lambda: list(self.state.tasks))
+
+    def on_poll(self, check: Callable[[str], Any]) -> None:
+        """Call ``check`` (blocking the server, briefly) at every poll; see ``seen_at_polls``."""
+
+        def hook() -> None:
+            self.state.on_poll = check
+
+        self.call(hook)
+
+    def seen_at_polls(self) -> list[Any]:
+        return self.call(lambda: list(self.state.seen_at_polls))
 
     def finish(self) -> None:
         """Every working task completes."""

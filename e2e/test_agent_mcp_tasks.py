@@ -1,0 +1,158 @@
+"""Tasks as ledger handles (issue 36, item 2): an approved MCP call the server answers with a task
+is waited on through its ActionRecord, across SIGKILLs of the operator, and settled from the
+task's result; canceling the run cancels the task at the server.
+
+Real API server, the operator as separate processes, the reference model server, and the task
+reference server (:mod:`durable_agents_testkit.mcptasks`), whose ``compile_report`` answers with a
+task that works until the test releases it, and which counts calls, polls, fetched results and
+cancellations. At every poll the server reads the ActionRecord from the API server: the task ID
+must be there before the first poll.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections.abc import Callable
+from typing import Any
+
+from e2e.test_agent import agent_namespace, agent_spec, approve, model
+from e2e.test_agent_recovery import FAST_CLAIMS, LEASE
+from e2e.test_agent_results import tool_results
+
+from durable_agents.api.v1alpha1 import GROUP, VERSION
+from durable_agents.kubectl import progress as kubectl_progress
+from durable_agents_testkit.eventually import Within, eventually
+from durable_agents_testkit.mcptasks import TOOL, TaskServerThread
+from durable_agents_testkit.modelserver import ModelServerThread
+from durable_agents_testkit.operator_process import OperatorProcess
+from durable_agents_testkit.refsystem import ReferenceSystemThread
+from durable_agents_testkit.runs import Runs
+
+__all__ = ["agent_namespace", "model"]  # the fixtures, as test_agent.py defines them
+
+SCRIPT: dict[str, Any] = {
+    "model": "scripted-refunds",
+    "rules": [
+        {
+            "when": {"notCalled": [TOOL]},
+            "content": "Compiling the Q3 report.",
+            "toolCalls": [{"name": TOOL, "arguments": {"topic": "q3"}}],
+        },
+        {"when": {"called": [TOOL]}, "content": "The report is in."},
+    ],
+}
+
+
+def task_spec(model: ModelServerThread, refsystem: ReferenceSystemThread, server: TaskServerThread) -> Any:
+    """The sample run with the task server's one tool (consequential: approved, then the ledger's)."""
+    model.set_script(SCRIPT)
+    spec = agent_spec(model, refsystem)
+    spec["agent"]["tools"] = []
+    spec["agent"]["mcpServers"] = [{"name": "reports", "url": server.url, "tools": [TOOL]}]
+    return spec
+
+
+def the_record(runs: Runs) -> dict[str, Any]:
+    listed = runs.custom.list_namespaced_custom_object(GROUP, VERSION, runs.namespace, "actionrecords")
+    [record] = listed["items"]
+    return dict(record)
+
+
+def task_recorded(runs: Runs) -> Callable[[str], bool]:
+    """For the server's poll hook: whether the ActionRecord holds this task ID right now."""
+
+    def holds(task_id: str) -> bool:
+        listed = runs.custom.list_namespaced_custom_object(GROUP, VERSION, runs.namespace, "actionrecords")
+        return any(((r.get("status") or {}).get("task") or {}).get("id") == task_id for r in listed["items"])
+
+    return holds
+
+
+def waiting_on_task(runs: Runs) -> dict[str, Any]:
+    def recorded() -> dict[str, Any] | None:
+        listed = runs.custom.list_namespaced_custom_object(GROUP, VERSION, runs.namespace, "actionrecords")
+        shown = [r for r in listed["items"] if (r.get("status") or {}).get("task")]
+        return shown[0] if shown else None
+
+    return eventually(recorded, Within.RUN, "an ActionRecord with the server's task")
+
+
+def polled_more_than(server: TaskServerThread, task_id: str, polls: int) -> int:
+    def more() -> int | None:
+        now = server.polls(task_id)
+        return now if now > polls else None
+
+    return eventually(more, Within.RUN, f"task {task_id} polled more than {polls} times")
+
+
+def test_a_task_survives_two_kills_and_its_result_is_fetched_not_called_again(
+    start_operator: Callable[..., OperatorProcess],
+    runs: Runs,
+    agent_namespace: str,
+    model: ModelServerThread,
+    refsystem: ReferenceSystemThread,
+) -> None:
+    with TaskServerThread() as server:
+        server.on_poll(task_recorded(runs))
+        first = start_operator("first", LEASE, **FAST_CLAIMS)
+        name = runs.create(task_spec(model, refsystem, server))
+        assert approve(runs, name)["effect"] == "mcp.call"
+        record = waiting_on_task(runs)
+        task = record["status"]["task"]
+        key = record["spec"]["idempotencyKey"]
+        assert server.calls() == {key: 1}
+        assert server.task_ids() == [task["id"]]
+        assert record["status"]["state"] in ("intent", "dispatching"), "waiting, not settled"
+        assert runs.get(name)["status"]["state"] not in ("completed", "failed")
+
+        polls = polled_more_than(server, task["id"], 0)
+        first.kill()
+        assert first.wait_exit(0) == -signal.SIGKILL
+        second = start_operator("second", LEASE, **FAST_CLAIMS)
+        polls = polled_more_than(server, task["id"], polls)
+        second.kill()
+        assert second.wait_exit(0) == -signal.SIGKILL
+        start_operator("third", LEASE, **FAST_CLAIMS)
+        polls = polled_more_than(server, task["id"], polls)
+
+        shown = kubectl_progress.in_flight_lines(runs.custom, runs.namespace, runs.get(name))
+        assert any(line.startswith(f'  task:      "{task["id"]}" working') for line in shown), shown
+        assert any('server says "compiling q3: polled ' in line for line in shown), shown
+
+        server.finish()
+        done = runs.wait_state(name, "completed", "failed", timeout=Within.RUN)
+        assert done["status"]["state"] == "completed", done["status"].get("outcome")
+        assert server.calls() == {key: 1}, "the tool was called once, across two kills"
+        assert server.fetches() == {task["id"]: 1}, "the result was fetched from the task"
+        seen = server.seen_at_polls()
+        assert seen, "the task was polled"
+        assert all(seen), "the task ID was in the ActionRecord before every poll, the first included"
+        final = the_record(runs)
+        assert (final["status"]["state"], final["status"]["task"]["status"]) == ("succeeded", "completed")
+        told = tool_results(model.calls()["requests"], TOOL)
+        assert told, "the task's result reached the model"
+        assert "q3: 3 findings" in json.dumps(told)
+
+
+def test_canceling_the_run_cancels_its_task_at_the_server(
+    start_operator: Callable[..., OperatorProcess],
+    runs: Runs,
+    agent_namespace: str,
+    model: ModelServerThread,
+    refsystem: ReferenceSystemThread,
+) -> None:
+    with TaskServerThread() as server:
+        start_operator("op", LEASE, **FAST_CLAIMS)
+        name = runs.create(task_spec(model, refsystem, server))
+        approve(runs, name)
+        task = waiting_on_task(runs)["status"]["task"]
+        assert server.cancels() == []
+        runs.patch_spec(name, {"cancellations": {"stop": {"scope": "task"}}})
+        done = runs.wait_state(name, "canceled", "completed", "failed", timeout=Within.RUN)
+        assert done["status"]["state"] == "canceled"
+        assert server.cancels() == [task["id"]], "the task was canceled at the server"
+        final = the_record(runs)["status"]
+        assert (final["state"], final["reason"]) == ("failed", "McpTaskCancelled")
+        assert final["task"]["cancelAnswer"] == "cancelled: cancelled on request", "the answer is recorded"
+        assert server.fetches() == {}
