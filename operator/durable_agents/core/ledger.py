@@ -105,8 +105,8 @@ TASK_POLL_MAX = 30.0
 def task_poll_delay(polls: int, suggested_ms: int | None) -> timedelta:
     """How long after the last poll of a task to poll it again: the server's suggested interval
     (never under a second), doubled every few polls up to :data:`TASK_POLL_MAX` seconds."""
-    base = max(TASK_POLL_MIN, (suggested_ms or 0) / 1000.0)
-    return timedelta(seconds=min(TASK_POLL_MAX, max(base, base * 2 ** (polls // 5))))
+    base = min(TASK_POLL_MAX, max(TASK_POLL_MIN, (suggested_ms or 0) / 1000.0))
+    return timedelta(seconds=min(TASK_POLL_MAX, base * 2 ** min(polls // 5, 10)))
 
 
 def task_poll_at(status: ActionRecordStatus) -> datetime | None:
