@@ -156,3 +156,99 @@ def test_canceling_the_run_cancels_its_task_at_the_server(
         assert (final["state"], final["reason"]) == ("failed", "McpTaskCancelled")
         assert final["task"]["cancelAnswer"] == "cancelled: cancelled on request", "the answer is recorded"
         assert server.fetches() == {}
+
+
+def settled(runs: Runs, name: str) -> dict[str, Any]:
+    """The run's ActionRecord once it is no longer waiting on its task."""
+
+    def moved() -> dict[str, Any] | None:
+        listed = runs.custom.list_namespaced_custom_object(GROUP, VERSION, runs.namespace, "actionrecords")
+        mine = [r for r in listed["items"] if r["spec"]["runRef"]["name"] == name]
+        done = [
+            r for r in mine if (r.get("status") or {}).get("state") not in (None, "intent", "dispatching")
+        ]
+        return done[0] if done else None
+
+    return eventually(moved, Within.RUN, f"run {name}'s action to leave its task")
+
+
+def told(runs: Runs, record: dict[str, Any], reason: str) -> str:
+    """The message of the record's Event with ``reason`` (its status moves on: the query that
+    follows an unknown outcome writes its own reason)."""
+
+    def said() -> str | None:
+        events = [e for e in runs.events(record["metadata"]["name"]) if e.reason == reason]
+        return str(events[0].message) if events else None
+
+    return eventually(said, Within.RUN, f"a {reason} Event on {record['metadata']['name']}")
+
+
+def test_a_task_the_server_forgot_is_an_unknown_outcome_never_a_second_call(
+    start_operator: Callable[..., OperatorProcess],
+    runs: Runs,
+    agent_namespace: str,
+    model: ModelServerThread,
+    refsystem: ReferenceSystemThread,
+) -> None:
+    with TaskServerThread() as server:
+        start_operator("op", LEASE, **FAST_CLAIMS)
+        name = runs.create(task_spec(model, refsystem, server))
+        approve(runs, name)
+        record = waiting_on_task(runs)
+        server.forget()  # the server restarted: its tasks are gone
+        unknown = settled(runs, name)
+        assert unknown["status"]["state"] == "outcome_unknown", unknown["status"]
+        assert "does not know task" in told(runs, unknown, "McpTaskUnknown")
+        assert server.calls() == {record["spec"]["idempotencyKey"]: 1}, "not called again"
+        assert runs.get(name)["status"]["state"] not in ("completed", "failed"), "the run waits"
+
+
+def test_a_task_id_the_server_reuses_for_another_call_settles_nothing(
+    start_operator: Callable[..., OperatorProcess],
+    runs: Runs,
+    agent_namespace: str,
+    model: ModelServerThread,
+    refsystem: ReferenceSystemThread,
+) -> None:
+    with TaskServerThread() as server:
+        start_operator("op", LEASE, **FAST_CLAIMS)
+        first = runs.create(task_spec(model, refsystem, server))
+        approve(runs, first)
+        task = waiting_on_task(runs)["status"]["task"]
+        server.reuse(task["id"])
+        second = runs.create(task_spec(model, refsystem, server))
+        approve(runs, second)
+        reused = settled(runs, second)
+        assert reused["status"]["state"] == "outcome_unknown", reused["status"]
+        assert f"task {task['id']!r}, which belongs to ActionRecord" in told(runs, reused, "TaskIdReused")
+        server.finish()
+        done = runs.wait_state(first, "completed", "failed", timeout=Within.RUN)
+        assert done["status"]["state"] == "completed", "the task's own call is settled by it"
+        assert server.fetches() == {task["id"]: 1}, "the result was taken once, for its own call"
+        assert runs.get(second)["status"]["state"] not in ("completed", "failed")
+
+
+def test_a_task_that_never_ends_is_canceled_when_the_wait_expires(
+    start_operator: Callable[..., OperatorProcess],
+    runs: Runs,
+    agent_namespace: str,
+    model: ModelServerThread,
+    refsystem: ReferenceSystemThread,
+) -> None:
+    expiries = {"waitExpiries": {"external": "6s"}}
+    runs.custom.patch_namespaced_custom_object(
+        GROUP, VERSION, runs.namespace, "agentpolicies", "refunds", {"spec": expiries}
+    )
+    with TaskServerThread() as server:
+        start_operator("op", LEASE, **FAST_CLAIMS)
+        name = runs.create(task_spec(model, refsystem, server))
+        approve(runs, name)
+        task = waiting_on_task(runs)["status"]["task"]
+        expired = settled(runs, name)
+        assert expired["status"]["state"] == "outcome_unknown", expired["status"]
+        assert "did not end within 0:00:06; canceled at the server: cancelled" in told(
+            runs, expired, "TaskWaitExpired"
+        )
+        assert server.cancels() == [task["id"]], "the task was canceled at the server"
+        assert expired["status"]["task"]["cancelAnswer"].startswith("cancelled")
+        assert server.fetches() == {}

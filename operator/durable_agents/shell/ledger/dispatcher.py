@@ -117,9 +117,8 @@ class Dispatcher(Background):
         self.people = PersonAnswers(self.events, config.keyring)  # spec.reconciliations, verified
         self.pacing = QueryPacing()  # unknown answers: asked again after a backoff
         self.namespaces = ManagedNamespaces(kube)  # acting as a run's ServiceAccount: where let
-        self.tasks = TaskPolls(
-            kube, self.writes, self.runs, self.config, self._context
-        )  # calls answered with a task: polled (task_polls)
+        # Calls answered with a task: polled (task_polls).
+        self.tasks = TaskPolls(kube, self.writes, self.runs, self.config, self._context, self.policies)
 
     def observe(self, event_type: str | None, body: dict[str, Any]) -> None:
         meta = body.get("metadata") or {}

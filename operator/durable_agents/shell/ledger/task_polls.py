@@ -14,7 +14,7 @@
 - A terminal task settles the action with the task's result (completed: ``succeeded``, its result
   sealed like any outcome; failed or cancelled: ``failed``); a task the server no longer knows is
   ``outcome_unknown`` and reconciled like any other; a task that outlives the wait
-  (:data:`TASK_WAIT_MAX`) is canceled at the server and ``outcome_unknown`` (reason
+  (the run's policy's ``waitExpiries.external``) is canceled at the server and ``outcome_unknown`` (reason
   ``TaskWaitExpired``).
 - When the run is canceled (or gone), the task is canceled at the server (``tasks/cancel``) once,
   and the server's answer recorded in ``status.task.cancelAnswer``; polling goes on until the
@@ -40,12 +40,14 @@ from durable_agents.api.v1alpha1 import (
     ActionTask,
     RunState,
 )
+from durable_agents.core.durations import parse_duration
 from durable_agents.core.regions import owning_region_of
 from durable_agents.core.sealed_values import DataKey
 from durable_agents.shell.effects import Action, Applied, Effect, EffectContext, Failed, Tasked, TaskEffect
 from durable_agents.shell.ground import metrics
 from durable_agents.shell.ground.kube import Kube
 from durable_agents.shell.ground.store import Gone, RunStore
+from durable_agents.shell.intake.policies import PolicyCache
 from durable_agents.shell.ledger.dispatch_config import DispatcherConfig
 from durable_agents.shell.ledger.record_writes import RecordWrites
 from durable_agents.shell.ledger.unsealing import UNDECRYPTABLE, CannotUnseal, data_key_of, sealed_outcome
@@ -53,8 +55,10 @@ from durable_agents.shell.ledger.unsealing import UNDECRYPTABLE, CannotUnseal, d
 log = logging.getLogger(__name__)
 A = ActionState
 
-TASK_WAIT_MAX: Final = timedelta(days=7)
-"""How long a task is waited on before it is canceled and its outcome is unknown."""
+TASK_WAIT_MAX: Final = timedelta(hours=24)
+"""How long a task is waited on before it is canceled and its outcome is unknown, for a run
+without a policy; a run's policy sets it: ``spec.waitExpiries.external``, the bound of every
+external wait."""
 TASK_ID_REUSED: Final = "TaskIdReused"
 _CANCELING = (RunState.CANCEL_REQUESTED, RunState.CANCELED)
 
@@ -78,10 +82,16 @@ class TaskPolls:
         runs: RunStore,
         config: DispatcherConfig,
         context_of: ContextOf,
-        wait_max: timedelta = TASK_WAIT_MAX,
+        policies: PolicyCache,
     ) -> None:
         self.kube, self.writes, self.runs, self.config = kube, writes, runs, config
-        self.context_of, self.wait_max = context_of, wait_max
+        self.context_of, self.policies = context_of, policies
+
+    async def _wait_max(self, namespace: str, run_body: dict[str, Any] | None) -> timedelta:
+        """The run's policy's bound on an external wait (``waitExpiries.external``)."""
+        ref = (((run_body or {}).get("spec") or {}).get("policyRef") or {}).get("name")
+        policy = await self.policies.read(namespace, ref) if isinstance(ref, str) else None
+        return parse_duration(policy.wait_expiries.external) if policy is not None else TASK_WAIT_MAX
 
     async def poll_record(
         self, body: dict[str, Any], status: ActionRecordStatus, spec: ActionRecordSpec, effect: Effect | None
@@ -104,7 +114,8 @@ class TaskPolls:
             await self.writes.event(body, UNDECRYPTABLE, f"task not polled: {err}", warning=True)
             return later
         ctx = self.context_of(spec, namespace, run_body)
-        return await self.poll(body, status, effect, ctx, spec, run_body, data_key)
+        wait_max = await self._wait_max(namespace, run_body)
+        return await self.poll(body, status, effect, ctx, spec, run_body, data_key, wait_max)
 
     async def _write_task(
         self, body: dict[str, Any], status: ActionRecordStatus, task: ActionTask, **update: Any
@@ -180,6 +191,7 @@ class TaskPolls:
         spec: ActionRecordSpec,
         run_body: dict[str, Any] | None,
         data_key: DataKey | None,
+        wait_max: timedelta = TASK_WAIT_MAX,
     ) -> dict[str, Any]:
         """Poll the record's task once (cancel it first when its run was canceled) and write what it said."""
         task = status.task
@@ -193,8 +205,8 @@ class TaskPolls:
             task = task.model_copy(update={"cancel_requested_at": now, "cancel_answer": answer[:512]})
             body = await self._write_task(body, status, task)
             status = ActionRecordStatus.model_validate(body["status"])
-        if now - task.created_at > self.wait_max:
-            return await self._expired(body, status, task, effect, ctx, action)
+        if now - task.created_at > wait_max:
+            return await self._expired(body, status, task, effect, ctx, action, wait_max)
         result = await effect.poll(ctx, action, task.id)
         metrics.ACTION_QUERIES.labels(spec.effect, f"Task{type(result).__name__}").inc()
         polled = task.model_copy(update={"polls": task.polls + 1, "polled_at": now})
@@ -224,7 +236,8 @@ class TaskPolls:
         out = await self.writes.write(
             body, status, A.OUTCOME_UNKNOWN, reason=result.reason, message=result.message[:4096]
         )
-        await self.writes.event(out, "OutcomeUnknown", f"{result.reason}: {result.message}", warning=True)
+        # Its own reason: the query that follows writes (and tells) what it finds.
+        await self.writes.event(out, result.reason, f"{result.message}; asking by key", warning=True)
         return out
 
     async def _expired(
@@ -235,10 +248,11 @@ class TaskPolls:
         effect: TaskEffect,
         ctx: EffectContext,
         action: Action,
+        wait_max: timedelta,
     ) -> dict[str, Any]:
         """Waited too long: canceled at the server; whether the call applied is unknown."""
         answer = task.cancel_answer or await effect.cancel(ctx, action, task.id)
-        message = f"task {task.id} did not end within {self.wait_max}; canceled at the server: {answer}"
+        message = f"task {task.id} did not end within {wait_max}; canceled at the server: {answer}"
         stopped = task.model_copy(
             update={
                 "cancel_requested_at": task.cancel_requested_at or datetime.now(UTC),
