@@ -104,7 +104,11 @@ def test_a_task_survives_two_kills_and_its_result_is_fetched_not_called_again(
         assert server.calls() == {key: 1}
         assert server.task_ids() == [task["id"]]
         assert record["status"]["state"] in ("intent", "dispatching"), "waiting, not settled"
-        assert runs.get(name)["status"]["state"] not in ("completed", "failed")
+        waiting = runs.get(name)["status"]
+        assert (waiting["state"], waiting["waitingFor"]) == (
+            "waiting_external",
+            f"action:{record['metadata']['name']}",
+        ), "the run waits on the action whose record holds the task"
 
         polls = polled_more_than(server, task["id"], 0)
         first.kill()

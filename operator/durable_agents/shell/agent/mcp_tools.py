@@ -72,7 +72,7 @@ if TYPE_CHECKING:
     from mcp import Client
     from mcp_types import CallToolResult, Tool
 
-    from durable_agents.shell.agent.mcp_tasks import McpTask
+    from durable_agents.shell.agent.mcp_task_handles import McpTask
 
 __all__ = [
     "IDEMPOTENCY_META_KEY",
@@ -212,7 +212,7 @@ async def _connect(url: str, access: McpAccess, seen: _Seen, *, tasks: bool = Fa
     from mcp.client.streamable_http import streamable_http_client
     from mcp_types import Implementation
 
-    from durable_agents.shell.agent.mcp_tasks import tasks_extension
+    from durable_agents.shell.agent.mcp_task_handles import tasks_extension
 
     async def note(response: httpx2.Response) -> None:
         if response.status_code in (401, 403):
@@ -401,7 +401,7 @@ async def call_tool(
     """
     from mcp_types import CallToolRequest, CallToolRequestParams, CallToolResult, RequestParamsMeta
 
-    from durable_agents.shell.agent.mcp_tasks import raw_answer, task_of
+    from durable_agents.shell.agent.mcp_task_handles import raw_answer, task_of
 
     RAW = raw_answer()  # the answer as sent: a result, or (tasks) a task handle
 
