@@ -79,6 +79,8 @@ class Tasks:
     """Called with the task ID at each tasks/get, before it is answered; what it returns is kept
     in ``seen_at_polls`` (a test reads the ActionRecord there: was the ID in it before the poll?)."""
     seen_at_polls: list[Any] = field(default_factory=list)
+    broken: bool = False
+    """Completed tasks answer a result that is not a ``CallToolResult``."""
 
     def answer(self, task: Task) -> dict[str, Any]:
         return {
@@ -145,7 +147,8 @@ def make_task_server(state: Tasks) -> Server[Any]:
         if task.status == "completed":
             state.fetches[task.id] = state.fetches.get(task.id, 0) + 1
             report = {"report": f"{task.topic}: 3 findings", "idempotencyKey": task.key}
-            answer["result"] = {"content": [{"type": "text", "text": json.dumps(report)}]}
+            content = [{"type": "text", "text": json.dumps(report)}]
+            answer["result"] = {"content": "not a list"} if state.broken else {"content": content}
         return answer
 
     async def cancel(ctx: ServerRequestContext[Any], params: _TaskId) -> dict[str, Any]:
@@ -206,6 +209,14 @@ class TaskServerThread(McpServerThread):
                     task.status = "completed"
 
         self.call(done)
+
+    def break_results(self) -> None:
+        """Completed tasks answer an unreadable result from now on."""
+
+        def broken() -> None:
+            self.state.broken = True
+
+        self.call(broken)
 
     def forget(self) -> None:
         """Forget every task (a server restart)."""

@@ -61,6 +61,14 @@ async def test_an_unknown_task_is_told_apart_from_no_answer(server: TaskServerTh
         await poll_task("http://127.0.0.1:9/mcp", task.id, timeout=TIMEOUT)
 
 
+async def test_a_completed_task_with_an_unreadable_result_is_unknown(server: TaskServerThread) -> None:
+    task = await start(server, "run/0/report")
+    server.break_results()
+    server.finish()
+    with pytest.raises(McpTaskUnknown, match="completed without a readable result"):
+        await poll_task(server.url, task.id, timeout=TIMEOUT, tool=TOOL)
+
+
 async def test_a_cancellation_is_answered(server: TaskServerThread) -> None:
     task = await start(server, "run/0/report")
     assert await cancel_task(server.url, task.id, timeout=TIMEOUT) == "cancelled: cancelled on request"

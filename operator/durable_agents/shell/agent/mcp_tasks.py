@@ -38,6 +38,7 @@ from durable_agents.shell.agent.mcp_tools import (
     McpError,
     McpResult,
     McpUnreachable,
+    _checked,
     _connect,
     _describe,
     _leaves,
@@ -108,19 +109,29 @@ async def poll_task(
     timeout: float,  # noqa: ASYNC109 (a deadline for the whole operation, applied inside)
     access: McpAccess = NO_ACCESS,
     server: str = "",
+    tool: str | None = None,
 ) -> TaskPoll:
-    """``tasks/get`` for ``task_id`` once (module docstring); a read: safe to repeat."""
-    from mcp_types import CallToolResult
-
+    """``tasks/get`` for ``task_id`` once (module docstring); a read: safe to repeat. A completed
+    task's result is checked against ``tool``'s output schema, like a direct answer."""
     seen = _Seen(ServerLog(server or url))
     try:
         async with asyncio.timeout(timeout), _connect(url, access, seen, tasks=True) as client:
             raw = await _ask(client, "tasks/get", task_id)
+            return await _polled(client, url, task_id, raw, tool)
     except Exception as exc:
+        told = [leaf for leaf in _leaves(exc) if isinstance(leaf, McpTaskUnknown)]
+        if told:  # raised within the connection (the SDK's task groups wrap it)
+            raise told[0] from exc
         said = _answered_error(exc)
         if said is not None:
             raise McpTaskUnknown(f"{url} does not know task {task_id!r}: {said}", url=url) from exc
         raise McpUnreachable(f"polling task {task_id!r} at {url}: {_describe(exc, seen)}", url=url) from exc
+
+
+async def _polled(client: Client, url: str, task_id: str, raw: dict[str, Any], tool: str | None) -> TaskPoll:
+    from mcp_types import CallToolResult
+    from pydantic import ValidationError
+
     try:
         task = task_of(raw)
     except ValueError as err:
@@ -128,14 +139,18 @@ async def poll_task(
     if task.id != task_id:
         raise McpTaskUnknown(f"{url} answered tasks/get for {task_id!r} with task {task.id!r}", url=url)
     if task.status == "completed":
-        result = raw.get("result")
-        if not isinstance(result, dict):
-            raise McpTaskUnknown(f"{url}: task {task_id!r} completed without a result", url=url)
-        return TaskPoll(task, _result(CallToolResult.model_validate(result)))
+        try:
+            result = CallToolResult.model_validate(raw.get("result"), by_name=False)
+        except ValidationError as err:
+            count = err.error_count()
+            raise McpTaskUnknown(
+                f"{url}: task {task_id!r} completed without a readable result ({count} errors)", url=url
+            ) from None
+        return TaskPoll(task, await _checked(client, tool, result) if tool else _result(result))
     if task.status in ("failed", "cancelled"):
         error = raw.get("error")
-        said = str(error.get("message") or error)[:_MESSAGE_MAX] if isinstance(error, dict) else None
-        return TaskPoll(task, error=said or task.status_message or task.status)
+        words = str(error.get("message") or error)[:_MESSAGE_MAX] if isinstance(error, dict) else None
+        return TaskPoll(task, error=words or task.status_message or task.status)
     return TaskPoll(task)
 
 

@@ -431,7 +431,9 @@ async def call_tool(
                     if tasks and raw.get("resultType") == "task":  # a durable handle, not a result
                         answer = task_of(raw)
                     else:
-                        answer = await _checked(client, tool, CallToolResult.model_validate(raw))
+                        answer = await _checked(
+                            client, tool, CallToolResult.model_validate(raw, by_name=False)
+                        )
     except Exception as exc:
         if answer is not None:
             # The answer arrived; only closing the connection failed.

@@ -123,7 +123,7 @@ class McpCall:
             return Unknown("InvalidTarget", "mcp.call needs target.url")
         try:
             access = await _access(ctx, action.target.get("server"))
-            polled = await poll_task(url, task_id, timeout=ctx.timeout, access=access, server=url)
+            polled = await poll_task(url, task_id, timeout=ctx.timeout, access=access, server=url, tool=tool)
         except Unresolvable as err:  # asked again later: the Secret may come back
             return Tasked(task_id, "working", f"not polled: {err}"[:512])
         except McpTaskUnknown as err:
