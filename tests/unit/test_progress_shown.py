@@ -57,3 +57,37 @@ def test_the_console_shows_progress_in_the_ledger_escaped() -> None:
     [shown] = re.findall(r'<span class="progress">(.*?)</span>', html)
     assert shown.startswith(f"progress 7.0/10.0 at {AT}, server says ")
     assert "<b>" not in shown, "the server's markup is escaped"
+
+
+TASK = {"id": "t-1", "server": "http://s/mcp", "status": "working", "polls": 3, "createdAt": AT}
+
+
+def with_task(state: str, **task: Any) -> dict[str, Any]:
+    shown = record(state, None)
+    shown["status"]["task"] = {**TASK, **task}
+    return shown
+
+
+def test_the_plugin_shows_the_task_waited_on_with_the_servers_words_escaped() -> None:
+    """Also for a record sent under its first claim (still ``intent``) that waits on its task."""
+    for state in ("dispatching", "intent"):
+        lines = record_lines(with_task(state, statusMessage="half \x1b[2J done"))
+        assert lines[1] == '  task:      "t-1" working, polled 3 times, server says "half \\u001b[2J done"'
+    canceled = record_lines(with_task("dispatching", cancelRequestedAt=AT, cancelAnswer="cancelled"))
+    assert canceled[1].endswith(', cancel asked: "cancelled"')
+
+
+def test_the_console_shows_the_task_escaped() -> None:
+    page = templates().get_template("run_story.html")
+    html = page.render(
+        actions=[with_task("dispatching", statusMessage="<i>half</i>")],
+        why={},
+        possible=set(),
+        conditions=[],
+        shown=lambda value: "" if value is None else str(value),
+        page_url="/runs/ns/r",
+        csrf="c",
+    )
+    [shown] = re.findall(r'<span class="task">(.*?)</span>', html)
+    assert shown.startswith('task "t-1" working, polled 3 times, server says ')
+    assert "<i>" not in shown, "the server's markup is escaped"

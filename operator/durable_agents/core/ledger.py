@@ -84,11 +84,39 @@ class Query:
 
 
 @dataclass(frozen=True)
+class PollTask:
+    """The server answered the call with a task (``status.task``): ask the server about the
+    task (never send the call again) once ``at`` has come."""
+
+    at: datetime
+
+
+@dataclass(frozen=True)
 class WaitUntil:
     at: datetime | None
 
 
-DispatchStep = Claim | SendFirst | GiveUpClaim | Query | WaitUntil
+DispatchStep = Claim | SendFirst | GiveUpClaim | Query | PollTask | WaitUntil
+
+TASK_POLL_MIN = 1.0
+TASK_POLL_MAX = 30.0
+
+
+def task_poll_delay(polls: int, suggested_ms: int | None) -> timedelta:
+    """How long after the last poll of a task to poll it again: the server's suggested interval
+    (never under a second), doubled every few polls up to :data:`TASK_POLL_MAX` seconds."""
+    base = min(TASK_POLL_MAX, max(TASK_POLL_MIN, (suggested_ms or 0) / 1000.0))
+    return timedelta(seconds=min(TASK_POLL_MAX, base * 2 ** min(polls // 5, 10)))
+
+
+def task_poll_at(status: ActionRecordStatus) -> datetime | None:
+    """When the task of ``status`` is to be polled next (None: it has no task to poll)."""
+    task = status.task
+    if task is None or status.state not in (ActionState.INTENT, ActionState.DISPATCHING):
+        return None
+    if task.polled_at is None:
+        return task.created_at
+    return task.polled_at + task_poll_delay(task.polls, task.poll_interval_ms)
 
 
 def next_dispatch_step(
@@ -98,6 +126,9 @@ def next_dispatch_step(
     holder's to send until the claim expires; after that a send may have happened, so it is
     given up to ``outcome_unknown`` and the authoritative system is asked before any send."""
     state = status.state
+    poll_at = task_poll_at(status)
+    if poll_at is not None:  # the call was answered with a task: polled, whoever's claim it was
+        return PollTask(poll_at)
     if state is ActionState.INTENT:
         if first_claim is None:
             return Claim()
@@ -144,6 +175,7 @@ def next_status(
     update: dict[str, Any] = {"state": state, "reason": reason, "message": message}
     if claim:
         update |= {
+            "task": None,  # a new attempt: an earlier attempt's task is no longer waited on
             "attempts": status.attempts + 1,
             "claimed_by": identity,
             "claim_expires_at": now + claim_ttl,

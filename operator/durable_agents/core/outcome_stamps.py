@@ -53,7 +53,7 @@ def _time(value: datetime | None) -> str | None:
 
 def outcome_payload(name: str, key: str, status: ActionRecordStatus) -> dict[str, Any]:
     """What an outcome stamp covers."""
-    return {
+    payload: dict[str, Any] = {
         "kind": "ActionOutcome",
         "record": name,
         "idempotencyKey": key,
@@ -63,6 +63,9 @@ def outcome_payload(name: str, key: str, status: ActionRecordStatus) -> dict[str
         "outcome": canonical_digest(status.outcome) if status.outcome is not None else None,
         "reason": status.reason,
     }
+    if status.task is not None:  # only then: the stamps of records without a task are unchanged
+        payload["task"] = {"id": status.task.id, "server": status.task.server}
+    return payload
 
 
 def stamp_outcome(keyring: Keyring, name: str, key: str, status: ActionRecordStatus) -> str:
@@ -115,12 +118,15 @@ def believed(
         spec = ActionRecordSpec.model_validate(raw_spec)
     except ValidationError:
         return Belief(status)  # not an intent of this operator's: the dispatcher refuses it
-    if keyring is None or not spec.status_stamped or status.state is ActionState.INTENT:
+    # An intent needs no stamp, unless it carries a task: the task ID decides what is polled and
+    # whose result is taken, so one written by someone else is not believed.
+    unstamped_ok = status.state is ActionState.INTENT and status.task is None
+    if keyring is None or not spec.status_stamped or unstamped_ok:
         return Belief(status)
     if outcome_verifies(keyring, name, spec.idempotency_key, status):
         return Belief(status)
     claim = f"status {status.state.value!r}" + (f" ({status.reason})" if status.reason else "")
-    if status.state in _STAMPED:
+    if status.state in _STAMPED or status.task is not None:
         return _unknown(status, f"{claim} carries no outcome stamp that verifies")
     # dispatching: bounded by one claim TTL, it is at worst a wait of that long.
     expires = status.claim_expires_at

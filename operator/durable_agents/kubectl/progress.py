@@ -1,8 +1,9 @@
 """``kubectl agentrun status``: the run's actions in flight, with the progress the called system
 reported (an MCP server's progress notifications, written by the dispatcher at most once per few
-seconds: ``status.progress`` of the ActionRecord).
+seconds: ``status.progress`` of the ActionRecord), and the task it waits on (an MCP server's task:
+``status.task``, its status and the server's status message, written at each poll).
 
-The progress message is the server's text, not the operator's: shown quoted with every character
+The progress and task messages are the server's text, not the operator's: shown quoted with every character
 outside printable ASCII escaped, so it cannot move the cursor or pass for the operator's words.
 """
 
@@ -30,7 +31,7 @@ def record_lines(record: dict[str, Any]) -> list[str]:
     state still ``intent``) with progress reported; nothing for any other record."""
     status, spec = record.get("status") or {}, record.get("spec") or {}
     if status.get("state") not in ("intent", "dispatching") or (
-        status.get("state") == "intent" and not status.get("progress")
+        status.get("state") == "intent" and not status.get("progress") and not status.get("task")
     ):
         return []  # settled, unknown, or an intent not sent yet
     name = record["metadata"]["name"]
@@ -45,6 +46,17 @@ def record_lines(record: dict[str, Any]) -> list[str]:
         lines.append(
             f"  progress:  {_amount(progress)} at {progress.get('at')} "
             f"({progress.get('notifications', 0)} notifications){words}"
+        )
+    task = status.get("task")
+    if isinstance(task, dict):
+        said = task.get("statusMessage")
+        words = f", server says {json.dumps(said, ensure_ascii=True)}" if isinstance(said, str) else ""
+        canceled = (
+            f", cancel asked: {json.dumps(task.get('cancelAnswer'))}" if task.get("cancelRequestedAt") else ""
+        )
+        lines.append(
+            f"  task:      {json.dumps(task.get('id'), ensure_ascii=True)} {task.get('status')}, "
+            f"polled {task.get('polls', 0)} times{words}{canceled}"
         )
     return lines
 

@@ -138,6 +138,35 @@ class ActionProgress(ApiModel):
     """When this progress was written."""
 
 
+class ActionTask(ApiModel):
+    """The task an MCP server answered a ``tools/call`` with (the tasks extension): a durable
+    handle, written (stamped) before the first poll. While it is set and the action is not settled,
+    the operator polls the server for the task (never sends the call again) and records the
+    task's result as the action's outcome once it is terminal. ``statusMessage`` is the server's
+    text, not the operator's."""
+
+    id: str = Field(max_length=256)
+    """The task ID the server gave."""
+    server: str = Field(max_length=2048)
+    """The MCP endpoint the task lives at (the action's target URL)."""
+    status: str = Field(max_length=32)
+    """The task's last polled status: working, input_required, completed, failed or cancelled."""
+    status_message: str | None = Field(default=None, max_length=512)
+    """The server's own words about the task (quoted and escaped when shown)."""
+    poll_interval_ms: int | None = Field(default=None, ge=0)
+    """The polling interval the server suggested, in milliseconds."""
+    polls: int = Field(default=0, ge=0)
+    """Times the task was polled so far."""
+    created_at: datetime
+    """When the operator recorded the task."""
+    polled_at: datetime | None = None
+    """When the task was last polled."""
+    cancel_requested_at: datetime | None = None
+    """When the operator asked the server to cancel the task (its run was canceled)."""
+    cancel_answer: str | None = Field(default=None, max_length=512)
+    """What the server answered to the cancellation (its task status, or its error)."""
+
+
 class ActionRecordStatus(ApiModel):
     """The dispatch record: written by the operator's dispatchers only, stamped (status.stamp)."""
 
@@ -168,6 +197,8 @@ class ActionRecordStatus(ApiModel):
     """Why, for people."""
     progress: ActionProgress | None = None
     """The called system's latest progress while dispatching (see ActionProgress)."""
+    task: ActionTask | None = None
+    """The server's task, when it answered the call with one (see ActionTask)."""
     resolved_references: list[ResolvedReference] = Field(
         default_factory=list,
         max_length=32,

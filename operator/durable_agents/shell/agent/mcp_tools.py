@@ -51,7 +51,7 @@ import ssl
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Literal, cast, overload
 
 import httpx2
 
@@ -71,6 +71,8 @@ from durable_agents.shell.ground import tracing
 if TYPE_CHECKING:
     from mcp import Client
     from mcp_types import CallToolResult, Tool
+
+    from durable_agents.shell.agent.mcp_task_handles import McpTask
 
 __all__ = [
     "IDEMPOTENCY_META_KEY",
@@ -203,11 +205,14 @@ class _Seen:
 
 
 @asynccontextmanager
-async def _connect(url: str, access: McpAccess, seen: _Seen) -> AsyncIterator[Client]:
-    """A client of ``url`` sending ``access``, observed into ``seen``."""
+async def _connect(url: str, access: McpAccess, seen: _Seen, *, tasks: bool = False) -> AsyncIterator[Client]:
+    """A client of ``url`` sending ``access``, observed into ``seen``; ``tasks``: declaring the
+    tasks extension (:mod:`.mcp_tasks`)."""
     from mcp import Client
     from mcp.client.streamable_http import streamable_http_client
     from mcp_types import Implementation
+
+    from durable_agents.shell.agent.mcp_task_handles import tasks_extension
 
     async def note(response: httpx2.Response) -> None:
         if response.status_code in (401, 403):
@@ -226,7 +231,12 @@ async def _connect(url: str, access: McpAccess, seen: _Seen) -> AsyncIterator[Cl
         # log_level: the opt-in to the server's log notifications (2026-07-28), bounded by ServerLog.
         transport = streamable_http_client(url, http_client=http)
         client = Client(
-            transport, cache=None, client_info=info, logging_callback=seen.server_log, log_level="info"
+            transport,
+            cache=None,
+            client_info=info,
+            logging_callback=seen.server_log,
+            log_level="info",
+            extensions=[tasks_extension()] if tasks else None,
         )
         try:
             async with client:
@@ -336,6 +346,36 @@ def _unknown(url: str, tool: str, exc: BaseException, seen: _Seen) -> McpError:
     )
 
 
+@overload
+async def call_tool(
+    url: str,
+    tool: str,
+    arguments: dict[str, Any],
+    *,
+    idempotency_key: str | None,
+    timeout: float,  # noqa: ASYNC109
+    access: McpAccess = ...,
+    server: str = ...,
+    on_progress: ProgressSink | None = ...,
+    tasks: Literal[False] = ...,
+) -> McpResult: ...
+
+
+@overload
+async def call_tool(
+    url: str,
+    tool: str,
+    arguments: dict[str, Any],
+    *,
+    idempotency_key: str | None,
+    timeout: float,  # noqa: ASYNC109
+    access: McpAccess = ...,
+    server: str = ...,
+    on_progress: ProgressSink | None = ...,
+    tasks: bool,
+) -> McpResult | McpTask: ...
+
+
 async def call_tool(
     url: str,
     tool: str,
@@ -346,8 +386,11 @@ async def call_tool(
     access: McpAccess = NO_ACCESS,
     server: str = "",
     on_progress: ProgressSink | None = None,
-) -> McpResult:
+    tasks: bool = False,
+) -> McpResult | McpTask:
     """Call ``tool`` once with ``arguments``; ``idempotency_key`` goes in the request's ``_meta``.
+    ``tasks``: the tasks extension is declared, and a task handle the server answers with is
+    returned as a :class:`~.mcp_tasks.McpTask` (to be polled, :mod:`.mcp_tasks`).
 
     ``timeout`` bounds the whole operation (connect, handshake, listing, call). Returns the
     server's answer, a tool error included (``is_error``; a result that does not match the tool's
@@ -358,6 +401,10 @@ async def call_tool(
     """
     from mcp_types import CallToolRequest, CallToolRequestParams, CallToolResult, RequestParamsMeta
 
+    from durable_agents.shell.agent.mcp_task_handles import raw_answer, task_of
+
+    RAW = raw_answer()  # the answer as sent: a result, or (tasks) a task handle
+
     # The W3C traceparent of the current span (a dispatch's, a tool call's): the server may join it.
     items: dict[str, Any] = tracing.traceparent()
     if idempotency_key is not None:
@@ -366,10 +413,10 @@ async def call_tool(
     meta = cast(RequestParamsMeta, items) if items else None
     listed = sent = False
     seen = _Seen(ServerLog(server or url))
-    answer: McpResult | None = None
+    answer: McpResult | McpTask | None = None
     try:
         async with asyncio.timeout(timeout):
-            async with _connect(url, access, seen) as client:
+            async with _connect(url, access, seen, tasks=tasks) as client:
                 listed = tool in {known.name for known in await _all_tools(client)}
                 if listed:
                     sent = True
@@ -379,9 +426,14 @@ async def call_tool(
                         params=CallToolRequestParams(name=tool, arguments=arguments, _meta=meta)
                     )
                     raw = await client.session.send_request(
-                        request, CallToolResult, progress_callback=ProgressSeen(on_progress)
+                        request, RAW, progress_callback=ProgressSeen(on_progress)
                     )
-                    answer = await _checked(client, tool, raw)
+                    if tasks and raw.get("resultType") == "task":  # a durable handle, not a result
+                        answer = task_of(raw)
+                    else:
+                        answer = await _checked(
+                            client, tool, CallToolResult.model_validate(raw, by_name=False)
+                        )
     except Exception as exc:
         if answer is not None:
             # The answer arrived; only closing the connection failed.

@@ -11,6 +11,9 @@ from durable_agents.shell.effects.base import (
     Failed,
     NotApplied,
     QueryResult,
+    Tasked,
+    TaskEffect,
+    TaskPollResult,
     Unknown,
 )
 
@@ -23,5 +26,8 @@ __all__ = [
     "Failed",
     "NotApplied",
     "QueryResult",
+    "TaskEffect",
+    "TaskPollResult",
+    "Tasked",
     "Unknown",
 ]

@@ -11,7 +11,7 @@ a dropped connection or an ambiguous error is never a failure. Built in: ``http.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from durable_agents.api.v1alpha1 import ActionTier
 from durable_agents.shell.ground.kube import Kube
@@ -45,8 +45,22 @@ class NotApplied:
     """The authoritative system has no record of this key: another dispatch is allowed."""
 
 
-DispatchResult = Applied | Failed | Unknown
+@dataclass(frozen=True)
+class Tasked:
+    """The system answered with a durable handle instead of a result (an MCP task): the call was
+    taken; its outcome comes from polling the handle (:class:`TaskEffect`), never from a resend."""
+
+    task_id: str
+    status: str
+    status_message: str | None = None
+    poll_interval_ms: int | None = None
+
+
+DispatchResult = Applied | Failed | Unknown | Tasked
 QueryResult = Applied | NotApplied | Unknown
+TaskPollResult = Applied | Failed | Unknown | Tasked
+"""A poll's answer: settled (applied, failed), unknown (the system no longer knows the handle),
+or the task as it stands (poll again)."""
 
 
 @dataclass(frozen=True)
@@ -76,3 +90,12 @@ class Effect(Protocol):
     async def dispatch(self, ctx: EffectContext, action: Action) -> DispatchResult: ...
 
     async def query(self, ctx: EffectContext, action: Action) -> QueryResult: ...
+
+
+@runtime_checkable
+class TaskEffect(Effect, Protocol):
+    """An effect whose dispatch may answer :class:`Tasked`: it polls and cancels the handle."""
+
+    async def poll(self, ctx: EffectContext, action: Action, task_id: str) -> TaskPollResult: ...
+
+    async def cancel(self, ctx: EffectContext, action: Action, task_id: str) -> str: ...

@@ -25,6 +25,7 @@ from pydantic import ValidationError
 
 from durable_agents.api.v1alpha1 import ActionTier, McpServer
 from durable_agents.shell.agent.credentials import Unresolvable, mcp_access
+from durable_agents.shell.agent.mcp_tasks import McpTask, McpTaskUnknown, cancel_task, poll_task
 from durable_agents.shell.agent.mcp_tools import (
     NO_ACCESS,
     McpAccess,
@@ -41,6 +42,8 @@ from durable_agents.shell.effects.base import (
     Failed,
     NotApplied,
     QueryResult,
+    Tasked,
+    TaskPollResult,
     Unknown,
 )
 
@@ -100,14 +103,55 @@ class McpCall:
                 access=access,
                 server=str(action.target.get("server") or url),
                 on_progress=ctx.extra.get(PROGRESS_EXTRA),
+                tasks=True,
             )
         except McpCallUnknown as err:
             return Unknown("McpCallUnknown", str(err))
         except McpError as err:  # not sent: unreachable, or the tool is not listed
             return Failed(type(err).__name__, str(err))
+        if isinstance(result, McpTask):  # a durable handle: the dispatcher records it, then polls
+            return Tasked(result.id, result.status, result.status_message, result.poll_interval_ms)
         if result.is_error:
             return Failed("McpToolError", f"{tool} answered an error: {str(result.content)[:512]}")
         return Applied({"tool": tool, "content": bounded_content(result.content)})
+
+    async def poll(self, ctx: EffectContext, action: Action, task_id: str) -> TaskPollResult:
+        """``tasks/get`` once: the task's result once terminal, unknown when the server no longer
+        knows the task, else the task as it stands (also when the server did not answer)."""
+        url, tool = action.target.get("url"), str(action.target.get("tool"))
+        if not isinstance(url, str):
+            return Unknown("InvalidTarget", "mcp.call needs target.url")
+        try:
+            access = await _access(ctx, action.target.get("server"))
+            polled = await poll_task(url, task_id, timeout=ctx.timeout, access=access, server=url, tool=tool)
+        except Unresolvable as err:  # asked again later: the Secret may come back
+            return Tasked(task_id, "working", f"not polled: {err}"[:512])
+        except McpTaskUnknown as err:
+            return Unknown("McpTaskUnknown", str(err))
+        except McpError as err:  # no answer: poll again later
+            return Tasked(task_id, "working", f"not polled: {err}"[:512])
+        task = polled.task
+        if polled.result is not None:
+            if polled.result.is_error:
+                return Failed("McpToolError", f"{tool} answered an error: {str(polled.result.content)[:512]}")
+            return Applied({"tool": tool, "task": task_id, "content": bounded_content(polled.result.content)})
+        if task.status in ("failed", "cancelled"):
+            return Failed(
+                "McpTaskFailed" if task.status == "failed" else "McpTaskCancelled",
+                f"task {task_id} {task.status}: {polled.error}",
+            )
+        return Tasked(task.id, task.status, task.status_message, task.poll_interval_ms)
+
+    async def cancel(self, ctx: EffectContext, action: Action, task_id: str) -> str:
+        """``tasks/cancel``: the server's answer in words."""
+        url = action.target.get("url")
+        if not isinstance(url, str):
+            return "not sent: no target.url"
+        try:
+            access = await _access(ctx, action.target.get("server"))
+        except Unresolvable as err:
+            return f"not sent: {err}"[:512]
+        return await cancel_task(url, task_id, timeout=ctx.timeout, access=access, server=url)
 
     async def query(self, ctx: EffectContext, action: Action) -> QueryResult:
         url, query = action.target.get("url"), action.target.get("queryTool")

@@ -33,10 +33,18 @@ from typing import Any
 from durable_agents.api.v1alpha1 import ActionRecordSpec, ActionRecordStatus, ActionState
 from durable_agents.core.engine import Settings
 from durable_agents.core.engine.actions import Refused, Unverified
-from durable_agents.core.ledger import Claim, GiveUpClaim, Query, SendFirst, WaitUntil, next_dispatch_step
+from durable_agents.core.ledger import (
+    Claim,
+    GiveUpClaim,
+    PollTask,
+    Query,
+    SendFirst,
+    WaitUntil,
+    next_dispatch_step,
+)
 from durable_agents.core.regions import owning_region_of
 from durable_agents.shell.agent.resolver import AgentResolver
-from durable_agents.shell.effects import Applied, Effect, EffectContext, NotApplied, Unknown
+from durable_agents.shell.effects import Applied, Effect, EffectContext, NotApplied, Tasked, Unknown
 from durable_agents.shell.effects.mcp import MCP_SERVERS_EXTRA, PROGRESS_EXTRA, run_mcp_servers
 from durable_agents.shell.effects.plugins import load_effects, load_planners
 from durable_agents.shell.ground import metrics
@@ -58,6 +66,7 @@ from durable_agents.shell.ledger.references import (
     UnresolvedReference,
     resolve_references,
 )
+from durable_agents.shell.ledger.task_polls import TaskPolls
 from durable_agents.shell.ledger.unsealing import (
     UNDECRYPTABLE,
     CannotUnseal,
@@ -108,6 +117,8 @@ class Dispatcher(Background):
         self.people = PersonAnswers(self.events, config.keyring)  # spec.reconciliations, verified
         self.pacing = QueryPacing()  # unknown answers: asked again after a backoff
         self.namespaces = ManagedNamespaces(kube)  # acting as a run's ServiceAccount: where let
+        # Calls answered with a task: polled (task_polls).
+        self.tasks = TaskPolls(kube, self.writes, self.runs, self.config, self._context, self.policies)
 
     def observe(self, event_type: str | None, body: dict[str, Any]) -> None:
         meta = body.get("metadata") or {}
@@ -154,6 +165,15 @@ class Dispatcher(Background):
                     body = claimed
                 elif isinstance(step, GiveUpClaim):
                     body = await self.writes.give_up(body, status, spec)
+                elif isinstance(step, PollTask):
+                    if step.at > datetime.now(UTC):
+                        self.queue.wake_at(key, step.at)
+                        return
+                    polled = await self.tasks.poll_record(body, status, spec, self.effects.get(spec.effect))
+                    if isinstance(polled, datetime):  # not pollable here now (task_polls)
+                        self.queue.wake_at(key, polled)
+                        return
+                    body = polled
                 elif isinstance(step, Query):
                     next_body = await self._query(body, status)
                     if next_body is None:
@@ -298,6 +318,10 @@ class Dispatcher(Background):
         claimed, claimed_status = progress.body, progress.status
         metrics.ACTION_DISPATCHES.labels(spec.effect, type(result).__name__).inc()
         run_traces.log_dispatch(send.ctx, claimed, spec.effect, claimed_status.attempts, result)
+        if isinstance(result, Tasked):  # the task ID is written before anything else
+            return await self.tasks.started(
+                claimed, claimed_status, spec, result, first=first_started is not None
+            )
         return await self.writes.dispatch_answered(
             claimed,
             claimed_status,

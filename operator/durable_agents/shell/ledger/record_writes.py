@@ -14,7 +14,7 @@ from typing import Any
 from durable_agents.api.v1alpha1 import ActionRecordSpec, ActionRecordStatus, ActionState, ResolvedReference
 from durable_agents.core.ledger import next_status
 from durable_agents.core.sealed_values import DataKey
-from durable_agents.shell.effects import Applied, DispatchResult, Failed
+from durable_agents.shell.effects import Applied, Failed, Unknown
 from durable_agents.shell.ground import metrics
 from durable_agents.shell.ledger.actions import ActionStore
 from durable_agents.shell.ledger.unsealing import sealed_outcome
@@ -120,7 +120,7 @@ class RecordWrites:
         claimed: dict[str, Any],
         status: ActionRecordStatus,
         spec: ActionRecordSpec,
-        result: DispatchResult,
+        result: Applied | Failed | Unknown,
         data_key: DataKey | None,
         *,
         first: bool,
