@@ -64,12 +64,14 @@ from durable_agents.shell.agent.mcp_notices import (
     ServerLog,
     bound_response,
 )
+from durable_agents.shell.agent.mcp_sampling import refuse_sampling
 from durable_agents.shell.ground import tracing
 
 # The SDK is imported on first use: building its pydantic models takes seconds of CPU, which every
 # operator start (a takeover, a restarted Pod) would pay, MCP servers or not.
 if TYPE_CHECKING:
     from mcp import Client
+    from mcp.client.session import SamplingFnT
     from mcp_types import CallToolResult, Tool
 
 __all__ = [
@@ -203,8 +205,11 @@ class _Seen:
 
 
 @asynccontextmanager
-async def _connect(url: str, access: McpAccess, seen: _Seen) -> AsyncIterator[Client]:
-    """A client of ``url`` sending ``access``, observed into ``seen``."""
+async def _connect(
+    url: str, access: McpAccess, seen: _Seen, sampling: SamplingFnT | None = None
+) -> AsyncIterator[Client]:
+    """A client of ``url`` sending ``access``, observed into ``seen``. The client declares sampling
+    always (:mod:`.mcp_sampling`): ``sampling`` answers, else every request is refused."""
     from mcp import Client
     from mcp.client.streamable_http import streamable_http_client
     from mcp_types import Implementation
@@ -226,7 +231,12 @@ async def _connect(url: str, access: McpAccess, seen: _Seen) -> AsyncIterator[Cl
         # log_level: the opt-in to the server's log notifications (2026-07-28), bounded by ServerLog.
         transport = streamable_http_client(url, http_client=http)
         client = Client(
-            transport, cache=None, client_info=info, logging_callback=seen.server_log, log_level="info"
+            transport,
+            cache=None,
+            client_info=info,
+            logging_callback=seen.server_log,
+            log_level="info",
+            sampling_callback=sampling or refuse_sampling,
         )
         try:
             async with client:
@@ -346,6 +356,7 @@ async def call_tool(
     access: McpAccess = NO_ACCESS,
     server: str = "",
     on_progress: ProgressSink | None = None,
+    sampling: SamplingFnT | None = None,
 ) -> McpResult:
     """Call ``tool`` once with ``arguments``; ``idempotency_key`` goes in the request's ``_meta``.
 
@@ -354,7 +365,8 @@ async def call_tool(
     output schema is one). Raises :class:`McpUnreachable` or :class:`McpToolNotListed` when nothing
     was sent, :class:`McpCallUnknown` when the call was sent and its outcome is unknown (see the
     module docstring; a response past its size bound is one). ``server`` names the server in the
-    operator's log (its log notifications); ``on_progress`` is given its progress notifications.
+    operator's log (its log notifications); ``on_progress`` is given its progress notifications;
+    ``sampling`` answers the server's sampling requests (None: refused).
     """
     from mcp_types import CallToolRequest, CallToolRequestParams, CallToolResult, RequestParamsMeta
 
@@ -369,7 +381,7 @@ async def call_tool(
     answer: McpResult | None = None
     try:
         async with asyncio.timeout(timeout):
-            async with _connect(url, access, seen) as client:
+            async with _connect(url, access, seen, sampling) as client:
                 listed = tool in {known.name for known in await _all_tools(client)}
                 if listed:
                     sent = True

@@ -23,6 +23,7 @@ from durable_agents.core.engine import (
     RunSnapshot,
     Settings,
 )
+from durable_agents.shell.agent.model_turns import ModelTurns
 from durable_agents.shell.agent.tool_calls import call_read_tool, refused_destination
 from durable_agents.shell.ledger.actions import ActionStore
 from durable_agents.shell.runs.children import ChildRuns
@@ -36,6 +37,8 @@ class Observers:
     reader: EvidenceReader
     actions: ActionStore
     children: ChildRuns
+    models: ModelTurns | None = None
+    """The run's model, for what an MCP server samples during a read-only call."""
 
     async def records(self, run: RunSnapshot, decision: Decision, seen: Observations) -> Observations | None:
         """``seen`` with the action records or child runs ``decision`` asks for; None when it asks
@@ -65,5 +68,6 @@ class Observers:
             refused = refused_destination(run, decision, settings)
             if refused is not None:
                 return replace(seen, read=refused)
-            return replace(seen, read=await call_read_tool(run, decision, kube=self.reader.kube))
+            read = await call_read_tool(run, decision, kube=self.reader.kube, models=self.models)
+            return replace(seen, read=read)
         return await self.records(run, decision, seen)

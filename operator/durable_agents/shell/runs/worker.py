@@ -174,7 +174,7 @@ class RunWorker(Background):
         self.batches = BatchWriter(self.store, self.reporter, self.failures, self.versions, self.policies)
         held = self.shard_leases.hold_for
         self.controls = Controls(kube, self.store, self.events, self.config.keyring, held)  # on-call controls
-        self.observers = Observers(self.reader, self.actions, self.children)
+        self.observers = Observers(self.reader, self.actions, self.children, self.model_turns)
         self.region_epochs = RegionEpochs(self.shard_leases, self.config.region, self.config.keyring)
         self.internal_errors = InternalErrors(
             self.failures,
