@@ -72,11 +72,12 @@ def script() -> dict[str, Any]:
     }
 
 
-def set_policy(runs: Runs, url: str, *, grant: bool) -> None:
+def set_policy(runs: Runs, url: str, *, grant: bool, **more: Any) -> None:
     mcp: dict[str, Any] = {"sampling": [{"url": url, "maxTokens": 200}] if grant else []}
     tiers = {"http.post": "consequential", f"mcp:everything/{TOOL}": "read-only"}
+    spec = {"tiers": tiers, "mcp": mcp, **more}
     runs.custom.patch_namespaced_custom_object(
-        GROUP, VERSION, runs.namespace, "agentpolicies", "refunds", {"spec": {"tiers": tiers, "mcp": mcp}}
+        GROUP, VERSION, runs.namespace, "agentpolicies", "refunds", {"spec": spec}
     )
 
 
@@ -158,3 +159,28 @@ def test_sampling_granted_by_policy_uses_the_runs_model_and_counts_in_its_limits
     assert op.logged("sampled the run's model")
     assert not op.logged(PROMPT), "no prompt content in the operator's log"
     assert not op.logged(SAMPLED)
+
+
+def test_a_sample_counts_against_the_runs_model_call_limit(
+    start_operator: Callable[..., OperatorProcess],
+    runs: Runs,
+    agent_namespace: str,
+    model: ModelServerThread,
+    refsystem: ReferenceSystemThread,
+    everything: EverythingServer,
+) -> None:
+    # Two model calls allowed: the run's first call and the server's sample spend them, so the run
+    # may not ask its model again (without the sample counted, its second call would end it well).
+    set_policy(runs, everything.url, grant=True, agentLimits={"maxModelCalls": 2})
+    model.set_script(script())
+    start_operator("mcp-sampling-limit")
+    name = runs.create(run_spec(model, refsystem, everything.url))
+    failed = runs.wait_state(name, "failed", timeout=120)
+
+    status = failed["status"]
+    assert status["outcome"]["reason"] == "AgentLimitExceeded", status["outcome"]
+    assert status["outcome"]["message"] == "2 model calls: the run's limit is 2"
+    assert status["checkpoint"]["agent"]["modelCallsTotal"] == 2
+    requests = model.calls()["requests"]
+    assert len(samples(requests)) == 1
+    assert len(requests) == 2, "the run's model was not asked again"
