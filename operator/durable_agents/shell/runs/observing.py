@@ -71,3 +71,10 @@ class Observers:
             read = await call_read_tool(run, decision, kube=self.reader.kube, models=self.models)
             return replace(seen, read=read)
         return await self.records(run, decision, seen)
+
+
+def sampled_calls(before: Observations, after: Observations) -> int:
+    """The model calls an MCP server's sampling made during a read just observed (0 for others):
+    the worker bounds them with its own between two commits (a crash repeats both)."""
+    read = after.read
+    return read.sampled_calls if read is not None and read is not before.read else 0
