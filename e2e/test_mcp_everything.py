@@ -9,6 +9,8 @@ the reference model server records what it was given:
   checked against the declared output schema, an image described (not base64), annotated messages
   (annotations dropped), resource links named (not fetched), an embedded resource, a long-running
   operation that sends progress;
+- the progress of the long-running operation, as an approved call, in its ActionRecord while it
+  runs;
 - consequential calls (the policy does not trust their hints): ``echo`` and
   ``toggle-simulated-logging`` (logging on), each an intent in the ledger, approved by a person,
   and their result text reaches the model.
@@ -203,3 +205,38 @@ def test_the_reference_server_tools_reach_the_model_reads_and_approved_calls(
     logging_on = told("toggle-simulated-logging")
     assert "Started simulated, random-leveled logging" in json.dumps(logging_on), logging_on
     assert not op.logged("Traceback")
+
+
+def test_the_progress_of_the_reference_servers_long_operation_is_shown_while_it_runs(
+    start_operator: Callable[..., OperatorProcess],
+    runs: Runs,
+    agent_namespace: str,
+    model: ModelServerThread,
+    refsystem: ReferenceSystemThread,
+    everything: EverythingServer,
+) -> None:
+    # The server is not trusted: the long operation is an approved call sent by the ledger, whose
+    # progress goes to its ActionRecord (at most once per 5 s: a call of 12 s has one or two).
+    tool, arguments = "trigger-long-running-operation", {"duration": 12, "steps": 12}
+    model.set_script(script([(tool, arguments)]))
+    spec = agent_spec(model, refsystem)
+    spec["agent"]["tools"] = []
+    spec["agent"]["mcpServers"] = [{"name": "everything", "url": everything.url, "tools": [tool]}]
+    start_operator("mcp-everything-progress", DURABLE_AGENTS_DISPATCH_TIMEOUT="90")
+    name = runs.create(spec)
+    assert approve_each(runs, name, 1)[0]["proposal"]["tool"] == tool
+
+    def progressing() -> dict[str, Any] | None:
+        listed = runs.custom.list_namespaced_custom_object(GROUP, VERSION, runs.namespace, "actionrecords")
+        shown = [r for r in listed["items"] if (r.get("status") or {}).get("progress")]
+        return shown[0] if shown else None
+
+    record = eventually(progressing, Within.RUN, "the long operation's progress in its ActionRecord")
+    progress = record["status"]["progress"]
+    assert progress["total"] == 12
+    assert 0 < progress["progress"] <= 12
+    assert record["status"]["state"] in ("intent", "dispatching"), "shown while the call runs"
+    done = runs.wait_state(name, "completed", timeout=Within.RUN)
+    assert done["status"]["state"] == "completed"
+    told = tool_results(model.calls()["requests"], tool)
+    assert "Long running operation completed. Duration: 12 seconds, Steps: 12." in json.dumps(told)
