@@ -96,11 +96,12 @@ async def call_read_tool(
 ) -> ReadResult:
     """The read-only call's result; its server may sample the run's model (``models``) as far as
     ``need.sampling`` allows, the samples counted in the result."""
+    granted = models if need.sampling is not None else None  # the endpoint resolved only if used
     sampler = Sampler(
         need.sampling,
         run=f"{run.namespace}/{run.name}",
-        endpoint=models.endpoints(run) if models is not None else None,
-        client=models.client if models is not None else None,
+        endpoint=granted.endpoints(run) if granted is not None else None,
+        client=granted.client if granted is not None else None,
         tracer=tracer,
     )
     return _counted(await _call_read_tool(run, need, sampler, kube=kube, tracer=tracer), sampler)
