@@ -255,8 +255,35 @@ class TrustedMcpServer(ApiModel):
     )
 
 
+class McpSamplingGrant(ApiModel):
+    """An MCP server that may sample the run's model (``sampling/createMessage``) while a read-only
+    call of the run is open, named by the URL the operator calls. Each sample is a model call of
+    the run: the run's model definition, counted against its model-call and token limits."""
+
+    url: str = Field(
+        max_length=2048,
+        pattern=r"^https?://[^\s]+$",
+        description="The server's endpoint, exactly as runs name it in spec.agent.mcpServers[].url.",
+    )
+    max_tokens: int = Field(
+        default=1024,
+        ge=1,
+        le=32768,
+        description=(
+            "The most tokens one sample may ask for (its maxTokens); a request asking for more is "
+            "refused, and the server told."
+        ),
+    )
+    max_requests_per_call: int = Field(
+        default=4,
+        ge=1,
+        le=16,
+        description="Samples one tool call may ask for; the next is refused, and the server told.",
+    )
+
+
 class McpPolicy(ApiModel):
-    """How far an MCP server's word about its own tools counts."""
+    """How far an MCP server's word about its own tools counts, and what it may ask of the run."""
 
     trusted_servers: list[TrustedMcpServer] = Field(
         default_factory=list,
@@ -267,6 +294,15 @@ class McpPolicy(ApiModel):
             "tool with no tier in `tiers` (mcp:<server>/<tool>) on a server not listed here is "
             "consequential whatever it says about itself: approved, ledgered, sent with an "
             "idempotency key. A tier is fixed when the call is proposed; no later listing lowers it."
+        ),
+    )
+    sampling: list[McpSamplingGrant] = Field(
+        default_factory=list,
+        max_length=32,
+        description=(
+            "Servers that may sample the run's model during a read-only call. Every other "
+            "sampling/createMessage request is refused (a JSON-RPC error the server is told; the "
+            "run goes on)."
         ),
     )
 

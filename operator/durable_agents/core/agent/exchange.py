@@ -19,10 +19,14 @@ class ModelRequest:
     model: str
     messages: tuple[dict[str, Any], ...]
     tools: tuple[dict[str, Any], ...] = ()
+    max_tokens: int | None = None
+    """The most tokens the reply may take (an MCP server's sample); None: the endpoint's default."""
 
     def body(self) -> dict[str, Any]:
         """The request body (OpenAI chat-completions shape); one tool call per turn."""
         out: dict[str, Any] = {"model": self.model, "messages": list(self.messages)}
+        if self.max_tokens is not None:
+            out["max_tokens"] = self.max_tokens
         if self.tools:
             out["tools"] = list(self.tools)
             out["tool_choice"] = "auto"

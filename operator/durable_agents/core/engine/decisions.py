@@ -9,6 +9,7 @@ from typing import Any
 from durable_agents.api.v1alpha1 import ActionRecordSpec, AgentRunStatus, ObjectReference
 from durable_agents.api.v1alpha1.states import RunState
 from durable_agents.core.agent.exchange import ModelRequest
+from durable_agents.core.agent.mcp_sampling import SamplingAllowance
 from durable_agents.core.checkpoint import KubernetesEvidenceRef
 from durable_agents.core.planner import ReadTool
 from durable_agents.core.statemachine import RunEvent
@@ -64,6 +65,8 @@ class NeedToolCall:
 
     step_index: int
     step: ReadTool
+    sampling: SamplingAllowance | None = None
+    """What the call's server may sample of the run's model (None: no grant, every request refused)."""
 
 
 @dataclass(frozen=True)

@@ -214,6 +214,9 @@ def settle_read(builder: CommitBuilder, planner: ModelPlanner, read: ReadResult)
         }
     inputs = planner.inputs
     facts = settle_last(cp.agent, inputs.data_key, entropy=inputs.entropy, outcome=outcome, result=result)
+    if read.sampled_calls:  # the server's samples are model calls of the run, counted at this commit
+        used = TokenUsage(input_tokens=read.sampled_input_tokens, output_tokens=read.sampled_output_tokens)
+        facts = with_model_call(facts, used, calls=read.sampled_calls)
     return cp.model_copy(update={"agent": facts})
 
 

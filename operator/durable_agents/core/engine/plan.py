@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from durable_agents.api.v1alpha1 import ActionTier, Outcome
+from durable_agents.core.agent.mcp_sampling import SamplingAllowance, sampling_allowance
 from durable_agents.core.agent.planner import ModelPlanner, ModelTurnNeeded
 from durable_agents.core.checkpoint import PendingAction, ToolCallRecord
 from durable_agents.core.destinations import effect_refusal
@@ -56,6 +57,21 @@ def plan(
     return _carry_out(builder, run, step, settings, read)
 
 
+def _sampling(
+    builder: CommitBuilder, planner: ModelPlanner, settings: Settings, step: ReadTool
+) -> SamplingAllowance | None:
+    """What the read's server may sample of the run's model: its policy grant, within what the
+    run's limits leave."""
+    return sampling_allowance(
+        settings.policy,
+        server=step.server,
+        url=step.url,
+        model=planner.inputs.model,
+        facts=builder.cp.agent,
+        limits=limits_of(planner, settings),
+    )
+
+
 def _plan_model(
     builder: CommitBuilder,
     run: RunSnapshot,
@@ -79,7 +95,7 @@ def _plan_model(
         return start_sub_agent(builder, run, step, limits_of(planner, settings), settings.keyring)
     if isinstance(step, ReadTool):
         if read is None or read.step_index != index:
-            return NeedToolCall(index, step)
+            return NeedToolCall(index, step, _sampling(builder, planner, settings, step))
         builder.cp = settle_read(builder, planner, read)
         cp = builder.cp
         outcome = "failed" if read.error_reason else "answered"

@@ -137,6 +137,10 @@ class ReadResult:
     error_message: str = ""
     content: Mapping[str, Any] | None = None
     """The object read (for a model's read tool: its result, sealed into the turn)."""
+    sampled_calls: int = 0
+    """Model calls an MCP server's sampling made during the call (counted at the read's commit)."""
+    sampled_input_tokens: int = 0
+    sampled_output_tokens: int = 0
 
 
 @dataclass(frozen=True)

@@ -64,12 +64,14 @@ from durable_agents.shell.agent.mcp_notices import (
     ServerLog,
     bound_response,
 )
+from durable_agents.shell.agent.mcp_sampling import refuse_sampling
 from durable_agents.shell.ground import tracing
 
 # The SDK is imported on first use: building its pydantic models takes seconds of CPU, which every
 # operator start (a takeover, a restarted Pod) would pay, MCP servers or not.
 if TYPE_CHECKING:
     from mcp import Client
+    from mcp.client.session import SamplingFnT
     from mcp_types import CallToolResult, Tool
 
     from durable_agents.shell.agent.mcp_task_handles import McpTask
@@ -205,9 +207,12 @@ class _Seen:
 
 
 @asynccontextmanager
-async def _connect(url: str, access: McpAccess, seen: _Seen, *, tasks: bool = False) -> AsyncIterator[Client]:
-    """A client of ``url`` sending ``access``, observed into ``seen``; ``tasks``: declaring the
-    tasks extension (:mod:`.mcp_tasks`)."""
+async def _connect(
+    url: str, access: McpAccess, seen: _Seen, sampling: SamplingFnT | None = None, *, tasks: bool = False
+) -> AsyncIterator[Client]:
+    """A client of ``url`` sending ``access``, observed into ``seen``. The client declares sampling
+    always (:mod:`.mcp_sampling`): ``sampling`` answers, else every request is refused;
+    ``tasks``: declaring the tasks extension (:mod:`.mcp_tasks`)."""
     from mcp import Client
     from mcp.client.streamable_http import streamable_http_client
     from mcp_types import Implementation
@@ -237,6 +242,7 @@ async def _connect(url: str, access: McpAccess, seen: _Seen, *, tasks: bool = Fa
             logging_callback=seen.server_log,
             log_level="info",
             extensions=[tasks_extension()] if tasks else None,
+            sampling_callback=sampling or refuse_sampling,
         )
         try:
             async with client:
@@ -387,6 +393,7 @@ async def call_tool(
     server: str = "",
     on_progress: ProgressSink | None = None,
     tasks: bool = False,
+    sampling: SamplingFnT | None = None,
 ) -> McpResult | McpTask:
     """Call ``tool`` once with ``arguments``; ``idempotency_key`` goes in the request's ``_meta``.
     ``tasks``: the tasks extension is declared, and a task handle the server answers with is
@@ -397,7 +404,8 @@ async def call_tool(
     output schema is one). Raises :class:`McpUnreachable` or :class:`McpToolNotListed` when nothing
     was sent, :class:`McpCallUnknown` when the call was sent and its outcome is unknown (see the
     module docstring; a response past its size bound is one). ``server`` names the server in the
-    operator's log (its log notifications); ``on_progress`` is given its progress notifications.
+    operator's log (its log notifications); ``on_progress`` is given its progress notifications;
+    ``sampling`` answers the server's sampling requests (None: refused).
     """
     from mcp_types import CallToolRequest, CallToolRequestParams, CallToolResult, RequestParamsMeta
 
@@ -416,7 +424,7 @@ async def call_tool(
     answer: McpResult | McpTask | None = None
     try:
         async with asyncio.timeout(timeout):
-            async with _connect(url, access, seen, tasks=tasks) as client:
+            async with _connect(url, access, seen, sampling, tasks=tasks) as client:
                 listed = tool in {known.name for known in await _all_tools(client)}
                 if listed:
                     sent = True

@@ -20,7 +20,7 @@ if TYPE_CHECKING:  # imported at the first call of such an endpoint, as the open
     import anthropic
 
 from durable_agents.core.agent.exchange import ModelReply, ModelRequest
-from durable_agents.core.agent.messages_api import ANTHROPIC_MESSAGES, messages_body
+from durable_agents.core.agent.messages_api import ANTHROPIC_MESSAGES, MAX_TOKENS, messages_body
 from durable_agents.shell.agent.model_endpoint import ModelEndpoint
 from durable_agents.shell.agent.model_replies import (
     ModelCallFailed,
@@ -78,7 +78,7 @@ class MessagesClient:
         """One model call; :class:`ModelCallFailed` when it brought no usable answer."""
         import anthropic
 
-        sent = messages_body(request)
+        sent = messages_body(request, request.max_tokens or MAX_TOKENS)
         try:
             raw = await self._client(endpoint).messages.with_raw_response.create(**sent)
         except anthropic.AnthropicError as err:

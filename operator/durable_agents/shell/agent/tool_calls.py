@@ -15,6 +15,7 @@ is used by the next call); one that cannot be read is the call's error, and noth
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from opentelemetry.trace import SpanKind
@@ -24,12 +25,15 @@ from durable_agents.core.destinations import destination_refusal, of_policy
 from durable_agents.core.durations import parse_duration
 from durable_agents.core.engine import NeedToolCall, ReadResult, RunSnapshot, Settings
 from durable_agents.shell.agent.credentials import Unresolvable, mcp_access
+from durable_agents.shell.agent.mcp_sampling import Sampler
 from durable_agents.shell.agent.mcp_tools import NO_ACCESS, McpAccess, McpError, bounded_content, call_tool
 from durable_agents.shell.ground import metrics, tracing
 from durable_agents.shell.ground.kube import Kube
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Tracer
+
+    from durable_agents.shell.agent.model_turns import ModelTurns
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +75,40 @@ async def server_access(
     return await mcp_access(kube, namespace, service_account, server)
 
 
+def _counted(result: ReadResult, sampler: Sampler) -> ReadResult:
+    """``result`` with the model calls the server's samples made (counted at the read's commit)."""
+    used = sampler.used
+    return replace(
+        result,
+        sampled_calls=used.calls,
+        sampled_input_tokens=used.input_tokens,
+        sampled_output_tokens=used.output_tokens,
+    )
+
+
 async def call_read_tool(
-    run: RunSnapshot, need: NeedToolCall, *, kube: Kube | None = None, tracer: Tracer | None = None
+    run: RunSnapshot,
+    need: NeedToolCall,
+    *,
+    kube: Kube | None = None,
+    tracer: Tracer | None = None,
+    models: ModelTurns | None = None,
+) -> ReadResult:
+    """The read-only call's result; its server may sample the run's model (``models``) as far as
+    ``need.sampling`` allows, the samples counted in the result."""
+    granted = models if need.sampling is not None else None  # the endpoint resolved only if used
+    sampler = Sampler(
+        need.sampling,
+        run=f"{run.namespace}/{run.name}",
+        endpoint=granted.endpoints(run) if granted is not None else None,
+        client=granted.client if granted is not None else None,
+        tracer=tracer,
+    )
+    return _counted(await _call_read_tool(run, need, sampler, kube=kube, tracer=tracer), sampler)
+
+
+async def _call_read_tool(
+    run: RunSnapshot, need: NeedToolCall, sampler: Sampler, *, kube: Kube | None, tracer: Tracer | None
 ) -> ReadResult:
     step = need.step
     configured = _configured(run, step.server)
@@ -104,6 +140,7 @@ async def call_read_tool(
                 timeout=timeout,
                 access=access,
                 server=step.server,
+                sampling=sampler,
             )
         except McpError as err:
             tracing.failed(span, type(err).__name__)

@@ -23,6 +23,7 @@ from durable_agents.core.engine import (
     RunSnapshot,
     Settings,
 )
+from durable_agents.shell.agent.model_turns import ModelTurns
 from durable_agents.shell.agent.tool_calls import call_read_tool, refused_destination
 from durable_agents.shell.ledger.actions import ActionStore
 from durable_agents.shell.runs.children import ChildRuns
@@ -36,6 +37,8 @@ class Observers:
     reader: EvidenceReader
     actions: ActionStore
     children: ChildRuns
+    models: ModelTurns | None = None
+    """The run's model, for what an MCP server samples during a read-only call."""
 
     async def records(self, run: RunSnapshot, decision: Decision, seen: Observations) -> Observations | None:
         """``seen`` with the action records or child runs ``decision`` asks for; None when it asks
@@ -65,5 +68,13 @@ class Observers:
             refused = refused_destination(run, decision, settings)
             if refused is not None:
                 return replace(seen, read=refused)
-            return replace(seen, read=await call_read_tool(run, decision, kube=self.reader.kube))
+            read = await call_read_tool(run, decision, kube=self.reader.kube, models=self.models)
+            return replace(seen, read=read)
         return await self.records(run, decision, seen)
+
+
+def sampled_calls(before: Observations, after: Observations) -> int:
+    """The model calls an MCP server's sampling made during a read just observed (0 for others):
+    the worker bounds them with its own between two commits (a crash repeats both)."""
+    read = after.read
+    return read.sampled_calls if read is not None and read is not before.read else 0

@@ -79,7 +79,7 @@ from durable_agents.shell.runs.definitions import Definitions
 from durable_agents.shell.runs.evidence import EvidenceReader
 from durable_agents.shell.runs.failures import Failures
 from durable_agents.shell.runs.internal_errors import InternalErrors
-from durable_agents.shell.runs.observing import Observers
+from durable_agents.shell.runs.observing import Observers, sampled_calls
 from durable_agents.shell.runs.policy_wait import PolicyWait
 from durable_agents.shell.runs.region_epochs import RegionEpochs
 from durable_agents.shell.runs.unmanaged import NamespaceGate
@@ -174,7 +174,7 @@ class RunWorker(Background):
         self.batches = BatchWriter(self.store, self.reporter, self.failures, self.versions, self.policies)
         held = self.shard_leases.hold_for
         self.controls = Controls(kube, self.store, self.events, self.config.keyring, held)  # on-call controls
-        self.observers = Observers(self.reader, self.actions, self.children)
+        self.observers = Observers(self.reader, self.actions, self.children, self.model_turns)
         self.region_epochs = RegionEpochs(self.shard_leases, self.config.region, self.config.keyring)
         self.internal_errors = InternalErrors(
             self.failures,
@@ -435,7 +435,7 @@ class RunWorker(Background):
             )
             seen = await self.observers.observe(snap, decision, now, observed, settings)
             if seen is not None:
-                observed = seen
+                observed, model_calls = seen, model_calls + sampled_calls(observed, seen)  # MCP samples
                 continue
             if isinstance(decision, NeedModelTurn):
                 # The bound is on calls a crash would repeat: commit before the call past it, so a
