@@ -346,6 +346,8 @@ async def call_tool(
     access: McpAccess = NO_ACCESS,
     server: str = "",
     on_progress: ProgressSink | None = None,
+    input_responses: Mapping[str, Any] | None = None,
+    request_state: str | None = None,
 ) -> McpResult:
     """Call ``tool`` once with ``arguments``; ``idempotency_key`` goes in the request's ``_meta``.
 
@@ -355,8 +357,13 @@ async def call_tool(
     was sent, :class:`McpCallUnknown` when the call was sent and its outcome is unknown (see the
     module docstring; a response past its size bound is one). ``server`` names the server in the
     operator's log (its log notifications); ``on_progress`` is given its progress notifications.
+    A server that asks for input first (2026-07-28) raises :class:`.mcp_elicitation.McpInputRequired`
+    (nothing applied); the retry passes the answers as ``input_responses`` and the echoed
+    ``request_state``, under the same idempotency key.
     """
-    from mcp_types import CallToolRequest, CallToolRequestParams, CallToolResult, RequestParamsMeta
+    from mcp_types import CallToolRequest, CallToolRequestParams, InputRequiredResult, RequestParamsMeta
+
+    from durable_agents.shell.agent.mcp_elicitation import call_result_adapter, input_required
 
     # The W3C traceparent of the current span (a dispatch's, a tool call's): the server may join it.
     items: dict[str, Any] = tracing.traceparent()
@@ -366,7 +373,7 @@ async def call_tool(
     meta = cast(RequestParamsMeta, items) if items else None
     listed = sent = False
     seen = _Seen(ServerLog(server or url))
-    answer: McpResult | None = None
+    answer: McpResult | McpError | None = None
     try:
         async with asyncio.timeout(timeout):
             async with _connect(url, access, seen) as client:
@@ -375,17 +382,28 @@ async def call_tool(
                     sent = True
                     # send_request, not session.call_tool: the SDK's call_tool raises on a result
                     # that does not match the output schema, which would lose a definite answer.
-                    request = CallToolRequest(
-                        params=CallToolRequestParams(name=tool, arguments=arguments, _meta=meta)
+                    params = CallToolRequestParams(
+                        name=tool,
+                        arguments=arguments,
+                        input_responses=cast(Any, input_responses),
+                        request_state=request_state,
+                        _meta=meta,
                     )
                     raw = await client.session.send_request(
-                        request, CallToolResult, progress_callback=ProgressSeen(on_progress)
+                        CallToolRequest(params=params),
+                        call_result_adapter(),
+                        progress_callback=ProgressSeen(on_progress),
                     )
-                    answer = await _checked(client, tool, raw)
+                    if isinstance(raw, InputRequiredResult):
+                        answer = input_required(server or url, url, tool, raw)
+                    else:
+                        answer = await _checked(client, tool, raw)
     except Exception as exc:
-        if answer is not None:
+        if isinstance(answer, McpResult):
             # The answer arrived; only closing the connection failed.
             return answer
+        if answer is not None:
+            raise answer from exc
         if not sent:
             raise McpUnreachable(
                 f"calling {tool} at {url}: not sent: {_describe(exc, seen)}", url=url
@@ -393,6 +411,8 @@ async def call_tool(
         raise _unknown(url, tool, exc, seen) from exc
     if answer is None:
         raise McpToolNotListed(f"{url} does not list a tool named {tool!r}; not sent", url=url)
+    if isinstance(answer, McpError):
+        raise answer
     return answer
 
 

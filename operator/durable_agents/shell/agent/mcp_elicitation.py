@@ -1,0 +1,142 @@
+"""A server's request for input, the SDK side (issue 36, item 1).
+
+On the 2026-07-28 protocol a server that needs input answers ``tools/call`` with an
+``InputRequiredResult``: requests for input keyed by the server, and opaque ``request_state``. No
+tool ran to completion: the call is retried, with the same idempotency key, carrying the answers
+(``input_responses``) and the state echoed byte for byte. :func:`input_required` turns the result
+into :class:`McpInputRequired` (raised by :func:`durable_agents.shell.agent.mcp_tools.call_tool`):
+the questions a person is asked, and the requests refused before any person sees them (a form
+whose schema is not a flat object of primitives, a request kind this client does not serve),
+which :func:`input_responses` tells the server as declined. Pure rules:
+:mod:`durable_agents.core.agent.mcp_elicitation`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from durable_agents.core.agent.mcp_elicitation import (
+    MAX_INPUT_ROUNDS,
+    ElicitationAnswer,
+    ElicitationQuestion,
+    schema_problem,
+)
+
+from durable_agents.shell.agent.mcp_tools import McpError
+
+if TYPE_CHECKING:
+    from mcp_types import InputRequiredResult, InputResponses
+
+__all__ = [
+    "McpInputRequired",
+    "McpInputRoundsExceeded",
+    "call_result_adapter",
+    "input_required",
+    "input_responses",
+]
+
+_MESSAGE_MAX = 4096
+
+
+class McpInputRequired(McpError):
+    """The server asks for input before it completes the call; nothing was applied (the
+    2026-07-28 round trip is stateless). ``request_state`` is echoed verbatim on the retry;
+    ``refused`` maps a request's key to why it is not asked (told to the server as declined)."""
+
+    def __init__(
+        self,
+        *,
+        url: str,
+        tool: str,
+        questions: list[ElicitationQuestion],
+        refused: dict[str, str],
+        request_state: str | None,
+    ) -> None:
+        asked = ", ".join(question.key for question in questions) or "nothing a person can answer"
+        super().__init__(f"{tool} at {url} asks for input before it completes ({asked})", url=url)
+        self.tool = tool
+        self.questions = questions
+        self.refused = refused
+        self.request_state = request_state
+
+
+class McpInputRoundsExceeded(McpError):
+    """The server kept asking for input past :data:`MAX_INPUT_ROUNDS` rounds of one call."""
+
+    def __init__(self, *, url: str, tool: str, rounds: int) -> None:
+        super().__init__(
+            f"{tool} at {url} asked for input {rounds} times, more than the {MAX_INPUT_ROUNDS} rounds "
+            "one call may take: the call fails (nothing was applied: each round answered input_required)",
+            url=url,
+        )
+        self.rounds = rounds
+
+
+@dataclass
+class _Sorted:
+    questions: list[ElicitationQuestion] = field(default_factory=list)
+    refused: dict[str, str] = field(default_factory=dict)
+
+
+def input_required(server: str, url: str, tool: str, result: InputRequiredResult) -> McpInputRequired:
+    """The questions of ``result``, form and URL elicitations, each form's schema checked."""
+    from mcp_types import ElicitRequest, ElicitRequestURLParams
+
+    sorted_ = _Sorted()
+    for key, request in sorted((result.input_requests or {}).items()):
+        if not isinstance(request, ElicitRequest):
+            # Sampling and roots are not questions for a person (sampling is under policy elsewhere).
+            sorted_.refused[key] = f"{request.method} is not served by this client as a question"
+            continue
+        params = request.params
+        message = params.message[:_MESSAGE_MAX]
+        if isinstance(params, ElicitRequestURLParams):
+            sorted_.questions.append(ElicitationQuestion(server, tool, key, message, None, url=params.url))
+            continue
+        problem = schema_problem(params.requested_schema)
+        if problem is not None:
+            sorted_.refused[key] = f"refused: {problem}"
+            continue
+        sorted_.questions.append(ElicitationQuestion(server, tool, key, message, dict(params.requested_schema)))
+    return McpInputRequired(
+        url=url,
+        tool=tool,
+        questions=sorted_.questions,
+        refused=sorted_.refused,
+        request_state=result.request_state,
+    )
+
+
+def input_responses(answers: Mapping[str, ElicitationAnswer], refused: Mapping[str, str]) -> InputResponses:
+    """What the retry carries: each answer as an ``ElicitResult``, each refused request declined
+    (an input response cannot carry an error; the server learns the request was not served)."""
+    from mcp_types import ElicitResult
+
+    responses: dict[str, Any] = {
+        key: ElicitResult(action=answer.action, content=answer.content) for key, answer in answers.items()
+    }
+    for key in refused:
+        responses[key] = ElicitResult(action="decline")
+    return responses
+
+
+def call_result_adapter() -> Any:
+    """A ``TypeAdapter`` for a ``tools/call`` answer: a ``CallToolResult`` or an
+    ``InputRequiredResult`` (told apart by ``resultType``)."""
+    from typing import Annotated
+
+    from mcp_types import CallToolResult, InputRequiredResult
+    from pydantic import Discriminator, Tag, TypeAdapter
+
+    def kind(value: Any) -> str:
+        tag = value.get("resultType") if isinstance(value, dict) else getattr(value, "result_type", None)
+        return "input_required" if tag == "input_required" else "complete"
+
+    return TypeAdapter(
+        Annotated[
+            Annotated[CallToolResult, Tag("complete")] | Annotated[InputRequiredResult, Tag("input_required")],
+            Discriminator(kind),
+        ]
+    )
