@@ -94,7 +94,10 @@ def _form(message: str, schema: dict[str, Any]) -> ElicitRequest:
 
 
 def _tool(name: str, description: str, *, read_only: bool, **args: str) -> Tool:
-    schema = {"type": "object", "properties": {arg: {"type": "string", "description": d} for arg, d in args.items()}}
+    schema = {
+        "type": "object",
+        "properties": {arg: {"type": "string", "description": d} for arg, d in args.items()},
+    }
     return Tool(
         name=name,
         description=description,
@@ -117,7 +120,9 @@ def _answer(params: CallToolRequestParams, key: str) -> ElicitResult | None:
 
 
 def make_asking_server(bookings: Bookings) -> Server[Any]:
-    async def list_tools(ctx: ServerRequestContext[Any], params: PaginatedRequestParams | None) -> ListToolsResult:
+    async def list_tools(
+        ctx: ServerRequestContext[Any], params: PaginatedRequestParams | None
+    ) -> ListToolsResult:
         return ListToolsResult(tools=list(TOOLS))
 
     def book(params: CallToolRequestParams) -> CallToolResult | InputRequiredResult:
@@ -127,7 +132,9 @@ def make_asking_server(bookings: Bookings) -> Server[Any]:
         if answer is None or state is None or state.get("room") != room:
             bookings.asked += 1
             return InputRequiredResult(
-                input_requests={"stay": _form(f"When do you arrive in room {room}, and for how long?", STAY_SCHEMA)},
+                input_requests={
+                    "stay": _form(f"When do you arrive in room {room}, and for how long?", STAY_SCHEMA)
+                },
                 request_state=_sign({"room": room}),
             )
         if answer.action != "accept" or answer.content is None:
@@ -161,7 +168,9 @@ def make_asking_server(bookings: Bookings) -> Server[Any]:
             answer = _answer(params, "pay")
             if answer is None:
                 url = ElicitRequestURLParams(message="Pay the deposit", url=LINK)
-                return InputRequiredResult(input_requests={"pay": ElicitRequest(params=url)}, request_state="pay")
+                return InputRequiredResult(
+                    input_requests={"pay": ElicitRequest(params=url)}, request_state="pay"
+                )
             return _text("linked" if answer.action == "accept" else f"not linked ({answer.action})")
         return _text(f"unknown tool {name!r}", error=True)
 

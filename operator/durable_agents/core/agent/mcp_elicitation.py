@@ -39,7 +39,18 @@ MAX_PROPERTIES: Final = 32
 ACTIONS: Final = ("accept", "decline", "cancel")
 _STRING_FORMATS: Final = frozenset({"email", "uri", "date", "date-time"})
 _STRING_KEYS: Final = frozenset(
-    {"type", "title", "description", "minLength", "maxLength", "format", "default", "enum", "enumNames", "oneOf"}
+    {
+        "type",
+        "title",
+        "description",
+        "minLength",
+        "maxLength",
+        "format",
+        "default",
+        "enum",
+        "enumNames",
+        "oneOf",
+    }
 )
 _NUMBER_KEYS: Final = frozenset({"type", "title", "description", "minimum", "maximum", "default"})
 _BOOLEAN_KEYS: Final = frozenset({"type", "title", "description", "default"})
@@ -107,8 +118,10 @@ def _property_problem(name: str, prop: object) -> str | None:
         return f"properties.{name}.format: {prop.get('format')!r} is not one of {sorted(_STRING_FORMATS)}"
     if kind == "array":
         items = prop.get("items")
-        if not isinstance(items, Mapping) or items.get("type") != "string" or not (
-            items.get("enum") or items.get("anyOf")
+        if (
+            not isinstance(items, Mapping)
+            or items.get("type") != "string"
+            or not (items.get("enum") or items.get("anyOf"))
         ):
             return f"properties.{name}.items: only an array of enumerated strings (a multi-select) is allowed"
     return None
@@ -162,7 +175,11 @@ def _string_problem(value: object, prop: Mapping[str, Any]) -> str | None:
 
 def _number_problem(value: object, prop: Mapping[str, Any]) -> str | None:
     integer = prop.get("type") == "integer"
-    if isinstance(value, bool) or not isinstance(value, int | float) or (integer and not isinstance(value, int)):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or (integer and not isinstance(value, int))
+    ):
         return f"{value!r} is not {'an integer' if integer else 'a number'}"
     if isinstance(prop.get("minimum"), int | float) and value < prop["minimum"]:
         return f"{value} is below the minimum {prop['minimum']}"
@@ -200,7 +217,9 @@ def answer_problem(schema: Mapping[str, Any] | None, answer: object) -> str | No
         return f"action: {action!r} is not one of accept, decline, cancel"
     content = answer.get("content")
     if action != "accept" or schema is None:  # decline, cancel, a URL-mode consent carry no content
-        return None if content is None else f"content: only an accepted form answer carries content ({action})"
+        return (
+            None if content is None else f"content: only an accepted form answer carries content ({action})"
+        )
     if not isinstance(content, Mapping):
         return "content: an accepted answer carries the form's fields as an object"
     properties = schema.get("properties") or {}

@@ -99,7 +99,9 @@ def input_required(server: str, url: str, tool: str, result: InputRequiredResult
         if problem is not None:
             sorted_.refused[key] = f"refused: {problem}"
             continue
-        sorted_.questions.append(ElicitationQuestion(server, tool, key, message, dict(params.requested_schema)))
+        sorted_.questions.append(
+            ElicitationQuestion(server, tool, key, message, dict(params.requested_schema))
+        )
     return McpInputRequired(
         url=url,
         tool=tool,
@@ -136,7 +138,8 @@ def call_result_adapter() -> Any:
 
     return TypeAdapter(
         Annotated[
-            Annotated[CallToolResult, Tag("complete")] | Annotated[InputRequiredResult, Tag("input_required")],
+            Annotated[CallToolResult, Tag("complete")]
+            | Annotated[InputRequiredResult, Tag("input_required")],
             Discriminator(kind),
         ]
     )

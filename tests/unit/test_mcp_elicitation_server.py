@@ -1,0 +1,111 @@
+"""The stateless round trip of the 2026-07-28 protocol through the SDK against the asking reference
+server (loopback): a call that needs input raises McpInputRequired with the question and the
+opaque state; the retry with the answer, the echoed state and the same key applies once; a form
+that is not flat is refused and the server told; a server that asks forever is bounded."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+
+from durable_agents.core.agent.mcp_elicitation import MAX_INPUT_ROUNDS, ElicitationAnswer, parse_answer
+from durable_agents.shell.agent.mcp_elicitation import McpInputRequired, input_responses
+from durable_agents.shell.agent.mcp_tools import McpResult, call_tool
+from durable_agents_testkit.mcpasking import LINK, STAY_SCHEMA, AskingServerThread
+
+pytestmark = pytest.mark.unit
+
+TIMEOUT = 30.0
+
+
+@pytest.fixture
+def server() -> Iterator[AskingServerThread]:
+    with AskingServerThread() as running:
+        yield running
+
+
+async def ask(
+    server: AskingServerThread, tool: str, key: str | None = None, **arguments: str
+) -> McpInputRequired:
+    with pytest.raises(McpInputRequired) as raised:
+        await call_tool(
+            server.url, tool, dict(arguments), idempotency_key=key, timeout=TIMEOUT, server="hotel"
+        )
+    return raised.value
+
+
+async def retry(
+    server: AskingServerThread,
+    asked: McpInputRequired,
+    answers: dict[str, ElicitationAnswer],
+    key: str | None,
+    **arguments: str,
+) -> McpResult:
+    return await call_tool(
+        server.url,
+        asked.tool,
+        dict(arguments),
+        idempotency_key=key,
+        timeout=TIMEOUT,
+        server="hotel",
+        input_responses=input_responses(answers, asked.refused),
+        request_state=asked.request_state,
+    )
+
+
+async def test_the_call_is_retried_with_the_answer_and_the_same_key_applied_once(
+    server: AskingServerThread,
+) -> None:
+    asked = await ask(server, "book_room", "key-1", room="7")
+    (question,) = asked.questions
+    assert (question.server, question.tool, question.key) == ("hotel", "book_room", "stay")
+    assert question.schema == STAY_SCHEMA and "room 7" in question.message
+    assert asked.request_state and not asked.refused and server.applications() == []
+    answer = parse_answer(
+        question.schema, json.dumps({"action": "accept", "content": {"date": "2026-12-24", "nights": 2}})
+    )
+    assert isinstance(answer, ElicitationAnswer)
+    first = await retry(server, asked, {"stay": answer}, "key-1", room="7")
+    again = await retry(server, asked, {"stay": answer}, "key-1", room="7")  # a retry after a lost answer
+    assert not first.is_error and first.content == again.content
+    assert json.loads(first.content)["nights"] == 2
+    assert server.applications() == ["key-1"]
+
+
+async def test_a_declined_question_applies_nothing(server: AskingServerThread) -> None:
+    asked = await ask(server, "book_room", "key-2", room="8")
+    result = await retry(server, asked, {"stay": ElicitationAnswer("decline")}, "key-2", room="8")
+    assert result.is_error and "decline" in result.content
+    assert server.applications() == []
+
+
+async def test_a_form_that_is_not_flat_is_refused_and_the_server_told(server: AskingServerThread) -> None:
+    asked = await ask(server, "ask_nested")
+    assert (
+        asked.questions == []
+        and "properties.address.type: 'object' is not a primitive" in asked.refused["address"]
+    )
+    result = await retry(server, asked, {}, None)
+    assert result.content == "the client refused the form (decline)"
+
+
+async def test_a_url_request_is_a_link_for_the_person(server: AskingServerThread) -> None:
+    asked = await ask(server, "ask_link")
+    (question,) = asked.questions
+    assert question.url == LINK and question.schema is None
+    result = await retry(server, asked, {"pay": ElicitationAnswer("accept")}, None)
+    assert result.content == "linked"
+
+
+async def test_a_server_that_asks_forever_is_seen_round_after_round(server: AskingServerThread) -> None:
+    # Each round is a new question under a new key: the caller counts rounds against MAX_INPUT_ROUNDS.
+    asked = await ask(server, "ask_forever")
+    keys = [asked.questions[0].key]
+    for _ in range(MAX_INPUT_ROUNDS):
+        with pytest.raises(McpInputRequired) as raised:
+            await retry(server, asked, {keys[-1]: ElicitationAnswer("cancel")}, None)
+        asked = raised.value
+        keys.append(asked.questions[0].key)
+    assert len(set(keys)) == MAX_INPUT_ROUNDS + 1
