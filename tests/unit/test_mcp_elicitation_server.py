@@ -13,6 +13,8 @@ import pytest
 from durable_agents.core.agent.mcp_elicitation import MAX_INPUT_ROUNDS, ElicitationAnswer, parse_answer
 from durable_agents.shell.agent.mcp_elicitation import McpInputRequired, input_responses
 from durable_agents.shell.agent.mcp_tools import McpResult, call_tool
+from durable_agents.shell.effects.base import Action, EffectContext, Failed
+from durable_agents.shell.effects.mcp import McpCall
 from durable_agents_testkit.mcpasking import LINK, STAY_SCHEMA, AskingServerThread
 
 pytestmark = pytest.mark.unit
@@ -109,3 +111,17 @@ async def test_a_server_that_asks_forever_is_seen_round_after_round(server: Aski
         asked = raised.value
         keys.append(asked.questions[0].key)
     assert len(set(keys)) == MAX_INPUT_ROUNDS + 1
+
+
+async def test_an_approved_call_that_asks_for_input_is_a_definite_failure_until_answers_reach_the_ledger(
+    server: AskingServerThread,
+) -> None:
+    # What the ledger records today: nothing was applied (the round trip is stateless), so the
+    # action fails definitely, never outcome_unknown; the server's words stay out of the record.
+    ctx = EffectContext(kube=None, namespace="ns", service_account="sa")  # type: ignore[arg-type]
+    action = Action("key-3", {"server": "hotel", "url": server.url, "tool": "book_room"}, {"room": "9"})
+    result = await McpCall().dispatch(ctx, action)
+    assert isinstance(result, Failed) and result.reason == "McpInputRequired"
+    assert "asks for input before it completes (stay); nothing was applied" in result.message
+    assert "arrive" not in result.message
+    assert server.applications() == []

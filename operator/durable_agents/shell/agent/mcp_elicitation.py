@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from durable_agents.core.agent.mcp_elicitation import (
-    MAX_INPUT_ROUNDS,
     ElicitationAnswer,
     ElicitationQuestion,
     schema_problem,
@@ -31,7 +30,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "McpInputRequired",
-    "McpInputRoundsExceeded",
     "call_result_adapter",
     "input_required",
     "input_responses",
@@ -55,23 +53,13 @@ class McpInputRequired(McpError):
         request_state: str | None,
     ) -> None:
         asked = ", ".join(question.key for question in questions) or "nothing a person can answer"
-        super().__init__(f"{tool} at {url} asks for input before it completes ({asked})", url=url)
+        super().__init__(
+            f"{tool} at {url} asks for input before it completes ({asked}); nothing was applied", url=url
+        )
         self.tool = tool
         self.questions = questions
         self.refused = refused
         self.request_state = request_state
-
-
-class McpInputRoundsExceeded(McpError):
-    """The server kept asking for input past :data:`MAX_INPUT_ROUNDS` rounds of one call."""
-
-    def __init__(self, *, url: str, tool: str, rounds: int) -> None:
-        super().__init__(
-            f"{tool} at {url} asked for input {rounds} times, more than the {MAX_INPUT_ROUNDS} rounds "
-            "one call may take: the call fails (nothing was applied: each round answered input_required)",
-            url=url,
-        )
-        self.rounds = rounds
 
 
 @dataclass
