@@ -69,7 +69,8 @@ def test_a_flat_object_of_primitives_is_accepted() -> None:
 )
 def test_anything_else_is_refused_naming_the_field(schema: dict[str, Any], said: str) -> None:
     problem = schema_problem(schema)
-    assert problem is not None and said in problem
+    assert problem is not None
+    assert said in problem
 
 
 def test_an_answer_matching_the_schema_is_accepted() -> None:
@@ -117,13 +118,15 @@ def test_decline_and_cancel_are_answers_too(action: str) -> None:
 )
 def test_an_answer_that_does_not_match_is_refused_naming_the_field(answer: Any, said: str) -> None:
     problem = answer_problem(STAY, answer)
-    assert problem is not None and said in problem, problem
+    assert problem is not None
+    assert said in problem, problem
     assert parse_answer(STAY, json.dumps(answer)) == problem
 
 
 def test_an_answer_that_is_not_json_is_refused() -> None:
     problem = parse_answer(STAY, "yes please")
-    assert isinstance(problem, str) and problem.startswith("the answer is not JSON")
+    assert isinstance(problem, str)
+    assert problem.startswith("the answer is not JSON")
 
 
 def test_a_url_question_shows_the_link_and_takes_a_consent() -> None:
@@ -131,7 +134,10 @@ def test_a_url_question_shows_the_link_and_takes_a_consent() -> None:
         "pay", "checkout", "pay", "Pay the deposit", None, url="https://pay.example/1"
     )
     said = json.loads(question.for_person())
-    assert said["url"] == "https://pay.example/1" and "never opens it" in said["note"]
+    assert said["url"] == "https://pay.example/1"
+    assert "never opens it" in said["note"]
     assert parse_answer(None, '{"action": "accept"}') == ElicitationAnswer("accept")
     form = json.loads(ElicitationQuestion("hotel", "book_room", "stay", "When?", STAY).for_person())
-    assert form["requestedSchema"] == STAY and form["mcpServer"] == "hotel" and form["tool"] == "book_room"
+    assert form["requestedSchema"] == STAY
+    assert form["mcpServer"] == "hotel"
+    assert form["tool"] == "book_room"

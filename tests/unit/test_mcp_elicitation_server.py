@@ -11,8 +11,8 @@ from collections.abc import Iterator
 import pytest
 
 from durable_agents.core.agent.mcp_elicitation import MAX_INPUT_ROUNDS, ElicitationAnswer, parse_answer
-from durable_agents.shell.agent.mcp_elicitation import McpInputRequired, input_responses
-from durable_agents.shell.agent.mcp_tools import McpResult, call_tool
+from durable_agents.shell.agent.mcp_elicitation import InputAsked, input_responses
+from durable_agents.shell.agent.mcp_tools import McpInputRequired, McpResult, call_tool
 from durable_agents.shell.effects.base import Action, EffectContext, Failed
 from durable_agents.shell.effects.mcp import McpCall
 from durable_agents_testkit.mcpasking import LINK, STAY_SCHEMA, AskingServerThread
@@ -28,26 +28,25 @@ def server() -> Iterator[AskingServerThread]:
         yield running
 
 
-async def ask(
-    server: AskingServerThread, tool: str, key: str | None = None, **arguments: str
-) -> McpInputRequired:
+async def ask(server: AskingServerThread, tool: str, key: str | None = None, **arguments: str) -> InputAsked:
     with pytest.raises(McpInputRequired) as raised:
         await call_tool(
             server.url, tool, dict(arguments), idempotency_key=key, timeout=TIMEOUT, server="hotel"
         )
-    return raised.value
+    return raised.value.asked
 
 
 async def retry(
     server: AskingServerThread,
-    asked: McpInputRequired,
+    tool: str,
+    asked: InputAsked,
     answers: dict[str, ElicitationAnswer],
     key: str | None,
     **arguments: str,
 ) -> McpResult:
     return await call_tool(
         server.url,
-        asked.tool,
+        tool,
         dict(arguments),
         idempotency_key=key,
         timeout=TIMEOUT,
@@ -63,41 +62,49 @@ async def test_the_call_is_retried_with_the_answer_and_the_same_key_applied_once
     asked = await ask(server, "book_room", "key-1", room="7")
     (question,) = asked.questions
     assert (question.server, question.tool, question.key) == ("hotel", "book_room", "stay")
-    assert question.schema == STAY_SCHEMA and "room 7" in question.message
-    assert asked.request_state and not asked.refused and server.applications() == []
+    assert question.schema == STAY_SCHEMA
+    assert "room 7" in question.message
+    assert asked.request_state
+    assert not asked.refused
+    assert server.applications() == []
     answer = parse_answer(
         question.schema, json.dumps({"action": "accept", "content": {"date": "2026-12-24", "nights": 2}})
     )
     assert isinstance(answer, ElicitationAnswer)
-    first = await retry(server, asked, {"stay": answer}, "key-1", room="7")
-    again = await retry(server, asked, {"stay": answer}, "key-1", room="7")  # a retry after a lost answer
-    assert not first.is_error and first.content == again.content
+    first = await retry(server, "book_room", asked, {"stay": answer}, "key-1", room="7")
+    again = await retry(
+        server, "book_room", asked, {"stay": answer}, "key-1", room="7"
+    )  # a retry after a lost answer
+    assert not first.is_error
+    assert first.content == again.content
     assert json.loads(first.content)["nights"] == 2
     assert server.applications() == ["key-1"]
 
 
 async def test_a_declined_question_applies_nothing(server: AskingServerThread) -> None:
     asked = await ask(server, "book_room", "key-2", room="8")
-    result = await retry(server, asked, {"stay": ElicitationAnswer("decline")}, "key-2", room="8")
-    assert result.is_error and "decline" in result.content
+    result = await retry(
+        server, "book_room", asked, {"stay": ElicitationAnswer("decline")}, "key-2", room="8"
+    )
+    assert result.is_error
+    assert "decline" in result.content
     assert server.applications() == []
 
 
 async def test_a_form_that_is_not_flat_is_refused_and_the_server_told(server: AskingServerThread) -> None:
     asked = await ask(server, "ask_nested")
-    assert (
-        asked.questions == []
-        and "properties.address.type: 'object' is not a primitive" in asked.refused["address"]
-    )
-    result = await retry(server, asked, {}, None)
+    assert asked.questions == []
+    assert "properties.address.type: 'object' is not a primitive" in asked.refused["address"]
+    result = await retry(server, "ask_nested", asked, {}, None)
     assert result.content == "the client refused the form (decline)"
 
 
 async def test_a_url_request_is_a_link_for_the_person(server: AskingServerThread) -> None:
     asked = await ask(server, "ask_link")
     (question,) = asked.questions
-    assert question.url == LINK and question.schema is None
-    result = await retry(server, asked, {"pay": ElicitationAnswer("accept")}, None)
+    assert question.url == LINK
+    assert question.schema is None
+    result = await retry(server, "ask_link", asked, {"pay": ElicitationAnswer("accept")}, None)
     assert result.content == "linked"
 
 
@@ -107,8 +114,8 @@ async def test_a_server_that_asks_forever_is_seen_round_after_round(server: Aski
     keys = [asked.questions[0].key]
     for _ in range(MAX_INPUT_ROUNDS):
         with pytest.raises(McpInputRequired) as raised:
-            await retry(server, asked, {keys[-1]: ElicitationAnswer("cancel")}, None)
-        asked = raised.value
+            await retry(server, "ask_forever", asked, {keys[-1]: ElicitationAnswer("cancel")}, None)
+        asked = raised.value.asked
         keys.append(asked.questions[0].key)
     assert len(set(keys)) == MAX_INPUT_ROUNDS + 1
 
@@ -121,7 +128,8 @@ async def test_an_approved_call_that_asks_for_input_is_a_definite_failure_until_
     ctx = EffectContext(kube=None, namespace="ns", service_account="sa")  # type: ignore[arg-type]
     action = Action("key-3", {"server": "hotel", "url": server.url, "tool": "book_room"}, {"room": "9"})
     result = await McpCall().dispatch(ctx, action)
-    assert isinstance(result, Failed) and result.reason == "McpInputRequired"
+    assert isinstance(result, Failed)
+    assert result.reason == "McpInputRequired"
     assert "asks for input before it completes (stay); nothing was applied" in result.message
     assert "arrive" not in result.message
     assert server.applications() == []

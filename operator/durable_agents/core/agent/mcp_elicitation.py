@@ -37,6 +37,7 @@ MAX_INPUT_ROUNDS: Final = 8
 MAX_PROPERTIES: Final = 32
 """Fields of one form: a person answers it, a schema of hundreds is not a question."""
 ACTIONS: Final = ("accept", "decline", "cancel")
+ANSWER_FORMS: Final = '{"action": "accept", "content": {...}} | {"action": "decline"} | {"action": "cancel"}'
 _STRING_FORMATS: Final = frozenset({"email", "uri", "date", "date-time"})
 _STRING_KEYS: Final = frozenset(
     {
@@ -76,11 +77,11 @@ class ElicitationQuestion:
 
     def for_person(self) -> str:
         """The question as a person reads it (kubectl agentrun answer, the inbox, the console)."""
-        said = {
+        said: dict[str, Any] = {
             "mcpServer": self.server,
             "tool": self.tool,
             "message": self.message,
-            "answerWith": '{"action": "accept", "content": {...}} | {"action": "decline"} | {"action": "cancel"}',
+            "answerWith": ANSWER_FORMS,
         }
         if self.url is not None:
             said["url"] = self.url
@@ -239,7 +240,7 @@ def parse_answer(schema: Mapping[str, Any] | None, text: str) -> ElicitationAnsw
     """The answer in ``text`` (JSON), or the problem with it (:func:`answer_problem`)."""
     try:
         answer = json.loads(text)
-    except ValueError as err:
+    except json.JSONDecodeError as err:
         return f"the answer is not JSON ({err.msg} at {err.pos})"
     problem = answer_problem(schema, answer)
     if problem is not None:

@@ -4,11 +4,11 @@ On the 2026-07-28 protocol a server that needs input answers ``tools/call`` with
 ``InputRequiredResult``: requests for input keyed by the server, and opaque ``request_state``. No
 tool ran to completion: the call is retried, with the same idempotency key, carrying the answers
 (``input_responses``) and the state echoed byte for byte. :func:`input_required` turns the result
-into :class:`McpInputRequired` (raised by :func:`durable_agents.shell.agent.mcp_tools.call_tool`):
-the questions a person is asked, and the requests refused before any person sees them (a form
-whose schema is not a flat object of primitives, a request kind this client does not serve),
-which :func:`input_responses` tells the server as declined. Pure rules:
-:mod:`durable_agents.core.agent.mcp_elicitation`.
+into :class:`InputAsked` (carried by ``McpInputRequired``, raised by
+:func:`durable_agents.shell.agent.mcp_tools.call_tool`): the questions a person is asked, and the
+requests refused before any person sees them (a form whose schema is not a flat object of
+primitives, a request kind this client does not serve), which :func:`input_responses` tells the
+server as declined. Pure rules: :mod:`durable_agents.core.agent.mcp_elicitation`.
 """
 
 from __future__ import annotations
@@ -23,13 +23,11 @@ from durable_agents.core.agent.mcp_elicitation import (
     schema_problem,
 )
 
-from durable_agents.shell.agent.mcp_tools import McpError
-
 if TYPE_CHECKING:
     from mcp_types import InputRequiredResult, InputResponses
 
 __all__ = [
-    "McpInputRequired",
+    "InputAsked",
     "call_result_adapter",
     "input_required",
     "input_responses",
@@ -38,28 +36,15 @@ __all__ = [
 _MESSAGE_MAX = 4096
 
 
-class McpInputRequired(McpError):
-    """The server asks for input before it completes the call; nothing was applied (the
-    2026-07-28 round trip is stateless). ``request_state`` is echoed verbatim on the retry;
-    ``refused`` maps a request's key to why it is not asked (told to the server as declined)."""
+@dataclass(frozen=True)
+class InputAsked:
+    """What an ``InputRequiredResult`` asks: the questions for a person, the requests refused
+    before any person sees them (key: why; told to the server as declined), and the opaque
+    ``request_state`` echoed verbatim on the retry."""
 
-    def __init__(
-        self,
-        *,
-        url: str,
-        tool: str,
-        questions: list[ElicitationQuestion],
-        refused: dict[str, str],
-        request_state: str | None,
-    ) -> None:
-        asked = ", ".join(question.key for question in questions) or "nothing a person can answer"
-        super().__init__(
-            f"{tool} at {url} asks for input before it completes ({asked}); nothing was applied", url=url
-        )
-        self.tool = tool
-        self.questions = questions
-        self.refused = refused
-        self.request_state = request_state
+    questions: list[ElicitationQuestion]
+    refused: dict[str, str]
+    request_state: str | None
 
 
 @dataclass
@@ -68,7 +53,7 @@ class _Sorted:
     refused: dict[str, str] = field(default_factory=dict)
 
 
-def input_required(server: str, url: str, tool: str, result: InputRequiredResult) -> McpInputRequired:
+def input_required(server: str, tool: str, result: InputRequiredResult) -> InputAsked:
     """The questions of ``result``, form and URL elicitations, each form's schema checked."""
     from mcp_types import ElicitRequest, ElicitRequestURLParams
 
@@ -90,13 +75,7 @@ def input_required(server: str, url: str, tool: str, result: InputRequiredResult
         sorted_.questions.append(
             ElicitationQuestion(server, tool, key, message, dict(params.requested_schema))
         )
-    return McpInputRequired(
-        url=url,
-        tool=tool,
-        questions=sorted_.questions,
-        refused=sorted_.refused,
-        request_state=result.request_state,
-    )
+    return InputAsked(sorted_.questions, sorted_.refused, result.request_state)
 
 
 def input_responses(answers: Mapping[str, ElicitationAnswer], refused: Mapping[str, str]) -> InputResponses:

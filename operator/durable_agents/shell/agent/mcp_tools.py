@@ -57,6 +57,7 @@ import httpx2
 
 from durable_agents.core.agent.mcp_content import model_content, schema_mismatch
 from durable_agents.core.digest import canonical_digest, canonical_json
+from durable_agents.shell.agent.mcp_elicitation import InputAsked, call_result_adapter, input_required
 from durable_agents.shell.agent.mcp_notices import (
     RESPONSE_MAX_BYTES,
     ProgressSeen,
@@ -77,6 +78,7 @@ __all__ = [
     "McpAccess",
     "McpCallUnknown",
     "McpError",
+    "McpInputRequired",
     "McpResult",
     "McpTool",
     "McpToolNotListed",
@@ -183,6 +185,19 @@ class McpCallUnknown(McpError):
         super().__init__(message, url=url)
         self.tool = tool
         self.code = code
+
+
+class McpInputRequired(McpError):
+    """The server asks for input before it completes the call (2026-07-28); nothing was applied
+    (the round trip is stateless). ``asked``: the questions, the refused requests, the state."""
+
+    def __init__(self, url: str, tool: str, asked: InputAsked) -> None:
+        keys = ", ".join(question.key for question in asked.questions) or "nothing a person can answer"
+        super().__init__(
+            f"{tool} at {url} asks for input before it completes ({keys}); nothing was applied", url=url
+        )
+        self.tool = tool
+        self.asked = asked
 
 
 def _verify(access: McpAccess) -> ssl.SSLContext | bool:
@@ -357,13 +372,11 @@ async def call_tool(
     was sent, :class:`McpCallUnknown` when the call was sent and its outcome is unknown (see the
     module docstring; a response past its size bound is one). ``server`` names the server in the
     operator's log (its log notifications); ``on_progress`` is given its progress notifications.
-    A server that asks for input first (2026-07-28) raises :class:`.mcp_elicitation.McpInputRequired`
+    A server that asks for input first (2026-07-28) raises :class:`McpInputRequired`
     (nothing applied); the retry passes the answers as ``input_responses`` and the echoed
     ``request_state``, under the same idempotency key.
     """
     from mcp_types import CallToolRequest, CallToolRequestParams, InputRequiredResult, RequestParamsMeta
-
-    from durable_agents.shell.agent.mcp_elicitation import call_result_adapter, input_required
 
     # The W3C traceparent of the current span (a dispatch's, a tool call's): the server may join it.
     items: dict[str, Any] = tracing.traceparent()
@@ -395,7 +408,7 @@ async def call_tool(
                         progress_callback=ProgressSeen(on_progress),
                     )
                     if isinstance(raw, InputRequiredResult):
-                        answer = input_required(server or url, url, tool, raw)
+                        answer = McpInputRequired(url, tool, input_required(server or url, tool, raw))
                     else:
                         answer = await _checked(client, tool, raw)
     except Exception as exc:
