@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from durable_agents.core.agent.mcp_elicitation import MAX_INPUT_ROUNDS, ElicitationAnswer, parse_answer
-from durable_agents.shell.agent.mcp_elicitation import InputAsked, input_responses
+from durable_agents.shell.agent.mcp_elicitation import InputAsked, input_required, input_responses
 from durable_agents.shell.agent.mcp_tools import McpInputRequired, McpResult, call_tool
 from durable_agents.shell.effects.base import Action, EffectContext, Failed
 from durable_agents.shell.effects.mcp import McpCall
@@ -133,3 +133,29 @@ async def test_an_approved_call_that_asks_for_input_is_a_definite_failure_until_
     assert "asks for input before it completes (stay); nothing was applied" in result.message
     assert "arrive" not in result.message
     assert server.applications() == []
+
+
+def test_sampling_and_roots_requests_are_not_questions_for_a_person() -> None:
+    from mcp_types import (
+        CreateMessageRequest,
+        CreateMessageRequestParams,
+        InputRequiredResult,
+        ListRootsRequest,
+        SamplingMessage,
+        TextContent,
+    )
+
+    sample = CreateMessageRequest(
+        params=CreateMessageRequestParams(
+            messages=[SamplingMessage(role="user", content=TextContent(text="hi"))], max_tokens=10
+        )
+    )
+    result = InputRequiredResult(input_requests={"s": sample, "r": ListRootsRequest()}, request_state="x")
+    asked = input_required("hotel", "book_room", result)
+    assert asked.questions == []
+    assert sorted(asked.refused) == ["r", "s"]
+    assert "sampling/createMessage is not served" in asked.refused["s"]
+    assert {key: response.action for key, response in input_responses({}, asked.refused).items()} == {
+        "r": "decline",
+        "s": "decline",
+    }
