@@ -186,4 +186,9 @@ class AskingServerThread(McpServerThread):
         self._server = make_asking_server(self.bookings)
 
     def applications(self) -> list[str]:
+        """The idempotency keys ``book_room`` applied, in order (one per booking)."""
         return self.call(lambda: list(self.bookings.applications))
+
+    def asked(self) -> int:
+        """How many calls of ``book_room`` were answered with a request for input."""
+        return self.call(lambda: self.bookings.asked)
