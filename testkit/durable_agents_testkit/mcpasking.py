@@ -14,6 +14,9 @@ Tools:
     the server (declined); then answers ``"the client refused the form"``.
 ``ask_forever`` (read-only)
     Asks again on every retry, however it is answered.
+``ask_later`` ``{"rounds": str}`` (read-only)
+    Answers "not yet" (an ``InputRequiredResult`` with request state only) that many times, then
+    ``"ready after N"``.
 ``ask_link`` (read-only)
     A URL-mode request: the person opens the link; accepted, it answers ``"linked"``.
 """
@@ -111,6 +114,7 @@ TOOLS: Final = (
     _tool("ask_nested", "Asks with a nested form.", read_only=True),
     _tool("ask_forever", "Asks for input on every retry.", read_only=True),
     _tool("ask_link", "Asks the person to open a link.", read_only=True),
+    _tool("ask_later", "Not yet, that many times.", read_only=True, rounds="How many times"),
 )
 
 
@@ -164,6 +168,11 @@ def make_asking_server(bookings: Bookings) -> Server[Any]:
             return InputRequiredResult(
                 input_requests={f"q{rounds}": _form("Once more?", STAY_SCHEMA)}, request_state=str(rounds)
             )
+        if name == "ask_later":
+            seen = int(params.request_state or "0")
+            if seen < int((params.arguments or {}).get("rounds", "0")):
+                return InputRequiredResult(request_state=str(seen + 1))
+            return _text(f"ready after {seen}")
         if name == "ask_link":
             answer = _answer(params, "pay")
             if answer is None:

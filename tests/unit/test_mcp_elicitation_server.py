@@ -159,3 +159,22 @@ def test_sampling_and_roots_requests_are_not_questions_for_a_person() -> None:
         "r": "decline",
         "s": "decline",
     }
+
+
+async def test_a_server_that_only_says_not_yet_is_retried_with_its_state_within_the_bound(
+    server: AskingServerThread,
+) -> None:
+    result = await call_tool(
+        server.url, "ask_later", {"rounds": "3"}, idempotency_key=None, timeout=TIMEOUT, server="hotel"
+    )
+    assert result.content == "ready after 3"
+    with pytest.raises(McpInputRequired) as raised:
+        await call_tool(
+            server.url,
+            "ask_later",
+            {"rounds": str(MAX_INPUT_ROUNDS + 5)},
+            idempotency_key=None,
+            timeout=TIMEOUT,
+            server="hotel",
+        )
+    assert f"asked only to be retried with its request state, {MAX_INPUT_ROUNDS} times" in str(raised.value)

@@ -13,11 +13,13 @@ server as declined. Pure rules: :mod:`durable_agents.core.agent.mcp_elicitation`
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from durable_agents.core.agent.mcp_elicitation import (
+    MAX_INPUT_ROUNDS,
     ElicitationAnswer,
     ElicitationQuestion,
     schema_problem,
@@ -31,6 +33,7 @@ __all__ = [
     "call_result_adapter",
     "input_required",
     "input_responses",
+    "retried_while_state_only",
 ]
 
 _MESSAGE_MAX = 4096
@@ -76,6 +79,21 @@ def input_required(server: str, tool: str, result: InputRequiredResult) -> Input
             ElicitationQuestion(server, tool, key, message, dict(params.requested_schema))
         )
     return InputAsked(sorted_.questions, sorted_.refused, result.request_state)
+
+
+async def retried_while_state_only(first: Any, resend: Callable[[str | None], Awaitable[Any]]) -> Any:
+    """``first``, or, while it is an ``InputRequiredResult`` that asks nothing (only its
+    ``request_state``: "not yet, come back with this"), what ``resend(state)`` answers, with a short
+    backoff, at most :data:`MAX_INPUT_ROUNDS` times (then the last such result: a clear failure)."""
+    from mcp_types import InputRequiredResult
+
+    current = first
+    for round_ in range(MAX_INPUT_ROUNDS):
+        if not isinstance(current, InputRequiredResult) or current.input_requests:
+            return current
+        await asyncio.sleep(min(0.05 * 2**round_, 0.25))
+        current = await resend(current.request_state)
+    return current
 
 
 def input_responses(answers: Mapping[str, ElicitationAnswer], refused: Mapping[str, str]) -> InputResponses:

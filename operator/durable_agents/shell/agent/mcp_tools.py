@@ -33,7 +33,9 @@ which is unknown once the call was sent.
 
 The SDK's automatic re-sends are avoided on purpose: the call goes through ``ClientSession``, not
 ``Client.call_tool`` (which re-sends after a ``HEADER_MISMATCH`` and drives input-required rounds),
-so one :func:`call_tool` sends at most one ``tools/call``. The tools are listed first on the same
+so one :func:`call_tool` sends one ``tools/call``, and again only when the server answers an
+``InputRequiredResult`` that asks nothing but to come back with its request state (at most
+``MAX_INPUT_ROUNDS`` times, with the same key: nothing was applied). The tools are listed first on the same
 connection, so the SDK has the output schemas it validates results against (otherwise it lists
 after the call, and a failure there would hide a result that did arrive).
 
@@ -48,7 +50,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, cast
@@ -56,8 +58,14 @@ from typing import TYPE_CHECKING, Any, cast
 import httpx2
 
 from durable_agents.core.agent.mcp_content import model_content, schema_mismatch
+from durable_agents.core.agent.mcp_elicitation import MAX_INPUT_ROUNDS
 from durable_agents.core.digest import canonical_digest, canonical_json
-from durable_agents.shell.agent.mcp_elicitation import InputAsked, call_result_adapter, input_required
+from durable_agents.shell.agent.mcp_elicitation import (
+    InputAsked,
+    call_result_adapter,
+    input_required,
+    retried_while_state_only,
+)
 from durable_agents.shell.agent.mcp_notices import (
     RESPONSE_MAX_BYTES,
     ProgressSeen,
@@ -192,10 +200,12 @@ class McpInputRequired(McpError):
     (the round trip is stateless). ``asked``: the questions, the refused requests, the state."""
 
     def __init__(self, url: str, tool: str, asked: InputAsked) -> None:
-        keys = ", ".join(question.key for question in asked.questions) or "nothing a person can answer"
-        super().__init__(
-            f"{tool} at {url} asks for input before it completes ({keys}); nothing was applied", url=url
-        )
+        keys = ", ".join(question.key for question in asked.questions)
+        if keys or asked.refused:
+            said = f"asks for input before it completes ({keys or 'nothing a person can answer'})"
+        else:
+            said = f"asked only to be retried with its request state, {MAX_INPUT_ROUNDS} times"
+        super().__init__(f"{tool} at {url} {said}; nothing was applied", url=url)
         self.tool = tool
         self.asked = asked
 
@@ -393,20 +403,24 @@ async def call_tool(
                 listed = tool in {known.name for known in await _all_tools(client)}
                 if listed:
                     sent = True
+
                     # send_request, not session.call_tool: the SDK's call_tool raises on a result
                     # that does not match the output schema, which would lose a definite answer.
-                    params = CallToolRequestParams(
-                        name=tool,
-                        arguments=arguments,
-                        input_responses=cast(Any, input_responses),
-                        request_state=request_state,
-                        _meta=meta,
-                    )
-                    raw = await client.session.send_request(
-                        CallToolRequest(params=params),
-                        call_result_adapter(),
-                        progress_callback=ProgressSeen(on_progress),
-                    )
+                    def send(state: str | None, responses: Any = None) -> Awaitable[Any]:
+                        params = CallToolRequestParams(
+                            name=tool,
+                            arguments=arguments,
+                            input_responses=responses,
+                            request_state=state,
+                            _meta=meta,
+                        )
+                        seen_progress = ProgressSeen(on_progress)
+                        request = CallToolRequest(params=params)
+                        return client.session.send_request(
+                            request, call_result_adapter(), progress_callback=seen_progress
+                        )
+
+                    raw = await retried_while_state_only(await send(request_state, input_responses), send)
                     if isinstance(raw, InputRequiredResult):
                         answer = McpInputRequired(url, tool, input_required(server or url, tool, raw))
                     else:
