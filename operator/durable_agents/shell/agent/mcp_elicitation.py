@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import cache
 from typing import TYPE_CHECKING, Any
 
 from durable_agents.core.agent.mcp_elicitation import (
@@ -50,35 +51,28 @@ class InputAsked:
     request_state: str | None
 
 
-@dataclass
-class _Sorted:
-    questions: list[ElicitationQuestion] = field(default_factory=list)
-    refused: dict[str, str] = field(default_factory=dict)
-
-
 def input_required(server: str, tool: str, result: InputRequiredResult) -> InputAsked:
     """The questions of ``result``, form and URL elicitations, each form's schema checked."""
     from mcp_types import ElicitRequest, ElicitRequestURLParams
 
-    sorted_ = _Sorted()
+    questions: list[ElicitationQuestion] = []
+    refused: dict[str, str] = {}
     for key, request in sorted((result.input_requests or {}).items()):
         if not isinstance(request, ElicitRequest):
             # Sampling and roots are not questions for a person (sampling is under policy elsewhere).
-            sorted_.refused[key] = f"{request.method} is not served by this client as a question"
+            refused[key] = f"{request.method} is not served by this client as a question"
             continue
         params = request.params
         message = params.message[:_MESSAGE_MAX]
         if isinstance(params, ElicitRequestURLParams):
-            sorted_.questions.append(ElicitationQuestion(server, tool, key, message, None, url=params.url))
+            questions.append(ElicitationQuestion(server, tool, key, message, None, url=params.url))
             continue
         problem = schema_problem(params.requested_schema)
         if problem is not None:
-            sorted_.refused[key] = f"refused: {problem}"
+            refused[key] = f"refused: {problem}"
             continue
-        sorted_.questions.append(
-            ElicitationQuestion(server, tool, key, message, dict(params.requested_schema))
-        )
-    return InputAsked(sorted_.questions, sorted_.refused, result.request_state)
+        questions.append(ElicitationQuestion(server, tool, key, message, dict(params.requested_schema)))
+    return InputAsked(questions, refused, result.request_state)
 
 
 async def retried_while_state_only(first: Any, resend: Callable[[str | None], Awaitable[Any]]) -> Any:
@@ -109,6 +103,7 @@ def input_responses(answers: Mapping[str, ElicitationAnswer], refused: Mapping[s
     return responses
 
 
+@cache  # building the adapter costs CPU: once per process
 def call_result_adapter() -> Any:
     """A ``TypeAdapter`` for a ``tools/call`` answer: a ``CallToolResult`` or an
     ``InputRequiredResult`` (told apart by ``resultType``)."""

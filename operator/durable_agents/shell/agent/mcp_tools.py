@@ -35,9 +35,9 @@ The SDK's automatic re-sends are avoided on purpose: the call goes through ``Cli
 ``Client.call_tool`` (which re-sends after a ``HEADER_MISMATCH`` and drives input-required rounds),
 so one :func:`call_tool` sends one ``tools/call``, and again only when the server answers an
 ``InputRequiredResult`` that asks nothing but to come back with its request state (at most
-``MAX_INPUT_ROUNDS`` times, with the same key: nothing was applied). The tools are listed first on the same
-connection, so the SDK has the output schemas it validates results against (otherwise it lists
-after the call, and a failure there would hide a result that did arrive).
+``MAX_INPUT_ROUNDS`` times, with the same key: nothing was applied). The tools are listed first on
+the same connection, so the SDK has the output schemas it validates results against (otherwise it
+lists after the call, and a failure there would hide a result that did arrive).
 
 The idempotency key travels in the request's ``_meta`` under :data:`IDEMPOTENCY_META_KEY`.
 
