@@ -17,6 +17,10 @@ Tools:
 ``ask_later`` ``{"rounds": str}`` (read-only)
     Answers "not yet" (an ``InputRequiredResult`` with request state only) that many times, then
     ``"ready after N"``.
+``ask_open`` ``{"form": "flat"|"nested"}`` (read-only; the 2025-11-25 path)
+    Sends ``elicitation/create`` while the call is open and answers with what the client said:
+    ``"accept {...}"``, ``"decline"``, ``"cancel"``, or ``"error: <message>"`` when the client
+    refused the request with a JSON-RPC error.
 ``ask_link`` (read-only)
     A URL-mode request: the person opens the link; accepted, it answers ``"linked"``.
 """
@@ -31,6 +35,7 @@ from typing import Any, Final
 
 from mcp.server import Server
 from mcp.server.context import ServerRequestContext
+from mcp.shared.exceptions import MCPError
 from mcp_types import (
     CallToolRequestParams,
     CallToolResult,
@@ -115,6 +120,7 @@ TOOLS: Final = (
     _tool("ask_forever", "Asks for input on every retry.", read_only=True),
     _tool("ask_link", "Asks the person to open a link.", read_only=True),
     _tool("ask_later", "Not yet, that many times.", read_only=True, rounds="How many times"),
+    _tool("ask_open", "Asks while the call is open.", read_only=True, form="flat or nested"),
 )
 
 
@@ -168,6 +174,15 @@ def make_asking_server(bookings: Bookings) -> Server[Any]:
             return InputRequiredResult(
                 input_requests={f"q{rounds}": _form("Once more?", STAY_SCHEMA)}, request_state=str(rounds)
             )
+        if name == "ask_open":
+            nested = (params.arguments or {}).get("form") == "nested"
+            schema = NESTED_SCHEMA if nested else STAY_SCHEMA
+            try:
+                said = await ctx.session.elicit_form("When do you arrive?", schema, ctx.request_id)
+            except MCPError as err:
+                return _text(f"error: {err.error.message}")
+            content = f" {json.dumps(said.content, sort_keys=True)}" if said.content else ""
+            return _text(f"{said.action}{content}")
         if name == "ask_later":
             seen = int(params.request_state or "0")
             if seen < int((params.arguments or {}).get("rounds", "0")):

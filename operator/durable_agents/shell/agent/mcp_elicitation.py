@@ -30,6 +30,8 @@ if TYPE_CHECKING:
     from mcp_types import InputRequiredResult, InputResponses
 
 __all__ = [
+    "AskPerson",
+    "HoldOpen",
     "InputAsked",
     "call_result_adapter",
     "input_required",
@@ -101,6 +103,50 @@ def input_responses(answers: Mapping[str, ElicitationAnswer], refused: Mapping[s
     for key in refused:
         responses[key] = ElicitResult(action="decline")
     return responses
+
+
+AskPerson = Callable[[ElicitationQuestion], Awaitable[ElicitationAnswer]]
+"""Records a question on the run and waits for a person's checked answer (the run's wiring)."""
+
+
+class HoldOpen:
+    """The 2025-11-25 path: the server sends ``elicitation/create`` while the call is open, and
+    this callback (the SDK's ``elicitation_callback``) holds it open while a person answers.
+
+    A form whose schema is not a flat object of primitives is refused with a JSON-RPC error
+    (``INVALID_PARAMS``, the field named): told to the server, no person asked. An answer that
+    takes longer than ``hold`` seconds (the policy's bound) is ``cancel``; past
+    :data:`MAX_INPUT_ROUNDS` questions in one call every further one is refused. The request's
+    JSON-RPC id is the question's key. Not yet given to the client (the capability stays
+    undeclared) until ``ask`` is wired to the run's questions.
+    """
+
+    def __init__(self, server: str, tool: str, ask: AskPerson, *, hold: float) -> None:
+        self.server, self.tool, self.ask, self.hold = server, tool, ask, hold
+        self.rounds = 0
+
+    async def __call__(self, context: Any, params: Any) -> Any:
+        from mcp_types import INVALID_PARAMS, ElicitRequestURLParams, ElicitResult, ErrorData
+
+        self.rounds += 1
+        if self.rounds > MAX_INPUT_ROUNDS:
+            said = f"refused: more than {MAX_INPUT_ROUNDS} requests for input in one call"
+            return ErrorData(code=INVALID_PARAMS, message=said)
+        key, message = str(context.request_id), params.message[:_MESSAGE_MAX]
+        if isinstance(params, ElicitRequestURLParams):
+            question = ElicitationQuestion(self.server, self.tool, key, message, None, url=params.url)
+        else:
+            problem = schema_problem(params.requested_schema)
+            if problem is not None:
+                return ErrorData(code=INVALID_PARAMS, message=f"refused: {problem}")
+            schema = dict(params.requested_schema)
+            question = ElicitationQuestion(self.server, self.tool, key, message, schema)
+        try:
+            async with asyncio.timeout(self.hold):
+                answer = await self.ask(question)
+        except TimeoutError:  # held as long as the policy allows: the person did not answer
+            return ElicitResult(action="cancel")
+        return ElicitResult(action=answer.action, content=answer.content)
 
 
 @cache  # building the adapter costs CPU: once per process
