@@ -33,9 +33,11 @@ which is unknown once the call was sent.
 
 The SDK's automatic re-sends are avoided on purpose: the call goes through ``ClientSession``, not
 ``Client.call_tool`` (which re-sends after a ``HEADER_MISMATCH`` and drives input-required rounds),
-so one :func:`call_tool` sends at most one ``tools/call``. The tools are listed first on the same
-connection, so the SDK has the output schemas it validates results against (otherwise it lists
-after the call, and a failure there would hide a result that did arrive).
+so one :func:`call_tool` sends one ``tools/call``, and again only when the server answers an
+``InputRequiredResult`` that asks nothing but to come back with its request state (at most
+``MAX_INPUT_ROUNDS`` times, with the same key: nothing was applied). The tools are listed first on
+the same connection, so the SDK has the output schemas it validates results against (otherwise it
+lists after the call, and a failure there would hide a result that did arrive).
 
 The idempotency key travels in the request's ``_meta`` under :data:`IDEMPOTENCY_META_KEY`.
 
@@ -48,7 +50,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, cast, overload
@@ -56,7 +58,14 @@ from typing import TYPE_CHECKING, Any, Literal, cast, overload
 import httpx2
 
 from durable_agents.core.agent.mcp_content import model_content, schema_mismatch
+from durable_agents.core.agent.mcp_elicitation import MAX_INPUT_ROUNDS
 from durable_agents.core.digest import canonical_digest, canonical_json
+from durable_agents.shell.agent.mcp_elicitation import (
+    InputAsked,
+    call_result_adapter,
+    input_required,
+    retried_while_state_only,
+)
 from durable_agents.shell.agent.mcp_notices import (
     RESPONSE_MAX_BYTES,
     ProgressSeen,
@@ -81,6 +90,7 @@ __all__ = [
     "McpAccess",
     "McpCallUnknown",
     "McpError",
+    "McpInputRequired",
     "McpResult",
     "McpTool",
     "McpToolNotListed",
@@ -187,6 +197,21 @@ class McpCallUnknown(McpError):
         super().__init__(message, url=url)
         self.tool = tool
         self.code = code
+
+
+class McpInputRequired(McpError):
+    """The server asks for input before it completes the call (2026-07-28); nothing was applied
+    (the round trip is stateless). ``asked``: the questions, the refused requests, the state."""
+
+    def __init__(self, url: str, tool: str, asked: InputAsked) -> None:
+        keys = ", ".join(question.key for question in asked.questions)
+        if keys or asked.refused:
+            said = f"asks for input before it completes ({keys or 'nothing a person can answer'})"
+        else:
+            said = f"asked only to be retried with its request state, {MAX_INPUT_ROUNDS} times"
+        super().__init__(f"{tool} at {url} {said}; nothing was applied", url=url)
+        self.tool = tool
+        self.asked = asked
 
 
 def _verify(access: McpAccess) -> ssl.SSLContext | bool:
@@ -364,6 +389,9 @@ async def call_tool(
     server: str = ...,
     on_progress: ProgressSink | None = ...,
     tasks: Literal[False] = ...,
+    sampling: SamplingFnT | None = ...,
+    input_responses: Mapping[str, Any] | None = ...,
+    request_state: str | None = ...,
 ) -> McpResult: ...
 
 
@@ -379,6 +407,9 @@ async def call_tool(
     server: str = ...,
     on_progress: ProgressSink | None = ...,
     tasks: bool,
+    sampling: SamplingFnT | None = ...,
+    input_responses: Mapping[str, Any] | None = ...,
+    request_state: str | None = ...,
 ) -> McpResult | McpTask: ...
 
 
@@ -394,6 +425,8 @@ async def call_tool(
     on_progress: ProgressSink | None = None,
     tasks: bool = False,
     sampling: SamplingFnT | None = None,
+    input_responses: Mapping[str, Any] | None = None,
+    request_state: str | None = None,
 ) -> McpResult | McpTask:
     """Call ``tool`` once with ``arguments``; ``idempotency_key`` goes in the request's ``_meta``.
     ``tasks``: the tasks extension is declared, and a task handle the server answers with is
@@ -405,13 +438,17 @@ async def call_tool(
     was sent, :class:`McpCallUnknown` when the call was sent and its outcome is unknown (see the
     module docstring; a response past its size bound is one). ``server`` names the server in the
     operator's log (its log notifications); ``on_progress`` is given its progress notifications;
-    ``sampling`` answers the server's sampling requests (None: refused).
+    ``sampling`` answers the server's sampling requests (None: refused). A server that asks for
+    input first (2026-07-28) raises :class:`McpInputRequired` (nothing applied); the retry passes
+    the answers as ``input_responses`` and the echoed ``request_state``, under the same
+    idempotency key.
     """
-    from mcp_types import CallToolRequest, CallToolRequestParams, CallToolResult, RequestParamsMeta
+    from mcp_types import CallToolRequest, CallToolRequestParams, InputRequiredResult, RequestParamsMeta
 
-    from durable_agents.shell.agent.mcp_task_handles import raw_answer, task_of
+    from durable_agents.shell.agent.mcp_task_handles import McpTask, raw_answer, task_of
 
-    RAW = raw_answer()  # the answer as sent: a result, or (tasks) a task handle
+    RAW = raw_answer()  # the answer as sent: a result, an input request or (tasks) a task handle
+    ANSWER = call_result_adapter()  # a result or an input request, told apart by resultType
 
     # The W3C traceparent of the current span (a dispatch's, a tool call's): the server may join it.
     items: dict[str, Any] = tracing.traceparent()
@@ -421,31 +458,44 @@ async def call_tool(
     meta = cast(RequestParamsMeta, items) if items else None
     listed = sent = False
     seen = _Seen(ServerLog(server or url))
-    answer: McpResult | McpTask | None = None
+    answer: McpResult | McpTask | McpError | None = None
     try:
         async with asyncio.timeout(timeout):
             async with _connect(url, access, seen, sampling, tasks=tasks) as client:
                 listed = tool in {known.name for known in await _all_tools(client)}
                 if listed:
                     sent = True
+
                     # send_request, not session.call_tool: the SDK's call_tool raises on a result
                     # that does not match the output schema, which would lose a definite answer.
-                    request = CallToolRequest(
-                        params=CallToolRequestParams(name=tool, arguments=arguments, _meta=meta)
-                    )
-                    raw = await client.session.send_request(
-                        request, RAW, progress_callback=ProgressSeen(on_progress)
-                    )
-                    if tasks and raw.get("resultType") == "task":  # a durable handle, not a result
-                        answer = task_of(raw)
-                    else:
-                        answer = await _checked(
-                            client, tool, CallToolResult.model_validate(raw, by_name=False)
+                    async def send(state: str | None, responses: Any = None) -> Any:
+                        params = CallToolRequestParams(
+                            name=tool,
+                            arguments=arguments,
+                            input_responses=responses,
+                            request_state=state,
+                            _meta=meta,
                         )
+                        raw = await client.session.send_request(
+                            CallToolRequest(params=params), RAW, progress_callback=ProgressSeen(on_progress)
+                        )
+                        if tasks and raw.get("resultType") == "task":  # a durable handle, not a result
+                            return task_of(raw)
+                        return ANSWER.validate_python(raw, by_name=False)
+
+                    got = await retried_while_state_only(await send(request_state, input_responses), send)
+                    if isinstance(got, McpTask):
+                        answer = got
+                    elif isinstance(got, InputRequiredResult):
+                        answer = McpInputRequired(url, tool, input_required(server or url, tool, got))
+                    else:
+                        answer = await _checked(client, tool, got)
     except Exception as exc:
-        if answer is not None:
+        if isinstance(answer, McpResult | McpTask):
             # The answer arrived; only closing the connection failed.
             return answer
+        if answer is not None:
+            raise answer from exc
         if not sent:
             raise McpUnreachable(
                 f"calling {tool} at {url}: not sent: {_describe(exc, seen)}", url=url
@@ -453,6 +503,8 @@ async def call_tool(
         raise _unknown(url, tool, exc, seen) from exc
     if answer is None:
         raise McpToolNotListed(f"{url} does not list a tool named {tool!r}; not sent", url=url)
+    if isinstance(answer, McpError):
+        raise answer
     return answer
 
 
