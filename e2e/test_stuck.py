@@ -207,7 +207,7 @@ def test_each_cause_marks_the_run_stuck_why_names_the_fix_and_removing_it_clears
             counted = all(metric(text, f'durable_agents_stuck_runs{{reason="{r}"}}') == 1 for r in REASONS)
             return text if counted else None
 
-        text = eventually(gauges_counted, Within.COMMIT, "the stuck gauge of the pass that wrote the conditions")
+        text = eventually(gauges_counted, Within.COMMIT, "the gauge of the pass that wrote the conditions")
         for reason in REASONS:
             assert metric(text, f'durable_agents_stuck_runs{{reason="{reason}"}}') == 1, reason
             assert metric(text, f'durable_agents_stuck_detections_total{{reason="{reason}"}}') == 1, reason

@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, cast, overload
@@ -58,10 +58,18 @@ from typing import TYPE_CHECKING, Any, Literal, cast, overload
 import httpx2
 
 from durable_agents.core.agent.mcp_content import model_content, schema_mismatch
-from durable_agents.core.agent.mcp_elicitation import MAX_INPUT_ROUNDS
-from durable_agents.core.digest import canonical_digest, canonical_json
+from durable_agents.core.digest import canonical_digest
+from durable_agents.shell.agent.mcp_answers import (
+    OUTCOME_MAX_BYTES,
+    McpCallUnknown,
+    McpError,
+    McpInputRequired,
+    McpResult,
+    McpToolNotListed,
+    McpUnreachable,
+    bounded_content,
+)
 from durable_agents.shell.agent.mcp_elicitation import (
-    InputAsked,
     call_result_adapter,
     input_required,
     retried_while_state_only,
@@ -81,12 +89,13 @@ from durable_agents.shell.ground import tracing
 if TYPE_CHECKING:
     from mcp import Client
     from mcp.client.session import SamplingFnT
-    from mcp_types import CallToolResult, Tool
+    from mcp_types import CallToolResult, RequestParamsMeta, Tool
 
     from durable_agents.shell.agent.mcp_task_handles import McpTask
 
 __all__ = [
     "IDEMPOTENCY_META_KEY",
+    "OUTCOME_MAX_BYTES",
     "McpAccess",
     "McpCallUnknown",
     "McpError",
@@ -95,6 +104,7 @@ __all__ = [
     "McpTool",
     "McpToolNotListed",
     "McpUnreachable",
+    "bounded_content",
     "call_tool",
     "list_tools",
     "tool_list_digest",
@@ -161,57 +171,6 @@ class McpTool:
             read_only=read_only,
             destructive=hint if hint is not None else not read_only,
         )
-
-
-@dataclass(frozen=True)
-class McpResult:
-    """A ``CallToolResult``. ``content`` is ``structuredContent`` when the server sent it, else
-    the text parts joined by newlines, else (non-text parts present) the parts as JSON objects,
-    binary ones described (:mod:`durable_agents.core.agent.mcp_content`)."""
-
-    is_error: bool
-    content: Any
-
-
-class McpError(Exception):
-    """An MCP operation failed. ``url`` is the server's endpoint."""
-
-    def __init__(self, message: str, *, url: str) -> None:
-        super().__init__(message)
-        self.url = url
-
-
-class McpUnreachable(McpError):
-    """The operation failed before the ``tools/call`` request was sent: nothing was sent."""
-
-
-class McpToolNotListed(McpError):
-    """The server does not list the tool that was to be called; nothing was sent."""
-
-
-class McpCallUnknown(McpError):
-    """The ``tools/call`` request was sent and no result came back: the server may have applied
-    it. ``code`` is the JSON-RPC error code when the failure was a JSON-RPC error."""
-
-    def __init__(self, message: str, *, url: str, tool: str, code: int | None = None) -> None:
-        super().__init__(message, url=url)
-        self.tool = tool
-        self.code = code
-
-
-class McpInputRequired(McpError):
-    """The server asks for input before it completes the call (2026-07-28); nothing was applied
-    (the round trip is stateless). ``asked``: the questions, the refused requests, the state."""
-
-    def __init__(self, url: str, tool: str, asked: InputAsked) -> None:
-        keys = ", ".join(question.key for question in asked.questions)
-        if keys or asked.refused:
-            said = f"asks for input before it completes ({keys or 'nothing a person can answer'})"
-        else:
-            said = f"asked only to be retried with its request state, {MAX_INPUT_ROUNDS} times"
-        super().__init__(f"{tool} at {url} {said}; nothing was applied", url=url)
-        self.tool = tool
-        self.asked = asked
 
 
 def _verify(access: McpAccess) -> ssl.SSLContext | bool:
@@ -377,6 +336,48 @@ def _unknown(url: str, tool: str, exc: BaseException, seen: _Seen) -> McpError:
     )
 
 
+async def _answer(
+    client: Client,
+    url: str,
+    server: str,
+    tool: str,
+    arguments: dict[str, Any],
+    meta: RequestParamsMeta | None,
+    on_progress: ProgressSink | None,
+    tasks: bool,
+    request_state: str | None,
+    input_responses: Mapping[str, Any] | None,
+) -> McpResult | McpTask | McpError:
+    """Send the ``tools/call`` (again while the server only echoes its state) and read its answer:
+    a result, a task handle (``tasks``), or :class:`McpInputRequired` for a server that asks."""
+    from mcp_types import CallToolRequest, CallToolRequestParams, InputRequiredResult
+
+    from durable_agents.shell.agent.mcp_task_handles import McpTask, raw_answer, task_of
+
+    raw_type = raw_answer()  # the answer as sent: a result, an input request or (tasks) a task handle
+    adapter = call_result_adapter()  # a result or an input request, told apart by resultType
+
+    async def send(state: str | None, responses: Any = None) -> Any:
+        params = CallToolRequestParams(
+            name=tool, arguments=arguments, input_responses=responses, request_state=state, _meta=meta
+        )
+        # send_request, not session.call_tool: the SDK's call_tool raises on a result that does
+        # not match the output schema, which would lose a definite answer.
+        raw = await client.session.send_request(
+            CallToolRequest(params=params), raw_type, progress_callback=ProgressSeen(on_progress)
+        )
+        if tasks and raw.get("resultType") == "task":  # a durable handle, not a result
+            return task_of(raw)
+        return adapter.validate_python(raw, by_name=False)
+
+    got = await retried_while_state_only(await send(request_state, input_responses), send)
+    if isinstance(got, McpTask):
+        return got
+    if isinstance(got, InputRequiredResult):
+        return McpInputRequired(url, tool, input_required(server or url, tool, got))
+    return await _checked(client, tool, got)
+
+
 @overload
 async def call_tool(
     url: str,
@@ -443,12 +444,9 @@ async def call_tool(
     the answers as ``input_responses`` and the echoed ``request_state``, under the same
     idempotency key.
     """
-    from mcp_types import CallToolRequest, CallToolRequestParams, InputRequiredResult, RequestParamsMeta
+    from mcp_types import RequestParamsMeta
 
-    from durable_agents.shell.agent.mcp_task_handles import McpTask, raw_answer, task_of
-
-    RAW = raw_answer()  # the answer as sent: a result, an input request or (tasks) a task handle
-    ANSWER = call_result_adapter()  # a result or an input request, told apart by resultType
+    from durable_agents.shell.agent.mcp_task_handles import McpTask
 
     # The W3C traceparent of the current span (a dispatch's, a tool call's): the server may join it.
     items: dict[str, Any] = tracing.traceparent()
@@ -465,31 +463,18 @@ async def call_tool(
                 listed = tool in {known.name for known in await _all_tools(client)}
                 if listed:
                     sent = True
-
-                    # send_request, not session.call_tool: the SDK's call_tool raises on a result
-                    # that does not match the output schema, which would lose a definite answer.
-                    async def send(state: str | None, responses: Any = None) -> Any:
-                        params = CallToolRequestParams(
-                            name=tool,
-                            arguments=arguments,
-                            input_responses=responses,
-                            request_state=state,
-                            _meta=meta,
-                        )
-                        raw = await client.session.send_request(
-                            CallToolRequest(params=params), RAW, progress_callback=ProgressSeen(on_progress)
-                        )
-                        if tasks and raw.get("resultType") == "task":  # a durable handle, not a result
-                            return task_of(raw)
-                        return ANSWER.validate_python(raw, by_name=False)
-
-                    got = await retried_while_state_only(await send(request_state, input_responses), send)
-                    if isinstance(got, McpTask):
-                        answer = got
-                    elif isinstance(got, InputRequiredResult):
-                        answer = McpInputRequired(url, tool, input_required(server or url, tool, got))
-                    else:
-                        answer = await _checked(client, tool, got)
+                    answer = await _answer(
+                        client,
+                        url,
+                        server,
+                        tool,
+                        arguments,
+                        meta,
+                        on_progress,
+                        tasks,
+                        request_state,
+                        input_responses,
+                    )
     except Exception as exc:
         if isinstance(answer, McpResult | McpTask):
             # The answer arrived; only closing the connection failed.
@@ -506,18 +491,3 @@ async def call_tool(
     if isinstance(answer, McpError):
         raise answer
     return answer
-
-
-OUTCOME_MAX_BYTES = 16 * 1024
-
-
-def bounded_content(content: Any) -> Any:
-    """The tool's answer as the outcome keeps it: whole when small, else its first bytes as text,
-    with a note that tells the model the cut (``note`` sorts first: a later cut keeps it)."""
-    text = canonical_json(content)
-    if len(text) <= OUTCOME_MAX_BYTES:
-        return content
-    return {
-        "note": f"cut: the result has {len(text)} bytes, only its first {OUTCOME_MAX_BYTES} are shown",
-        "truncated": text[:OUTCOME_MAX_BYTES].decode("utf-8", errors="ignore"),
-    }
