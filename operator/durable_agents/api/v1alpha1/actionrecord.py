@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field
 
@@ -181,9 +181,9 @@ class ActionInput(ApiModel):
 
     round: int = Field(ge=1, le=64)
     """The round: the first request for input of this action is 1; each retry that asks again adds one."""
-    keys: list[str] = Field(default_factory=list, max_length=32)
+    keys: list[Annotated[str, Field(max_length=256)]] = Field(default_factory=list, max_length=32)
     """The server's keys of the requests a person answers."""
-    refused: list[str] = Field(default_factory=list, max_length=32)
+    refused: list[Annotated[str, Field(max_length=256)]] = Field(default_factory=list, max_length=32)
     """The server's keys of requests refused before any person saw them (answered ``decline``)."""
     questions: dict[str, Any] = Field(
         default_factory=dict, json_schema_extra={"x-kubernetes-preserve-unknown-fields": True}

@@ -41,6 +41,8 @@ def asked_input(
     if len(asked.questions) + len(asked.refused) > _MAX_KEYS:
         said = f"the server asked {len(asked.questions) + len(asked.refused)} things, at most {_MAX_KEYS}"
         return Failed(QUESTION_UNUSABLE, said + nothing)
+    if any(len(key) > 256 for key in (*asked.questions, *asked.refused)):
+        return Failed(QUESTION_UNUSABLE, "the server keyed a request with more than 256 characters" + nothing)
     questions: dict[str, object] = {}
     for key, text in sorted(asked.questions.items()):
         name = question_name(spec.step_index, round_, key)
