@@ -13,6 +13,7 @@ answer and books once (everything is in the ActionRecord and the run's checkpoin
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -61,7 +62,7 @@ def _asked(runs: Runs, name: str, model: ModelServerThread, hotel: AskingServerT
     assert approve(runs, name)["effect"] == "mcp.call"
     run = runs.wait_state(name, "waiting_input", timeout=Within.RUN)
     waiting = run["status"]["waitingFor"]
-    assert waiting.startswith("input:mcp-") and waiting.endswith("-1-stay"), waiting
+    assert re.fullmatch(r"input:mcp-[0-9]+-1-stay", waiting), waiting
     question = waiting.removeprefix("input:")
     pending = run["status"]["checkpoint"]["pendingInput"]
     assert pending["requestId"] == question
@@ -71,7 +72,7 @@ def _asked(runs: Runs, name: str, model: ModelServerThread, hotel: AskingServerT
     assert (status["input"]["round"], status["input"]["keys"]) == (1, ["stay"]), status["input"]
     assert status["input"]["requestState"], "the server's state is kept to be echoed"
     assert "arrive" not in json.dumps(status), "the server's question is sealed in the record"
-    assert hotel.asked() == 1 and hotel.applications() == [], "asked once, nothing booked"
+    assert (hotel.asked(), hotel.applications()) == (1, []), "asked once, nothing booked"
     return question
 
 

@@ -89,10 +89,12 @@ def test_input_required_is_entered_from_a_send_and_left_by_a_retry_a_failure_or_
 def test_a_record_asking_for_input_awaits_answers_holds_no_claim_and_keeps_its_round() -> None:
     claimed = ActionRecordStatus(state=A.DISPATCHING, attempts=1, claim_expires_at=NOW + timedelta(seconds=9))
     waiting = ledger.next_status(claimed, A.INPUT_REQUIRED, NOW, "op", timedelta(seconds=11), asked=asked())
-    assert waiting.claim_expires_at is None and waiting.input == asked()
+    assert waiting.claim_expires_at is None
+    assert waiting.input == asked()
     assert isinstance(ledger.next_dispatch_step(waiting, NOW), ledger.AwaitInput)
     retried = ledger.next_status(waiting, A.DISPATCHING, NOW, "op", timedelta(seconds=11), claim=True)
-    assert retried.attempts == 2 and retried.input == asked(), "the round stays for the next one's number"
+    assert retried.attempts == 2
+    assert retried.input == asked(), "the round stays for the next one's number"
 
 
 def _record(status: dict[str, Any]) -> dict[str, Any]:
@@ -107,7 +109,8 @@ def test_the_outcome_stamp_covers_the_round_so_a_forged_input_is_not_believed() 
     for forged_input in (asked(state="someone-else's"), asked(round_=2)):
         forged = {**written, "input": forged_input.wire()}
         belief = believed(_record(forged), KEYRING, NOW)
-        assert belief.status.state is A.OUTCOME_UNKNOWN and belief.status.reason == INTEGRITY_FAILED
+        assert belief.status.state is A.OUTCOME_UNKNOWN
+        assert belief.status.reason == INTEGRITY_FAILED
     unstamped = believed(_record(status.wire()), KEYRING, NOW)
     assert unstamped.status.reason == INTEGRITY_FAILED
 
@@ -118,7 +121,9 @@ def test_the_outcome_stamp_covers_the_round_so_a_forged_input_is_not_believed() 
 def test_question_names_are_deterministic_request_ids() -> None:
     assert question_name(2, 1, "stay") == "mcp-2-1-stay"
     odd = question_name(2, 3, "Stay Dates!")
-    assert odd == question_name(2, 3, "Stay Dates!") and odd.startswith("mcp-2-3-k") and len(odd) <= 63
+    assert odd == question_name(2, 3, "Stay Dates!")
+    assert odd.startswith("mcp-2-3-k")
+    assert len(odd) <= 63
     assert question_name(2, 3, "a") != question_name(2, 4, "a")
 
 
@@ -149,7 +154,7 @@ def test_the_webhook_refuses_an_answer_that_does_not_match_the_schema_naming_the
     answer: dict[str, Any], said: str
 ) -> None:
     refused = admission_refusal(*_runs(json.dumps(answer)), KEYRING)
-    assert refused is not None and refused.startswith("spec.answers[mcp-2-1-stay]: " + said), refused
+    assert (refused or "").startswith("spec.answers[mcp-2-1-stay]: " + said), refused
     assert admission_refusal(*_runs("not json"), KEYRING) is not None
 
 
@@ -189,15 +194,20 @@ def test_a_round_records_the_keys_the_state_and_the_questions_sealed_for_the_run
     again = asked_input(
         ActionRecordStatus(input=round_), SPEC, InputRequired({"stay": QUESTION}, {}, "t"), None
     )
-    assert isinstance(again, ActionInput) and again.round == 2 and again.questions == {"stay": QUESTION}
+    assert isinstance(again, ActionInput)
+    assert again.round == 2
+    assert again.questions == {"stay": QUESTION}
 
 
 def test_past_the_rounds_or_with_an_oversized_state_the_action_fails_clearly() -> None:
     last = ActionRecordStatus(input=asked(round_=MAX_INPUT_ROUNDS))
     over = asked_input(last, SPEC, InputRequired({"stay": QUESTION}, {}, "s"), None)
-    assert isinstance(over, Failed) and over.reason == INPUT_ROUNDS_EXCEEDED
-    assert f"at most {MAX_INPUT_ROUNDS} rounds" in over.message and "nothing was applied" in over.message
+    assert isinstance(over, Failed)
+    assert over.reason == INPUT_ROUNDS_EXCEEDED
+    assert f"at most {MAX_INPUT_ROUNDS} rounds" in over.message
+    assert "nothing was applied" in over.message
     big = asked_input(
         ActionRecordStatus(), SPEC, InputRequired({"stay": QUESTION}, {}, "x" * (REQUEST_STATE_MAX + 1)), None
     )
-    assert isinstance(big, Failed) and big.reason == REQUEST_STATE_TOO_LARGE
+    assert isinstance(big, Failed)
+    assert big.reason == REQUEST_STATE_TOO_LARGE
