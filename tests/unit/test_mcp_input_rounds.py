@@ -44,6 +44,7 @@ from durable_agents.shell.ledger.input_asked import (
     REQUEST_STATE_TOO_LARGE,
     asked_input,
 )
+from durable_agents.shell.ledger.input_rounds import InputRounds
 
 pytestmark = pytest.mark.unit
 A = ActionState
@@ -211,3 +212,29 @@ def test_past_the_rounds_or_with_an_oversized_state_the_action_fails_clearly() -
     )
     assert isinstance(big, Failed)
     assert big.reason == REQUEST_STATE_TOO_LARGE
+
+
+# --- the dispatcher's second line -----------------------------------------------------------
+
+
+def _answered_run(answer: str) -> dict[str, Any]:
+    """A run without a data key (its answers believed as written) whose checkpoint recorded the
+    answer to ``mcp-2-1-stay``: as with the webhook off, nothing checked it at admission."""
+    uri = "agentrun://ns/r/spec.answers/mcp-2-1-stay"
+    return {
+        "metadata": {"name": "r", "namespace": "ns"},
+        "spec": {"answers": {"mcp-2-1-stay": answer}},
+        "status": {"checkpoint": {"inputRefs": [{"id": "answer-mcp-2-1-stay", "uri": uri}]}},
+    }
+
+
+def test_the_dispatcher_parses_the_answer_again_so_a_bad_one_is_never_sent() -> None:
+    rounds = InputRounds(None, None, None)  # type: ignore[arg-type]  # _answer reads nothing else
+    round_ = ActionInput(round=1, keys=["stay"], questions={"stay": QUESTION}, asked_at=NOW)
+    refs = {"answer-mcp-2-1-stay": "agentrun://ns/r/spec.answers/mcp-2-1-stay"}
+    good = json.dumps({"action": "accept", "content": {"date": "2030-02-01", "nights": 2}})
+    taken = rounds._answer(_answered_run(good), SPEC, round_, "stay", refs, None)
+    assert (taken.action, taken.content) == ("accept", {"date": "2030-02-01", "nights": 2})
+    bad = json.dumps({"action": "accept", "content": {"date": "2030-02-01", "nights": 0}})
+    with pytest.raises(Exception, match=r"spec.answers\[mcp-2-1-stay\]: content.nights: 0 is below"):
+        rounds._answer(_answered_run(bad), SPEC, round_, "stay", refs, None)
