@@ -23,7 +23,7 @@ from kubernetes.client.rest import ApiException
 
 from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents.kubectl.answer import AnswerError, answer
-from durable_agents_testkit.eventually import Within
+from durable_agents_testkit.eventually import Within, eventually
 from durable_agents_testkit.mcpasking import AskingServerThread
 from durable_agents_testkit.modelserver import ModelServerThread
 from durable_agents_testkit.operator_process import OperatorProcess
@@ -139,3 +139,33 @@ def test_an_operator_killed_while_the_question_waits_sends_the_answer_once_after
         webhook_operator("agent-mcp-elicitation-2")
         answer(runs.custom, runs.namespace, name, RIGHT, question)
         _booked_once(runs, name, hotel)
+
+
+def test_a_server_question_nobody_answers_expires_the_run_and_fails_the_action_unapplied(
+    start_operator: Callable[..., OperatorProcess],
+    runs: Runs,
+    agent_namespace: str,
+    model: ModelServerThread,
+    refsystem: ReferenceSystemThread,
+) -> None:
+    expiries = {"waitExpiries": {"input": "6s"}}
+    runs.custom.patch_namespaced_custom_object(
+        GROUP, VERSION, runs.namespace, "agentpolicies", "refunds", {"spec": expiries}
+    )
+    with AskingServerThread() as hotel:
+        spec = _spec(model, refsystem, hotel)
+        start_operator("agent-mcp-elicitation")
+        name = runs.create(spec)
+        _asked(runs, name, model, hotel)
+        expired = runs.wait_state(name, "expired", timeout=Within.RUN)
+        assert expired["status"]["outcome"]["reason"] == "InputExpired", expired["status"]["outcome"]
+
+        def failed() -> dict[str, Any] | None:
+            status = _record(runs, name)["status"]
+            return status if status["state"] == "failed" else None
+
+        status = eventually(failed, Within.RUN, "the unanswered action to fail")
+        assert status["reason"] == "McpInputNotAnswered", status
+        assert "nothing was applied" in status["message"]
+        assert status["attempts"] == 1, "not sent again: the server is not told (no call is open)"
+        assert (hotel.asked(), hotel.applications()) == (1, [])
