@@ -1,6 +1,7 @@
 """ActionRecord: the dispatcher (made here, when this process runs one) takes every record's
 change and, from the manager's AgentRun reflector, the runs a person answered a reconciliation
-for; the stuck check learns of unknown outcomes; a run waits on its records' outcomes."""
+for; the stuck check learns of unknown outcomes; a run waits on its records' outcomes (and
+their systems' questions)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,13 @@ from typing import Any
 
 import kopf
 
-from durable_agents.api.v1alpha1 import GROUP, VERSION
+from durable_agents.api.v1alpha1 import GROUP, VERSION, ActionState
 from durable_agents.core.ledger import TERMINAL_ACTION_STATES
 from durable_agents.shell.ledger.dispatcher import Dispatcher
 from durable_agents_controllers.manager import Manager
 
-TERMINAL = frozenset(s.value for s in TERMINAL_ACTION_STATES)
+# What a run acts on: a settled outcome, or its system asking a person for input (a question).
+TERMINAL = frozenset(s.value for s in TERMINAL_ACTION_STATES) | {ActionState.INPUT_REQUIRED.value}
 
 
 def build(manager: Manager) -> None:

@@ -30,6 +30,7 @@ from pydantic import ValidationError
 
 from durable_agents.api.v1alpha1 import FAILOVER_PLURAL, GROUP, VERSION, AgentRunSpec, Identity
 from durable_agents.core import limits, request_stamps
+from durable_agents.core.agent.mcp_questions import admission_refusal
 from durable_agents.core.retention import FINALIZER
 from durable_agents.core.schedule_authority import vouched_creator
 from durable_agents.core.sealing import Keyring
@@ -109,6 +110,10 @@ class Admission:
             patch.spec[field] = value
         if operation == "CREATE" and not (body.get("spec") or {}).get("region"):
             patch.spec["region"] = await home_region(manager, dict(body))
+        # An answer to an MCP server's question must answer its requested schema (before sealing).
+        refused = admission_refusal(dict(body), previous, keyring) if operation == "UPDATE" else None
+        if refused is not None:
+            raise kopf.AdmissionError(refused, code=422)
         try:  # then seal what people wrote (the data-key annotation: sealing_admission)
             sealed = sealing_changes(operation, dict(body), previous, keyring, entropy=os.urandom)
         except SealingRefused as err:

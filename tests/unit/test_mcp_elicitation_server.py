@@ -13,8 +13,8 @@ import pytest
 from durable_agents.core.agent.mcp_elicitation import MAX_INPUT_ROUNDS, ElicitationAnswer, parse_answer
 from durable_agents.shell.agent.mcp_elicitation import InputAsked, input_required, input_responses
 from durable_agents.shell.agent.mcp_tools import McpInputRequired, McpResult, call_tool
-from durable_agents.shell.effects.base import Action, EffectContext, Failed
-from durable_agents.shell.effects.mcp import McpCall
+from durable_agents.shell.effects.base import Action, Applied, EffectContext, InputRequired
+from durable_agents.shell.effects.mcp import INPUT_EXTRA, McpCall, McpInputAnswers
 from durable_agents_testkit.mcpasking import LINK, STAY_SCHEMA, AskingServerThread
 
 pytestmark = pytest.mark.unit
@@ -120,19 +120,29 @@ async def test_a_server_that_asks_forever_is_seen_round_after_round(server: Aski
     assert len(set(keys)) == MAX_INPUT_ROUNDS + 1
 
 
-async def test_an_approved_call_that_asks_for_input_is_a_definite_failure_until_answers_reach_the_ledger(
+async def test_an_approved_call_that_asks_for_input_is_asked_then_sent_again_with_the_answer(
     server: AskingServerThread,
 ) -> None:
-    # What the ledger records today: nothing was applied (the round trip is stateless), so the
-    # action fails definitely, never outcome_unknown; the server's words stay out of the record.
+    # What the ledger is told: nothing was applied (the round trip is stateless), the questions as
+    # a person reads them and the state to echo; the retry carries the answer under the same key.
     ctx = EffectContext(kube=None, namespace="ns", service_account="sa")  # type: ignore[arg-type]
     action = Action("key-3", {"server": "hotel", "url": server.url, "tool": "book_room"}, {"room": "9"})
     result = await McpCall().dispatch(ctx, action)
-    assert isinstance(result, Failed)
-    assert result.reason == "McpInputRequired"
-    assert "asks for input before it completes (stay); nothing was applied" in result.message
-    assert "arrive" not in result.message
-    assert server.applications() == []
+    assert isinstance(result, InputRequired)
+    assert sorted(result.questions) == ["stay"]
+    assert json.loads(result.questions["stay"])["requestedSchema"]["required"] == ["date", "nights"]
+    assert (result.refused, server.applications()) == ({}, [])
+    answer = ElicitationAnswer("accept", {"date": "2030-02-01", "nights": 2})
+    retry_ctx = EffectContext(
+        kube=None,  # type: ignore[arg-type]
+        namespace="ns",
+        service_account="sa",
+        extra={INPUT_EXTRA: McpInputAnswers({"stay": answer}, [], result.request_state)},
+    )
+    for _ in range(2):  # the same key twice: the same booking, applied once
+        booked = await McpCall().dispatch(retry_ctx, action)
+        assert isinstance(booked, Applied), booked
+    assert server.applications() == ["key-3"]
 
 
 def test_sampling_and_roots_requests_are_not_questions_for_a_person() -> None:

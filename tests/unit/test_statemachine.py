@@ -60,6 +60,8 @@ EXPECTED_ROWS: list[tuple[RunState, RunEvent, RunState]] = [
     (S.READY, E.STEP_CANCELED, S.READY),
     (S.RESUME_VALIDATION, E.INPUT_REQUESTED, S.WAITING_INPUT),
     (S.RESUME_VALIDATION, E.EXTERNAL_AWAITED, S.WAITING_EXTERNAL),
+    # An action's MCP server asks a person for input before it completes the call.
+    (S.WAITING_EXTERNAL, E.INPUT_REQUESTED, S.WAITING_INPUT),
 ]
 
 
@@ -81,6 +83,7 @@ FORBIDDEN = [
     (S.WAITING_INPUT, E.APPROVAL_DECIDED),  # an answer to a different wait
     (S.WAITING_APPROVAL, E.SUCCEEDED),  # approval never completes a run by itself
     (S.WAITING_EXTERNAL, E.STEP_COMPLETED),  # no work while waiting
+    (S.WAITING_APPROVAL, E.INPUT_REQUESTED),  # only an action in flight asks mid-wait
     (S.CANCEL_REQUESTED, E.STEP_COMPLETED),  # cancellation starts no new work
     (S.CANCEL_REQUESTED, E.CANCEL_REQUESTED),
     (S.QUARANTINED, E.STEP_COMPLETED),  # quarantine is untouched until released

@@ -13,7 +13,13 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from durable_agents.api.v1alpha1 import ActionRecordStatus, ActionState, FirstClaim, ResolvedReference
+from durable_agents.api.v1alpha1 import (
+    ActionInput,
+    ActionRecordStatus,
+    ActionState,
+    FirstClaim,
+    ResolvedReference,
+)
 
 ACTION_TRANSITIONS: dict[ActionState, frozenset[ActionState]] = {
     # From intent straight to an answer only under a first claim (its holder sends without a
@@ -25,11 +31,18 @@ ACTION_TRANSITIONS: dict[ActionState, frozenset[ActionState]] = {
             ActionState.SUCCEEDED,
             ActionState.FAILED,
             ActionState.OUTCOME_UNKNOWN,
+            ActionState.INPUT_REQUIRED,
         }
     ),
-    # A dispatch ends in a definite answer, or in not knowing: a timeout is never a failure.
+    # A dispatch ends in a definite answer, in not knowing (a timeout is never a failure), or in
+    # the system asking for a person's input first (nothing applied).
     ActionState.DISPATCHING: frozenset(
-        {ActionState.SUCCEEDED, ActionState.FAILED, ActionState.OUTCOME_UNKNOWN}
+        {ActionState.SUCCEEDED, ActionState.FAILED, ActionState.OUTCOME_UNKNOWN, ActionState.INPUT_REQUIRED}
+    ),
+    # Answered: sent again with the answers (same key); unanswered (its run ended), or past the
+    # rounds allowed: failed, nothing applied; canceled with its run.
+    ActionState.INPUT_REQUIRED: frozenset(
+        {ActionState.DISPATCHING, ActionState.FAILED, ActionState.CANCELED}
     ),
     # Only the authoritative system's "it did not happen" allows another dispatch (same key).
     ActionState.OUTCOME_UNKNOWN: frozenset({ActionState.SUCCEEDED, ActionState.DISPATCHING}),
@@ -92,11 +105,16 @@ class PollTask:
 
 
 @dataclass(frozen=True)
+class AwaitInput:
+    """The system asked for input (``status.input``): send again once its run holds every answer."""
+
+
+@dataclass(frozen=True)
 class WaitUntil:
     at: datetime | None
 
 
-DispatchStep = Claim | SendFirst | GiveUpClaim | Query | PollTask | WaitUntil
+DispatchStep = Claim | SendFirst | GiveUpClaim | Query | PollTask | AwaitInput | WaitUntil
 
 TASK_POLL_MIN = 1.0
 TASK_POLL_MAX = 30.0
@@ -144,6 +162,8 @@ def next_dispatch_step(
         return WaitUntil(expires)
     if state is ActionState.OUTCOME_UNKNOWN:
         return Query()
+    if state is ActionState.INPUT_REQUIRED:
+        return AwaitInput()
     return WaitUntil(None)
 
 
@@ -166,10 +186,12 @@ def next_status(
     reason: str | None = None,
     message: str | None = None,
     references: list[ResolvedReference] | None = None,
+    asked: ActionInput | None = None,
 ) -> ActionRecordStatus:
     """The status a dispatcher ``identity`` writes over ``status`` (as believed) to move it to
     ``state``: ``claim`` takes it for a send, ``first`` records a send under a first claim with its
-    answer, ``queried`` counts a question to the authoritative system."""
+    answer, ``queried`` counts a question to the authoritative system, ``asked`` is the round of
+    input an ``input_required`` records (kept through its retry, for the next round's number)."""
     if state is not status.state:
         check_action_transition(status.state, state)
     update: dict[str, Any] = {"state": state, "reason": reason, "message": message}
@@ -193,6 +215,10 @@ def next_status(
         update["queries"] = status.queries + 1
     if references is not None:
         update["resolved_references"] = references
+    if asked is not None:
+        update["input"] = asked
+    if state is ActionState.INPUT_REQUIRED:  # nobody is sending it: no claim holds it
+        update["claim_expires_at"] = None
     if state is ActionState.OUTCOME_UNKNOWN:
         update["outcome_unknown_since"] = status.outcome_unknown_since or now
         update["claim_expires_at"] = None

@@ -44,7 +44,13 @@ INTEGRITY_FAILED = "IntegrityFailed"
 DEFAULT_CLAIM_TTL = timedelta(seconds=11)
 """A claim's TTL with the default dispatch timeout (5 s: twice that, plus one), for readers that
 are not a dispatcher (the dispatcher uses its own configured TTL)."""
-_STAMPED = (ActionState.SUCCEEDED, ActionState.FAILED, ActionState.CANCELED, ActionState.OUTCOME_UNKNOWN)
+_STAMPED = (
+    ActionState.SUCCEEDED,
+    ActionState.FAILED,
+    ActionState.CANCELED,
+    ActionState.OUTCOME_UNKNOWN,
+    ActionState.INPUT_REQUIRED,
+)
 
 
 def _time(value: datetime | None) -> str | None:
@@ -65,6 +71,8 @@ def outcome_payload(name: str, key: str, status: ActionRecordStatus) -> dict[str
     }
     if status.task is not None:  # only then: the stamps of records without a task are unchanged
         payload["task"] = {"id": status.task.id, "server": status.task.server}
+    if status.input is not None:  # only then, likewise: what is asked and echoed is the operator's
+        payload["input"] = canonical_digest(status.input.model_dump(mode="json", by_alias=True))
     return payload
 
 

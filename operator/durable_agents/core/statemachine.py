@@ -57,6 +57,8 @@ def _table() -> dict[tuple[RunState, RunEvent], RunState]:
         (RunState.PENDING, RunEvent.REJECTED): RunState.FAILED,
         (RunState.READY, RunEvent.STEP_COMPLETED): RunState.READY,
         (RunState.READY, RunEvent.INPUT_REQUESTED): RunState.WAITING_INPUT,
+        # An action's system asks a person for input before it completes the call (nothing applied).
+        (RunState.WAITING_EXTERNAL, RunEvent.INPUT_REQUESTED): RunState.WAITING_INPUT,
         (RunState.READY, RunEvent.APPROVAL_REQUESTED): RunState.WAITING_APPROVAL,
         (RunState.READY, RunEvent.EXTERNAL_AWAITED): RunState.WAITING_EXTERNAL,
         (RunState.READY, RunEvent.RETRY_SCHEDULED): RunState.WAITING_RETRY,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field
 
@@ -22,8 +22,8 @@ from durable_agents.api.v1alpha1.meta import (
 
 
 class ActionState(StrEnum):
-    """Where an action is in the ledger: intent, dispatching, succeeded, failed, outcome_unknown or
-    canceled."""
+    """Where an action is in the ledger: intent, dispatching, input_required, succeeded, failed,
+    outcome_unknown or canceled."""
 
     INTENT = "intent"
     DISPATCHING = "dispatching"
@@ -31,6 +31,9 @@ class ActionState(StrEnum):
     FAILED = "failed"
     OUTCOME_UNKNOWN = "outcome_unknown"
     CANCELED = "canceled"
+    INPUT_REQUIRED = "input_required"
+    """The system asked for a person's input before it completes the call (an MCP server's
+    ``InputRequiredResult``): nothing was applied; sent again with the answers (``status.input``)."""
 
 
 class FirstClaim(ApiModel):
@@ -167,6 +170,31 @@ class ActionTask(ApiModel):
     """What the server answered to the cancellation (its task status, or its error)."""
 
 
+REQUEST_STATE_MAX = 16 * 1024
+"""The longest ``requestState`` an MCP server may ask to have echoed (the record holds it)."""
+
+
+class ActionInput(ApiModel):
+    """A round of input the system asked for (``input_required``): the keys of its questions (a
+    question per key on the run, named ``mcp-<step>-<round>-<key>``), the keys refused before any
+    person saw them (told ``decline``), and the opaque state echoed on the retry."""
+
+    round: int = Field(ge=1, le=64)
+    """The round: the first request for input of this action is 1; each retry that asks again adds one."""
+    keys: list[Annotated[str, Field(max_length=256)]] = Field(default_factory=list, max_length=32)
+    """The server's keys of the requests a person answers."""
+    refused: list[Annotated[str, Field(max_length=256)]] = Field(default_factory=list, max_length=32)
+    """The server's keys of requests refused before any person saw them (answered ``decline``)."""
+    questions: dict[str, Any] = Field(
+        default_factory=dict, json_schema_extra={"x-kubernetes-preserve-unknown-fields": True}
+    )
+    """Each key's question as a person reads it, sealed with the run's data key (the run asks it)."""
+    request_state: str | None = Field(default=None, max_length=REQUEST_STATE_MAX)
+    """The server's opaque state, echoed byte for byte on the retry."""
+    asked_at: datetime
+    """When the system asked."""
+
+
 class ActionRecordStatus(ApiModel):
     """The dispatch record: written by the operator's dispatchers only, stamped (status.stamp)."""
 
@@ -199,6 +227,8 @@ class ActionRecordStatus(ApiModel):
     """The called system's latest progress while dispatching (see ActionProgress)."""
     task: ActionTask | None = None
     """The server's task, when it answered the call with one (see ActionTask)."""
+    input: ActionInput | None = None
+    """The last round of input the system asked for (see ActionInput); kept once answered."""
     resolved_references: list[ResolvedReference] = Field(
         default_factory=list,
         max_length=32,

@@ -50,7 +50,7 @@ from durable_agents.core.engine.runtime import deployment_change
 from durable_agents.core.engine.snapshot import NOTHING_OBSERVED, Observations, RunSnapshot, Settings
 from durable_agents.core.engine.subagents import reconcile_sub_agents
 from durable_agents.core.engine.validation import resume_validation
-from durable_agents.core.engine.waits import leave_external_wait, leave_input_wait
+from durable_agents.core.engine.waits import ask_server_input, leave_external_wait, leave_input_wait
 from durable_agents.core.planner import Planner
 from durable_agents.core.positions import stamp_position
 from durable_agents.core.reconciliations import reconciliation_to_refuse
@@ -282,6 +282,9 @@ def _waiting_external(
     if cp.pending_actions:
         # A turn or tool-call cancellation of this step: an undispatched intent is canceled.
         cancel = cancellation_of_step(cp, in_flight=True) is not None
+        asked = None if cancel else ask_server_input(builder, settings, observed.actions)
+        if asked is not None:  # the action's system asks a person first
+            return asked
         take = effect_response_taker(builder.run, planner) if isinstance(planner, ModelPlanner) else None
         return reconcile_actions(
             builder, builder.run, planner, settings, observed.actions, cancel=cancel, take=take

@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from durable_agents.api.v1alpha1 import (
+    ActionInput,
     ActionState,
     ActionTier,
     AgentPolicySpec,
@@ -163,6 +164,8 @@ class ActionObservation:
     outcome: Mapping[str, Any] | None = None
     reason: str | None = None
     message: str | None = None
+    input: ActionInput | None = None
+    """The round of input the system asked for (``input_required``): the run asks its questions."""
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from datetime import datetime
 
-from durable_agents.api.v1alpha1 import Outcome
+from durable_agents.api.v1alpha1 import ActionState, Outcome
+from durable_agents.core.agent.mcp_questions import answer_ref_id, is_server_question, question_name
 from durable_agents.core.authority import Unproven
 from durable_agents.core.checkpoint import Checkpoint, ExternalEvidenceRef, PendingExternal, PendingInput
 from durable_agents.core.deliveries import DeliveryField, delivery_unproven, next_key
@@ -19,7 +20,7 @@ from durable_agents.core.durations import parse_duration
 from durable_agents.core.engine.children import running_children
 from durable_agents.core.engine.commits import CommitBuilder, refusal_of, refuse_in
 from durable_agents.core.engine.decisions import Commit, Decision, Idle
-from durable_agents.core.engine.snapshot import RunSnapshot, Settings
+from durable_agents.core.engine.snapshot import ActionObservation, RunSnapshot, Settings
 from durable_agents.core.planner import AskHuman, AwaitEvent
 from durable_agents.core.sealed_values import DATA_KEY_ANNOTATION, DataKey, fingerprint, open_data_key
 from durable_agents.core.sealing import UndecryptableError
@@ -37,6 +38,34 @@ def ask_human(builder: CommitBuilder, step: AskHuman, settings: Settings) -> Com
         waiting_for=f"input:{step.request_id}",
         detail=f"asked {step.request_id}",
     )
+
+
+def ask_server_input(
+    builder: CommitBuilder, settings: Settings, actions: Mapping[str, ActionObservation] | None
+) -> Commit | None:
+    """A pending action whose system asks for input (``input_required``): ask its first question
+    the run has not recorded an answer to, in ``waiting_input`` (the policy's input expiry). None:
+    no action asks, or every question of its round is answered (the dispatcher sends it again)."""
+    cp = builder.cp
+    answered = {ref.id for ref in cp.input_refs}
+    for pending in cp.pending_actions:
+        seen = (actions or {}).get(pending.action_record_name)
+        if seen is None or seen.state is not ActionState.INPUT_REQUIRED or seen.input is None:
+            continue
+        for key in seen.input.keys:
+            name = question_name(pending.step_index, seen.input.round, key)
+            question = seen.input.questions.get(key)
+            if answer_ref_id(name) in answered or not isinstance(question, str) or not question:
+                continue
+            expires = builder.now + parse_duration(settings.wait_expiries.input)
+            asked = PendingInput(request_id=name, question=question, expires_at=expires)
+            return builder.commit(
+                RunEvent.INPUT_REQUESTED,
+                checkpoint=cp.model_copy(update={"pending_input": asked}),
+                waiting_for=f"input:{name}",
+                detail=f"{pending.effect}: the server asks {key} (round {seen.input.round})",
+            )
+    return None
 
 
 def await_event(builder: CommitBuilder, step: AwaitEvent, settings: Settings) -> Commit:
@@ -76,6 +105,8 @@ def leave_input_wait(builder: CommitBuilder, settings: Settings) -> Decision:
         clear="pending_input",
         expires_at=asked.expires_at,
         expired="InputExpired",
+        # A server's question is asked mid-action: its step goes on once the action settles.
+        advance=not is_server_question(asked.request_id),
     )
 
 
@@ -112,6 +143,7 @@ def _leave_wait(
     clear: str,
     expires_at: datetime,
     expired: str,
+    advance: bool = True,
 ) -> Decision:
     """An answer or event arrived: once its seal proves the webhook admitted it, record a
     reference to it (never its text) and move on; else refuse it and ask again under a new key.
@@ -145,7 +177,7 @@ def _leave_wait(
         update={
             "input_refs": [*cp.input_refs, ref],
             clear: None,
-            "position": cp.position.model_copy(update={"step": cp.position.step + 1}),
+            "position": cp.position.model_copy(update={"step": cp.position.step + int(advance)}),
         }
     )
     return builder.commit(

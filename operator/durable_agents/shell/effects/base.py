@@ -56,7 +56,19 @@ class Tasked:
     poll_interval_ms: int | None = None
 
 
-DispatchResult = Applied | Failed | Unknown | Tasked
+@dataclass(frozen=True)
+class InputRequired:
+    """The system asks for a person's input before it completes the call (an MCP server's
+    ``InputRequiredResult``); nothing was applied. ``questions``: each request's key and its
+    question as a person reads it; ``refused``: requests no person is asked (key: why), declined
+    on the retry; ``request_state``: echoed on the retry, byte for byte."""
+
+    questions: dict[str, str]
+    refused: dict[str, str]
+    request_state: str | None
+
+
+DispatchResult = Applied | Failed | Unknown | Tasked | InputRequired
 QueryResult = Applied | NotApplied | Unknown
 TaskPollResult = Applied | Failed | Unknown | Tasked
 """A poll's answer: settled (applied, failed), unknown (the system no longer knows the handle),

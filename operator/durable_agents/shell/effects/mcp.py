@@ -19,18 +19,23 @@ that cannot be read fails the call before anything is sent.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import ValidationError
 
 from durable_agents.api.v1alpha1 import ActionTier, McpServer
+from durable_agents.core.agent.mcp_elicitation import ElicitationAnswer
 from durable_agents.shell.agent.credentials import Unresolvable, mcp_access
+from durable_agents.shell.agent.mcp_elicitation import input_responses
 from durable_agents.shell.agent.mcp_tasks import McpTask, McpTaskUnknown, cancel_task, poll_task
 from durable_agents.shell.agent.mcp_tools import (
     NO_ACCESS,
     McpAccess,
     McpCallUnknown,
     McpError,
+    McpInputRequired,
     bounded_content,
     call_tool,
 )
@@ -40,6 +45,7 @@ from durable_agents.shell.effects.base import (
     DispatchResult,
     EffectContext,
     Failed,
+    InputRequired,
     NotApplied,
     QueryResult,
     Tasked,
@@ -52,6 +58,27 @@ MCP_SERVERS_EXTRA = "mcpServers"
 PROGRESS_EXTRA = "progress"
 """``ctx.extra`` entry: a callable given the call's progress notifications (the dispatcher's)."""
 CREDENTIALS_UNREADABLE = "McpCredentialsUnreadable"
+INPUT_EXTRA = "inputAnswers"
+"""``ctx.extra`` entry: the :class:`McpInputAnswers` a retry after a request for input carries."""
+
+
+@dataclass(frozen=True)
+class McpInputAnswers:
+    """What the retry of a call whose server asked for input carries: the person's answers by the
+    server's keys, the keys refused before any person saw them (declined), the echoed state."""
+
+    answers: Mapping[str, ElicitationAnswer]
+    refused: list[str] = field(default_factory=list)
+    request_state: str | None = None
+
+    def responses(self) -> Any:
+        return input_responses(self.answers, {key: "refused" for key in self.refused})
+
+
+def _asked(err: McpInputRequired) -> InputRequired:
+    asked = err.asked
+    questions = {question.key: question.for_person() for question in asked.questions}
+    return InputRequired(questions, dict(asked.refused), asked.request_state)
 
 
 def run_mcp_servers(run: dict[str, Any] | None) -> list[Any]:
@@ -93,6 +120,8 @@ class McpCall:
             access = await _access(ctx, action.target.get("server"))
         except Unresolvable as err:  # nothing sent: a definite failure that names the Secret
             return Failed(CREDENTIALS_UNREADABLE, f"MCP server {action.target.get('server')!r}: {err}")
+        given = ctx.extra.get(INPUT_EXTRA)
+        answers = given if isinstance(given, McpInputAnswers) else None
         try:
             result = await call_tool(
                 url,
@@ -104,9 +133,15 @@ class McpCall:
                 server=str(action.target.get("server") or url),
                 on_progress=ctx.extra.get(PROGRESS_EXTRA),
                 tasks=True,
+                input_responses=answers.responses() if answers is not None else None,
+                request_state=answers.request_state if answers is not None else None,
             )
         except McpCallUnknown as err:
             return Unknown("McpCallUnknown", str(err))
+        except McpInputRequired as err:  # a person answers first: nothing was applied
+            if not err.asked.questions and not err.asked.refused:  # only "not yet", past the bound
+                return Failed(type(err).__name__, str(err))
+            return _asked(err)
         except McpError as err:  # not sent: unreachable, or the tool is not listed
             return Failed(type(err).__name__, str(err))
         if isinstance(result, McpTask):  # a durable handle: the dispatcher records it, then polls

@@ -173,7 +173,9 @@ class ActionStore(StatusStore):
             first_claimed = (record.get("spec") or {}).get("firstClaim") is not None
             if need.cancel and status.state is ActionState.INTENT and not first_claimed:
                 record, status = await self._cancel_intent(record, status)
-            seen[name] = ActionObservation(status.state, status.outcome, status.reason, status.message)
+            seen[name] = ActionObservation(
+                status.state, status.outcome, status.reason, status.message, status.input
+            )
         return seen
 
     async def _cancel_intent(

@@ -34,6 +34,7 @@ from durable_agents.api.v1alpha1 import ActionRecordSpec, ActionRecordStatus, Ac
 from durable_agents.core.engine import Settings
 from durable_agents.core.engine.actions import Refused, Unverified
 from durable_agents.core.ledger import (
+    AwaitInput,
     Claim,
     GiveUpClaim,
     PollTask,
@@ -45,7 +46,13 @@ from durable_agents.core.ledger import (
 from durable_agents.core.regions import owning_region_of
 from durable_agents.shell.agent.resolver import AgentResolver
 from durable_agents.shell.effects import Applied, Effect, EffectContext, NotApplied, Tasked, Unknown
-from durable_agents.shell.effects.mcp import MCP_SERVERS_EXTRA, PROGRESS_EXTRA, run_mcp_servers
+from durable_agents.shell.effects.mcp import (
+    INPUT_EXTRA,
+    MCP_SERVERS_EXTRA,
+    PROGRESS_EXTRA,
+    McpInputAnswers,
+    run_mcp_servers,
+)
 from durable_agents.shell.effects.plugins import load_effects, load_planners
 from durable_agents.shell.ground import metrics
 from durable_agents.shell.ground.faults import process_faults
@@ -56,6 +63,8 @@ from durable_agents.shell.ground.workqueue import WorkQueue
 from durable_agents.shell.intake.policies import PolicyCache
 from durable_agents.shell.ledger.actions import ActionStore
 from durable_agents.shell.ledger.dispatch_config import DispatcherConfig, Send
+from durable_agents.shell.ledger.first_ask import ask_before_first_dispatch
+from durable_agents.shell.ledger.input_rounds import InputRounds
 from durable_agents.shell.ledger.intent_checks import DESTINATION_NOT_ALLOWED, check_intent, query_refusal
 from durable_agents.shell.ledger.progress_writes import ProgressWrites
 from durable_agents.shell.ledger.query_pacing import QueryPacing, observe_unknown_duration
@@ -119,6 +128,7 @@ class Dispatcher(Background):
         self.namespaces = ManagedNamespaces(kube)  # acting as a run's ServiceAccount: where let
         # Calls answered with a task: polled (task_polls).
         self.tasks = TaskPolls(kube, self.writes, self.runs, self.config, self._context, self.policies)
+        self.inputs = InputRounds(self.runs, self.writes, config.keyring)  # input_required: answers
 
     def observe(self, event_type: str | None, body: dict[str, Any]) -> None:
         meta = body.get("metadata") or {}
@@ -130,8 +140,11 @@ class Dispatcher(Background):
         self.queue.add(key, body)
 
     def observe_run(self, event_type: str | None, body: dict[str, Any]) -> None:
-        """A run's watch event: records a person answered for are asked about at once."""
+        """A run's watch event: records a person answered for are asked about at once, records
+        waiting for the run's answers to their system's questions are looked at again."""
         for key in self.pacing.answered(body) if event_type != "DELETED" else ():
+            self.queue.add(key)
+        for key in self.inputs.answered(body):
             self.queue.add(key)
 
     async def run(self) -> None:
@@ -163,6 +176,15 @@ class Dispatcher(Background):
                     if claimed is None:  # held back until its run can be verified
                         return
                     body = claimed
+                elif isinstance(step, AwaitInput):  # sent again once the run holds every answer
+                    given = await self.inputs.answers(body, status, spec)
+                    if isinstance(given, datetime):
+                        self.queue.wake_at(key, given)
+                        return
+                    retried = await self._claim_and_dispatch(body, status, answers=given)
+                    if retried is None:
+                        return
+                    body = retried
                 elif isinstance(step, GiveUpClaim):
                     body = await self.writes.give_up(body, status, spec)
                 elif isinstance(step, PollTask):
@@ -223,11 +245,19 @@ class Dispatcher(Background):
         return EffectContext(self.kube, namespace, spec.service_account_name, self.config.timeout, extra)
 
     async def _claim_and_dispatch(
-        self, body: dict[str, Any], status: ActionRecordStatus, *, first: bool = False
+        self,
+        body: dict[str, Any],
+        status: ActionRecordStatus,
+        *,
+        first: bool = False,
+        answers: McpInputAnswers | dict[str, Any] | None = None,
     ) -> dict[str, Any] | None:
         """Claim the record and send it; ``first``: under this process's first claim, with no
         claim write (when it began is known only here: a first claim whose start this process
-        does not know, or lost to a lapse, is never sent under; it expires and is reconciled)."""
+        does not know, or lost to a lapse, is never sent under; it expires and is reconciled).
+        ``answers``: a retry with a person's answers (or the record as it settled without them)."""
+        if isinstance(answers, dict):
+            return answers
         spec = ActionRecordSpec.model_validate(body["spec"])
         first_started: float | None = None
         if first:
@@ -239,6 +269,8 @@ class Dispatcher(Background):
         send = await self._prepare_send(body, status, spec, direct=first_started is not None)
         if not isinstance(send, Send):
             return send  # settled without a send (refused, failed), or held back (None)
+        if answers is not None:
+            send.ctx.extra[INPUT_EXTRA] = answers
         return await self._send(body, status, spec, send, first_started)
 
     async def _prepare_send(
@@ -301,7 +333,7 @@ class Dispatcher(Background):
             )
             claimed_status = ActionRecordStatus.model_validate(claimed["status"])
         if status.state is A.INTENT:  # never sent before
-            asked = await self._ask_before_first_dispatch(claimed, claimed_status, spec, send)
+            asked = await ask_before_first_dispatch(self.writes, claimed, claimed_status, spec, send)
             if asked is not None:
                 return asked
         if not self._claim_holds(claimed_at):
@@ -391,47 +423,6 @@ class Dispatcher(Background):
             claimed["metadata"]["name"],
         )
         return await self.store.get(*self._key(claimed))
-
-    async def _ask_before_first_dispatch(
-        self, claimed: dict[str, Any], status: ActionRecordStatus, spec: ActionRecordSpec, send: Send
-    ) -> dict[str, Any] | None:
-        """The key asked of the authoritative system before the first send.
-
-        An ActionRecord restored from an older backup says ``intent`` for an effect that may have
-        happened after the backup; only the authoritative system knows. None: send. A question it
-        cannot answer (down, or the ServiceAccount may not read) does not hold the send back: the
-        send meets the same system, and its answer (definite, or unknown and then reconciled) is
-        what the record keeps. The restore guarantee therefore needs a system that answers queries.
-        """
-        answer = await run_traces.queried(send.effect, send.ctx, send.action)
-        metrics.ACTION_QUERIES.labels(spec.effect, type(answer).__name__).inc()
-        if isinstance(answer, Unknown):
-            log.warning(
-                "%s/%s: asking before the first dispatch got no answer (%s: %s); sending",
-                claimed["metadata"]["namespace"],
-                claimed["metadata"]["name"],
-                answer.reason,
-                answer.message,
-            )
-            return None
-        if isinstance(answer, NotApplied):
-            return None
-        out = await self.writes.write(
-            claimed,
-            status,
-            A.SUCCEEDED,
-            outcome=sealed_outcome(answer.outcome, send.data_key, claimed["metadata"]["name"]),
-            queried=True,
-            reason="AlreadyApplied",
-            message="the authoritative system had applied this key before its first dispatch here",
-        )
-        await self.writes.event(
-            out,
-            "Reconciled",
-            f"key={spec.idempotency_key} was already applied (a restored record?): not sending",
-            warning=True,
-        )
-        return out
 
     async def _query(self, body: dict[str, Any], status: ActionRecordStatus) -> dict[str, Any] | None:
         later = self.pacing.later(self._key(body))  # woken by our own write of the last answer

@@ -11,12 +11,19 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from durable_agents.api.v1alpha1 import ActionRecordSpec, ActionRecordStatus, ActionState, ResolvedReference
+from durable_agents.api.v1alpha1 import (
+    ActionInput,
+    ActionRecordSpec,
+    ActionRecordStatus,
+    ActionState,
+    ResolvedReference,
+)
 from durable_agents.core.ledger import next_status
 from durable_agents.core.sealed_values import DataKey
-from durable_agents.shell.effects import Applied, Failed, Unknown
+from durable_agents.shell.effects import Applied, Failed, InputRequired, Unknown
 from durable_agents.shell.ground import metrics
 from durable_agents.shell.ledger.actions import ActionStore
+from durable_agents.shell.ledger.input_asked import asked_input
 from durable_agents.shell.ledger.unsealing import sealed_outcome
 from durable_agents.shell.observability.events import EventRecorder
 
@@ -55,6 +62,7 @@ class RecordWrites:
         reason: str | None = None,
         message: str | None = None,
         references: list[ResolvedReference] | None = None,
+        asked: ActionInput | None = None,
     ) -> dict[str, Any]:
         new = next_status(
             status,
@@ -69,6 +77,7 @@ class RecordWrites:
             reason=reason,
             message=message,
             references=references,
+            asked=asked,
         )
         return await self.store.commit_status(body, new.wire())
 
@@ -120,16 +129,34 @@ class RecordWrites:
         claimed: dict[str, Any],
         status: ActionRecordStatus,
         spec: ActionRecordSpec,
-        result: Applied | Failed | Unknown,
+        result: Applied | Failed | Unknown | InputRequired,
         data_key: DataKey | None,
         *,
         first: bool,
         references: list[ResolvedReference],
     ) -> dict[str, Any]:
-        """Record what a dispatch answered: ``succeeded`` (its outcome sealed), ``failed``, or
-        ``outcome_unknown`` (to be asked about). ``first``: sent under our first claim, so the
+        """Record what a dispatch answered: ``succeeded`` (its outcome sealed), ``failed``,
+        ``outcome_unknown`` (to be asked about), or ``input_required`` (its questions sealed, for
+        the run to ask: :mod:`.input_asked`). ``first``: sent under our first claim, so the
         attempt (and the ``references`` read for it) is recorded with the answer."""
         refs = references if first else None
+        if isinstance(result, InputRequired):
+            asked = asked_input(status, spec, result, data_key)
+            if isinstance(asked, ActionInput):
+                out = await self.write(
+                    claimed,
+                    status,
+                    A.INPUT_REQUIRED,
+                    reason="InputRequired",
+                    message=f"the system asks for input (round {asked.round}: {', '.join(asked.keys) or '-'})"
+                    "; nothing was applied",
+                    first=first,
+                    references=refs,
+                    asked=asked,
+                )
+                await self.event(out, "InputRequired", out["status"]["message"])
+                return out
+            result = asked
         if isinstance(result, Applied):
             outcome = sealed_outcome(result.outcome, data_key, claimed["metadata"]["name"])
             out = await self.write(

@@ -61,7 +61,10 @@ log = logging.getLogger(__name__)
 
 LOOK_AGAIN = 1.0  # seconds: pending requests are looked at again (leadership may have come)
 FINISHED = frozenset({FailoverPhase.COMPLETED.value, FailoverPhase.REFUSED.value})
-UNSETTLED = frozenset({ActionState.INTENT, ActionState.DISPATCHING, ActionState.OUTCOME_UNKNOWN})
+# input_required: waiting for the run's answers, sent again by the run's region once answered.
+UNSETTLED = frozenset(
+    {ActionState.INTENT, ActionState.DISPATCHING, ActionState.OUTCOME_UNKNOWN, ActionState.INPUT_REQUIRED}
+)
 UNSETTLED_VALUES = frozenset(state.value for state in UNSETTLED)
 
 
