@@ -16,12 +16,16 @@ _MESSAGE_MAX: Final = 512
 
 @dataclass(frozen=True)
 class McpTask:
-    """A task the server answered a call with, or its state as ``tasks/get`` told it."""
+    """A task the server answered a call with, or its state as ``tasks/get`` told it.
+    ``protocol``: its form (:mod:`durable_agents.core.agent.mcp_tasks`; None: the extension);
+    ``session``: the MCP session a 2025-11-25 task lives in."""
 
     id: str
     status: str
     status_message: str | None = None
     poll_interval_ms: int | None = None
+    protocol: str | None = None
+    session: str | None = None
 
 
 def tasks_extension() -> Any:
