@@ -65,6 +65,8 @@ def outcome_payload(name: str, key: str, status: ActionRecordStatus) -> dict[str
     }
     if status.task is not None:  # only then: the stamps of records without a task are unchanged
         payload["task"] = {"id": status.task.id, "server": status.task.server}
+        if status.task.protocol is not None:  # only then: the stamps of earlier tasks are unchanged
+            payload["task"] |= {"protocol": status.task.protocol, "session": status.task.session}
     return payload
 
 

@@ -8,7 +8,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-__all__ = ["TASKS_EXTENSION", "McpTask", "raw_answer", "task_of", "tasks_extension"]
+from durable_agents.shell.agent.mcp_answers import McpError, McpResult
+
+__all__ = [
+    "TASKS_EXTENSION",
+    "McpTask",
+    "McpTaskUnknown",
+    "TaskPoll",
+    "raw_answer",
+    "task_of",
+    "tasks_extension",
+]
 
 TASKS_EXTENSION: Final = "io.modelcontextprotocol/tasks"
 _MESSAGE_MAX: Final = 512
@@ -26,6 +36,19 @@ class McpTask:
     poll_interval_ms: int | None = None
     protocol: str | None = None
     session: str | None = None
+
+
+class McpTaskUnknown(McpError):
+    """The server answered that it does not know the task (or named another one)."""
+
+
+@dataclass(frozen=True)
+class TaskPoll:
+    """What ``tasks/get`` said: the task's status, and for a completed task its result."""
+
+    task: McpTask
+    result: McpResult | None = None
+    error: str | None = None
 
 
 def tasks_extension() -> Any:

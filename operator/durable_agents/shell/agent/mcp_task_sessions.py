@@ -14,6 +14,7 @@ open.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import Any, Final
 
@@ -25,16 +26,21 @@ from durable_agents.shell.agent.mcp_task_handles import McpTask, task_of
 __all__ = [
     "SESSION_HEADER",
     "SessionAnswered",
+    "SessionUnanswered",
+    "asks_task",
     "created_task",
     "end_session",
     "session_request",
-    "asks_task",
     "tasks_client",
 ]
 
 SESSION_HEADER: Final = "mcp-session-id"
 _VERSION_HEADER: Final = "mcp-protocol-version"
 _ANSWER_MAX_BYTES: Final = 4 * 1024 * 1024
+
+
+class SessionUnanswered(Exception):
+    """No readable answer came (a cut stream, a body past its bound, not JSON): ask again later."""
 
 
 class SessionAnswered(Exception):
@@ -61,7 +67,7 @@ def tasks_client() -> type[Any]:
                     return declared
                 return declared.model_copy(update={"tasks": ClientTasksCapability()})
 
-            session._build_capabilities = with_tasks
+            session._build_capabilities = with_tasks  # type: ignore[method-assign]
             return session
 
     return TasksClient
@@ -79,13 +85,16 @@ def _answer_of(response: httpx2.Response, body: bytes, request_id: int) -> dict[
     """The JSON-RPC response to ``request_id`` in a JSON body or an SSE stream."""
     kind = response.headers.get("content-type", "").lower()
     messages: list[Any] = []
-    if kind.startswith("text/event-stream"):
-        for event in body.decode("utf-8", errors="replace").split("\n\n"):
-            data = "\n".join(line[5:].lstrip() for line in event.splitlines() if line.startswith("data:"))
-            if data:
-                messages.append(json.loads(data))
-    else:
-        messages.append(json.loads(body))
+    try:
+        if kind.startswith("text/event-stream"):
+            for event in body.decode("utf-8", errors="replace").split("\n\n"):
+                lines = [line[5:].lstrip() for line in event.splitlines() if line.startswith("data:")]
+                if lines:
+                    messages.append(json.loads("\n".join(lines)))
+        else:
+            messages.append(json.loads(body))
+    except ValueError as err:
+        raise SessionUnanswered(f"an answer that is not JSON: {err}") from None
     for message in messages:
         if isinstance(message, dict) and message.get("id") == request_id:
             if isinstance(message.get("error"), dict):
@@ -93,31 +102,30 @@ def _answer_of(response: httpx2.Response, body: bytes, request_id: int) -> dict[
                 raise SessionAnswered(f"{error.get('code')}: {str(error.get('message'))[:512]}")
             if isinstance(message.get("result"), dict):
                 return dict(message["result"])
-    raise ValueError(f"no answer to request {request_id} in the response ({len(messages)} messages)")
+    raise SessionUnanswered(f"no answer to request {request_id} in the response ({len(messages)} messages)")
 
 
 async def session_request(
-    http: httpx2.AsyncClient, url: str, session: str, method: str, params: dict[str, Any]
+    http: httpx2.AsyncClient, url: str, session: str | None, method: str, params: dict[str, Any]
 ) -> dict[str, Any]:
-    """One JSON-RPC request in ``session``; its result. Raises :class:`SessionAnswered` when the
-    server answered an error (an HTTP 4xx included: an unknown session is one), an ``httpx``
-    error or ``ValueError`` when it did not answer (readably)."""
+    """One JSON-RPC request in ``session`` (None: a server without sessions); its result. Raises
+    :class:`SessionAnswered` when the server answered an error (an HTTP 4xx included: an unknown
+    session is one), an ``httpx`` error or :class:`SessionUnanswered` when it did not answer
+    (readably)."""
     request = {"jsonrpc": "2.0", "id": 1, "method": method, "params": params}
-    headers = {
-        "accept": "application/json, text/event-stream",
-        SESSION_HEADER: session,
-        _VERSION_HEADER: TASK_FORM_2025,
-    }
+    headers = {"accept": "application/json, text/event-stream", _VERSION_HEADER: TASK_FORM_2025}
+    if session is not None:
+        headers[SESSION_HEADER] = session
     async with http.stream("POST", url, json=request, headers=headers) as response:
         body = b""
         async for chunk in response.aiter_bytes():
             body += chunk
             if len(body) > _ANSWER_MAX_BYTES:
-                raise ValueError(f"the answer to {method} was larger than {_ANSWER_MAX_BYTES} bytes")
+                raise SessionUnanswered(f"the answer to {method} was larger than {_ANSWER_MAX_BYTES} bytes")
     if 400 <= response.status_code < 500:
         try:
             return _answer_of(response, body, 1)
-        except (ValueError, SessionAnswered) as err:
+        except (SessionUnanswered, SessionAnswered) as err:
             raise SessionAnswered(f"HTTP {response.status_code}: {err}"[:600]) from None
     response.raise_for_status()
     return _answer_of(response, body, 1)
@@ -126,10 +134,8 @@ async def session_request(
 async def end_session(http: httpx2.AsyncClient, url: str, session: str) -> None:
     """End a session kept open for a task that did not come (best effort: the server's own
     expiry ends it otherwise)."""
-    try:
+    with contextlib.suppress(httpx2.HTTPError):
         await http.delete(url, headers={SESSION_HEADER: session, _VERSION_HEADER: TASK_FORM_2025})
-    except httpx2.HTTPError:
-        pass
 
 
 def asks_task(client: Any, entry: Any, *, can_hold: bool) -> bool:

@@ -58,7 +58,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast, overload
 import httpx2
 
 from durable_agents.core.agent.mcp_content import model_content, schema_mismatch
-from durable_agents.core.agent.mcp_tasks import TASK_FORM_2025, TASK_TTL_MS
+from durable_agents.core.agent.mcp_tasks import TASK_FORM_2025, TASK_FORM_EXTENSION, TASK_TTL_MS
 from durable_agents.core.digest import canonical_digest
 from durable_agents.shell.agent.mcp_answers import (
     OUTCOME_MAX_BYTES,
@@ -354,7 +354,7 @@ async def _answer(
         else:
             raw = await client.session.send_request(request, raw_type, progress_callback=progress)
         if tasks and raw.get("resultType") == "task":  # a durable handle, not a result
-            return task_of(raw)
+            return replace(task_of(raw), protocol=TASK_FORM_EXTENSION)
         if ask_task and (created := created_task(raw)) is not None:  # 2025-11-25: a handle too
             return replace(created, protocol=TASK_FORM_2025)
         return adapter.validate_python(raw, by_name=False)
@@ -365,6 +365,16 @@ async def _answer(
     if isinstance(got, InputRequiredResult):
         return McpInputRequired(url, tool, input_required(server or url, tool, got))
     return await _checked(client, tool, got)
+
+
+def _in_session(
+    answer: McpResult | McpTask | McpError | None, seen: _Seen
+) -> McpResult | McpTask | McpError | None:
+    """A 2025-11-25 task with the session it lives in, the session kept open for its polls."""
+    if getattr(answer, "protocol", None) != TASK_FORM_2025:
+        return answer
+    seen.keep_session = True
+    return replace(cast("McpTask", answer), session=seen.session)
 
 
 @overload
@@ -419,8 +429,8 @@ async def call_tool(
     request_state: str | None = None,
 ) -> McpResult | McpTask:
     """Call ``tool`` once with ``arguments``; ``idempotency_key`` goes in the request's ``_meta``.
-    ``tasks``: the tasks extension is declared, and a task handle the server answers with is
-    returned as a :class:`~.mcp_tasks.McpTask` (to be polled, :mod:`.mcp_tasks`).
+    ``tasks``: tasks are declared (the extension; 2025-11-25: asked of a task-capable tool), and a
+    task handle the server answers with is returned as a :class:`~.mcp_tasks.McpTask` (polled).
 
     ``timeout`` bounds the whole operation (connect, handshake, listing, call). Returns the
     server's answer, a tool error included (``is_error``; a result that does not match the tool's
@@ -444,14 +454,13 @@ async def call_tool(
         items[IDEMPOTENCY_META_KEY] = idempotency_key
     # RequestParamsMeta is an open TypedDict (PEP 728 extra items), which mypy cannot express.
     meta = cast(RequestParamsMeta, items) if items else None
-    listed = sent = False
+    sent = False
     seen = _Seen(ServerLog(server or url))
     answer: McpResult | McpTask | McpError | None = None
     try:
         async with asyncio.timeout(timeout):
             async with _connect(url, access, seen, sampling, tasks=tasks) as client:
                 entry = next((known for known in await _all_tools(client) if known.name == tool), None)
-                listed = entry is not None
                 if entry is not None:
                     sent = True
                     answer = await _answer(
@@ -467,9 +476,7 @@ async def call_tool(
                         input_responses,
                         asks_task(client, entry, can_hold=tasks),
                     )
-                if isinstance(answer, McpTask) and answer.protocol == TASK_FORM_2025:
-                    seen.keep_session = True  # the task lives in this session: polled there
-                    answer = replace(answer, session=seen.session)
+                answer = _in_session(answer, seen)
     except Exception as exc:
         if isinstance(answer, McpResult | McpTask):
             # The answer arrived; only closing the connection failed.
