@@ -89,7 +89,7 @@ def _answer_of(response: httpx2.Response, body: bytes, request_id: int) -> dict[
         if kind.startswith("text/event-stream"):
             for event in body.decode("utf-8", errors="replace").split("\n\n"):
                 lines = [line[5:].lstrip() for line in event.splitlines() if line.startswith("data:")]
-                if lines:
+                if "".join(lines).strip():  # a priming event carries an empty data line
                     messages.append(json.loads("\n".join(lines)))
         else:
             messages.append(json.loads(body))
