@@ -121,7 +121,8 @@ async def test_a_task_capable_tool_is_asked_for_a_task_polled_in_its_session_to_
     assert not polled.result.is_error
     assert "# Research Report: durability" in str(polled.result.content)
     gets = proxy.requests("tasks/get")
-    assert gets and {get["session"] for get in gets} == {task.session}, "asked in the task's session"
+    assert gets
+    assert {get["session"] for get in gets} == {task.session}, "asked in the task's session"
     assert len(proxy.requests("tasks/result")) == 1, "the payload fetched once, when completed"
     assert len(proxy.requests("tools/call")) == 1, "polling never calls the tool again"
 
