@@ -54,7 +54,7 @@ class RecordingProxy:
                 if self.command == "POST":
                     proxy._record(body, self.headers.get("mcp-session-id"))
                 upstream = http.client.HTTPConnection(
-                    proxy.upstream.hostname, proxy.upstream.port, timeout=300
+                    proxy.upstream.hostname or "127.0.0.1", proxy.upstream.port, timeout=300
                 )
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP}
                 upstream.request(self.command, proxy.upstream.path or "/", body=body or None, headers=headers)
