@@ -1,13 +1,16 @@
 """A recording HTTP proxy in front of an MCP server (for a server that does not count its own
 calls, such as server-everything): every JSON-RPC request POSTed through it is recorded (method,
 params, the ``Mcp-Session-Id`` it carried) and forwarded; answers, SSE streams included, are
-streamed back as they come. ``url`` is the proxy's MCP endpoint."""
+streamed back as they come. ``url`` is the proxy's MCP endpoint. :meth:`check_before` runs a
+test's check as a request of a method passes, before it is forwarded (for example: is this
+task's ID in the ActionRecord already?), and keeps its answers."""
 
 from __future__ import annotations
 
 import http.client
 import json
 import threading
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Any, Self
@@ -22,7 +25,18 @@ class RecordingProxy:
         self._requests: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
+        self._checks: dict[str, Callable[[dict[str, Any]], bool]] = {}
+        self._checked: list[tuple[str, bool]] = []
         self.url = ""
+
+    def check_before(self, method: str, check: Callable[[dict[str, Any]], bool]) -> None:
+        """Run ``check`` on the params of every ``method`` request before it is forwarded."""
+        self._checks[method] = check
+
+    def checked(self, method: str) -> list[bool]:
+        """What the check of ``method`` answered, request by request."""
+        with self._lock:
+            return [answer for name, answer in self._checked if name == method]
 
     def requests(self, method: str | None = None) -> list[dict[str, Any]]:
         """The JSON-RPC requests seen so far (of ``method``), in order: ``{method, params, session}``."""
@@ -36,10 +50,13 @@ class RecordingProxy:
             return
         for one in message if isinstance(message, list) else [message]:
             if isinstance(one, dict) and "method" in one and "id" in one:
+                params = one.get("params") or {}
+                check = self._checks.get(one["method"])
+                answer = check(params) if check is not None else None
                 with self._lock:
-                    self._requests.append(
-                        {"method": one["method"], "params": one.get("params") or {}, "session": session}
-                    )
+                    self._requests.append({"method": one["method"], "params": params, "session": session})
+                    if answer is not None:
+                        self._checked.append((one["method"], answer))
 
     def __enter__(self) -> Self:
         proxy = self
