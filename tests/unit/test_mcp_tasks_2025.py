@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import cast
 
 import pytest
 
@@ -19,6 +20,9 @@ from durable_agents.core.agent.mcp_tasks import TASK_FORM_2025, TASK_FORM_EXTENS
 from durable_agents.core.outcome_stamps import outcome_payload
 from durable_agents.shell.agent.mcp_tasks import McpTask, McpTaskUnknown, TaskPoll, cancel_task, poll_task
 from durable_agents.shell.agent.mcp_tools import McpResult, call_tool
+from durable_agents.shell.effects import Action, Applied, EffectContext, Failed, Tasked, Unknown
+from durable_agents.shell.effects.mcp import McpCall
+from durable_agents.shell.ground.kube import Kube
 from durable_agents_testkit import mcpeverything
 from durable_agents_testkit.eventually import Within, eventually_async
 from durable_agents_testkit.mcpeverything import EverythingServer
@@ -175,3 +179,36 @@ async def test_a_read_of_a_tool_that_requires_a_task_asks_none(proxy: RecordingP
     assert "task" in str(answer.content).lower(), answer
     [sent] = proxy.requests("tools/call")
     assert "task" not in sent["params"]
+
+
+async def test_the_ledgers_effect_keeps_the_form_and_session_and_polls_and_cancels_with_them(
+    proxy: RecordingProxy,
+) -> None:
+    # What the dispatcher records (Tasked) and what its polls hand back (protocol, session).
+    effect = McpCall()
+    ctx = EffectContext(kube=cast(Kube, None), namespace="ns", service_account="sa", timeout=TIMEOUT)
+    target = {"server": "everything", "url": proxy.url, "tool": TOOL}
+    started = await effect.dispatch(ctx, Action("run/0/research", target, {"topic": "ledger"}))
+    assert isinstance(started, Tasked), started
+    assert (started.protocol, started.status) == (TASK_FORM_2025, "working")
+    assert started.session
+    action = Action("run/0/research", target, {})
+    held = {"protocol": started.protocol, "session": started.session}
+
+    async def settled() -> Applied | None:
+        polled = await effect.poll(ctx, action, started.task_id, **held)
+        assert not isinstance(polled, Failed | Unknown), polled
+        return polled if isinstance(polled, Applied) else None
+
+    applied = await eventually_async(settled, Within.COMMIT, "the task settles the action", interval=0.5)
+    assert "# Research Report: ledger" in str(applied.outcome["content"])
+    assert applied.outcome["task"] == started.task_id
+    assert len(proxy.requests("tools/call")) == 1
+
+    other = await effect.dispatch(ctx, Action("run/1/research", target, {"topic": "cancel me"}))
+    assert isinstance(other, Tasked)
+    answer = await effect.cancel(ctx, action, other.task_id, protocol=other.protocol, session=other.session)
+    assert answer.startswith("cancelled"), answer
+    gone = await effect.poll(ctx, action, other.task_id, protocol=TASK_FORM_2025, session="no-such-session")
+    assert isinstance(gone, Unknown), gone
+    assert gone.reason == "McpTaskUnknown"
