@@ -114,3 +114,45 @@ def test_the_reference_servers_task_survives_a_kill_and_its_result_is_fetched_no
     told = tool_results(model.calls()["requests"], TOOL)
     assert told, "the task's result reached the model"
     assert "# Research Report: durable agents" in json.dumps(told)
+
+
+def test_canceling_the_run_cancels_the_reference_servers_task_in_its_session(
+    start_operator: Callable[..., OperatorProcess],
+    runs: Runs,
+    agent_namespace: str,
+    model: ModelServerThread,
+    refsystem: ReferenceSystemThread,
+    everything: EverythingServer,
+    recorded: RecordingProxy,
+) -> None:
+    # The task works 4 s: the run is canceled as soon as its record holds the task, and the next
+    # poll (every second, the server's interval) cancels it at the server first.
+    model.set_script(script([(TOOL, {"topic": "canceled research"})]))
+    spec = agent_spec(model, refsystem)
+    spec["agent"]["tools"] = []
+    spec["agent"]["mcpServers"] = [{"name": "everything", "url": recorded.url, "tools": [TOOL]}]
+    start_operator("everything-tasks-cancel", LEASE, **FAST_CLAIMS)
+    name = runs.create(spec)
+    approve_each(runs, name, 1)
+
+    def task_recorded() -> dict[str, Any] | None:
+        shown = [r for r in records(runs) if (r.get("status") or {}).get("task")]
+        return shown[0]["status"]["task"] if shown else None
+
+    task = eventually(
+        task_recorded, Within.RUN, "an ActionRecord with server-everything's task", interval=0.05
+    )
+    runs.patch_spec(name, {"cancellations": {"stop": {"scope": "task"}}})
+    done = runs.wait_state(name, "canceled", "completed", "failed", timeout=Within.RUN)
+    assert done["status"]["state"] == "canceled"
+    cancels = recorded.requests("tasks/cancel")
+    assert cancels, "the task was canceled at the server"
+    # Sent once as a rule; a second, concurrent poll of the same record may send it again before
+    # the first write lands (the server then answers that the task is already cancelled).
+    assert {(c["params"]["taskId"], c["session"]) for c in cancels} == {(task["id"], task["session"])}
+    [final] = records(runs)
+    status = final["status"]
+    assert (status["state"], status["reason"]) == ("failed", "McpTaskCancelled"), status
+    answers = [e.message for e in runs.events(final["metadata"]["name"]) if e.reason == "TaskCancelRequested"]
+    assert any(f"task {task['id']}: cancelled" in str(said) for said in answers), answers
+    assert not recorded.requests("tasks/result"), "a canceled task's result is not fetched"
