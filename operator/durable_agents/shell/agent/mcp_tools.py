@@ -58,7 +58,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast, overload
 import httpx2
 
 from durable_agents.core.agent.mcp_content import model_content, schema_mismatch
-from durable_agents.core.agent.mcp_tasks import TASK_FORM_2025, TASK_FORM_EXTENSION, TASK_TTL_MS
+from durable_agents.core.agent.mcp_tasks import TASK_FORM_2025, TASK_TTL_MS
 from durable_agents.core.digest import canonical_digest
 from durable_agents.shell.agent.mcp_answers import (
     OUTCOME_MAX_BYTES,
@@ -354,7 +354,7 @@ async def _answer(
         else:
             raw = await client.session.send_request(request, raw_type, progress_callback=progress)
         if tasks and raw.get("resultType") == "task":  # a durable handle, not a result
-            return replace(task_of(raw), protocol=TASK_FORM_EXTENSION)
+            return task_of(raw)  # no protocol: the extension's (its records as before)
         if ask_task and (created := created_task(raw)) is not None:  # 2025-11-25: a handle too
             return replace(created, protocol=TASK_FORM_2025)
         return adapter.validate_python(raw, by_name=False)
