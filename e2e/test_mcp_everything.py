@@ -68,7 +68,7 @@ NOT_CALLED: dict[str, str] = {
     "trigger-elicitation-request": "elicitation: branch mcp-elicit (issue 36, item 1)",
     "trigger-url-elicitation": "elicitation: branch mcp-elicit (issue 36, item 1)",
     "trigger-elicitation-request-async": "elicitation as a client task: branches mcp-elicit and mcp-tasks",
-    "simulate-research-query": "a task-augmented call: branch mcp-tasks (issue 36, item 2)",
+    "simulate-research-query": "a 2025-11-25 task through the ledger: e2e/test_mcp_everything_tasks.py",
     "trigger-sampling-request-async": "sampling as a client task: branch mcp-tasks (issue 36, item 2)",
     "trigger-sampling-request": "sampling under policy: e2e/test_mcp_sampling.py (issue 36, item 3)",
 }

@@ -71,6 +71,8 @@ def outcome_payload(name: str, key: str, status: ActionRecordStatus) -> dict[str
     }
     if status.task is not None:  # only then: the stamps of records without a task are unchanged
         payload["task"] = {"id": status.task.id, "server": status.task.server}
+        if status.task.protocol is not None:  # only then: the stamps of earlier tasks are unchanged
+            payload["task"] |= {"protocol": status.task.protocol, "session": status.task.session}
     if status.input is not None:  # only then, likewise: what is asked and echoed is the operator's
         payload["input"] = canonical_digest(status.input.model_dump(mode="json", by_alias=True))
     return payload

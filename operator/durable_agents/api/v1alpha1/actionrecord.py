@@ -168,6 +168,13 @@ class ActionTask(ApiModel):
     """When the operator asked the server to cancel the task (its run was canceled)."""
     cancel_answer: str | None = Field(default=None, max_length=512)
     """What the server answered to the cancellation (its task status, or its error)."""
+    protocol: Literal["2026-07-28", "2025-11-25"] | None = None
+    """The form of the task, which says how it is polled: absent (or ``2026-07-28``) for the tasks
+    extension (``tasks/get`` carrying the result), ``2025-11-25`` for ``tasks/get`` in the task's
+    MCP session, then ``tasks/result``. Covered by the outcome stamp when set."""
+    session: str | None = Field(default=None, max_length=256)
+    """The MCP session a 2025-11-25 task lives in (the server keeps its tasks per session): the
+    polls are sent in it. Covered by the outcome stamp."""
 
 
 REQUEST_STATE_MAX = 16 * 1024

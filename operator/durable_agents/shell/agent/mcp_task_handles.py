@@ -8,7 +8,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-__all__ = ["TASKS_EXTENSION", "McpTask", "raw_answer", "task_of", "tasks_extension"]
+from durable_agents.shell.agent.mcp_answers import McpError, McpResult
+
+__all__ = [
+    "TASKS_EXTENSION",
+    "McpTask",
+    "McpTaskUnknown",
+    "TaskPoll",
+    "raw_answer",
+    "task_of",
+    "tasks_extension",
+]
 
 TASKS_EXTENSION: Final = "io.modelcontextprotocol/tasks"
 _MESSAGE_MAX: Final = 512
@@ -16,12 +26,29 @@ _MESSAGE_MAX: Final = 512
 
 @dataclass(frozen=True)
 class McpTask:
-    """A task the server answered a call with, or its state as ``tasks/get`` told it."""
+    """A task the server answered a call with, or its state as ``tasks/get`` told it.
+    ``protocol``: its form (:mod:`durable_agents.core.agent.mcp_tasks`; None: the extension);
+    ``session``: the MCP session a 2025-11-25 task lives in."""
 
     id: str
     status: str
     status_message: str | None = None
     poll_interval_ms: int | None = None
+    protocol: str | None = None
+    session: str | None = None
+
+
+class McpTaskUnknown(McpError):
+    """The server answered that it does not know the task (or named another one)."""
+
+
+@dataclass(frozen=True)
+class TaskPoll:
+    """What ``tasks/get`` said: the task's status, and for a completed task its result."""
+
+    task: McpTask
+    result: McpResult | None = None
+    error: str | None = None
 
 
 def tasks_extension() -> Any:

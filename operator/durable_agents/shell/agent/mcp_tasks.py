@@ -27,16 +27,22 @@ another call's result.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from durable_agents.core.agent.mcp_tasks import TASK_FORM_2025, task_form
 from durable_agents.shell.agent.mcp_notices import ServerLog
-from durable_agents.shell.agent.mcp_task_handles import TASKS_EXTENSION, McpTask, raw_answer, task_of
+from durable_agents.shell.agent.mcp_task_handles import (
+    TASKS_EXTENSION,
+    McpTask,
+    McpTaskUnknown,
+    TaskPoll,
+    raw_answer,
+    task_of,
+)
+from durable_agents.shell.agent.mcp_task_polls_2025 import cancel_in_session, poll_in_session
 from durable_agents.shell.agent.mcp_tools import (
     NO_ACCESS,
     McpAccess,
-    McpError,
-    McpResult,
     McpUnreachable,
     _checked,
     _connect,
@@ -61,19 +67,6 @@ __all__ = [
 
 TERMINAL_TASK_STATUSES = frozenset({"completed", "failed", "cancelled"})
 _MESSAGE_MAX = 512
-
-
-class McpTaskUnknown(McpError):
-    """The server answered that it does not know the task (or named another one)."""
-
-
-@dataclass(frozen=True)
-class TaskPoll:
-    """What ``tasks/get`` said: the task's status, and for a completed task its result."""
-
-    task: McpTask
-    result: McpResult | None = None
-    error: str | None = None
 
 
 def _request(method: Literal["tasks/get", "tasks/cancel"], task_id: str) -> Any:
@@ -110,9 +103,15 @@ async def poll_task(
     access: McpAccess = NO_ACCESS,
     server: str = "",
     tool: str | None = None,
+    protocol: str | None = None,
+    session: str | None = None,
 ) -> TaskPoll:
     """``tasks/get`` for ``task_id`` once (module docstring); a read: safe to repeat. A completed
-    task's result is checked against ``tool``'s output schema, like a direct answer."""
+    task's result is checked against ``tool``'s output schema, like a direct answer. A task of
+    the 2025-11-25 form (``protocol``) is asked in its ``session``, its result fetched by
+    ``tasks/result`` (:mod:`.mcp_task_polls_2025`)."""
+    if task_form(protocol) == TASK_FORM_2025:
+        return await poll_in_session(url, task_id, session, timeout=timeout, access=access)
     seen = _Seen(ServerLog(server or url))
     try:
         async with asyncio.timeout(timeout), _connect(url, access, seen, tasks=True) as client:
@@ -161,9 +160,13 @@ async def cancel_task(
     timeout: float,  # noqa: ASYNC109
     access: McpAccess = NO_ACCESS,
     server: str = "",
+    protocol: str | None = None,
+    session: str | None = None,
 ) -> str:
     """``tasks/cancel`` for ``task_id``; the server's answer in words (its status, or its error,
     or why it could not be asked), for the record. Never raises an :class:`McpError`."""
+    if task_form(protocol) == TASK_FORM_2025:
+        return await cancel_in_session(url, task_id, session, timeout=timeout, access=access)
     seen = _Seen(ServerLog(server or url))
     try:
         async with asyncio.timeout(timeout), _connect(url, access, seen, tasks=True) as client:

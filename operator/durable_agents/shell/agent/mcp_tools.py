@@ -52,12 +52,13 @@ import asyncio
 import ssl
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, cast, overload
 
 import httpx2
 
 from durable_agents.core.agent.mcp_content import model_content, schema_mismatch
+from durable_agents.core.agent.mcp_tasks import TASK_FORM_2025, TASK_TTL_MS
 from durable_agents.core.digest import canonical_digest
 from durable_agents.shell.agent.mcp_answers import (
     OUTCOME_MAX_BYTES,
@@ -82,6 +83,7 @@ from durable_agents.shell.agent.mcp_notices import (
     bound_response,
 )
 from durable_agents.shell.agent.mcp_sampling import refuse_sampling
+from durable_agents.shell.agent.mcp_tool_entries import McpTool
 from durable_agents.shell.ground import tracing
 
 # The SDK is imported on first use: building its pydantic models takes seconds of CPU, which every
@@ -140,39 +142,6 @@ NO_ACCESS = McpAccess()
 _HTTP_TIMEOUT = httpx2.Timeout(30.0, read=300.0)
 
 
-@dataclass(frozen=True)
-class McpTool:
-    """A tool as the operator sees it. ``server`` is the name the run gives the MCP server.
-
-    ``read_only`` is ``annotations.readOnlyHint``; absent means ``False``: an unannotated tool is
-    treated as consequential. ``destructive`` is ``annotations.destructiveHint``; absent means
-    ``True`` (the MCP default) for a tool that is not read-only, ``False`` for a read-only one (the
-    hint only means something when ``readOnlyHint`` is false). Annotations are hints a server
-    states about itself, not guarantees.
-    """
-
-    server: str
-    name: str
-    description: str
-    input_schema: dict[str, Any]
-    read_only: bool
-    destructive: bool
-
-    @classmethod
-    def from_sdk(cls, server: str, tool: Tool) -> McpTool:
-        annotations = tool.annotations
-        read_only = annotations is not None and annotations.read_only_hint is True
-        hint = annotations.destructive_hint if annotations is not None else None
-        return cls(
-            server=server,
-            name=tool.name,
-            description=tool.description or "",
-            input_schema=dict(tool.input_schema),
-            read_only=read_only,
-            destructive=hint if hint is not None else not read_only,
-        )
-
-
 def _verify(access: McpAccess) -> ssl.SSLContext | bool:
     if access.ca_pem is None:
         return True
@@ -183,11 +152,14 @@ def _verify(access: McpAccess) -> ssl.SSLContext | bool:
 class _Seen:
     """What a connection observed besides its answers: refusals of its credentials (401/403: the
     SDK reports them only as "an error response", which would not say why), responses cut at
-    their size bound, the server's log notifications."""
+    their size bound, the server's log notifications; the MCP session, kept open when a call
+    is answered with a 2025-11-25 task (``keep_session``: it lives there)."""
 
     server_log: ServerLog
     refused: list[int] = field(default_factory=list)
     cut: list[str] = field(default_factory=list)
+    session: str | None = None
+    keep_session: bool = False
 
 
 @asynccontextmanager
@@ -196,17 +168,20 @@ async def _connect(
 ) -> AsyncIterator[Client]:
     """A client of ``url`` sending ``access``, observed into ``seen``. The client declares sampling
     always (:mod:`.mcp_sampling`): ``sampling`` answers, else every request is refused;
-    ``tasks``: declaring the tasks extension (:mod:`.mcp_tasks`)."""
+    ``tasks``: declaring tasks (the extension, :mod:`.mcp_tasks`; the 2025-11-25 capability,
+    the session left open unless ``seen.keep_session`` is not set, :mod:`.mcp_task_sessions`)."""
     from mcp import Client
     from mcp.client.streamable_http import streamable_http_client
     from mcp_types import Implementation
 
     from durable_agents.shell.agent.mcp_task_handles import tasks_extension
+    from durable_agents.shell.agent.mcp_task_sessions import SESSION_HEADER, end_session, tasks_client
 
     async def note(response: httpx2.Response) -> None:
         if response.status_code in (401, 403):
             seen.refused.append(response.status_code)
         bound_response(response, seen.cut)  # before its body is read, whatever transport read it
+        seen.session = response.headers.get(SESSION_HEADER) or seen.session
 
     info = Implementation(name="durable-agents", version="1")
     http = httpx2.AsyncClient(
@@ -218,8 +193,8 @@ async def _connect(
     async with http:
         # cache=None: every listing is fetched from the server (a tool list is pinned by digest).
         # log_level: the opt-in to the server's log notifications (2026-07-28), bounded by ServerLog.
-        transport = streamable_http_client(url, http_client=http)
-        client = Client(
+        transport = streamable_http_client(url, http_client=http, terminate_on_close=not tasks)
+        client = (tasks_client() if tasks else Client)(
             transport,
             cache=None,
             client_info=info,
@@ -233,6 +208,8 @@ async def _connect(
                 yield client
         finally:
             seen.server_log.close()
+            if tasks and seen.session and not seen.keep_session:
+                await end_session(http, url, seen.session)
 
 
 async def _all_tools(client: Client) -> list[Tool]:
@@ -347,27 +324,39 @@ async def _answer(
     tasks: bool,
     request_state: str | None,
     input_responses: Mapping[str, Any] | None,
+    ask_task: bool = False,
 ) -> McpResult | McpTask | McpError:
     """Send the ``tools/call`` (again while the server only echoes its state) and read its answer:
-    a result, a task handle (``tasks``), or :class:`McpInputRequired` for a server that asks."""
-    from mcp_types import CallToolRequest, CallToolRequestParams, InputRequiredResult
+    a result, a task handle (``tasks``; ``ask_task``: asked for, 2025-11-25), or
+    :class:`McpInputRequired` for a server that asks."""
+    from mcp_types import CallToolRequest, CallToolRequestParams, InputRequiredResult, TaskMetadata
 
     from durable_agents.shell.agent.mcp_task_handles import McpTask, raw_answer, task_of
+    from durable_agents.shell.agent.mcp_task_sessions import created_task, send_unchecked
 
     raw_type = raw_answer()  # the answer as sent: a result, an input request or (tasks) a task handle
     adapter = call_result_adapter()  # a result or an input request, told apart by resultType
 
     async def send(state: str | None, responses: Any = None) -> Any:
         params = CallToolRequestParams(
-            name=tool, arguments=arguments, input_responses=responses, request_state=state, _meta=meta
+            name=tool,
+            arguments=arguments,
+            input_responses=responses,
+            request_state=state,
+            task=TaskMetadata(ttl=TASK_TTL_MS) if ask_task else None,
+            _meta=meta,
         )
         # send_request, not session.call_tool: the SDK's call_tool raises on a result that does
         # not match the output schema, which would lose a definite answer.
-        raw = await client.session.send_request(
-            CallToolRequest(params=params), raw_type, progress_callback=ProgressSeen(on_progress)
-        )
+        request, progress = CallToolRequest(params=params), ProgressSeen(on_progress)
+        if ask_task:  # a CreateTaskResult is no tools/call result to the SDK: checked below
+            raw = await send_unchecked(client.session, request, progress)
+        else:
+            raw = await client.session.send_request(request, raw_type, progress_callback=progress)
         if tasks and raw.get("resultType") == "task":  # a durable handle, not a result
-            return task_of(raw)
+            return task_of(raw)  # no protocol: the extension's (its records as before)
+        if ask_task and (created := created_task(raw)) is not None:  # 2025-11-25: a handle too
+            return replace(created, protocol=TASK_FORM_2025)
         return adapter.validate_python(raw, by_name=False)
 
     got = await retried_while_state_only(await send(request_state, input_responses), send)
@@ -376,6 +365,16 @@ async def _answer(
     if isinstance(got, InputRequiredResult):
         return McpInputRequired(url, tool, input_required(server or url, tool, got))
     return await _checked(client, tool, got)
+
+
+def _in_session(
+    answer: McpResult | McpTask | McpError | None, seen: _Seen
+) -> McpResult | McpTask | McpError | None:
+    """A 2025-11-25 task with the session it lives in, the session kept open for its polls."""
+    if getattr(answer, "protocol", None) != TASK_FORM_2025:
+        return answer
+    seen.keep_session = True
+    return replace(cast("McpTask", answer), session=seen.session)
 
 
 @overload
@@ -430,8 +429,8 @@ async def call_tool(
     request_state: str | None = None,
 ) -> McpResult | McpTask:
     """Call ``tool`` once with ``arguments``; ``idempotency_key`` goes in the request's ``_meta``.
-    ``tasks``: the tasks extension is declared, and a task handle the server answers with is
-    returned as a :class:`~.mcp_tasks.McpTask` (to be polled, :mod:`.mcp_tasks`).
+    ``tasks``: tasks are declared (the extension; 2025-11-25: asked of a task-capable tool), and a
+    task handle the server answers with is returned as a :class:`~.mcp_tasks.McpTask` (polled).
 
     ``timeout`` bounds the whole operation (connect, handshake, listing, call). Returns the
     server's answer, a tool error included (``is_error``; a result that does not match the tool's
@@ -447,6 +446,7 @@ async def call_tool(
     from mcp_types import RequestParamsMeta
 
     from durable_agents.shell.agent.mcp_task_handles import McpTask
+    from durable_agents.shell.agent.mcp_task_sessions import asks_task
 
     # The W3C traceparent of the current span (a dispatch's, a tool call's): the server may join it.
     items: dict[str, Any] = tracing.traceparent()
@@ -454,14 +454,14 @@ async def call_tool(
         items[IDEMPOTENCY_META_KEY] = idempotency_key
     # RequestParamsMeta is an open TypedDict (PEP 728 extra items), which mypy cannot express.
     meta = cast(RequestParamsMeta, items) if items else None
-    listed = sent = False
+    sent = False
     seen = _Seen(ServerLog(server or url))
     answer: McpResult | McpTask | McpError | None = None
     try:
         async with asyncio.timeout(timeout):
             async with _connect(url, access, seen, sampling, tasks=tasks) as client:
-                listed = tool in {known.name for known in await _all_tools(client)}
-                if listed:
+                entry = next((known for known in await _all_tools(client) if known.name == tool), None)
+                if entry is not None:
                     sent = True
                     answer = await _answer(
                         client,
@@ -474,7 +474,9 @@ async def call_tool(
                         tasks,
                         request_state,
                         input_responses,
+                        asks_task(client, entry, can_hold=tasks),
                     )
+                answer = _in_session(answer, seen)
     except Exception as exc:
         if isinstance(answer, McpResult | McpTask):
             # The answer arrived; only closing the connection failed.

@@ -54,6 +54,10 @@ class Tasked:
     status: str
     status_message: str | None = None
     poll_interval_ms: int | None = None
+    protocol: str | None = None
+    """The task's form (an MCP task: ``2025-11-25`` or the extension's); kept with the handle."""
+    session: str | None = None
+    """The session the task lives in, when the form has one."""
 
 
 @dataclass(frozen=True)
@@ -108,6 +112,22 @@ class Effect(Protocol):
 class TaskEffect(Effect, Protocol):
     """An effect whose dispatch may answer :class:`Tasked`: it polls and cancels the handle."""
 
-    async def poll(self, ctx: EffectContext, action: Action, task_id: str) -> TaskPollResult: ...
+    async def poll(
+        self,
+        ctx: EffectContext,
+        action: Action,
+        task_id: str,
+        *,
+        protocol: str | None = None,
+        session: str | None = None,
+    ) -> TaskPollResult: ...
 
-    async def cancel(self, ctx: EffectContext, action: Action, task_id: str) -> str: ...
+    async def cancel(
+        self,
+        ctx: EffectContext,
+        action: Action,
+        task_id: str,
+        *,
+        protocol: str | None = None,
+        session: str | None = None,
+    ) -> str: ...

@@ -145,20 +145,45 @@ class McpCall:
         except McpError as err:  # not sent: unreachable, or the tool is not listed
             return Failed(type(err).__name__, str(err))
         if isinstance(result, McpTask):  # a durable handle: the dispatcher records it, then polls
-            return Tasked(result.id, result.status, result.status_message, result.poll_interval_ms)
+            return Tasked(
+                result.id,
+                result.status,
+                result.status_message,
+                result.poll_interval_ms,
+                protocol=result.protocol,
+                session=result.session,
+            )
         if result.is_error:
             return Failed("McpToolError", f"{tool} answered an error: {str(result.content)[:512]}")
         return Applied({"tool": tool, "content": bounded_content(result.content)})
 
-    async def poll(self, ctx: EffectContext, action: Action, task_id: str) -> TaskPollResult:
-        """``tasks/get`` once: the task's result once terminal, unknown when the server no longer
-        knows the task, else the task as it stands (also when the server did not answer)."""
+    async def poll(
+        self,
+        ctx: EffectContext,
+        action: Action,
+        task_id: str,
+        *,
+        protocol: str | None = None,
+        session: str | None = None,
+    ) -> TaskPollResult:
+        """``tasks/get`` once (``protocol``: the task's form, ``session``: its MCP session): the
+        task's result once terminal, unknown when the server no longer knows the task, else the
+        task as it stands (also when the server did not answer)."""
         url, tool = action.target.get("url"), str(action.target.get("tool"))
         if not isinstance(url, str):
             return Unknown("InvalidTarget", "mcp.call needs target.url")
         try:
             access = await _access(ctx, action.target.get("server"))
-            polled = await poll_task(url, task_id, timeout=ctx.timeout, access=access, server=url, tool=tool)
+            polled = await poll_task(
+                url,
+                task_id,
+                timeout=ctx.timeout,
+                access=access,
+                server=url,
+                tool=tool,
+                protocol=protocol,
+                session=session,
+            )
         except Unresolvable as err:  # asked again later: the Secret may come back
             return Tasked(task_id, "working", f"not polled: {err}"[:512])
         except McpTaskUnknown as err:
@@ -177,7 +202,15 @@ class McpCall:
             )
         return Tasked(task.id, task.status, task.status_message, task.poll_interval_ms)
 
-    async def cancel(self, ctx: EffectContext, action: Action, task_id: str) -> str:
+    async def cancel(
+        self,
+        ctx: EffectContext,
+        action: Action,
+        task_id: str,
+        *,
+        protocol: str | None = None,
+        session: str | None = None,
+    ) -> str:
         """``tasks/cancel``: the server's answer in words."""
         url = action.target.get("url")
         if not isinstance(url, str):
@@ -186,7 +219,9 @@ class McpCall:
             access = await _access(ctx, action.target.get("server"))
         except Unresolvable as err:
             return f"not sent: {err}"[:512]
-        return await cancel_task(url, task_id, timeout=ctx.timeout, access=access, server=url)
+        return await cancel_task(
+            url, task_id, timeout=ctx.timeout, access=access, server=url, protocol=protocol, session=session
+        )
 
     async def query(self, ctx: EffectContext, action: Action) -> QueryResult:
         url, query = action.target.get("url"), action.target.get("queryTool")

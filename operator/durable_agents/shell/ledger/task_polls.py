@@ -167,6 +167,8 @@ class TaskPolls:
             status_message=result.status_message,
             poll_interval_ms=result.poll_interval_ms,
             created_at=now,
+            protocol=result.protocol,  # how it is polled, by whichever dispatcher polls it
+            session=result.session,
         )
         update: dict[str, Any] = {
             "claim_expires_at": None,
@@ -199,7 +201,7 @@ class TaskPolls:
         action = Action(spec.idempotency_key, dict(spec.target or {}), {})
         now = datetime.now(UTC)
         if _run_canceled(run_body) and task.cancel_requested_at is None:
-            answer = await effect.cancel(ctx, action, task.id)
+            answer = await effect.cancel(ctx, action, task.id, protocol=task.protocol, session=task.session)
             log.info("%s/%s: task %s canceled at the server: %s", *_key(body), task.id, answer)
             await self.writes.event(body, "TaskCancelRequested", f"task {task.id}: {answer}")
             task = task.model_copy(update={"cancel_requested_at": now, "cancel_answer": answer[:512]})
@@ -207,7 +209,7 @@ class TaskPolls:
             status = ActionRecordStatus.model_validate(body["status"])
         if now - task.created_at > wait_max:
             return await self._expired(body, status, task, effect, ctx, action, wait_max)
-        result = await effect.poll(ctx, action, task.id)
+        result = await effect.poll(ctx, action, task.id, protocol=task.protocol, session=task.session)
         metrics.ACTION_QUERIES.labels(spec.effect, f"Task{type(result).__name__}").inc()
         polled = task.model_copy(update={"polls": task.polls + 1, "polled_at": now})
         if isinstance(result, Tasked):
@@ -251,7 +253,9 @@ class TaskPolls:
         wait_max: timedelta,
     ) -> dict[str, Any]:
         """Waited too long: canceled at the server; whether the call applied is unknown."""
-        answer = task.cancel_answer or await effect.cancel(ctx, action, task.id)
+        answer = task.cancel_answer or await effect.cancel(
+            ctx, action, task.id, protocol=task.protocol, session=task.session
+        )
         message = f"task {task.id} did not end within {wait_max}; canceled at the server: {answer}"
         stopped = task.model_copy(
             update={
