@@ -146,10 +146,8 @@ def test_canceling_the_run_cancels_the_reference_servers_task_in_its_session(
     done = runs.wait_state(name, "canceled", "completed", "failed", timeout=Within.RUN)
     assert done["status"]["state"] == "canceled"
     cancels = recorded.requests("tasks/cancel")
-    assert cancels, "the task was canceled at the server"
-    # Sent once as a rule; a second, concurrent poll of the same record may send it again before
-    # the first write lands (the server then answers that the task is already cancelled).
-    assert {(c["params"]["taskId"], c["session"]) for c in cancels} == {(task["id"], task["session"])}
+    # Once: a poll that meets a conflict after sending, or runs beside another, reuses the answer.
+    assert [(c["params"]["taskId"], c["session"]) for c in cancels] == [(task["id"], task["session"])], cancels
     [final] = records(runs)
     status = final["status"]
     assert (status["state"], status["reason"]) == ("failed", "McpTaskCancelled"), status

@@ -26,8 +26,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
@@ -86,6 +87,26 @@ class TaskPolls:
     ) -> None:
         self.kube, self.writes, self.runs, self.config = kube, writes, runs, config
         self.context_of, self.policies = context_of, policies
+        # Cancels sent by this process and not yet in the record, by (record UID, task ID): a poll
+        # that meets a 409 after sending, or runs beside another poll of the record, reuses the
+        # answer instead of sending ``tasks/cancel`` again.
+        self._cancels: dict[tuple[str, str], asyncio.Future[str]] = {}
+
+    async def _cancel_once(self, body: dict[str, Any], task_id: str, send: Callable[[], Awaitable[str]]) -> str:
+        """The server's answer to this task's cancel, sent at most once by this process until the
+        record holds it (the caller writes it, then :meth:`_cancel_written`)."""
+        key = (str(body["metadata"].get("uid", "")), task_id)
+        pending = self._cancels.get(key)
+        if pending is None:
+            pending = self._cancels[key] = asyncio.ensure_future(send())
+            answer = await _forget_on_error(self._cancels, key, pending)
+            log.info("%s/%s: task %s canceled at the server: %s", *_key(body), task_id, answer)
+            await self.writes.event(body, "TaskCancelRequested", f"task {task_id}: {answer}")
+            return answer
+        return await _forget_on_error(self._cancels, key, pending)
+
+    def _cancel_written(self, body: dict[str, Any], task_id: str) -> None:
+        self._cancels.pop((str(body["metadata"].get("uid", "")), task_id), None)
 
     async def _wait_max(self, namespace: str, run_body: dict[str, Any] | None) -> timedelta:
         """The run's policy's bound on an external wait (``waitExpiries.external``)."""
@@ -201,11 +222,15 @@ class TaskPolls:
         action = Action(spec.idempotency_key, dict(spec.target or {}), {})
         now = datetime.now(UTC)
         if _run_canceled(run_body) and task.cancel_requested_at is None:
-            answer = await effect.cancel(ctx, action, task.id, protocol=task.protocol, session=task.session)
-            log.info("%s/%s: task %s canceled at the server: %s", *_key(body), task.id, answer)
-            await self.writes.event(body, "TaskCancelRequested", f"task {task.id}: {answer}")
+            sent = task  # the task as it was when the cancel was sent (for the closure below)
+            answer = await self._cancel_once(
+                body,
+                task.id,
+                lambda: effect.cancel(ctx, action, sent.id, protocol=sent.protocol, session=sent.session),
+            )
             task = task.model_copy(update={"cancel_requested_at": now, "cancel_answer": answer[:512]})
             body = await self._write_task(body, status, task)
+            self._cancel_written(body, task.id)
             status = ActionRecordStatus.model_validate(body["status"])
         if now - task.created_at > wait_max:
             return await self._expired(body, status, task, effect, ctx, action, wait_max)
@@ -269,6 +294,18 @@ class TaskPolls:
         )
         await self.writes.event(out, "TaskWaitExpired", message, warning=True)
         return out
+
+
+async def _forget_on_error(
+    pending: dict[tuple[str, str], asyncio.Future[str]], key: tuple[str, str], future: asyncio.Future[str]
+) -> str:
+    """``future``'s answer; a cancel that failed is forgotten, so that the next poll sends it again."""
+    try:
+        return await asyncio.shield(future)
+    except BaseException:
+        if future.done():
+            pending.pop(key, None)
+        raise
 
 
 def _key(body: dict[str, Any]) -> tuple[str, str]:
