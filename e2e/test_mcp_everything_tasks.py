@@ -147,7 +147,8 @@ def test_canceling_the_run_cancels_the_reference_servers_task_in_its_session(
     assert done["status"]["state"] == "canceled"
     cancels = recorded.requests("tasks/cancel")
     # Once: a poll that meets a conflict after sending, or runs beside another, reuses the answer.
-    assert [(c["params"]["taskId"], c["session"]) for c in cancels] == [(task["id"], task["session"])], cancels
+    sent = [(c["params"]["taskId"], c["session"]) for c in cancels]
+    assert sent == [(task["id"], task["session"])], cancels
     [final] = records(runs)
     status = final["status"]
     assert (status["state"], status["reason"]) == ("failed", "McpTaskCancelled"), status

@@ -92,7 +92,9 @@ class TaskPolls:
         # answer instead of sending ``tasks/cancel`` again.
         self._cancels: dict[tuple[str, str], asyncio.Future[str]] = {}
 
-    async def _cancel_once(self, body: dict[str, Any], task_id: str, send: Callable[[], Awaitable[str]]) -> str:
+    async def _cancel_once(
+        self, body: dict[str, Any], task_id: str, send: Callable[[], Awaitable[str]]
+    ) -> str:
         """The server's answer to this task's cancel, sent at most once by this process until the
         record holds it (the caller writes it, then :meth:`_cancel_written`)."""
         key = (str(body["metadata"].get("uid", "")), task_id)
