@@ -50,7 +50,12 @@ from durable_agents.core.engine.runtime import deployment_change
 from durable_agents.core.engine.snapshot import NOTHING_OBSERVED, Observations, RunSnapshot, Settings
 from durable_agents.core.engine.subagents import reconcile_sub_agents
 from durable_agents.core.engine.validation import resume_validation
-from durable_agents.core.engine.waits import ask_server_input, leave_external_wait, leave_input_wait
+from durable_agents.core.engine.waits import (
+    ask_server_input,
+    closed_server_question,
+    leave_external_wait,
+    leave_input_wait,
+)
 from durable_agents.core.planner import Planner
 from durable_agents.core.positions import stamp_position
 from durable_agents.core.reconciliations import reconciliation_to_refuse
@@ -254,7 +259,7 @@ def _by_state(
     if unverified is not None:
         return unverified
     if state is RunState.WAITING_INPUT:
-        return leave_input_wait(builder, settings)
+        return closed_server_question(builder, observed.actions) or leave_input_wait(builder, settings)
     if state is RunState.WAITING_EXTERNAL:
         return _waiting_external(builder, planner, settings, observed)
     if state is RunState.WAITING_APPROVAL:

@@ -36,6 +36,7 @@ __all__ = [
     "call_result_adapter",
     "input_required",
     "input_responses",
+    "may_be_task",
     "retried_while_state_only",
 ]
 
@@ -117,8 +118,8 @@ class HoldOpen:
     (``INVALID_PARAMS``, the field named): told to the server, no person asked. An answer that
     takes longer than ``hold`` seconds (the policy's bound) is ``cancel``; past
     :data:`MAX_INPUT_ROUNDS` questions in one call every further one is refused. The request's
-    JSON-RPC id is the question's key. Not yet given to the client (the capability stays
-    undeclared) until ``ask`` is wired to the run's questions.
+    JSON-RPC id is the question's key. Given to the client of a ledger call
+    (:mod:`durable_agents.shell.ledger.held_calls` wires ``ask`` to the run's questions).
     """
 
     def __init__(self, server: str, tool: str, ask: AskPerson, *, hold: float) -> None:
@@ -147,6 +148,13 @@ class HoldOpen:
         except TimeoutError:  # held as long as the policy allows: the person did not answer
             return ElicitResult(action="cancel")
         return ElicitResult(action=answer.action, content=answer.content)
+
+
+def may_be_task(tool: Any) -> bool:
+    """Whether ``tool`` (an SDK ``Tool``, None: not listed) may run as a task: its questions then
+    go through the task (``tasks/get`` input_required), never a call held open."""
+    execution = getattr(tool, "execution", None)
+    return execution is not None and execution.task_support in ("optional", "required")
 
 
 @cache  # building the adapter costs CPU: once per process

@@ -72,6 +72,7 @@ from durable_agents.shell.agent.mcp_answers import (
 from durable_agents.shell.agent.mcp_elicitation import (
     call_result_adapter,
     input_required,
+    may_be_task,
     retried_while_state_only,
 )
 from durable_agents.shell.agent.mcp_notices import (
@@ -88,7 +89,7 @@ from durable_agents.shell.ground import tracing
 # operator start (a takeover, a restarted Pod) would pay, MCP servers or not.
 if TYPE_CHECKING:
     from mcp import Client
-    from mcp.client.session import SamplingFnT
+    from mcp.client.session import ElicitationFnT, SamplingFnT
     from mcp_types import CallToolResult, RequestParamsMeta, Tool
 
     from durable_agents.shell.agent.mcp_task_handles import McpTask
@@ -192,11 +193,13 @@ class _Seen:
 
 @asynccontextmanager
 async def _connect(
-    url: str, access: McpAccess, seen: _Seen, sampling: SamplingFnT | None = None, *, tasks: bool = False
-) -> AsyncIterator[Client]:
+    url: str, access: McpAccess, seen: _Seen, sampling: SamplingFnT | None = None, *,
+    tasks: bool = False, elicitation: ElicitationFnT | None = None,
+) -> AsyncIterator[Client]:  # fmt: skip
     """A client of ``url`` sending ``access``, observed into ``seen``. The client declares sampling
     always (:mod:`.mcp_sampling`): ``sampling`` answers, else every request is refused;
-    ``tasks``: declaring the tasks extension (:mod:`.mcp_tasks`)."""
+    ``tasks``: declaring the tasks extension (:mod:`.mcp_tasks`); ``elicitation``: declaring
+    elicitation (form and URL) answered by it (a ledger call held open: :class:`.HoldOpen`)."""
     from mcp import Client
     from mcp.client.streamable_http import streamable_http_client
     from mcp_types import Implementation
@@ -227,6 +230,7 @@ async def _connect(
             log_level="info",
             extensions=[tasks_extension()] if tasks else None,
             sampling_callback=sampling or refuse_sampling,
+            elicitation_callback=elicitation,
         )
         try:
             async with client:
@@ -393,6 +397,7 @@ async def call_tool(
     sampling: SamplingFnT | None = ...,
     input_responses: Mapping[str, Any] | None = ...,
     request_state: str | None = ...,
+    elicitation: ElicitationFnT | None = ...,
 ) -> McpResult: ...
 
 
@@ -411,6 +416,7 @@ async def call_tool(
     sampling: SamplingFnT | None = ...,
     input_responses: Mapping[str, Any] | None = ...,
     request_state: str | None = ...,
+    elicitation: ElicitationFnT | None = ...,
 ) -> McpResult | McpTask: ...
 
 
@@ -428,6 +434,7 @@ async def call_tool(
     sampling: SamplingFnT | None = None,
     input_responses: Mapping[str, Any] | None = None,
     request_state: str | None = None,
+    elicitation: ElicitationFnT | None = None,
 ) -> McpResult | McpTask:
     """Call ``tool`` once with ``arguments``; ``idempotency_key`` goes in the request's ``_meta``.
     ``tasks``: the tasks extension is declared, and a task handle the server answers with is
@@ -442,7 +449,9 @@ async def call_tool(
     ``sampling`` answers the server's sampling requests (None: refused). A server that asks for
     input first (2026-07-28) raises :class:`McpInputRequired` (nothing applied); the retry passes
     the answers as ``input_responses`` and the echoed ``request_state``, under the same
-    idempotency key.
+    idempotency key. ``elicitation``: declared on the connection (2025-11-25: the server asks
+    while the call is open), except for a tool that may run as a task (its questions go through
+    the task: the call is then made on a connection that does not declare it).
     """
     from mcp_types import RequestParamsMeta
 
@@ -459,22 +468,18 @@ async def call_tool(
     answer: McpResult | McpTask | McpError | None = None
     try:
         async with asyncio.timeout(timeout):
-            async with _connect(url, access, seen, sampling, tasks=tasks) as client:
-                listed = tool in {known.name for known in await _all_tools(client)}
-                if listed:
+            args = (url, server, tool, arguments, meta, on_progress, tasks, request_state, input_responses)
+            async with _connect(url, access, seen, sampling, tasks=tasks, elicitation=elicitation) as client:
+                found = {known.name: known for known in await _all_tools(client)}
+                listed = tool in found
+                as_task = elicitation is not None and may_be_task(found.get(tool))
+                if listed and not as_task:
                     sent = True
-                    answer = await _answer(
-                        client,
-                        url,
-                        server,
-                        tool,
-                        arguments,
-                        meta,
-                        on_progress,
-                        tasks,
-                        request_state,
-                        input_responses,
-                    )
+                    answer = await _answer(client, *args)
+            if as_task:
+                async with _connect(url, access, seen, sampling, tasks=tasks) as client:
+                    sent = True
+                    answer = await _answer(client, *args)
     except Exception as exc:
         if isinstance(answer, McpResult | McpTask):
             # The answer arrived; only closing the connection failed.
