@@ -5,9 +5,10 @@ The client of a ledger call declares elicitation (its callback:
 :class:`~durable_agents.shell.agent.mcp_elicitation.HoldOpen`) and :class:`HeldCall` is what it
 asks: the question is recorded on the ActionRecord as the durable path records one
 (``input_required``, ``status.input`` marked ``heldOpen``: no request state, under the outcome
-stamp), with the sender's claim lasting the hold; the run asks it (``waiting_input`` on ``mcp-<step>-<round>-<key>``); the person's answer, once the
-run records it, is read from the run, checked again against the schema, and goes back on the open
-call. The record returns to ``dispatching``: the call completes and settles as usual.
+stamp), with the sender's claim lasting the hold; the run asks it (``waiting_input`` on
+``mcp-<step>-<round>-<key>``); the person's answer, once the run records it, is read from the
+run, checked again against the schema, and goes back on the open call. The record returns to
+``dispatching``: the call completes and settles as usual.
 
 The bound is the run's policy's ``mcp.holdOpen`` (default 10m): past it the server is told
 ``cancel``. A call lost while held (the operator restarted, lost its claim) cannot be answered:
