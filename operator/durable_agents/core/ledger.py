@@ -41,15 +41,10 @@ ACTION_TRANSITIONS: dict[ActionState, frozenset[ActionState]] = {
     ),
     # Answered: sent again with the answers (same key); unanswered (its run ended), or past the
     # rounds allowed: failed, nothing applied; canceled with its run.
-    # Asked while the call was open (held open): the call's own answer, or the call lost.
+    # Asked while the call was held open (2025-11-25): answered, it is dispatching again; lost
+    # (the sender restarted), its outcome is unknown.
     ActionState.INPUT_REQUIRED: frozenset(
-        {
-            ActionState.DISPATCHING,
-            ActionState.FAILED,
-            ActionState.CANCELED,
-            ActionState.SUCCEEDED,
-            ActionState.OUTCOME_UNKNOWN,
-        }
+        {ActionState.DISPATCHING, ActionState.FAILED, ActionState.CANCELED, ActionState.OUTCOME_UNKNOWN}
     ),
     # Only the authoritative system's "it did not happen" allows another dispatch (same key).
     ActionState.OUTCOME_UNKNOWN: frozenset({ActionState.SUCCEEDED, ActionState.DISPATCHING}),
