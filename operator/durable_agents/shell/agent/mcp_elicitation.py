@@ -37,6 +37,7 @@ __all__ = [
     "input_required",
     "input_responses",
     "may_be_task",
+    "refuse_elicitation",
     "retried_while_state_only",
 ]
 
@@ -148,6 +149,14 @@ class HoldOpen:
         except TimeoutError:  # held as long as the policy allows: the person did not answer
             return ElicitResult(action="cancel")
         return ElicitResult(action=answer.action, content=answer.content)
+
+
+async def refuse_elicitation(context: Any, params: Any) -> Any:
+    """A listing's connection declares elicitation (a server may list the tools that ask only to
+    such a client) but holds no call a person could answer for: any request is refused."""
+    from mcp_types import INVALID_PARAMS, ErrorData
+
+    return ErrorData(code=INVALID_PARAMS, message="refused: no call is open on a listing's connection")
 
 
 def may_be_task(tool: Any) -> bool:

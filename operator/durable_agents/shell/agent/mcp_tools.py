@@ -73,6 +73,7 @@ from durable_agents.shell.agent.mcp_elicitation import (
     call_result_adapter,
     input_required,
     may_be_task,
+    refuse_elicitation,
     retried_while_state_only,
 )
 from durable_agents.shell.agent.mcp_notices import (
@@ -288,7 +289,7 @@ async def list_tools(
     seen = _Seen(ServerLog(server))
     try:
         async with asyncio.timeout(timeout):
-            async with _connect(url, access, seen) as client:
+            async with _connect(url, access, seen, elicitation=refuse_elicitation) as client:
                 connected = True
                 tools = await _all_tools(client)
     except Exception as exc:
