@@ -109,13 +109,13 @@ class RecordWrites:
                 f"the call {holder} held open while its server's question waited was lost (an "
                 "operator restart, a lost claim): the question is closed, the outcome is unknown"
             )
-        return await self.write(
-            body,
-            status.model_copy(update={"attempts": attempts}),
-            A.OUTCOME_UNKNOWN,
-            reason=reason,
-            message=message,
+        update = {"attempts": attempts}
+        out = await self.write(
+            body, status.model_copy(update=update), A.OUTCOME_UNKNOWN, reason=reason, message=message
         )
+        if reason == HELD_CALL_LOST:  # the record's reason moves on with its queries: the Event stays
+            await self.event(out, reason, message, warning=True)
+        return out
 
     async def fail_before_dispatch(
         self, body: dict[str, Any], status: ActionRecordStatus, reason: str, message: str, direct: bool
