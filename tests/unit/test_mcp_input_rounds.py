@@ -79,7 +79,8 @@ def test_input_required_is_entered_from_a_send_and_left_by_a_retry_a_failure_or_
     for source in (A.INTENT, A.DISPATCHING):  # under a first claim, or a claim
         ledger.check_action_transition(source, A.INPUT_REQUIRED)
     # outcome_unknown: only a call held open while it asked (2025-11-25) and lost (HeldCallLost)
-    assert ledger.ACTION_TRANSITIONS[A.INPUT_REQUIRED] == {A.DISPATCHING, A.FAILED, A.CANCELED, A.OUTCOME_UNKNOWN}
+    left = {A.DISPATCHING, A.FAILED, A.CANCELED, A.OUTCOME_UNKNOWN}
+    assert ledger.ACTION_TRANSITIONS[A.INPUT_REQUIRED] == left
     with pytest.raises(ledger.IllegalActionTransition):  # nothing was applied while it asks
         ledger.check_action_transition(A.INPUT_REQUIRED, A.SUCCEEDED)
     with pytest.raises(ledger.IllegalActionTransition):
@@ -238,3 +239,19 @@ def test_the_dispatcher_parses_the_answer_again_so_a_bad_one_is_never_sent() -> 
     bad = json.dumps({"action": "accept", "content": {"date": "2030-02-01", "nights": 0}})
     with pytest.raises(Exception, match=r"spec.answers\[mcp-2-1-stay\]: content.nights: 0 is below"):
         rounds.answer_of(_answered_run(bad), SPEC, round_, "stay", refs, None)
+
+
+def test_a_question_asked_while_the_call_is_held_open_keeps_its_senders_claim_then_is_given_up() -> None:
+    """2025-11-25: the sender holds the call open; its claim lasts the hold. Once it expires (the
+    operator restarted, lost its claim) the call is gone: outcome unknown, never sent again here."""
+    claimed = ActionRecordStatus(state=A.DISPATCHING, attempts=1, claim_expires_at=NOW + timedelta(seconds=9))
+    until = NOW + timedelta(minutes=10)
+    held_open = asked(state=None).model_copy(update={"held_open": True})
+    waiting = ledger.next_status(
+        claimed, A.INPUT_REQUIRED, NOW, "op", timedelta(seconds=11), asked=held_open, claim_until=until
+    )
+    assert waiting.claim_expires_at == until
+    assert ledger.next_dispatch_step(waiting, NOW) == ledger.WaitUntil(until), "not sent again meanwhile"
+    assert isinstance(ledger.next_dispatch_step(waiting, until), ledger.GiveUpClaim)
+    lost = ledger.next_status(waiting, A.OUTCOME_UNKNOWN, until, "op2", timedelta(seconds=11))
+    assert (lost.attempts, lost.claim_expires_at) == (1, None)
