@@ -15,7 +15,7 @@ pytestmark = pytest.mark.unit
 
 
 def _tool(support: str | None) -> Tool:
-    execution = ToolExecution(task_support=support) if support is not None else None  # type: ignore[arg-type]
+    execution = ToolExecution(task_support=support) if support is not None else None
     return Tool(name="t", input_schema={"type": "object"}, execution=execution)
 
 
