@@ -108,7 +108,8 @@ def test_the_outcome_stamp_covers_the_round_so_a_forged_input_is_not_believed() 
     status = ActionRecordStatus(state=A.INPUT_REQUIRED, attempts=1, input=asked())
     written = {**status.wire(), "stamp": stamp_outcome(KEYRING, NAME, KEY, status)}
     assert believed(_record(written), KEYRING, NOW).status.input == asked()
-    for forged_input in (asked(state="someone-else's"), asked(round_=2)):
+    held = asked().model_copy(update={"held_open": True})  # flipped: would wait, or send again
+    for forged_input in (asked(state="someone-else's"), asked(round_=2), held):
         forged = {**written, "input": forged_input.wire()}
         belief = believed(_record(forged), KEYRING, NOW)
         assert belief.status.state is A.OUTCOME_UNKNOWN
