@@ -355,7 +355,7 @@ class Dispatcher(Background):
         send.ctx.extra[PROGRESS_EXTRA] = progress.seen  # written coalesced: progress_writes
         held = send.ctx.extra.get(HOLD_EXTRA)
         if isinstance(held, HeldCall):  # a question asked meanwhile is written on this record
-            held.record, held.first = progress, first_started is not None
+            held.record, held.first, held.references = progress, first_started is not None, send.references
         async with progress.writing():
             result = await run_traces.dispatched(send.effect, send.ctx, send.action)
         claimed, claimed_status = progress.body, progress.status

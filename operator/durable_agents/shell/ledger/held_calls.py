@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from durable_agents.api.v1alpha1 import ActionInput, ActionRecordSpec, ActionState
+from durable_agents.api.v1alpha1 import ActionInput, ActionRecordSpec, ActionState, ResolvedReference
 from durable_agents.api.v1alpha1.agentpolicy import HOLD_OPEN_DEFAULT
 from durable_agents.api.v1alpha1.states import RunState
 from durable_agents.core.agent.mcp_elicitation import ElicitationAnswer, ElicitationQuestion
@@ -100,6 +100,7 @@ class HeldCall:
         self.record: ProgressWrites | None = None  # the record as last written (the dispatcher's)
         self.first = False  # sent under a first claim: the attempt is recorded with the first question
         self.first_recorded = False
+        self.references: list[ResolvedReference] = []  # read for this send: recorded with its attempt
 
     async def ask(self, question: ElicitationQuestion) -> ElicitationAnswer:
         """Record the question, wait for the run's answer (at most the hold), then record that
@@ -127,6 +128,7 @@ class HeldCall:
             reason="InputRequired",
             message=f"the server asks {question.key} while the call is held open (at most {self.hold:.0f}s)",
             first=first,
+            references=self.references if first else None,
             asked=asked,
             claim_until=until,
         )
