@@ -6,7 +6,8 @@ state), the run waits in ``waiting_input`` on the server's question; an answer t
 the server's schema is refused by the admission webhook naming the field; the right one goes back
 on the open call, which completes: the model receives the tool's result.
 
-The second test SIGKILLs the operator while the call is held: the call is gone, so the question
+Nobody answering within the policy's ``mcp.holdOpen``: the server is told ``cancel``, the question
+closes (``HeldPastBound``) and the call completes once. The last test SIGKILLs the operator while the call is held: the call is gone, so the question
 closes with that reason (``HeldCallLost``) and the action's outcome is ``outcome_unknown``, to be
 reconciled like any other; nothing is sent again.
 """
@@ -140,3 +141,29 @@ def test_a_held_call_lost_with_its_operator_closes_the_question_and_leaves_the_o
     with pytest.raises(AnswerError):  # the question is closed: no answer is taken for it
         answer(runs.custom, runs.namespace, name, RIGHT, question)
     assert _record(runs, name)["status"]["attempts"] == 1
+
+
+def test_a_held_call_nobody_answers_within_the_policy_bound_is_told_cancel_and_completes(
+    start_operator: Callable[..., OperatorProcess],
+    runs: Runs,
+    agent_namespace: str,
+    model: ModelServerThread,
+    refsystem: ReferenceSystemThread,
+    everything: EverythingServer,
+) -> None:
+    runs.custom.patch_namespaced_custom_object(
+        GROUP, VERSION, runs.namespace, "agentpolicies", "refunds", {"spec": {"mcp": {"holdOpen": "4s"}}}
+    )
+    spec = _spec(model, refsystem, everything)
+    start_operator("mcp-everything-elicitation-bound")
+    name = runs.create(spec)
+    question = _held(runs, name)
+    done = runs.wait_state(name, "completed", "failed", timeout=Within.RUN)
+    assert done["status"]["state"] == "completed", done["status"].get("outcome")
+    assert f"question {question} closed unanswered: HeldPastBound" in json.dumps(done["status"]), done[
+        "status"
+    ]
+    record = _record(runs, name)["status"]
+    assert (record["state"], record["attempts"]) == ("succeeded", 1), record
+    told = json.dumps(tool_results(model.calls()["requests"], TOOL))
+    assert "User cancelled the elicitation dialog" in told, told
