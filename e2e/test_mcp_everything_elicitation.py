@@ -7,9 +7,10 @@ the server's schema is refused by the admission webhook naming the field; the ri
 on the open call, which completes: the model receives the tool's result.
 
 Nobody answering within the policy's ``mcp.holdOpen``: the server is told ``cancel``, the question
-closes (``HeldPastBound``) and the call completes once. The last test SIGKILLs the operator while the call is held: the call is gone, so the question
-closes with that reason (``HeldCallLost``) and the action's outcome is ``outcome_unknown``, to be
-reconciled like any other; nothing is sent again.
+closes (``HeldPastBound``) and the call completes once. Another test SIGKILLs the operator while
+the call is held: the call is gone, so the question closes and the action's outcome is
+``outcome_unknown`` (Warning Event ``HeldCallLost``), to be reconciled like any other; nothing is
+sent again.
 """
 
 from __future__ import annotations
