@@ -40,7 +40,9 @@ def register(registry: kopf.OperatorRegistry, manager: Manager) -> None:
         if manager.stuck is not None:  # an unknown outcome nobody can query makes its run stuck
             manager.stuck.observe_action(event.get("type"), body)
         status: dict[str, Any] = body.get("status") or {}
-        if status.get("state") in TERMINAL:
+        # A call held open that went on or was lost: its run's question closes.
+        held = bool((status.get("input") or {}).get("heldOpen"))
+        if status.get("state") in TERMINAL or held:
             spec: dict[str, Any] = body.get("spec") or {}
             run = (spec.get("runRef") or {}).get("name")
             if run:

@@ -78,10 +78,11 @@ def asked(round_: int = 1, state: str | None = "opaque") -> ActionInput:
 def test_input_required_is_entered_from_a_send_and_left_by_a_retry_a_failure_or_a_cancel() -> None:
     for source in (A.INTENT, A.DISPATCHING):  # under a first claim, or a claim
         ledger.check_action_transition(source, A.INPUT_REQUIRED)
-    assert ledger.ACTION_TRANSITIONS[A.INPUT_REQUIRED] == {A.DISPATCHING, A.FAILED, A.CANCELED}
-    for never in (A.SUCCEEDED, A.OUTCOME_UNKNOWN):  # nothing was applied, and it is known
-        with pytest.raises(ledger.IllegalActionTransition):
-            ledger.check_action_transition(A.INPUT_REQUIRED, never)
+    # outcome_unknown: only a call held open while it asked (2025-11-25) and lost (HeldCallLost)
+    left = {A.DISPATCHING, A.FAILED, A.CANCELED, A.OUTCOME_UNKNOWN}
+    assert ledger.ACTION_TRANSITIONS[A.INPUT_REQUIRED] == left
+    with pytest.raises(ledger.IllegalActionTransition):  # nothing was applied while it asks
+        ledger.check_action_transition(A.INPUT_REQUIRED, A.SUCCEEDED)
     with pytest.raises(ledger.IllegalActionTransition):
         ledger.check_action_transition(A.OUTCOME_UNKNOWN, A.INPUT_REQUIRED)
     assert A.INPUT_REQUIRED not in ledger.TERMINAL_ACTION_STATES
@@ -107,7 +108,8 @@ def test_the_outcome_stamp_covers_the_round_so_a_forged_input_is_not_believed() 
     status = ActionRecordStatus(state=A.INPUT_REQUIRED, attempts=1, input=asked())
     written = {**status.wire(), "stamp": stamp_outcome(KEYRING, NAME, KEY, status)}
     assert believed(_record(written), KEYRING, NOW).status.input == asked()
-    for forged_input in (asked(state="someone-else's"), asked(round_=2)):
+    held = asked().model_copy(update={"held_open": True})  # flipped: would wait, or send again
+    for forged_input in (asked(state="someone-else's"), asked(round_=2), held):
         forged = {**written, "input": forged_input.wire()}
         belief = believed(_record(forged), KEYRING, NOW)
         assert belief.status.state is A.OUTCOME_UNKNOWN
@@ -233,8 +235,24 @@ def test_the_dispatcher_parses_the_answer_again_so_a_bad_one_is_never_sent() -> 
     round_ = ActionInput(round=1, keys=["stay"], questions={"stay": QUESTION}, asked_at=NOW)
     refs = {"answer-mcp-2-1-stay": "agentrun://ns/r/spec.answers/mcp-2-1-stay"}
     good = json.dumps({"action": "accept", "content": {"date": "2030-02-01", "nights": 2}})
-    taken = rounds._answer(_answered_run(good), SPEC, round_, "stay", refs, None)
+    taken = rounds.answer_of(_answered_run(good), SPEC, round_, "stay", refs, None)
     assert (taken.action, taken.content) == ("accept", {"date": "2030-02-01", "nights": 2})
     bad = json.dumps({"action": "accept", "content": {"date": "2030-02-01", "nights": 0}})
     with pytest.raises(Exception, match=r"spec.answers\[mcp-2-1-stay\]: content.nights: 0 is below"):
-        rounds._answer(_answered_run(bad), SPEC, round_, "stay", refs, None)
+        rounds.answer_of(_answered_run(bad), SPEC, round_, "stay", refs, None)
+
+
+def test_a_question_asked_while_the_call_is_held_open_keeps_its_senders_claim_then_is_given_up() -> None:
+    """2025-11-25: the sender holds the call open; its claim lasts the hold. Once it expires (the
+    operator restarted, lost its claim) the call is gone: outcome unknown, never sent again here."""
+    claimed = ActionRecordStatus(state=A.DISPATCHING, attempts=1, claim_expires_at=NOW + timedelta(seconds=9))
+    until = NOW + timedelta(minutes=10)
+    held_open = asked(state=None).model_copy(update={"held_open": True})
+    waiting = ledger.next_status(
+        claimed, A.INPUT_REQUIRED, NOW, "op", timedelta(seconds=11), asked=held_open, claim_until=until
+    )
+    assert waiting.claim_expires_at == until
+    assert ledger.next_dispatch_step(waiting, NOW) == ledger.WaitUntil(until), "not sent again meanwhile"
+    assert isinstance(ledger.next_dispatch_step(waiting, until), ledger.GiveUpClaim)
+    lost = ledger.next_status(waiting, A.OUTCOME_UNKNOWN, until, "op2", timedelta(seconds=11))
+    assert (lost.attempts, lost.claim_expires_at) == (1, None)

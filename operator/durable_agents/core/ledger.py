@@ -41,8 +41,10 @@ ACTION_TRANSITIONS: dict[ActionState, frozenset[ActionState]] = {
     ),
     # Answered: sent again with the answers (same key); unanswered (its run ended), or past the
     # rounds allowed: failed, nothing applied; canceled with its run.
+    # Asked while the call was held open (2025-11-25): answered, it is dispatching again; lost
+    # (the sender restarted), its outcome is unknown.
     ActionState.INPUT_REQUIRED: frozenset(
-        {ActionState.DISPATCHING, ActionState.FAILED, ActionState.CANCELED}
+        {ActionState.DISPATCHING, ActionState.FAILED, ActionState.CANCELED, ActionState.OUTCOME_UNKNOWN}
     ),
     # Only the authoritative system's "it did not happen" allows another dispatch (same key).
     ActionState.OUTCOME_UNKNOWN: frozenset({ActionState.SUCCEEDED, ActionState.DISPATCHING}),
@@ -163,6 +165,9 @@ def next_dispatch_step(
     if state is ActionState.OUTCOME_UNKNOWN:
         return Query()
     if state is ActionState.INPUT_REQUIRED:
+        if status.input is not None and status.input.held_open:  # its sender holds the call open
+            expires = status.claim_expires_at
+            return GiveUpClaim() if expires is None or now >= expires else WaitUntil(expires)
         return AwaitInput()
     return WaitUntil(None)
 
@@ -187,11 +192,13 @@ def next_status(
     message: str | None = None,
     references: list[ResolvedReference] | None = None,
     asked: ActionInput | None = None,
+    claim_until: datetime | None = None,
 ) -> ActionRecordStatus:
     """The status a dispatcher ``identity`` writes over ``status`` (as believed) to move it to
     ``state``: ``claim`` takes it for a send, ``first`` records a send under a first claim with its
     answer, ``queried`` counts a question to the authoritative system, ``asked`` is the round of
-    input an ``input_required`` records (kept through its retry, for the next round's number)."""
+    input an ``input_required`` records (kept through its retry, for the next round's number),
+    ``claim_until`` the claim of a call held open while a person answers."""
     if state is not status.state:
         check_action_transition(status.state, state)
     update: dict[str, Any] = {"state": state, "reason": reason, "message": message}
@@ -219,6 +226,8 @@ def next_status(
         update["input"] = asked
     if state is ActionState.INPUT_REQUIRED:  # nobody is sending it: no claim holds it
         update["claim_expires_at"] = None
+    if claim_until is not None:  # a call held open: its sender's claim lasts as long as the hold
+        update["claim_expires_at"] = claim_until
     if state is ActionState.OUTCOME_UNKNOWN:
         update["outcome_unknown_since"] = status.outcome_unknown_since or now
         update["claim_expires_at"] = None

@@ -200,6 +200,10 @@ class ActionInput(ApiModel):
     """The server's opaque state, echoed byte for byte on the retry."""
     asked_at: datetime
     """When the system asked."""
+    held_open: bool = False
+    """Asked while the call was open (``elicitation/create``, protocol 2025-11-25): the answer
+    goes back on that open call (no request state, nothing sent again); a call lost meanwhile
+    (operator restart, lost claim) leaves the outcome unknown (``HeldCallLost``)."""
 
 
 class ActionRecordStatus(ApiModel):

@@ -282,6 +282,10 @@ class McpSamplingGrant(ApiModel):
     )
 
 
+HOLD_OPEN_DEFAULT = "10m"
+HOLD_OPEN_MAX = "1h"
+
+
 class McpPolicy(ApiModel):
     """How far an MCP server's word about its own tools counts, and what it may ask of the run."""
 
@@ -304,6 +308,21 @@ class McpPolicy(ApiModel):
             "sampling/createMessage request is refused (a JSON-RPC error the server is told; the "
             "run goes on)."
         ),
+    )
+    hold_open: str = Field(
+        default=HOLD_OPEN_DEFAULT,
+        max_length=32,
+        pattern=DURATION_PATTERN,
+        description=(
+            "How long an approved call whose server asks for input while the call is open "
+            "(elicitation/create, protocol 2025-11-25) is held open for a person's answer; past "
+            f"it the server is told `cancel`. At most {HOLD_OPEN_MAX}."
+        ),
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(f"duration(self) <= duration('{HOLD_OPEN_MAX}')", f"must be at most {HOLD_OPEN_MAX}")
+            ]
+        },
     )
 
 

@@ -121,7 +121,8 @@ def _property_problem(name: str, prop: object) -> str | None:
         items = prop.get("items")
         if (
             not isinstance(items, Mapping)
-            or items.get("type") != "string"
+            # untitled: {type: string, enum}; titled: {anyOf: [{const, title}]} (type optional)
+            or items.get("type", "string") != "string"
             or not (items.get("enum") or items.get("anyOf"))
         ):
             return f"properties.{name}.items: only an array of enumerated strings (a multi-select) is allowed"

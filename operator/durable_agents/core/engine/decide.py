@@ -13,11 +13,12 @@ from datetime import datetime
 
 from durable_agents.api.v1alpha1 import Outcome
 from durable_agents.api.v1alpha1.states import RunState
+from durable_agents.core.agent.mcp_questions import is_server_question
 from durable_agents.core.agent.planner import ModelPlanner
 from durable_agents.core.authority import Unproven, service_account_unproven
 from durable_agents.core.checkpoint import Checkpoint, Fencing, Loaded, Quarantine
 from durable_agents.core.durations import InvalidDuration
-from durable_agents.core.engine.actions import reconcile_actions
+from durable_agents.core.engine.actions import pending_specs, reconcile_actions
 from durable_agents.core.engine.approvals import await_decision, definition_rule, kept_definition
 from durable_agents.core.engine.cancellation import (
     cancellation_of_step,
@@ -35,7 +36,7 @@ from durable_agents.core.engine.commits import (
     refusal_of,
     refuse,
 )
-from durable_agents.core.engine.decisions import Commit, Decision, Idle
+from durable_agents.core.engine.decisions import Commit, Decision, Idle, NeedActions
 from durable_agents.core.engine.loading import (
     UNBOUND_STATES,
     forged_position,
@@ -50,7 +51,12 @@ from durable_agents.core.engine.runtime import deployment_change
 from durable_agents.core.engine.snapshot import NOTHING_OBSERVED, Observations, RunSnapshot, Settings
 from durable_agents.core.engine.subagents import reconcile_sub_agents
 from durable_agents.core.engine.validation import resume_validation
-from durable_agents.core.engine.waits import ask_server_input, leave_external_wait, leave_input_wait
+from durable_agents.core.engine.waits import (
+    ask_server_input,
+    closed_server_question,
+    leave_external_wait,
+    leave_input_wait,
+)
 from durable_agents.core.planner import Planner
 from durable_agents.core.positions import stamp_position
 from durable_agents.core.reconciliations import reconciliation_to_refuse
@@ -254,7 +260,10 @@ def _by_state(
     if unverified is not None:
         return unverified
     if state is RunState.WAITING_INPUT:
-        return leave_input_wait(builder, settings)
+        asked = builder.cp.pending_input
+        if asked is not None and is_server_question(asked.request_id) and observed.actions is None:
+            return NeedActions(pending_specs(run, builder.cp, planner, settings))  # does it still ask?
+        return closed_server_question(builder, observed.actions) or leave_input_wait(builder, settings)
     if state is RunState.WAITING_EXTERNAL:
         return _waiting_external(builder, planner, settings, observed)
     if state is RunState.WAITING_APPROVAL:

@@ -11,7 +11,12 @@ from collections.abc import Mapping
 from datetime import datetime
 
 from durable_agents.api.v1alpha1 import ActionState, Outcome
-from durable_agents.core.agent.mcp_questions import answer_ref_id, is_server_question, question_name
+from durable_agents.core.agent.mcp_questions import (
+    QUESTION_PREFIX,
+    answer_ref_id,
+    is_server_question,
+    question_name,
+)
 from durable_agents.core.authority import Unproven
 from durable_agents.core.checkpoint import Checkpoint, ExternalEvidenceRef, PendingExternal, PendingInput
 from durable_agents.core.deliveries import DeliveryField, delivery_unproven, next_key
@@ -65,6 +70,34 @@ def ask_server_input(
                 waiting_for=f"input:{name}",
                 detail=f"{pending.effect}: the server asks {key} (round {seen.input.round})",
             )
+    return None
+
+
+def closed_server_question(
+    builder: CommitBuilder, actions: Mapping[str, ActionObservation] | None
+) -> Commit | None:
+    """In waiting_input on a server's question whose action no longer asks it (a call held open
+    went on past its bound, or was lost): the question closes with the record's reason, unanswered,
+    and the run waits on the action again. None: it still asks, or nothing is known of it."""
+    cp, asked = builder.cp, builder.cp.pending_input
+    if asked is None or not is_server_question(asked.request_id) or not actions:
+        return None
+    for pending in cp.pending_actions:
+        seen = actions.get(pending.action_record_name)
+        if seen is None or not asked.request_id.startswith(f"{QUESTION_PREFIX}{pending.step_index}-"):
+            continue
+        if seen.state is ActionState.INPUT_REQUIRED and seen.input is not None:  # noqa: SIM102
+            if any(
+                question_name(pending.step_index, seen.input.round, k) == asked.request_id
+                for k in seen.input.keys
+            ):
+                return None
+        why = f"{seen.reason}: {seen.message}" if seen.reason else f"the action is {seen.state.value}"
+        return builder.commit(
+            RunEvent.INPUT_RECEIVED,
+            checkpoint=cp.model_copy(update={"pending_input": None}),
+            detail=f"question {asked.request_id} closed unanswered: {why}"[:1024],
+        )
     return None
 
 

@@ -36,6 +36,8 @@ __all__ = [
     "call_result_adapter",
     "input_required",
     "input_responses",
+    "may_be_task",
+    "refuse_elicitation",
     "retried_while_state_only",
 ]
 
@@ -117,8 +119,8 @@ class HoldOpen:
     (``INVALID_PARAMS``, the field named): told to the server, no person asked. An answer that
     takes longer than ``hold`` seconds (the policy's bound) is ``cancel``; past
     :data:`MAX_INPUT_ROUNDS` questions in one call every further one is refused. The request's
-    JSON-RPC id is the question's key. Not yet given to the client (the capability stays
-    undeclared) until ``ask`` is wired to the run's questions.
+    JSON-RPC id is the question's key. Given to the client of a ledger call
+    (:mod:`durable_agents.shell.ledger.held_calls` wires ``ask`` to the run's questions).
     """
 
     def __init__(self, server: str, tool: str, ask: AskPerson, *, hold: float) -> None:
@@ -147,6 +149,21 @@ class HoldOpen:
         except TimeoutError:  # held as long as the policy allows: the person did not answer
             return ElicitResult(action="cancel")
         return ElicitResult(action=answer.action, content=answer.content)
+
+
+async def refuse_elicitation(context: Any, params: Any) -> Any:
+    """A listing's connection declares elicitation (a server may list the tools that ask only to
+    such a client) but holds no call a person could answer for: any request is refused."""
+    from mcp_types import INVALID_PARAMS, ErrorData
+
+    return ErrorData(code=INVALID_PARAMS, message="refused: no call is open on a listing's connection")
+
+
+def may_be_task(tool: Any) -> bool:
+    """Whether ``tool`` (an SDK ``Tool``, None: not listed) may run as a task: its questions then
+    go through the task (``tasks/get`` input_required), never a call held open."""
+    execution = getattr(tool, "execution", None)
+    return execution is not None and execution.task_support in ("optional", "required")
 
 
 @cache  # building the adapter costs CPU: once per process

@@ -73,6 +73,8 @@ from durable_agents.shell.agent.mcp_answers import (
 from durable_agents.shell.agent.mcp_elicitation import (
     call_result_adapter,
     input_required,
+    may_be_task,
+    refuse_elicitation,
     retried_while_state_only,
 )
 from durable_agents.shell.agent.mcp_notices import (
@@ -90,7 +92,7 @@ from durable_agents.shell.ground import tracing
 # operator start (a takeover, a restarted Pod) would pay, MCP servers or not.
 if TYPE_CHECKING:
     from mcp import Client
-    from mcp.client.session import SamplingFnT
+    from mcp.client.session import ElicitationFnT, SamplingFnT
     from mcp_types import CallToolResult, RequestParamsMeta, Tool
 
     from durable_agents.shell.agent.mcp_task_handles import McpTask
@@ -164,12 +166,15 @@ class _Seen:
 
 @asynccontextmanager
 async def _connect(
-    url: str, access: McpAccess, seen: _Seen, sampling: SamplingFnT | None = None, *, tasks: bool = False
-) -> AsyncIterator[Client]:
+    url: str, access: McpAccess, seen: _Seen, sampling: SamplingFnT | None = None, *,
+    tasks: bool = False, elicitation: ElicitationFnT | None = None,
+) -> AsyncIterator[Client]:  # fmt: skip
     """A client of ``url`` sending ``access``, observed into ``seen``. The client declares sampling
     always (:mod:`.mcp_sampling`): ``sampling`` answers, else every request is refused;
     ``tasks``: declaring tasks (the extension, :mod:`.mcp_tasks`; the 2025-11-25 capability,
-    the session left open unless ``seen.keep_session`` is not set, :mod:`.mcp_task_sessions`)."""
+    the session left open unless ``seen.keep_session`` is not set, :mod:`.mcp_task_sessions`);
+    ``elicitation``: declaring elicitation (form and URL) answered by it (a ledger call held open:
+    :class:`.HoldOpen`)."""
     from mcp import Client
     from mcp.client.streamable_http import streamable_http_client
     from mcp_types import Implementation
@@ -202,6 +207,7 @@ async def _connect(
             log_level="info",
             extensions=[tasks_extension()] if tasks else None,
             sampling_callback=sampling or refuse_sampling,
+            elicitation_callback=elicitation,
         )
         try:
             async with client:
@@ -261,7 +267,7 @@ async def list_tools(
     seen = _Seen(ServerLog(server))
     try:
         async with asyncio.timeout(timeout):
-            async with _connect(url, access, seen) as client:
+            async with _connect(url, access, seen, elicitation=refuse_elicitation) as client:
                 connected = True
                 tools = await _all_tools(client)
     except Exception as exc:
@@ -392,6 +398,7 @@ async def call_tool(
     sampling: SamplingFnT | None = ...,
     input_responses: Mapping[str, Any] | None = ...,
     request_state: str | None = ...,
+    elicitation: ElicitationFnT | None = ...,
 ) -> McpResult: ...
 
 
@@ -410,6 +417,7 @@ async def call_tool(
     sampling: SamplingFnT | None = ...,
     input_responses: Mapping[str, Any] | None = ...,
     request_state: str | None = ...,
+    elicitation: ElicitationFnT | None = ...,
 ) -> McpResult | McpTask: ...
 
 
@@ -427,6 +435,7 @@ async def call_tool(
     sampling: SamplingFnT | None = None,
     input_responses: Mapping[str, Any] | None = None,
     request_state: str | None = None,
+    elicitation: ElicitationFnT | None = None,
 ) -> McpResult | McpTask:
     """Call ``tool`` once with ``arguments``; ``idempotency_key`` goes in the request's ``_meta``.
     ``tasks``: tasks are declared (the extension; 2025-11-25: asked of a task-capable tool), and a
@@ -441,8 +450,8 @@ async def call_tool(
     ``sampling`` answers the server's sampling requests (None: refused). A server that asks for
     input first (2026-07-28) raises :class:`McpInputRequired` (nothing applied); the retry passes
     the answers as ``input_responses`` and the echoed ``request_state``, under the same
-    idempotency key.
-    """
+    idempotency key. ``elicitation``: declared (2025-11-25: asked while the call is open), but
+    not for a tool that may run as a task (called on a connection that does not declare it)."""
     from mcp_types import RequestParamsMeta
 
     from durable_agents.shell.agent.mcp_task_handles import McpTask
@@ -459,24 +468,19 @@ async def call_tool(
     answer: McpResult | McpTask | McpError | None = None
     try:
         async with asyncio.timeout(timeout):
-            async with _connect(url, access, seen, sampling, tasks=tasks) as client:
-                entry = next((known for known in await _all_tools(client) if known.name == tool), None)
-                if entry is not None:
-                    sent = True
-                    answer = await _answer(
-                        client,
-                        url,
-                        server,
-                        tool,
-                        arguments,
-                        meta,
-                        on_progress,
-                        tasks,
-                        request_state,
-                        input_responses,
-                        asks_task(client, entry, can_hold=tasks),
-                    )
-                answer = _in_session(answer, seen)
+            args = (url, server, tool, arguments, meta, on_progress, tasks, request_state, input_responses)
+            declared = elicitation
+            for _ in range(2):
+                async with _connect(url, access, seen, sampling, tasks=tasks, elicitation=declared) as client:
+                    entry = next((known for known in await _all_tools(client) if known.name == tool), None)
+                    if declared is not None and may_be_task(entry):
+                        declared = None  # its questions go through its task, never a call held open
+                        continue
+                    if entry is not None:
+                        sent = True
+                        answer = await _answer(client, *args, asks_task(client, entry, can_hold=tasks))
+                    answer = _in_session(answer, seen)
+                break
     except Exception as exc:
         if isinstance(answer, McpResult | McpTask):
             # The answer arrived; only closing the connection failed.

@@ -28,7 +28,7 @@ from pydantic import ValidationError
 from durable_agents.api.v1alpha1 import ActionTier, McpServer
 from durable_agents.core.agent.mcp_elicitation import ElicitationAnswer
 from durable_agents.shell.agent.credentials import Unresolvable, mcp_access
-from durable_agents.shell.agent.mcp_elicitation import input_responses
+from durable_agents.shell.agent.mcp_elicitation import HoldOpen, input_responses
 from durable_agents.shell.agent.mcp_tasks import McpTask, McpTaskUnknown, cancel_task, poll_task
 from durable_agents.shell.agent.mcp_tools import (
     NO_ACCESS,
@@ -58,6 +58,10 @@ MCP_SERVERS_EXTRA = "mcpServers"
 PROGRESS_EXTRA = "progress"
 """``ctx.extra`` entry: a callable given the call's progress notifications (the dispatcher's)."""
 CREDENTIALS_UNREADABLE = "McpCredentialsUnreadable"
+HOLD_EXTRA = "holdOpen"
+"""``ctx.extra`` entry: what asks a person while the call is held open (2025-11-25 elicitation):
+an object with ``ask`` (:data:`~durable_agents.shell.agent.mcp_elicitation.AskPerson`) and
+``hold`` (seconds). Absent: the client does not declare elicitation."""
 INPUT_EXTRA = "inputAnswers"
 """``ctx.extra`` entry: the :class:`McpInputAnswers` a retry after a request for input carries."""
 
@@ -122,16 +126,21 @@ class McpCall:
             return Failed(CREDENTIALS_UNREADABLE, f"MCP server {action.target.get('server')!r}: {err}")
         given = ctx.extra.get(INPUT_EXTRA)
         answers = given if isinstance(given, McpInputAnswers) else None
+        held = ctx.extra.get(HOLD_EXTRA)
+        server = str(action.target.get("server") or url)
+        # A call held open may last the hold besides the dispatch timeout.
+        hold = HoldOpen(server, tool, held.ask, hold=held.hold + 5.0) if held is not None else None
         try:
             result = await call_tool(
                 url,
                 tool,
                 action.arguments,
                 idempotency_key=action.key,
-                timeout=ctx.timeout,
+                timeout=ctx.timeout + (held.hold + 5.0 if held is not None else 0.0),
                 access=access,
-                server=str(action.target.get("server") or url),
+                server=server,
                 on_progress=ctx.extra.get(PROGRESS_EXTRA),
+                elicitation=hold,
                 tasks=True,
                 input_responses=answers.responses() if answers is not None else None,
                 request_state=answers.request_state if answers is not None else None,

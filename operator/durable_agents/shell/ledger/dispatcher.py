@@ -47,6 +47,7 @@ from durable_agents.core.regions import owning_region_of
 from durable_agents.shell.agent.resolver import AgentResolver
 from durable_agents.shell.effects import Applied, Effect, EffectContext, NotApplied, Tasked, Unknown
 from durable_agents.shell.effects.mcp import (
+    HOLD_EXTRA,
     INPUT_EXTRA,
     MCP_SERVERS_EXTRA,
     PROGRESS_EXTRA,
@@ -64,6 +65,7 @@ from durable_agents.shell.intake.policies import PolicyCache
 from durable_agents.shell.ledger.actions import ActionStore
 from durable_agents.shell.ledger.dispatch_config import DispatcherConfig, Send
 from durable_agents.shell.ledger.first_ask import ask_before_first_dispatch
+from durable_agents.shell.ledger.held_calls import HeldCall, HeldCalls
 from durable_agents.shell.ledger.input_rounds import InputRounds
 from durable_agents.shell.ledger.intent_checks import DESTINATION_NOT_ALLOWED, check_intent, query_refusal
 from durable_agents.shell.ledger.progress_writes import ProgressWrites
@@ -129,6 +131,8 @@ class Dispatcher(Background):
         # Calls answered with a task: polled (task_polls).
         self.tasks = TaskPolls(kube, self.writes, self.runs, self.config, self._context, self.policies)
         self.inputs = InputRounds(self.runs, self.writes, config.keyring)  # input_required: answers
+        # Calls held open while their server asks a person (2025-11-25): held_calls.
+        self.held = HeldCalls(self.runs, self.writes, self.inputs, self.policies, config.timeout)
 
     def observe(self, event_type: str | None, body: dict[str, Any]) -> None:
         meta = body.get("metadata") or {}
@@ -146,6 +150,7 @@ class Dispatcher(Background):
             self.queue.add(key)
         for key in self.inputs.answered(body):
             self.queue.add(key)
+        self.held.answered(body)
 
     async def run(self) -> None:
         await self.queue.run()  # its consumers, until cancelled
@@ -307,6 +312,9 @@ class Dispatcher(Background):
             message = f"not dispatched: {err}"
             return await self.writes.fail_before_dispatch(body, status, UNDECRYPTABLE, message, direct)
         ctx = self._context(spec, body["metadata"]["namespace"], run_body)
+        if spec.effect == "mcp.call":  # its server may ask while the call is open: held_calls
+            hold = await self.held.hold_for(ctx.namespace, run_body)
+            ctx.extra[HOLD_EXTRA] = self.held.call(spec, ctx.namespace, data_key, hold)
         try:  # read as the run's ServiceAccount, right before the send; never stored
             action, references = await resolve_references(ctx, action, data_key)
         except UnresolvedReference as err:
@@ -345,6 +353,9 @@ class Dispatcher(Background):
             return await self._claim_lapsed(claimed, spec)
         progress = ProgressWrites(self.writes.store, claimed, claimed_status)
         send.ctx.extra[PROGRESS_EXTRA] = progress.seen  # written coalesced: progress_writes
+        held = send.ctx.extra.get(HOLD_EXTRA)
+        if isinstance(held, HeldCall):  # a question asked meanwhile is written on this record
+            held.record, held.first, held.references = progress, first_started is not None, send.references
         async with progress.writing():
             result = await run_traces.dispatched(send.effect, send.ctx, send.action)
         claimed, claimed_status = progress.body, progress.status
@@ -354,14 +365,9 @@ class Dispatcher(Background):
             return await self.tasks.started(
                 claimed, claimed_status, spec, result, first=first_started is not None
             )
+        first = first_started is not None and not (isinstance(held, HeldCall) and held.first_recorded)
         return await self.writes.dispatch_answered(
-            claimed,
-            claimed_status,
-            spec,
-            result,
-            send.data_key,
-            first=first_started is not None,
-            references=send.references,
+            claimed, claimed_status, spec, result, send.data_key, first=first, references=send.references
         )
 
     def _other_region(self, run_body: dict[str, Any]) -> str | None:

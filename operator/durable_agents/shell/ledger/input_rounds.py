@@ -50,7 +50,16 @@ def _dict(value: object) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 
 
-class _Refused(Exception):
+def answer_refs(run: Mapping[str, Any]) -> dict[str, str]:
+    """The run's recorded answers: each reference's id and the ``spec.answers`` URI it took."""
+    return {
+        str(ref.get("id")): str(ref.get("uri") or "")
+        for ref in _dict(_dict(run.get("status")).get("checkpoint")).get("inputRefs") or []
+        if isinstance(ref, Mapping)
+    }
+
+
+class AnswerRefused(Exception):
     """An answer the run recorded cannot be sent (the message says which and why)."""
 
 
@@ -83,22 +92,18 @@ class InputRounds:
         if state in {s.value for s in RunState if s.terminal} or state == RunState.CANCEL_REQUESTED.value:
             why = f"its run is {state} before every question was answered (expired or canceled)"
             return await self._fail(body, status, NOT_ANSWERED, why)
-        refs = {
-            str(ref.get("id")): str(ref.get("uri") or "")
-            for ref in _dict(_dict(run.get("status")).get("checkpoint")).get("inputRefs") or []
-            if isinstance(ref, Mapping)
-        }
+        refs = answer_refs(run)
         if any(answer_ref_id(question_name(spec.step_index, asked.round, k)) not in refs for k in asked.keys):
             self._waiting.setdefault((namespace, spec.run_ref.name), set()).add(self._key(body))
             return datetime.now(UTC) + INPUT_RECHECK
         try:
             data_key = data_key_of(run, self.keyring)
-            given = {key: self._answer(run, spec, asked, key, refs, data_key) for key in asked.keys}
-        except (CannotUnseal, _Refused) as err:
+            given = {key: self.answer_of(run, spec, asked, key, refs, data_key) for key in asked.keys}
+        except (CannotUnseal, AnswerRefused) as err:
             return await self._fail(body, status, ANSWER_REFUSED, str(err))
         return McpInputAnswers(given, list(asked.refused), asked.request_state)
 
-    def _answer(
+    def answer_of(
         self,
         run: Mapping[str, Any],
         spec: ActionRecordSpec,
@@ -113,20 +118,22 @@ class InputRounds:
         answer_key = uri.rsplit(_ANSWERS_MARKER, 1)[1] if _ANSWERS_MARKER in uri else name
         value = _dict(_dict(run.get("spec")).get("answers")).get(answer_key)
         if not isinstance(value, str):
-            raise _Refused(f"spec.answers[{answer_key}] is missing")
+            raise AnswerRefused(f"spec.answers[{answer_key}] is missing")
         unproven = delivery_unproven(data_key, "answers", answer_key, value)
         if unproven is not None:
-            raise _Refused(f"spec.answers[{answer_key}]: {unproven.message}")
+            raise AnswerRefused(f"spec.answers[{answer_key}]: {unproven.message}")
         try:
             text = unseal_value(data_key, value, delivery_label("answers", answer_key)) if data_key else value
             question = asked.questions.get(key)
             said = unseal_value(data_key, question, question_label(name)) if data_key else question
             schema = question_schema(str(said))
         except (ValueSealingError, ValueError) as err:
-            raise _Refused(f"spec.answers[{answer_key}]: cannot be read with its question: {err}") from None
+            raise AnswerRefused(
+                f"spec.answers[{answer_key}]: cannot be read with its question: {err}"
+            ) from None
         parsed = parse_answer(schema, str(text))
         if isinstance(parsed, str):
-            raise _Refused(f"spec.answers[{answer_key}]: {parsed}")
+            raise AnswerRefused(f"spec.answers[{answer_key}]: {parsed}")
         return parsed
 
     async def _fail(

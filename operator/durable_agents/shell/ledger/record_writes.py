@@ -28,6 +28,8 @@ from durable_agents.shell.ledger.unsealing import sealed_outcome
 from durable_agents.shell.observability.events import EventRecorder
 
 A = ActionState
+HELD_CALL_LOST = "HeldCallLost"
+"""A call held open while its server's question waited was lost: its outcome is unknown."""
 
 
 class RecordWrites:
@@ -63,6 +65,7 @@ class RecordWrites:
         message: str | None = None,
         references: list[ResolvedReference] | None = None,
         asked: ActionInput | None = None,
+        claim_until: datetime | None = None,
     ) -> dict[str, Any]:
         new = next_status(
             status,
@@ -78,6 +81,7 @@ class RecordWrites:
             message=message,
             references=references,
             asked=asked,
+            claim_until=claim_until,
         )
         return await self.store.commit_status(body, new.wire())
 
@@ -98,13 +102,20 @@ class RecordWrites:
             holder, attempts = spec.first_claim.holder, max(status.attempts, 1)  # it may have sent
         else:
             holder, attempts = status.claimed_by or "its claimant", status.attempts
-        return await self.write(
-            body,
-            status.model_copy(update={"attempts": attempts}),
-            A.OUTCOME_UNKNOWN,
-            reason="ClaimExpired",
-            message=f"{holder} did not record an answer in time",
+        reason, message = "ClaimExpired", f"{holder} did not record an answer in time"
+        if status.state is A.INPUT_REQUIRED:  # the call held open for a person's answer is gone
+            reason = HELD_CALL_LOST
+            message = (
+                f"the call {holder} held open while its server's question waited was lost (an "
+                "operator restart, a lost claim): the question is closed, the outcome is unknown"
+            )
+        update = {"attempts": attempts}
+        out = await self.write(
+            body, status.model_copy(update=update), A.OUTCOME_UNKNOWN, reason=reason, message=message
         )
+        if reason == HELD_CALL_LOST:  # the record's reason moves on with its queries: the Event stays
+            await self.event(out, reason, message, warning=True)
+        return out
 
     async def fail_before_dispatch(
         self, body: dict[str, Any], status: ActionRecordStatus, reason: str, message: str, direct: bool

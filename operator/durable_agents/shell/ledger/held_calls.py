@@ -1,0 +1,206 @@
+"""A ledger call held open while its server asks a person (protocol 2025-11-25, issue 36 item 1).
+
+On the 2025-11-25 protocol a server asks while the ``tools/call`` is open (``elicitation/create``).
+The client of a ledger call declares elicitation (its callback:
+:class:`~durable_agents.shell.agent.mcp_elicitation.HoldOpen`) and :class:`HeldCall` is what it
+asks: the question is recorded on the ActionRecord as the durable path records one
+(``input_required``, ``status.input`` marked ``heldOpen``: no request state, under the outcome
+stamp), with the sender's claim lasting the hold; the run asks it (``waiting_input`` on
+``mcp-<step>-<round>-<key>``); the person's answer, once the run records it, is read from the
+run, checked again against the schema, and goes back on the open call. The record returns to
+``dispatching``: the call completes and settles as usual.
+
+The bound is the run's policy's ``mcp.holdOpen`` (default 10m): past it the server is told
+``cancel``. A call lost while held (the operator restarted, lost its claim) cannot be answered:
+its claim expires and the record becomes ``outcome_unknown`` (``HeldCallLost``), reconciled like
+any other; nothing is sent again by itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from durable_agents.api.v1alpha1 import ActionInput, ActionRecordSpec, ActionState, ResolvedReference
+from durable_agents.api.v1alpha1.agentpolicy import HOLD_OPEN_DEFAULT
+from durable_agents.api.v1alpha1.states import RunState
+from durable_agents.core.agent.mcp_elicitation import ElicitationAnswer, ElicitationQuestion
+from durable_agents.core.agent.mcp_questions import answer_ref_id, question_name
+from durable_agents.core.durations import parse_duration
+from durable_agents.core.sealed_values import DataKey
+from durable_agents.shell.effects import Failed, InputRequired
+from durable_agents.shell.ground.kube import ObjectKey
+from durable_agents.shell.ground.store import Gone, RunStore
+from durable_agents.shell.intake.policies import PolicyCache
+from durable_agents.shell.ledger.input_asked import asked_input
+from durable_agents.shell.ledger.input_rounds import AnswerRefused, InputRounds, answer_refs
+from durable_agents.shell.ledger.progress_writes import ProgressWrites
+from durable_agents.shell.ledger.record_writes import RecordWrites
+from durable_agents.shell.ledger.unsealing import CannotUnseal, data_key_of
+
+log = logging.getLogger(__name__)
+
+HELD_PAST_BOUND = "HeldPastBound"
+HELD_ANSWERED = "HeldAnswered"
+HELD_RECHECK = 5.0
+"""Seconds between two reads of the run while a held call waits (besides its watch events)."""
+CLAIM_MARGIN = timedelta(seconds=5)
+
+
+def _run_key(run: Mapping[str, Any]) -> ObjectKey:
+    meta = run.get("metadata") or {}
+    return (str(meta.get("namespace", "")), str(meta.get("name", "")))
+
+
+class HeldCalls:
+    """The calls this dispatcher holds open, woken by their run's watch events."""
+
+    def __init__(
+        self, runs: RunStore, writes: RecordWrites, inputs: InputRounds, policies: PolicyCache, timeout: float
+    ) -> None:
+        self.runs, self.writes, self.inputs, self.policies = runs, writes, inputs, policies
+        self.timeout = timeout
+        self._woken: dict[ObjectKey, asyncio.Event] = {}
+
+    def answered(self, run: Mapping[str, Any]) -> None:
+        """A run's watch event: a call held for it reads the run again now."""
+        event = self._woken.get(_run_key(run))
+        if event is not None:
+            event.set()
+
+    async def hold_for(self, namespace: str, run_body: Mapping[str, Any] | None) -> float:
+        """Seconds the run's policy lets a call be held open (``mcp.holdOpen``)."""
+        ref = ((run_body or {}).get("spec") or {}).get("policyRef") or {}
+        name = ref.get("name") if isinstance(ref, Mapping) else None
+        policy = await self.policies.read(namespace, name) if isinstance(name, str) else None
+        text = policy.mcp.hold_open if policy is not None else HOLD_OPEN_DEFAULT
+        return parse_duration(text).total_seconds()
+
+    def call(self, spec: ActionRecordSpec, namespace: str, data_key: DataKey | None, hold: float) -> HeldCall:
+        return HeldCall(self, spec, namespace, data_key, hold)
+
+
+class HeldCall:
+    """One send's questions asked while its call is open (``ask``: :class:`HoldOpen`'s)."""
+
+    def __init__(
+        self, calls: HeldCalls, spec: ActionRecordSpec, namespace: str, data_key: DataKey | None, hold: float
+    ) -> None:
+        self.calls, self.spec, self.namespace, self.data_key, self.hold = (
+            calls,
+            spec,
+            namespace,
+            data_key,
+            hold,
+        )
+        self.record: ProgressWrites | None = None  # the record as last written (the dispatcher's)
+        self.first = False  # sent under a first claim: the attempt is recorded with the first question
+        self.first_recorded = False
+        self.references: list[ResolvedReference] = []  # read for this send: recorded with its attempt
+
+    async def ask(self, question: ElicitationQuestion) -> ElicitationAnswer:
+        """Record the question, wait for the run's answer (at most the hold), then record that
+        the call goes on. Never raises for the person's side: an answer that cannot be used is
+        told to the server as ``cancel`` and the record says why."""
+        record = self.record
+        if record is None:  # not wired (no record to write on): nobody can be asked
+            return ElicitationAnswer("cancel")
+        asked = asked_input(
+            record.status,
+            self.spec,
+            InputRequired({question.key: question.for_person()}, {}, None),
+            self.data_key,
+        )
+        if isinstance(asked, Failed):
+            await self._goes_on(record, asked.reason, asked.message)
+            return ElicitationAnswer("cancel")
+        asked = asked.model_copy(update={"held_open": True})
+        first = self.first and not self.first_recorded
+        until = datetime.now(UTC) + timedelta(seconds=self.hold + self.calls.timeout) + CLAIM_MARGIN
+        body = await self.calls.writes.write(
+            record.body,
+            record.status,
+            ActionState.INPUT_REQUIRED,
+            reason="InputRequired",
+            message=f"the server asks {question.key} while the call is held open (at most {self.hold:.0f}s)",
+            first=first,
+            references=self.references if first else None,
+            asked=asked,
+            claim_until=until,
+        )
+        self.first_recorded = self.first_recorded or first
+        self._keep(record, body)
+        await self.calls.writes.event(body, "InputRequired", body["status"]["message"])
+        try:
+            answer, reason, why = await asyncio.wait_for(self._answer(asked, question.key), self.hold)
+        except TimeoutError:
+            answer, reason = ElicitationAnswer("cancel"), HELD_PAST_BOUND
+            why = f"nobody answered within the policy's mcp.holdOpen ({self.hold:.0f}s): told cancel"
+        await self._goes_on(record, reason, why)
+        return answer
+
+    async def _answer(self, asked: ActionInput, key: str) -> tuple[ElicitationAnswer, str, str]:
+        """The run's checked answer to ``key`` (or ``cancel``, and why), read on each run event."""
+        calls, run_name = self.calls, self.spec.run_ref.name
+        name = question_name(self.spec.step_index, asked.round, key)
+        event = calls._woken.setdefault((self.namespace, run_name), asyncio.Event())
+        try:
+            while True:
+                event.clear()
+                try:
+                    run = await calls.runs.get(self.namespace, run_name)
+                except Gone:
+                    return ElicitationAnswer("cancel"), "HeldRunGone", f"its run {run_name!r} is gone"
+                state = str((run.get("status") or {}).get("state") or "")
+                if (
+                    state in {s.value for s in RunState if s.terminal}
+                    or state == RunState.CANCEL_REQUESTED.value
+                ):
+                    return (
+                        ElicitationAnswer("cancel"),
+                        "HeldRunEnded",
+                        f"its run is {state}: the server is told cancel",
+                    )
+                refs = answer_refs(run)
+                if answer_ref_id(name) in refs:
+                    try:
+                        given = calls.inputs.answer_of(
+                            run, self.spec, asked, key, refs, data_key_of(run, calls.inputs.keyring)
+                        )
+                    except (AnswerRefused, CannotUnseal) as err:
+                        return (
+                            ElicitationAnswer("cancel"),
+                            "McpAnswerRefused",
+                            f"{err}; the server is told cancel",
+                        )
+                    return given, HELD_ANSWERED, f"answered ({given.action}); the call goes on"
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(event.wait(), HELD_RECHECK)
+        finally:
+            calls._woken.pop((self.namespace, run_name), None)
+
+    async def _goes_on(self, record: ProgressWrites, reason: str, message: str) -> None:
+        """The call goes on (answered, or told cancel): ``dispatching`` again, under a claim that
+        lasts a dispatch timeout. The run's question closes (its record no longer asks)."""
+        if record.status.state is not ActionState.INPUT_REQUIRED:
+            return
+        until = datetime.now(UTC) + timedelta(seconds=self.calls.timeout) + CLAIM_MARGIN
+        try:
+            body = await self.calls.writes.write(
+                record.body, record.status, ActionState.DISPATCHING, reason=reason, message=message[:4096],
+                claim_until=until,
+            )  # fmt: skip
+        except Exception as err:  # the call's answer is still written on the last record known
+            log.warning("%s: held call's answer not recorded: %s", record.body["metadata"]["name"], err)
+            return
+        self._keep(record, body)
+
+    @staticmethod
+    def _keep(record: ProgressWrites, body: dict[str, Any]) -> None:
+        from durable_agents.api.v1alpha1 import ActionRecordStatus
+
+        record.body, record.status = body, ActionRecordStatus.model_validate(body["status"])
