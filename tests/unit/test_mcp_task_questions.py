@@ -73,8 +73,10 @@ async def test_a_tasks_question_is_answered_on_its_result_stream_and_the_task_co
     assert len(asked) == 1, asked
     [question] = asked
     assert "could have multiple interpretations" in question.message
-    assert question.schema is not None and question.schema["required"] == ["interpretation"]
-    assert isinstance(polled.result, McpResult) and not polled.result.is_error
+    assert question.schema is not None
+    assert question.schema["required"] == ["interpretation"]
+    assert isinstance(polled.result, McpResult)
+    assert not polled.result.is_error
     assert "**Clarification**: snake" in str(polled.result.content)
     assert len(proxy.requests("tools/call")) == 1, "answering never calls the tool again"
     assert {r["session"] for r in proxy.requests("tasks/result")} == {task.session}
