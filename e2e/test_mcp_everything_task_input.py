@@ -21,8 +21,9 @@ from e2e.test_agent_results import tool_results
 from e2e.test_mcp_everything import approve_each, everything, everything_entry, script
 from e2e.test_mcp_everything_tasks import recorded, records
 
+from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents.kubectl.answer import AnswerError, answer
-from durable_agents_testkit.eventually import Within
+from durable_agents_testkit.eventually import Within, eventually
 from durable_agents_testkit.mcpeverything import EverythingServer
 from durable_agents_testkit.mcprecorder import RecordingProxy
 from durable_agents_testkit.modelserver import ModelServerThread
@@ -102,3 +103,61 @@ def test_a_tasks_question_is_answered_on_the_run_and_the_task_completes_with_its
     assert "# Research Report: python (snake)" in told, told
     assert "**Clarification**: snake" in told, told
     assert not op.logged("Traceback")
+
+
+def test_a_tasks_question_lost_with_its_operator_closes_and_the_task_is_polled_not_called_again(
+    webhook_operator: Callable[..., OperatorProcess],
+    runs: Runs,
+    agent_namespace: str,
+    model: ModelServerThread,
+    refsystem: ReferenceSystemThread,
+    everything: EverythingServer,
+    recorded: RecordingProxy,
+) -> None:
+    # A short hold: the lost asker's claim (hold + dispatch timeout) expires soon after the kill.
+    runs.custom.patch_namespaced_custom_object(
+        GROUP, VERSION, runs.namespace, "agentpolicies", "refunds", {"spec": {"mcp": {"holdOpen": "10s"}}}
+    )
+    spec = _spec(model, refsystem, recorded.url)
+    first = webhook_operator("mcp-everything-task-input-1")
+    name = runs.create(spec)
+    question, asked = _asked(runs, name)
+    first.kill()
+    webhook_operator("mcp-everything-task-input-2")
+
+    def lost() -> list[Any] | None:
+        told = [
+            e for e in runs.events(records(runs)[0]["metadata"]["name"]) if e.reason == "TaskQuestionLost"
+        ]
+        return told or None
+
+    told = eventually(lost, Within.RUN, "the lost question's Warning Event TaskQuestionLost")
+    assert asked["task"]["id"] in str(told[0].message)
+
+    def closed() -> dict[str, Any] | None:
+        run = runs.get(name)
+        return run if run["status"].get("waitingFor") != f"input:{question}" else None
+
+    eventually(closed, Within.RUN, f"the question {question} to close")
+
+    # The task is the server's: polled again (tasks/result fetched again while it waits for
+    # input). Whether the server asks again or goes on with its default, the run ends with the
+    # task's report, the tool never called again.
+    def ended() -> dict[str, Any] | None:
+        run = runs.get(name)
+        state = run["status"].get("state")
+        if state == "waiting_input":  # asked again: answered
+            waiting = str(run["status"]["waitingFor"]).removeprefix("input:")
+            if waiting != question:
+                answer(runs.custom, runs.namespace, name, RIGHT, waiting)
+        return run if state in ("completed", "failed") else None
+
+    done = eventually(ended, Within.RUN, "the run to end after the restart", interval=1.0)
+    assert done["status"]["state"] == "completed", (done["status"].get("outcome"), everything.output())
+    [final] = records(runs)
+    assert final["status"]["task"]["id"] == asked["task"]["id"], "the same task, polled after the kill"
+    assert final["status"]["state"] == "succeeded", final["status"]
+    assert len(recorded.requests("tools/call")) == 1, "the tool was called once, across the kill"
+    assert len(recorded.requests("tasks/result")) >= 2, "tasks/result fetched again after the kill"
+    told_model = json.dumps(tool_results(model.calls()["requests"], TOOL))
+    assert "# Research Report: python" in told_model, told_model
