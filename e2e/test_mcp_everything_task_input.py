@@ -60,7 +60,8 @@ def _asked(runs: Runs, name: str) -> tuple[str, dict[str, Any]]:
     assert status["state"] == "input_required", status
     assert (status["input"]["heldOpen"], status["input"]["round"]) == (True, 1), status["input"]
     task = status["task"]
-    assert (task["protocol"], task["id"]) == ("2025-11-25", task["id"]), task
+    assert task["protocol"] == "2025-11-25", task
+    assert task["id"], task
     assert task["session"], "the task and its session stay in the record while the question waits"
     assert status["attempts"] == 1, status
     assert "multiple interpretations" not in json.dumps(status), "the server's question is sealed"
