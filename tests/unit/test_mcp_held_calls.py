@@ -19,7 +19,8 @@ def _tool(support: str | None) -> Tool:
     return Tool(name="t", input_schema={"type": "object"}, execution=execution)
 
 
-def test_a_tool_that_may_run_as_a_task_is_never_called_on_a_connection_declaring_elicitation() -> None:
+def test_a_tool_that_may_run_as_a_task_is_told_by_its_listing() -> None:
+    # Its questions go through its task (tasks/result), never a call held open.
     assert may_be_task(_tool("optional"))
     assert may_be_task(_tool("required"))
     assert not may_be_task(_tool("forbidden"))

@@ -161,7 +161,8 @@ async def refuse_elicitation(context: Any, params: Any) -> Any:
 
 def may_be_task(tool: Any) -> bool:
     """Whether ``tool`` (an SDK ``Tool``, None: not listed) may run as a task: its questions then
-    go through the task (``tasks/get`` input_required), never a call held open."""
+    go through the task (``tasks/get`` input_required, then ``tasks/result``), never a call held
+    open: a caller that cannot hold its task calls it on a connection without elicitation."""
     execution = getattr(tool, "execution", None)
     return execution is not None and execution.task_support in ("optional", "required")
 

@@ -16,7 +16,9 @@ from typing import Any
 
 import httpx2
 
-from durable_agents.shell.agent.mcp_task_handles import McpTaskUnknown, TaskPoll, task_of
+from durable_agents.shell.agent.mcp_elicitation import HoldOpen
+from durable_agents.shell.agent.mcp_task_handles import McpTask, McpTaskUnknown, TaskPoll, task_of
+from durable_agents.shell.agent.mcp_task_questions import result_answering
 from durable_agents.shell.agent.mcp_task_sessions import SessionAnswered, session_request
 from durable_agents.shell.agent.mcp_tools import (
     _HTTP_TIMEOUT,
@@ -44,23 +46,30 @@ async def poll_in_session(
     *,
     timeout: float,  # noqa: ASYNC109 (a deadline for the whole operation, applied inside)
     access: McpAccess = NO_ACCESS,
+    hold: HoldOpen | None = None,
 ) -> TaskPoll:
-    """``tasks/get`` once, and ``tasks/result`` when the task completed."""
+    """``tasks/get`` once, and ``tasks/result`` when the task completed. A task that waits for
+    input (``input_required``) with ``hold`` (who answers its questions): ``tasks/result``, its
+    server's questions answered on the stream (:mod:`.mcp_task_questions`), until it ends."""
     from mcp_types import CallToolResult
     from pydantic import ValidationError
 
     asked = {"taskId": task_id}
     try:
         async with asyncio.timeout(timeout), _http(access) as http:
-            task = task_of(await session_request(http, url, session, "tasks/get", asked))
-            if task.id != task_id:
-                raise McpTaskUnknown(
-                    f"{url} answered tasks/get for {task_id!r} with task {task.id!r}", url=url
-                )
-            if task.status != "completed":
+            task = await _status(http, url, session, task_id)
+            raw: dict[str, Any] | None = None
+            if task.status == "input_required" and hold is not None:
+                raw = await result_answering(http, url, session, task_id, hold)
+                if raw is None:  # the stream ended before the task: as it stands now
+                    task = await _status(http, url, session, task_id)
+            if raw is None and task.status != "completed":
                 ended = task.status in ("failed", "cancelled")
                 return TaskPoll(task, error=(task.status_message or task.status) if ended else None)
-            raw = await session_request(http, url, session, "tasks/result", asked)
+            if raw is None:
+                raw = await session_request(http, url, session, "tasks/result", asked)
+            else:
+                task = McpTask(task.id, "completed", task.status_message, task.poll_interval_ms)
     except McpTaskUnknown:
         raise
     except SessionAnswered as err:
@@ -77,6 +86,13 @@ async def poll_in_session(
             url=url,
         ) from None
     return TaskPoll(task, _result(result))
+
+
+async def _status(http: httpx2.AsyncClient, url: str, session: str | None, task_id: str) -> McpTask:
+    task = task_of(await session_request(http, url, session, "tasks/get", {"taskId": task_id}))
+    if task.id != task_id:
+        raise McpTaskUnknown(f"{url} answered tasks/get for {task_id!r} with task {task.id!r}", url=url)
+    return task
 
 
 def _payload(raw: dict[str, Any]) -> dict[str, Any]:

@@ -30,6 +30,8 @@ __all__ = [
     "asks_task",
     "created_task",
     "end_session",
+    "event_message",
+    "session_headers",
     "session_request",
     "tasks_client",
 ]
@@ -88,9 +90,9 @@ def _answer_of(response: httpx2.Response, body: bytes, request_id: int) -> dict[
     try:
         if kind.startswith("text/event-stream"):
             for event in body.decode("utf-8", errors="replace").split("\n\n"):
-                lines = [line[5:].lstrip() for line in event.splitlines() if line.startswith("data:")]
-                if "".join(lines).strip():  # a priming event carries an empty data line
-                    messages.append(json.loads("\n".join(lines)))
+                message = event_message(event)
+                if message is not None:  # a priming event carries an empty data line
+                    messages.append(message)
         else:
             messages.append(json.loads(body))
     except ValueError as err:
@@ -105,6 +107,25 @@ def _answer_of(response: httpx2.Response, body: bytes, request_id: int) -> dict[
     raise SessionUnanswered(f"no answer to request {request_id} in the response ({len(messages)} messages)")
 
 
+def session_headers(session: str | None) -> dict[str, str]:
+    """The headers of a request in ``session`` (None: a server without sessions)."""
+    headers = {"accept": "application/json, text/event-stream", _VERSION_HEADER: TASK_FORM_2025}
+    if session is not None:
+        headers[SESSION_HEADER] = session
+    return headers
+
+
+def event_message(event: str) -> Any:
+    """The JSON-RPC message of one SSE event (None: a priming event, its data line empty)."""
+    lines = [line[5:].lstrip() for line in event.splitlines() if line.startswith("data:")]
+    if not "".join(lines).strip():
+        return None
+    try:
+        return json.loads("\n".join(lines))
+    except ValueError as err:
+        raise SessionUnanswered(f"an event that is not JSON: {err}") from None
+
+
 async def session_request(
     http: httpx2.AsyncClient, url: str, session: str | None, method: str, params: dict[str, Any]
 ) -> dict[str, Any]:
@@ -113,10 +134,7 @@ async def session_request(
     session is one), an ``httpx`` error or :class:`SessionUnanswered` when it did not answer
     (readably)."""
     request = {"jsonrpc": "2.0", "id": 1, "method": method, "params": params}
-    headers = {"accept": "application/json, text/event-stream", _VERSION_HEADER: TASK_FORM_2025}
-    if session is not None:
-        headers[SESSION_HEADER] = session
-    async with http.stream("POST", url, json=request, headers=headers) as response:
+    async with http.stream("POST", url, json=request, headers=session_headers(session)) as response:
         body = b""
         async for chunk in response.aiter_bytes():
             body += chunk

@@ -30,6 +30,7 @@ import asyncio
 from typing import TYPE_CHECKING, Any, Literal
 
 from durable_agents.core.agent.mcp_tasks import TASK_FORM_2025, task_form
+from durable_agents.shell.agent.mcp_elicitation import HoldOpen
 from durable_agents.shell.agent.mcp_notices import ServerLog
 from durable_agents.shell.agent.mcp_task_handles import (
     TASKS_EXTENSION,
@@ -105,13 +106,14 @@ async def poll_task(
     tool: str | None = None,
     protocol: str | None = None,
     session: str | None = None,
+    hold: HoldOpen | None = None,
 ) -> TaskPoll:
     """``tasks/get`` for ``task_id`` once (module docstring); a read: safe to repeat. A completed
     task's result is checked against ``tool``'s output schema, like a direct answer. A task of
     the 2025-11-25 form (``protocol``) is asked in its ``session``, its result fetched by
-    ``tasks/result`` (:mod:`.mcp_task_polls_2025`)."""
+    ``tasks/result`` (:mod:`.mcp_task_polls_2025`); ``hold`` answers its questions."""
     if task_form(protocol) == TASK_FORM_2025:
-        return await poll_in_session(url, task_id, session, timeout=timeout, access=access)
+        return await poll_in_session(url, task_id, session, timeout=timeout, access=access, hold=hold)
     seen = _Seen(ServerLog(server or url))
     try:
         async with asyncio.timeout(timeout), _connect(url, access, seen, tasks=True) as client:

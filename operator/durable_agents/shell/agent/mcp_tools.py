@@ -450,8 +450,8 @@ async def call_tool(
     ``sampling`` answers the server's sampling requests (None: refused). A server that asks for
     input first (2026-07-28) raises :class:`McpInputRequired` (nothing applied); the retry passes
     the answers as ``input_responses`` and the echoed ``request_state``, under the same
-    idempotency key. ``elicitation``: declared (2025-11-25: asked while the call is open), but
-    not for a tool that may run as a task (called on a connection that does not declare it)."""
+    idempotency key. ``elicitation``: declared (2025-11-25); a tool that may run as a task gets it
+    only when ``tasks`` (its questions come through ``tasks/result``), else a connection without it."""
     from mcp_types import RequestParamsMeta
 
     from durable_agents.shell.agent.mcp_task_handles import McpTask
@@ -473,7 +473,7 @@ async def call_tool(
             for _ in range(2):
                 async with _connect(url, access, seen, sampling, tasks=tasks, elicitation=declared) as client:
                     entry = next((known for known in await _all_tools(client) if known.name == tool), None)
-                    if declared is not None and may_be_task(entry):
+                    if declared is not None and not tasks and may_be_task(entry):
                         declared = None  # its questions go through its task, never a call held open
                         continue
                     if entry is not None:

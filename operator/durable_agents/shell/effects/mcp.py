@@ -181,17 +181,21 @@ class McpCall:
         url, tool = action.target.get("url"), str(action.target.get("tool"))
         if not isinstance(url, str):
             return Unknown("InvalidTarget", "mcp.call needs target.url")
+        held = ctx.extra.get(HOLD_EXTRA)  # a 2025-11-25 task's questions: held_calls asks them
+        server = str(action.target.get("server") or url)
+        hold = HoldOpen(server, tool, held.ask, hold=held.hold + 5.0) if held is not None else None
         try:
             access = await _access(ctx, action.target.get("server"))
             polled = await poll_task(
                 url,
                 task_id,
-                timeout=ctx.timeout,
+                timeout=ctx.timeout + (held.hold + 5.0 if held is not None else 0.0),
                 access=access,
                 server=url,
                 tool=tool,
                 protocol=protocol,
                 session=session,
+                hold=hold,
             )
         except Unresolvable as err:  # asked again later: the Secret may come back
             return Tasked(task_id, "working", f"not polled: {err}"[:512])

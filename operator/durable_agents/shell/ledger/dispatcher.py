@@ -133,6 +133,7 @@ class Dispatcher(Background):
         self.inputs = InputRounds(self.runs, self.writes, config.keyring)  # input_required: answers
         # Calls held open while their server asks a person (2025-11-25): held_calls.
         self.held = HeldCalls(self.runs, self.writes, self.inputs, self.policies, config.timeout)
+        self.tasks.held = self.held  # a 2025-11-25 task's questions are asked as a held call's
 
     def observe(self, event_type: str | None, body: dict[str, Any]) -> None:
         meta = body.get("metadata") or {}
@@ -191,7 +192,7 @@ class Dispatcher(Background):
                         return
                     body = retried
                 elif isinstance(step, GiveUpClaim):
-                    body = await self.writes.give_up(body, status, spec)
+                    body = await self.tasks.give_up(body, status, spec)
                 elif isinstance(step, PollTask):
                     if step.at > datetime.now(UTC):
                         self.queue.wake_at(key, step.at)
@@ -223,7 +224,7 @@ class Dispatcher(Background):
             step = next_dispatch_step(status, datetime.now(UTC), spec.first_claim)
             try:
                 if isinstance(step, GiveUpClaim):
-                    body = await self.writes.give_up(body, status, spec)
+                    body = await self.tasks.give_up(body, status, spec)
                     continue
                 if isinstance(step, Query):
                     await self._query(body, status)

@@ -41,15 +41,19 @@ from durable_agents.api.v1alpha1 import (
     ActionTask,
     RunState,
 )
+from durable_agents.core.agent.mcp_tasks import TASK_FORM_2025
 from durable_agents.core.durations import parse_duration
 from durable_agents.core.regions import owning_region_of
 from durable_agents.core.sealed_values import DataKey
 from durable_agents.shell.effects import Action, Applied, Effect, EffectContext, Failed, Tasked, TaskEffect
+from durable_agents.shell.effects.mcp import HOLD_EXTRA
 from durable_agents.shell.ground import metrics
 from durable_agents.shell.ground.kube import Kube
 from durable_agents.shell.ground.store import Gone, RunStore
 from durable_agents.shell.intake.policies import PolicyCache
 from durable_agents.shell.ledger.dispatch_config import DispatcherConfig
+from durable_agents.shell.ledger.held_calls import HeldCall, HeldCalls
+from durable_agents.shell.ledger.progress_writes import ProgressWrites
 from durable_agents.shell.ledger.record_writes import RecordWrites
 from durable_agents.shell.ledger.unsealing import UNDECRYPTABLE, CannotUnseal, data_key_of, sealed_outcome
 
@@ -61,6 +65,7 @@ TASK_WAIT_MAX: Final = timedelta(hours=24)
 without a policy; a run's policy sets it: ``spec.waitExpiries.external``, the bound of every
 external wait."""
 TASK_ID_REUSED: Final = "TaskIdReused"
+TASK_QUESTION_LOST: Final = "TaskQuestionLost"
 _CANCELING = (RunState.CANCEL_REQUESTED, RunState.CANCELED)
 
 
@@ -87,6 +92,7 @@ class TaskPolls:
     ) -> None:
         self.kube, self.writes, self.runs, self.config = kube, writes, runs, config
         self.context_of, self.policies = context_of, policies
+        self.held: HeldCalls | None = None  # asks a 2025-11-25 task's questions (the dispatcher's)
         # Cancels sent by this process and not yet in the record, by (record UID, task ID): a poll
         # that meets a 409 after sending, or runs beside another poll of the record, reuses the
         # answer instead of sending ``tasks/cancel`` again.
@@ -137,6 +143,11 @@ class TaskPolls:
             await self.writes.event(body, UNDECRYPTABLE, f"task not polled: {err}", warning=True)
             return later
         ctx = self.context_of(spec, namespace, run_body)
+        task = status.task
+        if self.held is not None and task is not None and task.protocol == TASK_FORM_2025:
+            # Its server may ask while it waits (input_required): held_calls asks the run.
+            hold = await self.held.hold_for(namespace, run_body)
+            ctx.extra[HOLD_EXTRA] = self.held.call(spec, namespace, data_key, hold)
         wait_max = await self._wait_max(namespace, run_body)
         return await self.poll(body, status, effect, ctx, spec, run_body, data_key, wait_max)
 
@@ -236,7 +247,12 @@ class TaskPolls:
             status = ActionRecordStatus.model_validate(body["status"])
         if now - task.created_at > wait_max:
             return await self._expired(body, status, task, effect, ctx, action, wait_max)
+        held = ctx.extra.get(HOLD_EXTRA)
+        if isinstance(held, HeldCall):  # a question asked meanwhile is written on this record
+            held.record = ProgressWrites(self.writes.store, body, status)
         result = await effect.poll(ctx, action, task.id, protocol=task.protocol, session=task.session)
+        if isinstance(held, HeldCall) and held.record is not None:  # as the questions left it
+            body, status = held.record.body, held.record.status
         metrics.ACTION_QUERIES.labels(spec.effect, f"Task{type(result).__name__}").inc()
         polled = task.model_copy(update={"polls": task.polls + 1, "polled_at": now})
         if isinstance(result, Tasked):
@@ -267,6 +283,30 @@ class TaskPolls:
         )
         # Its own reason: the query that follows writes (and tells) what it finds.
         await self.writes.event(out, result.reason, f"{result.message}; asking by key", warning=True)
+        return out
+
+    async def give_up(
+        self, body: dict[str, Any], status: ActionRecordStatus, spec: ActionRecordSpec
+    ) -> dict[str, Any]:
+        """A claim expired: given up (record_writes), except a task's question whose asker is gone."""
+        if status.state is A.INPUT_REQUIRED and status.task is not None:
+            return await self.question_lost(body, status)
+        return await self.writes.give_up(body, status, spec)
+
+    async def question_lost(self, body: dict[str, Any], status: ActionRecordStatus) -> dict[str, Any]:
+        """A 2025-11-25 task's question whose asker is gone (an operator restart while the person
+        had not answered: the ``tasks/result`` stream it came on is lost). The task is still the
+        server's: its record is polled again (``dispatching``, the same task; the run's question
+        closes), and ``tasks/result`` is fetched again when it still waits for input, so that its
+        server may ask again. The tool is never called again."""
+        task = status.task
+        assert task is not None
+        message = (
+            f"the question of task {task.id} was lost with its asker (an operator restart): closed "
+            "unanswered; the task is polled again"
+        )
+        out = await self.writes.write(body, status, A.DISPATCHING, reason=TASK_QUESTION_LOST, message=message)
+        await self.writes.event(out, TASK_QUESTION_LOST, message, warning=True)
         return out
 
     async def _expired(
