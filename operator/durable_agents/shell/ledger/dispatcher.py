@@ -190,8 +190,12 @@ class Dispatcher(Background):
                     if retried is None:
                         return
                     body = retried
-                elif isinstance(step, GiveUpClaim):
-                    body = await self.writes.give_up(body, status, spec)
+                elif isinstance(step, GiveUpClaim):  # a lost held call trusted as idempotent: sent again
+                    resend = await self.held.resend_lost(body, status, spec)
+                    given = await (self._claim_and_dispatch(body, status) if resend else self.writes.give_up(body, status, spec))
+                    if given is None:
+                        return
+                    body = given
                 elif isinstance(step, PollTask):
                     if step.at > datetime.now(UTC):
                         self.queue.wake_at(key, step.at)
