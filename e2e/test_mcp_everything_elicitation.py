@@ -10,7 +10,10 @@ Nobody answering within the policy's ``mcp.holdOpen``: the server is told ``canc
 closes (``HeldPastBound``) and the call completes once. Another test SIGKILLs the operator while
 the call is held: the call is gone, so the question closes and the action's outcome is
 ``outcome_unknown`` (Warning Event ``HeldCallLost``), to be reconciled like any other; nothing is
-sent again.
+sent again. Unless the policy trusts the tool as idempotent (``spec.mcp.idempotentTools``): then
+the call is sent again under the same key (``HeldCallResent``), the server asks again, and the
+answer completes the run (two attempts; server-everything keeps no record by key, so the ledger's
+attempts and key are what is checked).
 """
 
 from __future__ import annotations
@@ -202,9 +205,11 @@ def test_a_held_call_lost_whose_tool_the_policy_trusts_as_idempotent_is_sent_aga
     status = record["status"]
     assert (status["state"], status["attempts"], status["input"]["round"]) == ("input_required", 2, 2), status
     assert status["input"]["heldOpen"] is True, status
-    resent = [e for e in runs.events(record["metadata"]["name"]) if e.reason == "HeldCallResent"]
-    assert resent and "idempotent" in resent[0].message, [e.reason for e in runs.events(record["metadata"]["name"])]
-    assert not [e for e in runs.events(record["metadata"]["name"]) if e.reason == "HeldCallLost"]
+    events = runs.events(record["metadata"]["name"])
+    resent = [e for e in events if e.reason == "HeldCallResent"]
+    assert resent, [e.reason for e in events]
+    assert "idempotent" in resent[0].message, resent[0].message
+    assert not [e for e in events if e.reason == "HeldCallLost"], "not given up: sent again"
     assert f"question {question} closed unanswered" in json.dumps(runs.get(name)["status"])
     with pytest.raises(AnswerError):  # the lost call's question is closed
         answer(runs.custom, runs.namespace, name, RIGHT, question)

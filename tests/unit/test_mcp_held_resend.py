@@ -50,7 +50,9 @@ def test_only_a_tool_named_on_its_servers_exact_url_is_trusted_as_idempotent() -
 
 
 def test_trusted_servers_are_not_idempotent_tools() -> None:
-    annotations_only = AgentPolicySpec.model_validate({"version": "v1", "mcp": {"trustedServers": [{"url": URL}]}})
+    annotations_only = AgentPolicySpec.model_validate(
+        {"version": "v1", "mcp": {"trustedServers": [{"url": URL}]}}
+    )
     assert not trusted_idempotent(annotations_only, URL, TOOL)
 
 
@@ -143,12 +145,16 @@ def test_a_lost_held_call_of_a_trusted_tool_is_sent_again_and_an_event_says_why(
     assert policies.read_names == ["p"], "the run's policy, read when the loss is found"
     [(reason, message)] = writes.events
     assert reason == HELD_CALL_RESENT
-    assert "idempotent" in message and TOOL in message and "same key" in message
+    assert "idempotent" in message
+    assert TOOL in message
+    assert "same key" in message
 
 
 def test_an_untrusted_or_unreadable_case_is_never_sent_again() -> None:
     other_tool = SPEC.model_copy(update={"target": {"url": URL, "tool": "get-sum"}})
-    not_held = HELD.model_copy(update={"input": ActionInput(round=1, keys=["k"], held_open=False, asked_at=NOW)})
+    not_held = HELD.model_copy(
+        update={"input": ActionInput(round=1, keys=["k"], held_open=False, asked_at=NOW)}
+    )
     dispatching = HELD.model_copy(update={"state": ActionState.DISPATCHING})
     http = SPEC.model_copy(update={"effect": "http.post"})
     for resend, writes, _ in (

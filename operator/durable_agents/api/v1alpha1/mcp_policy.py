@@ -9,6 +9,7 @@ from pydantic import Field
 
 from durable_agents.api.v1alpha1.meta import DURATION_PATTERN, ApiModel, cel
 
+
 class TrustedMcpServer(ApiModel):
     """An MCP server whose tool annotations this policy believes (``readOnlyHint``,
     ``destructiveHint``), named by the URL the operator calls: the name a run gives a server is the

@@ -191,11 +191,12 @@ class Dispatcher(Background):
                         return
                     body = retried
                 elif isinstance(step, GiveUpClaim):  # a lost held call trusted as idempotent: sent again
-                    resend = await self.held.resend_lost(body, status, spec)
-                    given = await (self._claim_and_dispatch(body, status) if resend else self.writes.give_up(body, status, spec))
-                    if given is None:
+                    if not await self.held.resend_lost(body, status, spec):
+                        body = await self.writes.give_up(body, status, spec)
+                    elif (resent := await self._claim_and_dispatch(body, status)) is None:
                         return
-                    body = given
+                    else:
+                        body = resent
                 elif isinstance(step, PollTask):
                     if step.at > datetime.now(UTC):
                         self.queue.wake_at(key, step.at)

@@ -34,11 +34,11 @@ from durable_agents.api.v1alpha1 import (
     ActionState,
     ResolvedReference,
 )
-from durable_agents.api.v1alpha1.agentpolicy import HOLD_OPEN_DEFAULT
+from durable_agents.api.v1alpha1.mcp_policy import HOLD_OPEN_DEFAULT
 from durable_agents.api.v1alpha1.states import RunState
 from durable_agents.core.agent.mcp_elicitation import ElicitationAnswer, ElicitationQuestion
-from durable_agents.core.agent.mcp_trust import trusted_idempotent
 from durable_agents.core.agent.mcp_questions import answer_ref_id, question_name
+from durable_agents.core.agent.mcp_trust import trusted_idempotent
 from durable_agents.core.durations import parse_duration
 from durable_agents.core.sealed_values import DataKey
 from durable_agents.shell.effects import Failed, InputRequired
@@ -96,7 +96,11 @@ class HeldCalls:
         """A claim found expired: whether it is a call lost while held open whose tool the run's
         policy, read now, trusts as idempotent (``mcp.idempotentTools``). Then it is sent again
         under the same key (said by a ``HeldCallResent`` Event); else it is given up, unknown."""
-        if status.state is not ActionState.INPUT_REQUIRED or status.input is None or not status.input.held_open:
+        if (
+            status.state is not ActionState.INPUT_REQUIRED
+            or status.input is None
+            or not status.input.held_open
+        ):
             return False
         target = spec.target or {}
         url, tool = target.get("url"), target.get("tool")
