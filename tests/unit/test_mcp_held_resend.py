@@ -23,6 +23,7 @@ from durable_agents.api.v1alpha1 import (
 from durable_agents.core.agent.mcp_trust import trusted_idempotent
 from durable_agents.shell.ground.store import Gone
 from durable_agents.shell.ledger.held_calls import HELD_CALL_RESENT, HeldCalls
+from durable_agents.shell.ledger.record_writes import HELD_CALL_LOST, RecordWrites
 
 pytestmark = pytest.mark.unit
 
@@ -107,6 +108,9 @@ class _Writes:
     async def event(self, body: dict[str, Any], reason: str, message: str, *, warning: bool = False) -> None:
         self.events.append((reason, message))
 
+    async def record(self, body: dict[str, Any], reason: str, message: str, *, warning: bool = False) -> None:
+        self.events.append((reason, message))
+
 
 SPEC = ActionRecordSpec(
     idempotency_key="uid/2/call",
@@ -169,3 +173,23 @@ def test_an_untrusted_or_unreadable_case_is_never_sent_again() -> None:
     ):
         assert not resend
         assert writes.events == []
+
+
+class _Store:
+    async def commit_status(self, body: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
+        return {**body, "status": status}
+
+
+def test_a_resend_refused_before_it_is_sent_leaves_the_lost_call_unknown_never_failed() -> None:
+    """The first send's outcome is unknown: a refusal of the second (run ended, policy changed)
+    must not record a definite failure over it."""
+    events = _Writes()
+    writes = RecordWrites(_Store(), events, "op-2", timedelta(seconds=30))  # type: ignore[arg-type]
+    out = asyncio.run(writes.fail_unsent(dict(BODY), HELD, False, "RunEnded", "not dispatched: canceled"))
+    status = ActionRecordStatus.model_validate(out["status"])
+    assert (status.state, status.attempts, status.reason) == (ActionState.OUTCOME_UNKNOWN, 1, HELD_CALL_LOST)
+    assert "RunEnded" in (status.message or "")
+    assert [reason for reason, _ in events.events] == [HELD_CALL_LOST]
+    durable = HELD.model_copy(update={"input": HELD.input.model_copy(update={"held_open": False})})  # type: ignore[union-attr]
+    out = asyncio.run(writes.fail_unsent(dict(BODY), durable, False, "RunEnded", "not dispatched"))
+    assert out["status"]["state"] == "failed", "a durable round was never sent: a definite failure"
