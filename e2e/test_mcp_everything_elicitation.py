@@ -10,7 +10,10 @@ Nobody answering within the policy's ``mcp.holdOpen``: the server is told ``canc
 closes (``HeldPastBound``) and the call completes once. Another test SIGKILLs the operator while
 the call is held: the call is gone, so the question closes and the action's outcome is
 ``outcome_unknown`` (Warning Event ``HeldCallLost``), to be reconciled like any other; nothing is
-sent again.
+sent again. Unless the policy trusts the tool as idempotent (``spec.mcp.idempotentTools``): then
+the call is sent again under the same key (``HeldCallResent``), the server asks again, and the
+answer completes the run (two attempts; server-everything keeps no record by key, so the ledger's
+attempts and key are what is checked).
 """
 
 from __future__ import annotations
@@ -168,3 +171,53 @@ def test_a_held_call_nobody_answers_within_the_policy_bound_is_told_cancel_and_c
     assert (record["state"], record["attempts"]) == ("succeeded", 1), record
     told = json.dumps(tool_results(model.calls()["requests"], TOOL))
     assert "User cancelled the elicitation dialog" in told, told
+
+
+def test_a_held_call_lost_whose_tool_the_policy_trusts_as_idempotent_is_sent_again_under_its_key(
+    webhook_operator: Callable[..., OperatorProcess],
+    runs: Runs,
+    agent_namespace: str,
+    model: ModelServerThread,
+    refsystem: ReferenceSystemThread,
+    everything: EverythingServer,
+) -> None:
+    trusted = {"holdOpen": "15s", "idempotentTools": [{"url": everything.url, "tools": [TOOL]}]}
+    runs.custom.patch_namespaced_custom_object(
+        GROUP, VERSION, runs.namespace, "agentpolicies", "refunds", {"spec": {"mcp": trusted}}
+    )
+    spec = _spec(model, refsystem, everything)
+    first = webhook_operator("mcp-everything-elicitation-resend-1")
+    name = runs.create(spec)
+    question = _held(runs, name)
+    before = _record(runs, name)
+    first.kill()
+    second = webhook_operator("mcp-everything-elicitation-resend-2")
+
+    def asked_again() -> str | None:
+        run = runs.get(name)
+        waiting = str(run["status"].get("waitingFor") or "")
+        return waiting.removeprefix("input:") if re.fullmatch(r"input:mcp-[0-9]+-2-\S+", waiting) else None
+
+    again = eventually(asked_again, Within.RUN, "the call sent again, its server asking again (round 2)")
+    record = _record(runs, name)
+    assert record["metadata"]["name"] == before["metadata"]["name"], "the same record"
+    assert record["spec"]["idempotencyKey"] == before["spec"]["idempotencyKey"], "under the same key"
+    status = record["status"]
+    assert (status["state"], status["attempts"], status["input"]["round"]) == ("input_required", 2, 2), status
+    assert status["input"]["heldOpen"] is True, status
+    events = runs.events(record["metadata"]["name"])
+    resent = [e for e in events if e.reason == "HeldCallResent"]
+    assert resent, [e.reason for e in events]
+    assert "idempotent" in resent[0].message, resent[0].message
+    assert not [e for e in events if e.reason == "HeldCallLost"], "not given up: sent again"
+    assert f"question {question} closed unanswered" in json.dumps(runs.get(name)["status"])
+    with pytest.raises(AnswerError):  # the lost call's question is closed
+        answer(runs.custom, runs.namespace, name, RIGHT, question)
+    answer(runs.custom, runs.namespace, name, RIGHT, again)
+    done = runs.wait_state(name, "completed", "failed", timeout=Within.RUN)
+    assert done["status"]["state"] == "completed", (done["status"].get("outcome"), everything.output())
+    status = _record(runs, name)["status"]
+    assert (status["state"], status["attempts"]) == ("succeeded", 2), status
+    told = json.dumps(tool_results(model.calls()["requests"], TOOL))
+    assert "Name: Ada Lovelace" in told, told
+    assert not second.logged("Traceback")

@@ -19,6 +19,7 @@ from durable_agents.api.v1alpha1.agentrun import *
 from durable_agents.api.v1alpha1.controls import *
 from durable_agents.api.v1alpha1.definitions import *
 from durable_agents.api.v1alpha1.identity import *
+from durable_agents.api.v1alpha1.mcp_policy import *
 from durable_agents.api.v1alpha1.meta import *
 from durable_agents.api.v1alpha1.notifications import *
 from durable_agents.api.v1alpha1.policystatus import *

@@ -203,7 +203,8 @@ class ActionInput(ApiModel):
     held_open: bool = False
     """Asked while the call was open (``elicitation/create``, protocol 2025-11-25): the answer
     goes back on that open call (no request state, nothing sent again); a call lost meanwhile
-    (operator restart, lost claim) leaves the outcome unknown (``HeldCallLost``)."""
+    (operator restart, lost claim) leaves the outcome unknown (``HeldCallLost``), unless the run's
+    policy trusts the tool as idempotent (``mcp.idempotentTools``): then it is sent again."""
 
 
 class ActionRecordStatus(ApiModel):

@@ -81,3 +81,12 @@ def mcp_call_tier(
 
 
 __all__ = ["McpTrust", "highest", "hinted_tier", "mcp_call_tier", "mcp_trust", "trusts"]
+
+
+def trusted_idempotent(policy: AgentPolicySpec | None, url: str, tool: str) -> bool:
+    """Whether ``policy`` trusts ``tool`` on the server at ``url`` as idempotent
+    (``spec.mcp.idempotentTools``): by exact URL and tool name, each named; no policy, no trust.
+    Only such a call, lost while held open, may be sent again under its key."""
+    if policy is None or not url or not tool:
+        return False
+    return any(entry.url == url and tool in entry.tools for entry in policy.mcp.idempotent_tools)

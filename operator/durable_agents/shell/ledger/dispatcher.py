@@ -191,8 +191,13 @@ class Dispatcher(Background):
                     if retried is None:
                         return
                     body = retried
-                elif isinstance(step, GiveUpClaim):
-                    body = await self.tasks.give_up(body, status, spec)
+                elif isinstance(step, GiveUpClaim):  # a lost held call trusted as idempotent: sent again
+                    if not await self.held.resend_lost(body, status, spec):
+                        body = await self.tasks.give_up(body, status, spec)
+                    elif (resent := await self._claim_and_dispatch(body, status)) is None:
+                        return
+                    else:
+                        body = resent
                 elif isinstance(step, PollTask):
                     if step.at > datetime.now(UTC):
                         self.queue.wake_at(key, step.at)

@@ -13,7 +13,9 @@ run, checked again against the schema, and goes back on the open call. The recor
 The bound is the run's policy's ``mcp.holdOpen`` (default 10m): past it the server is told
 ``cancel``. A call lost while held (the operator restarted, lost its claim) cannot be answered:
 its claim expires and the record becomes ``outcome_unknown`` (``HeldCallLost``), reconciled like
-any other; nothing is sent again by itself.
+any other; nothing is sent again by itself, UNLESS the run's policy (read then) trusts the tool as
+idempotent (``mcp.idempotentTools``): then it is sent again under the same idempotency key, a
+fresh attempt whose server asks again (``HeldCallResent``, :meth:`HeldCalls.resend_lost`).
 """
 
 from __future__ import annotations
@@ -25,11 +27,18 @@ from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from durable_agents.api.v1alpha1 import ActionInput, ActionRecordSpec, ActionState, ResolvedReference
-from durable_agents.api.v1alpha1.agentpolicy import HOLD_OPEN_DEFAULT
+from durable_agents.api.v1alpha1 import (
+    ActionInput,
+    ActionRecordSpec,
+    ActionRecordStatus,
+    ActionState,
+    ResolvedReference,
+)
+from durable_agents.api.v1alpha1.mcp_policy import HOLD_OPEN_DEFAULT
 from durable_agents.api.v1alpha1.states import RunState
 from durable_agents.core.agent.mcp_elicitation import ElicitationAnswer, ElicitationQuestion
 from durable_agents.core.agent.mcp_questions import answer_ref_id, question_name
+from durable_agents.core.agent.mcp_trust import trusted_idempotent
 from durable_agents.core.durations import parse_duration
 from durable_agents.core.sealed_values import DataKey
 from durable_agents.shell.effects import Failed, InputRequired
@@ -46,6 +55,7 @@ log = logging.getLogger(__name__)
 
 HELD_PAST_BOUND = "HeldPastBound"
 HELD_ANSWERED = "HeldAnswered"
+HELD_CALL_RESENT = "HeldCallResent"
 HELD_RECHECK = 5.0
 """Seconds between two reads of the run while a held call waits (besides its watch events)."""
 CLAIM_MARGIN = timedelta(seconds=5)
@@ -79,6 +89,41 @@ class HeldCalls:
         policy = await self.policies.read(namespace, name) if isinstance(name, str) else None
         text = policy.mcp.hold_open if policy is not None else HOLD_OPEN_DEFAULT
         return parse_duration(text).total_seconds()
+
+    async def resend_lost(
+        self, body: Mapping[str, Any], status: ActionRecordStatus, spec: ActionRecordSpec
+    ) -> bool:
+        """A claim found expired: whether it is a call lost while held open whose tool the run's
+        policy, read now, trusts as idempotent (``mcp.idempotentTools``). Then it is sent again
+        under the same key (said by a ``HeldCallResent`` Event); else it is given up, unknown. Never a
+        task's question: its tool was called once and the task is the server's to finish."""
+        if (
+            status.state is not ActionState.INPUT_REQUIRED
+            or status.input is None
+            or not status.input.held_open
+            or status.task is not None  # a task's question: the task is polled again (task_polls)
+        ):
+            return False
+        target = spec.target or {}
+        url, tool = target.get("url"), target.get("tool")
+        if spec.effect != "mcp.call" or not isinstance(url, str) or not isinstance(tool, str):
+            return False
+        namespace = str(body["metadata"]["namespace"])
+        try:
+            run = await self.runs.get(namespace, spec.run_ref.name)
+        except Gone:
+            return False
+        ref = (run.get("spec") or {}).get("policyRef") or {}
+        name = ref.get("name") if isinstance(ref, Mapping) else None
+        policy = await self.policies.read(namespace, name) if isinstance(name, str) else None
+        if not trusted_idempotent(policy, url, tool):
+            return False
+        message = (
+            f"the call {status.claimed_by or 'its sender'} held open while its server's question waited "
+            f"was lost; the policy {name!r} trusts {tool} as idempotent: sent again under the same key"
+        )
+        await self.writes.event(dict(body), HELD_CALL_RESENT, message)
+        return True
 
     def call(self, spec: ActionRecordSpec, namespace: str, data_key: DataKey | None, hold: float) -> HeldCall:
         return HeldCall(self, spec, namespace, data_key, hold)

@@ -129,7 +129,14 @@ class RecordWrites:
         self, body: dict[str, Any], status: ActionRecordStatus, direct: bool, reason: str, message: str
     ) -> dict[str, Any]:
         """Failed before anything was sent: claimed first, so that no other dispatcher sends it
-        meanwhile; ``direct`` under our own first claim, which already keeps everyone else out."""
+        meanwhile; ``direct`` under our own first claim, which already keeps everyone else out.
+        A held call lost and refused its re-send (``mcp.idempotentTools``) is no failure: its first
+        send's outcome is unknown, so it is given up as any lost held call."""
+        if status.state is A.INPUT_REQUIRED and status.input is not None and status.input.held_open:
+            message = f"the call held open was lost and is not sent again ({reason}: {message})"[:4096]
+            out = await self.write(body, status, A.OUTCOME_UNKNOWN, reason=HELD_CALL_LOST, message=message)
+            await self.event(out, HELD_CALL_LOST, message, warning=True)
+            return out
         if not direct:
             body = await self.write(body, status, A.DISPATCHING, claim=True)
             status = ActionRecordStatus.model_validate(body["status"])
