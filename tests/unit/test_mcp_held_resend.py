@@ -4,6 +4,7 @@ the loss is found, trusts the tool as idempotent (``spec.mcp.idempotentTools``);
 from __future__ import annotations
 
 import asyncio
+import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -22,7 +23,9 @@ from durable_agents.api.v1alpha1 import (
     RunReference,
 )
 from durable_agents.core.agent.mcp_trust import trusted_idempotent
+from durable_agents.shell.effects import Applied, Failed, Unknown
 from durable_agents.shell.ground.store import Gone
+from durable_agents.shell.intake.policies import PolicyCache
 from durable_agents.shell.ledger.held_calls import HELD_CALL_RESENT, HeldCalls
 from durable_agents.shell.ledger.record_writes import HELD_CALL_LOST, RecordWrites
 
@@ -92,16 +95,6 @@ class _Runs:
         return self.run
 
 
-class _Policies:
-    def __init__(self, policy: AgentPolicySpec | None) -> None:
-        self.policy = policy
-        self.read_names: list[str] = []
-
-    async def read(self, namespace: str, name: str) -> AgentPolicySpec | None:
-        self.read_names.append(name)
-        return self.policy
-
-
 class _Writes:
     def __init__(self) -> None:
         self.events: list[tuple[str, str]] = []
@@ -123,7 +116,7 @@ SPEC = ActionRecordSpec(
 )
 NOW = datetime(2030, 1, 1, tzinfo=UTC)
 BODY = {"metadata": {"namespace": "ns", "name": "act-1"}}
-RUN = {"spec": {"policyRef": {"name": "p"}}}
+RUN = {"metadata": {"namespace": "ns", "name": "r"}, "spec": {"policyRef": {"name": "p"}}}
 HELD = ActionRecordStatus(
     state=ActionState.INPUT_REQUIRED,
     attempts=1,
@@ -138,21 +131,42 @@ def _decide(
     spec: ActionRecordSpec = SPEC,
     policy: AgentPolicySpec | None = TRUSTING,
     run: dict[str, Any] | None = RUN,
-) -> tuple[bool, _Writes, _Policies]:
-    writes, policies = _Writes(), _Policies(policy)
+    key: tuple[str, str] = ("ns", "p"),
+) -> tuple[bool, _Writes]:
+    """The decision, with the operator's own policy cache holding ``policy`` under ``key``."""
+    writes, policies = _Writes(), PolicyCache(None)  # type: ignore[arg-type]  # nothing here reaches the API
+    if policy is not None:
+        policies.policies[key] = policy
+    else:  # known missing: read() asks nobody
+        policies.absent[key] = time.monotonic() + 60
     calls = HeldCalls(_Runs(run), writes, None, policies, 30.0)  # type: ignore[arg-type]
-    return asyncio.run(calls.resend_lost(BODY, status, spec)), writes, policies
+    return asyncio.run(calls.resend_lost(BODY, status, spec)), writes
 
 
 def test_a_lost_held_call_of_a_trusted_tool_is_sent_again_and_an_event_says_why() -> None:
-    resend, writes, policies = _decide()
+    resend, writes = _decide()
     assert resend
-    assert policies.read_names == ["p"], "the run's policy, read when the loss is found"
     [(reason, message)] = writes.events
     assert reason == HELD_CALL_RESENT
     assert "idempotent" in message
     assert TOOL in message
     assert "same key" in message
+    assert "'p'" in message, "the run's policy, named"
+
+
+def test_the_policy_governing_the_run_decides_also_when_the_run_names_none() -> None:
+    """Governed by default: a run naming no policy is governed by its namespace's default (or the
+    cluster's baseline), and that policy's trust counts, as its hold bound does."""
+    unnamed = {"metadata": {"namespace": "ns", "name": "r"}, "spec": {}}
+    default = TRUSTING.model_copy(update={"default": True})
+    resend, writes = _decide(run=unnamed, policy=default, key=("ns", "team-default"))
+    assert resend
+    assert "'team-default'" in writes.events[0][1]
+    resend, writes = _decide(run=unnamed, policy=default, key=("", "baseline"))
+    assert resend, "the cluster's default policy"
+    assert "'baseline'" in writes.events[0][1]
+    resend, _ = _decide(run=unnamed, policy=TRUSTING, key=("ns", "not-a-default"))
+    assert not resend, "a policy that governs nothing trusts nothing"
 
 
 def test_an_untrusted_or_unreadable_case_is_never_sent_again() -> None:
@@ -164,7 +178,7 @@ def test_an_untrusted_or_unreadable_case_is_never_sent_again() -> None:
     task = ActionTask(id="t-1", server=URL, status="input_required", created_at=NOW, protocol="2025-11-25")
     task_question = HELD.model_copy(update={"task": task})  # the task is polled again, never re-called
     http = SPEC.model_copy(update={"effect": "http.post"})
-    for resend, writes, _ in (
+    for resend, writes in (
         _decide(policy=_policy()),
         _decide(policy=None),
         _decide(spec=other_tool),
@@ -197,3 +211,18 @@ def test_a_resend_refused_before_it_is_sent_leaves_the_lost_call_unknown_never_f
     durable = HELD.model_copy(update={"input": HELD.input.model_copy(update={"held_open": False})})  # type: ignore[union-attr]
     out = asyncio.run(writes.fail_unsent(dict(BODY), durable, False, "RunEnded", "not dispatched"))
     assert out["status"]["state"] == "failed", "a durable round was never sent: a definite failure"
+
+
+def test_a_resend_that_fails_leaves_the_first_sends_outcome_unknown() -> None:
+    """The re-send's failure says nothing of the lost first send: unknown, to be asked about."""
+    failed = Failed("McpError", "not sent: connection refused")
+    answer = HeldCalls.resent_answer(HELD, failed)
+    assert isinstance(answer, Unknown)
+    assert answer.reason == HELD_CALL_LOST
+    assert "connection refused" in answer.message
+    applied = Applied({"content": "ok"})
+    assert HeldCalls.resent_answer(HELD, applied) is applied, "a re-send that applied is the outcome"
+    durable = HELD.model_copy(update={"input": HELD.input.model_copy(update={"held_open": False})})  # type: ignore[union-attr]
+    assert HeldCalls.resent_answer(durable, failed) is failed, "a durable round's retry was never sent"
+    fresh = HELD.model_copy(update={"state": ActionState.INTENT, "input": None})
+    assert HeldCalls.resent_answer(fresh, failed) is failed, "a first send's failure is definite"

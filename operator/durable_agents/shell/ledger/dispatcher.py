@@ -319,7 +319,7 @@ class Dispatcher(Background):
             return await self.writes.fail_before_dispatch(body, status, UNDECRYPTABLE, message, direct)
         ctx = self._context(spec, body["metadata"]["namespace"], run_body)
         if spec.effect == "mcp.call":  # its server may ask while the call is open: held_calls
-            hold = await self.held.hold_for(ctx.namespace, run_body)
+            hold = await self.held.hold_for(run_body)
             ctx.extra[HOLD_EXTRA] = self.held.call(spec, ctx.namespace, data_key, hold)
         try:  # read as the run's ServiceAccount, right before the send; never stored
             action, references = await resolve_references(ctx, action, data_key)
@@ -371,6 +371,7 @@ class Dispatcher(Background):
             return await self.tasks.started(
                 claimed, claimed_status, spec, result, first=first_started is not None
             )
+        result = self.held.resent_answer(status, result)  # a lost held call's re-send: never failed
         first = first_started is not None and not (isinstance(held, HeldCall) and held.first_recorded)
         return await self.writes.dispatch_answered(
             claimed, claimed_status, spec, result, send.data_key, first=first, references=send.references

@@ -25,13 +25,14 @@ import contextlib
 import logging
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from durable_agents.api.v1alpha1 import (
     ActionInput,
     ActionRecordSpec,
     ActionRecordStatus,
     ActionState,
+    AgentPolicySpec,
     ResolvedReference,
 )
 from durable_agents.api.v1alpha1.mcp_policy import HOLD_OPEN_DEFAULT
@@ -41,14 +42,14 @@ from durable_agents.core.agent.mcp_questions import answer_ref_id, question_name
 from durable_agents.core.agent.mcp_trust import trusted_idempotent
 from durable_agents.core.durations import parse_duration
 from durable_agents.core.sealed_values import DataKey
-from durable_agents.shell.effects import Failed, InputRequired
+from durable_agents.shell.effects import Failed, InputRequired, Unknown
 from durable_agents.shell.ground.kube import ObjectKey
 from durable_agents.shell.ground.store import Gone, RunStore
 from durable_agents.shell.intake.policies import PolicyCache
 from durable_agents.shell.ledger.input_asked import asked_input
 from durable_agents.shell.ledger.input_rounds import AnswerRefused, InputRounds, answer_refs
 from durable_agents.shell.ledger.progress_writes import ProgressWrites
-from durable_agents.shell.ledger.record_writes import RecordWrites
+from durable_agents.shell.ledger.record_writes import HELD_CALL_LOST, RecordWrites
 from durable_agents.shell.ledger.unsealing import CannotUnseal, data_key_of
 
 log = logging.getLogger(__name__)
@@ -59,6 +60,7 @@ HELD_CALL_RESENT = "HeldCallResent"
 HELD_RECHECK = 5.0
 """Seconds between two reads of the run while a held call waits (besides its watch events)."""
 CLAIM_MARGIN = timedelta(seconds=5)
+R = TypeVar("R")
 
 
 def _run_key(run: Mapping[str, Any]) -> ObjectKey:
@@ -82,11 +84,19 @@ class HeldCalls:
         if event is not None:
             event.set()
 
-    async def hold_for(self, namespace: str, run_body: Mapping[str, Any] | None) -> float:
+    async def _policy_of(
+        self, run_body: Mapping[str, Any] | None
+    ) -> tuple[str | None, AgentPolicySpec | None]:
+        """The policy governing the run (the one its checkpoint recorded, else named, else its
+        namespace's or the cluster's default), read now; its name too."""
+        key = self.policies.governing_key(run_body) if run_body is not None else None
+        if key is None:
+            return None, None
+        return key[1], await self.policies.read(*key)
+
+    async def hold_for(self, run_body: Mapping[str, Any] | None) -> float:
         """Seconds the run's policy lets a call be held open (``mcp.holdOpen``)."""
-        ref = ((run_body or {}).get("spec") or {}).get("policyRef") or {}
-        name = ref.get("name") if isinstance(ref, Mapping) else None
-        policy = await self.policies.read(namespace, name) if isinstance(name, str) else None
+        _, policy = await self._policy_of(run_body)
         text = policy.mcp.hold_open if policy is not None else HOLD_OPEN_DEFAULT
         return parse_duration(text).total_seconds()
 
@@ -113,9 +123,7 @@ class HeldCalls:
             run = await self.runs.get(namespace, spec.run_ref.name)
         except Gone:
             return False
-        ref = (run.get("spec") or {}).get("policyRef") or {}
-        name = ref.get("name") if isinstance(ref, Mapping) else None
-        policy = await self.policies.read(namespace, name) if isinstance(name, str) else None
+        name, policy = await self._policy_of(run)
         if not trusted_idempotent(policy, url, tool):
             return False
         message = (
@@ -124,6 +132,20 @@ class HeldCalls:
         )
         await self.writes.event(dict(body), HELD_CALL_RESENT, message)
         return True
+
+    @staticmethod
+    def resent_answer(sent_from: ActionRecordStatus, result: R) -> R | Unknown:
+        """What a send's answer means for the record: a send made from a lost held call (its
+        re-send, :meth:`resend_lost`) that failed says nothing of the first send, whose outcome
+        stays unknown (to be asked about, or told by a person), never ``failed``."""
+        held = sent_from.input is not None and sent_from.input.held_open
+        if sent_from.state is not ActionState.INPUT_REQUIRED or not held or not isinstance(result, Failed):
+            return result
+        message = (
+            f"sent again after a lost held call, it failed ({result.reason}: {result.message}); "
+            "whether the first send applied is unknown"
+        )
+        return Unknown(HELD_CALL_LOST, message[:4096])
 
     def call(self, spec: ActionRecordSpec, namespace: str, data_key: DataKey | None, hold: float) -> HeldCall:
         return HeldCall(self, spec, namespace, data_key, hold)

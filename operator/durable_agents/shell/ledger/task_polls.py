@@ -146,7 +146,7 @@ class TaskPolls:
         task = status.task
         if self.held is not None and task is not None and task.protocol == TASK_FORM_2025:
             # Its server may ask while it waits (input_required): held_calls asks the run.
-            hold = await self.held.hold_for(namespace, run_body)
+            hold = await self.held.hold_for(run_body)
             ctx.extra[HOLD_EXTRA] = self.held.call(spec, namespace, data_key, hold)
         wait_max = await self._wait_max(namespace, run_body)
         return await self.poll(body, status, effect, ctx, spec, run_body, data_key, wait_max)

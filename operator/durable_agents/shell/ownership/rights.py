@@ -36,6 +36,10 @@ from durable_agents.shell.ground.kube import ObjectKey
 from durable_agents.shell.ownership.leases import LeaseRecord
 from durable_agents.shell.ownership.shards import ShardChange, ShardHold, ShardLeases, shard_of
 
+# A fence is a write without a transition: logged before and after, so a reader of the history knows.
+FENCING = "fencing before advancing (its former holder may have a write in flight): epoch of"
+FENCED = "fenced: epoch of"
+
 
 @dataclass(frozen=True)
 class Right:

@@ -15,12 +15,10 @@ For one run, one unit of work is:
    (:mod:`durable_agents.shell.runs.batches`);
 5. on 409, throw the computation away and reload.
 
-An exception anywhere in a unit of work is retried a bounded number of times with backoff, then
-the run is quarantined ``InternalError`` with a Warning Event
-(:mod:`durable_agents.shell.runs.internal_errors`).
+An exception in a unit of work is retried a bounded number of times with backoff, then the run is
+quarantined ``InternalError`` with a Warning Event (:mod:`durable_agents.shell.runs.internal_errors`).
 
-The queue gives each run to one task at a time (like client-go's workqueue); events that arrive
-meanwhile mark the run dirty and it is processed once more afterwards.
+One task at a time per run (like client-go's workqueue): events meanwhile mark it dirty, done again.
 """
 
 from __future__ import annotations
@@ -70,7 +68,7 @@ from durable_agents.shell.observability.events import EventRecorder
 from durable_agents.shell.observability.reporting import CommitReporter
 from durable_agents.shell.ownership.leases import RunLeases
 from durable_agents.shell.ownership.regions import RegionElector
-from durable_agents.shell.ownership.rights import Right, RunOwnership
+from durable_agents.shell.ownership.rights import FENCED, FENCING, Right, RunOwnership
 from durable_agents.shell.ownership.shards import ShardChange, ShardLeases
 from durable_agents.shell.runs.batches import Batch, BatchWriter
 from durable_agents.shell.runs.children import ChildRuns
@@ -373,11 +371,13 @@ class RunWorker(Background):
         if status is not None and stamped is None:
             return None  # looked at again once the region has a leader
         if stamped is not None:
+            log.info("%s/%s %s %s/%d", *key, FENCING, right.epoch.holder, right.epoch.lease_transitions)
             try:
                 body = await self.store.commit_status(body, stamped)
             except Conflict:
                 self.enqueue(key)  # reload and decide again
                 return None
+            log.info("%s/%s %s %s/%d", *key, FENCED, right.epoch.holder, right.epoch.lease_transitions)
         self.ownership.wrote(key, right)
         return body
 
