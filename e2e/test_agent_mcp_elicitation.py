@@ -6,8 +6,9 @@ run waits in ``waiting_input`` on the question ``mcp-<step>-1-stay``; an answer 
 the requested schema is refused by the admission webhook naming the field; the right one is taken,
 and the same action is sent again (same key) with the answer and the echoed state: booked once.
 
-The second test SIGKILLs the operator while the question is unanswered: its successor takes the
-answer and books once (everything is in the ActionRecord and the run's checkpoint).
+The second test SIGKILLs the operator and restarts the server while the question is unanswered:
+the operator's successor takes the answer and books once (everything is in the ActionRecord and
+the run's checkpoint; the server's state comes back echoed, nothing of its process is needed).
 """
 
 from __future__ import annotations
@@ -136,6 +137,9 @@ def test_an_operator_killed_while_the_question_waits_sends_the_answer_once_after
         name = runs.create(spec)
         question = _asked(runs, name, model, hotel)
         first.kill()
+        port = hotel.port
+        hotel.restart()  # the server too: a stateless round trip needs nothing of its process
+        assert hotel.port == port
         webhook_operator("agent-mcp-elicitation-2")
         answer(runs.custom, runs.namespace, name, RIGHT, question)
         _booked_once(runs, name, hotel)

@@ -209,6 +209,16 @@ class AskingServerThread(McpServerThread):
         self.bookings = Bookings()
         self._server = make_asking_server(self.bookings)
 
+    def restart(self) -> None:
+        """The server stopped and started again on its port, as a restarted process: its
+        connections and its SDK server are new; what survives is its system of record (the
+        bookings) and its state key (a stateless server's configuration)."""
+        port = self.port
+        self.stop()
+        self._requested_port = port
+        self._server = make_asking_server(self.bookings)
+        self.start()
+
     def applications(self) -> list[str]:
         """The idempotency keys ``book_room`` applied, in order (one per booking)."""
         return self.call(lambda: list(self.bookings.applications))
