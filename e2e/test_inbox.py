@@ -189,7 +189,7 @@ def test_each_inbox_shows_exactly_what_its_owner_may_decide(
     assert out.splitlines()[0].split() == [
         "NAMESPACE", "RUN", "KIND", "REQUEST", "ACTION", "AGE", "EXPIRES", "APPROVALS"
     ]  # fmt: skip
-    assert f"kubectl agentrun answer asks -n {ns1} '<answer>'" in out
+    assert f"kubectl agentrun answer asks -n {ns1} --question confirm '<answer>'" in out
     _, document, _ = inbox(people["alice"], "-n", ns1)
     (item,) = document["items"]
     request = runs.get("by-carol")["status"]["approvalRequest"]

@@ -3,10 +3,11 @@ under a quorum, expiry; and the refusal of a decision pinned to a request that w
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from durable_agents.core.inbox import decide_command, entries, superseded
+from durable_agents.core.inbox import SERVER_ANSWER, answer_command, decide_command, entries, superseded
 
 NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
 DIGEST = "sha256:" + "a" * 64
@@ -111,7 +112,23 @@ def test_expired_requests_and_questions() -> None:
     assert entries([expired], "alice", may, NOW) == []
     (asked,) = entries([question("ask")], "alice", may, NOW)
     assert (asked.kind, asked.request) == ("question", "confirm-1")
-    assert asked.command == "kubectl agentrun answer ask -n team-a '<answer>'"
+    assert asked.command == "kubectl agentrun answer ask -n team-a --question confirm-1 '<answer>'"
+
+
+def test_the_answer_command_is_pinned_to_the_question_read_and_a_servers_in_its_form() -> None:
+    """The command answers the question the person read and no other (the plugin refuses it once
+    the run waits on another); an MCP server's question is answered in the form the server asks."""
+    assert answer_command("r", "team-a", "confirm.2") == (
+        "kubectl agentrun answer r -n team-a --question confirm.2 '<answer>'"
+    )
+    server = answer_command("r", "team-a", "mcp-0-1-stay")
+    assert server == f"kubectl agentrun answer r -n team-a --question mcp-0-1-stay '{SERVER_ANSWER}'"
+    assert json.loads(SERVER_ANSWER.replace("{...}", "{}")) == {"action": "accept", "content": {}}
+    assert "'x; rm -rf /'" in answer_command("x; rm -rf /", "team-a", "q"), "names are quoted"
+    asked = question("mcp")
+    asked["status"]["waitingFor"] = "input:mcp-3-2-k1"
+    (entry,) = entries([asked], "alice", may_all([]), NOW)
+    assert entry.command.endswith(f"--question mcp-3-2-k1 '{SERVER_ANSWER}'")
 
 
 def test_a_superseded_request_names_both_digests_and_the_new_command() -> None:

@@ -78,7 +78,9 @@ def test_a_question_an_end_and_a_stuck_condition_each_have_their_own_determinist
             "pendingInput": {"requestId": "q", "question": SEALED, "expiresAt": "2026-12-04T00:00:00Z"}
         },
     )
-    assert [n.id for n in core.notices_for(asked, NOW)] == ["u-1.input.q"]
+    (question,) = core.notices_for(asked, NOW)
+    assert question.id == "u-1.input.q"
+    assert "--question q '<answer>'" in question.data["commands"]["answer"], "pinned to the question"
     ended = run("completed", outcome={"reason": "Completed", "result": "secret result"})
     (end,) = core.notices_for(ended, NOW)
     assert (end.id, end.data["reason"]) == ("u-1.ended.completed", "Completed")

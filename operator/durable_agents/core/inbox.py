@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
+from durable_agents.core.agent.mcp_questions import is_server_question
 from durable_agents.core.approvals import decision_keys
 
 ANSWER_VERB = "answer"
@@ -77,8 +78,19 @@ def decide_command(name: str, namespace: str, request: Mapping[str, Any], decisi
     )
 
 
-def answer_command(name: str, namespace: str) -> str:
-    return f"kubectl agentrun answer {shlex.quote(name)} -n {shlex.quote(namespace)} '<answer>'"
+SERVER_ANSWER = '{"action": "accept", "content": {...}}'
+"""The form of an answer to an MCP server's question (or ``{"action": "decline"}``, ``cancel``)."""
+
+
+def answer_command(name: str, namespace: str, key: str) -> str:
+    """The command that answers question ``key`` and no other: refused if the run waits on
+    another by then, so the person answers what they read. An MCP server's question is answered
+    in its form (accept with the content, decline or cancel)."""
+    text = SERVER_ANSWER if is_server_question(key) else "<answer>"
+    return (
+        f"kubectl agentrun answer {shlex.quote(name)} -n {shlex.quote(namespace)} "
+        f"--question {shlex.quote(key)} '{text}'"
+    )
 
 
 def target_of(request: Mapping[str, Any]) -> str:
@@ -168,7 +180,7 @@ def question_entry(run: Mapping[str, Any], may: May, now: datetime) -> InboxEntr
         action="answer a question",
         waiting_since=_time(status.get("stateSince")),
         expires_at=expires,
-        command=answer_command(name, ns),
+        command=answer_command(name, ns, key),
     )
 
 

@@ -31,7 +31,7 @@ from typing import Any, Final
 from durable_agents.api.v1alpha1 import NotificationEvent, NotificationTarget
 from durable_agents.api.v1alpha1.states import TERMINAL_STATES, RunState
 from durable_agents.core.entropy import Entropy, draw
-from durable_agents.core.inbox import decide_command
+from durable_agents.core.inbox import answer_command, decide_command
 from durable_agents.core.sealing import Keyring
 from durable_agents.core.stamps import Purpose, stamp, verify
 
@@ -177,7 +177,7 @@ def _input(namespace: str, run: str, uid: str, status: Mapping[str, Any], now: d
         "expiresAt": pending.get("expiresAt"),
         "commands": {
             "read": f"kubectl agentrun status {run} -n {namespace} --reveal",
-            "answer": f"kubectl agentrun answer {run} -n {namespace} 'ANSWER'",
+            "answer": answer_command(run, namespace, key),
         },
     }
     time = _time(status.get("stateSince")) or now

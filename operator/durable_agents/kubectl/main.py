@@ -71,7 +71,7 @@ from kubernetes.client.rest import ApiException
 from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents.api.v1alpha1.labels import REVEAL_ANNOTATION, REVEALED_ANNOTATION
 from durable_agents.core.disclosure import DisclosureError, new_reader_key, open_as_reader
-from durable_agents.core.inbox import decide_command
+from durable_agents.core.inbox import answer_command, decide_command
 from durable_agents.core.sealed_values import is_sealed
 from durable_agents.kubectl import answer as kubectl_answer
 from durable_agents.kubectl import controls as kubectl_controls
@@ -333,7 +333,9 @@ def describe(run: dict[str, Any], revealed: dict[str, Any] | None = None) -> str
         if shown.get("askedBy") == kubectl_revealed.ASKED_BY_MODEL and isinstance(shown.get("question"), str):
             question = f"asked by the model (its words, not authority): {_quoted(shown['question'])}"
         key = pending.get("key") or pending.get("requestId")  # a new key once an answer was refused
-        lines.append(f"Question:    {question} (answer as spec.answers[{key!r}]: kubectl agentrun answer)")
+        lines.append(f"Question:    {question} (answer as spec.answers[{key!r}])")
+        meta = run["metadata"]
+        lines.append(f"  answer:      {answer_command(meta['name'], meta.get('namespace', ''), str(key))}")
     request = status.get("approvalRequest")
     if request:
         shown = (revealed or {}).get("approvalRequest") or {}

@@ -24,7 +24,7 @@ from pydantic import ValidationError
 
 from durable_agents.api.v1alpha1 import GROUP, VERSION, AgentRunSpec, AgentRunStatus
 from durable_agents.core.definitions import DEFINITION_CHANGED
-from durable_agents.core.inbox import decide_command
+from durable_agents.core.inbox import answer_command, decide_command
 from durable_agents.core.policy_resolution import POLICY_AMBIGUOUS, POLICY_MANDATORY, POLICY_REQUIRED
 from durable_agents.core.stuck import STUCK, wait_expiry
 from durable_agents.kubectl.errors import api_message
@@ -75,7 +75,7 @@ def wakes(run: dict[str, Any], unknown: list[str] | None = None) -> list[dict[st
         return [_approval_wake(name, ns, status.get("approvalRequest") or {})]
     if kind == "input":
         body = json.dumps({"spec": {"answers": {what: "<answer>"}}})
-        commands = [f"kubectl agentrun answer {ref} '<answer>'", f"{patch} '{body}'"]
+        commands = [answer_command(name, ns, what), f"{patch} '{body}'"]
         return [{"what": f"an answer to question {what} (verb answer)", "commands": commands}]
     if kind == "event":
         body = json.dumps({"spec": {"events": {what: "<payload>"}}})
