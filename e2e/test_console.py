@@ -253,6 +253,14 @@ def test_the_console_shows_only_what_the_api_server_allows_and_refuses_what_it_r
     assert editor.inner_text("#question") == QUESTION
     assert "withheld" in editor.inner_text("#revealed")
     assert MEMO not in editor.inner_text("main")
+    # The form is pinned to the question it shows: one pinned to another question is refused.
+    key = runs.get("invoice")["status"]["waitingFor"].removeprefix("input:")
+    assert editor.locator("input[name=question]").get_attribute("value") == key
+    csrf = editor.locator("input[name=csrf]").first.get_attribute("value")
+    stale = post(editor, f"{url}/do/answer", {"csrf": csrf, "text": "late", "question": key + ".0"})
+    assert stale["status"] == 403, stale
+    assert "does not wait on question" in stale["text"], stale
+    assert not runs.get("invoice")["spec"].get("answers"), "nothing written"
     editor.fill("#answer-text", XSS)
     editor.click("#do-answer")
     await_selector(editor, "#said")

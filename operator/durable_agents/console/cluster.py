@@ -232,7 +232,9 @@ def act(api: client.ApiClient, ns: str, name: str, action: str, form: Mapping[st
         if action == "retry":
             return kubectl_main.retry(custom, ns, name)
         if action == "answer":
-            return kubectl_answer.answer(custom, ns, name, form.get("text", ""))
+            # Pinned to the question the page showed: refused if the run waits on another now.
+            question = form.get("question") or None
+            return kubectl_answer.answer(custom, ns, name, form.get("text", ""), question)
         if action == "escalate":
             return kubectl_controls.escalate(custom, ns, name, reason)
         if action == "reconcile":
