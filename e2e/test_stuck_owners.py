@@ -108,7 +108,7 @@ def test_runs_nobody_alive_owns_are_flagged_by_a_live_replica_and_cleared_when_s
         found = stuck(runs, frozen, "OwnerNotRenewing", Within.TAKEOVER)
         assert runs.state(frozen) == "pending", "its owner is paused: it never started"
         said = why(runs, frozen)
-        assert f"is held by '{east.identity}', which stopped renewing it" in said, said
+        assert f"is held by '{east.identity}', which stopped renewing its Leases" in said, said
         assert f"kubectl delete pod -n {ns} {east.identity}" in said, said
         eventually(
             lambda: unowned(port, "east", "OwnerNotRenewing") >= 1, Within.COMMIT, "the unowned gauge (east)"

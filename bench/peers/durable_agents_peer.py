@@ -689,8 +689,10 @@ class DurableAgentsPeer(PeerSystem):
         etcd_after = _metrics(etcd_url, ETCD_METRICS, self.plane.etcd_ssl_context())
         extra = _model_calls(model, calls_before, runs) if model is not None else {}
         ok = [e for e in writes if 200 <= e.code < 300]
-        # The region's shard and member Leases (in the operator's Lease namespace) are renewed
-        # whatever the runs do: their writes in this window are counted too, shared by its runs.
+        window_seconds = (datetime.now(UTC) - window_start).total_seconds()
+        # The region's Leases (in the operator's Lease namespace) are kept whatever the runs do: the
+        # replica's liveness renewed, a shard Lease written when it changes hands. Their writes in
+        # this window are counted too, shared by its runs.
         region = [
             e
             for e in read_audit_from(self.plane.audit_log_path, offset, window_start)
@@ -706,6 +708,8 @@ class DurableAgentsPeer(PeerSystem):
             "etcd_delta": _delta(etcd_after, etcd_before),
             "leases_left_after_runs": leftover,
             "region_lease_writes": len(region),
+            # Lease upkeep apart: per minute of the repetition, per replica (one replica here).
+            "lease_writes_per_minute": round(len(region) * 60 / max(window_seconds, 1e-3), 1),
             "namespace": ns,
         }
         self.watch.forget(ns)

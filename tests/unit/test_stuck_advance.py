@@ -67,7 +67,7 @@ def test_a_shard_held_by_a_replica_that_stopped_renewing_names_that_replica() ->
     verdict = unowned_judge(0, stale)
     assert verdict is not None
     assert verdict.reason == unowned.OWNER_NOT_RENEWING
-    assert "held by 'op-east-7f9c', which stopped renewing it" in verdict.message
+    assert "held by 'op-east-7f9c', which stopped renewing its Leases" in verdict.message
     assert "kubectl delete pod -n ops op-east-7f9c" in verdict.message
     assert "more than one replica of region 'east'" in verdict.message
     assert unowned_judge(1, stale) == verdict, "live members that did not take it: still stuck"

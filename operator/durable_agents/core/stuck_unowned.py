@@ -5,9 +5,10 @@ region that holds its shard Lease. When that replica hangs (a paused process, a 
 region has no replica at all, nobody would ever flag the run; so every replica also looks at the
 runs it sees but does not own, and calls one stuck when, from the Leases:
 
-* ``OwnerNotRenewing``: its shard Lease has a holder that stopped renewing it, and nobody took it
-  over: the region has no live member, or the Lease expired more than one duration ago (the
-  survivors of a region take an expired shard within one duration). The fix: restart the hung
+* ``OwnerNotRenewing``: its shard Lease has a holder that stopped renewing its Leases (a shard
+  lasts as long as its holder is live: ``renewed`` is the holder's last liveness write), and
+  nobody took it over: the region has no live member, or the holder expired more than one
+  duration ago (the survivors of a region take such a shard within one duration). The fix: restart the hung
   replica, and run more than one per region.
 * ``NoRegionOwner``: no replica of its region has a live member Lease and no replica holds its
   shard (the region's Deployment is gone, scaled to zero, or was never installed). The fix:
@@ -33,7 +34,8 @@ DEFAULT_AFTER = timedelta(minutes=10)
 
 @dataclass(frozen=True)
 class LeaseSeen:
-    """A Lease as listed: its name, holder (empty: released), last renewal and duration."""
+    """A shard Lease as listed: its name, holder (empty: released), and the holder's last
+    liveness write (member or region Lease) and that Lease's duration."""
 
     name: str
     holder: str
@@ -83,7 +85,7 @@ def stuck_unowned(namespace: str, name: str, facts: UnownedFacts) -> Stuck | Non
             return Stuck(
                 OWNER_NOT_RENEWING,
                 f"its shard Lease {where}/{shard.name} (region {region!r}) is held by {shard.holder!r}, "
-                f"which stopped renewing it (last renewed {renewed}, valid "
+                f"which stopped renewing its Leases (last renewed {renewed}, valid "
                 f"{int(shard.duration.total_seconds())}s) and no other replica of the region took it "
                 f"over; that replica is hung or cut off: restart it (its Pod is named {shard.holder!r} "
                 f"in the chart: kubectl delete pod -n {where} {shard.holder}) and run more than one "

@@ -65,24 +65,30 @@ def wait_expiry(run: dict[str, Any]) -> datetime | None:
 
 
 def live_leases(kube: KubeEnv, namespace: str, now: datetime, runs: list[str]) -> dict[str, str]:
-    """Run name -> holder, for the ``runs`` of ``namespace`` covered by a Lease that is held and
-    not expired: the shard Lease of the run's shard (the operators under test keep their shard
-    Leases in the namespace they serve), or an earlier release's Lease for the run itself."""
+    """Run name -> holder, for the ``runs`` of ``namespace`` covered by a live Lease: the shard
+    Lease of the run's shard held by a live replica (the operators under test keep their Leases in
+    the namespace they serve; a shard lasts as long as its holder's member or region Lease), or an
+    earlier release's Lease for the run itself, held and not expired."""
     out: dict[str, str] = {}
     shards: dict[int, str] = {}
+    live: set[str] = set()
     for lease in client.CoordinationV1Api(kube.api).list_namespaced_lease(namespace).items:
         labels, spec = lease.metadata.labels or {}, lease.spec
         renewed = spec.renew_time or spec.acquire_time
-        live = renewed is not None and renewed + timedelta(seconds=spec.lease_duration_seconds or 0) > now
-        if not spec.holder_identity or not live:
+        unexpired = (
+            renewed is not None and renewed + timedelta(seconds=spec.lease_duration_seconds or 0) > now
+        )
+        if not spec.holder_identity:
             continue
-        if labels.get(RUN_LABEL):
+        if labels.get(KIND_LABEL) in ("member", "region") and unexpired:
+            live.add(spec.holder_identity)
+        elif labels.get(RUN_LABEL) and unexpired:
             out[labels[RUN_LABEL]] = spec.holder_identity
         elif labels.get(KIND_LABEL) == "shard" and labels.get(SHARD_LABEL, "").isdigit():
             shards[int(labels[SHARD_LABEL])] = spec.holder_identity
     for run in runs:
         holder = shards.get(shard_of(namespace, run, SHARDS))
-        if holder is not None:
+        if holder is not None and holder in live:
             out.setdefault(run, holder)
     return out
 

@@ -70,6 +70,7 @@ class RegionElector:
         duration_seconds: int = 15,
         *,
         on_change: OnChange | None = None,
+        on_renewed: Callable[[float, float], None] | None = None,
         retry_seconds: float | None = None,
     ) -> None:
         self.kube = kube
@@ -81,6 +82,9 @@ class RegionElector:
         self.name = region_lease_name(region)
         metrics.REGION_OWNED.labels(self.region).set(0)  # the series exists before any election
         self.on_change = on_change
+        # Told (valid until, landed at; monotonic) after each write that holds the Lease: while
+        # this process leads, those writes are what keeps it live for its shards.
+        self.on_renewed = on_renewed
         # How often a follower looks at the Lease (client-go: 2 s for a 15 s Lease).
         self.retry = retry_seconds if retry_seconds is not None else max(0.1, duration_seconds / 8)
         self.foreign: str | None = None  # why the Lease under our name is not ours, if it is not
@@ -120,7 +124,10 @@ class RegionElector:
 
     async def renew_now(self, hold: RegionHold) -> bool:
         """Extend ``hold`` by compare-and-swap; False (and the hold lost) if the Lease moved on."""
-        return await self.lock.renew(hold, self._taken)
+        renewed = await self.lock.renew(hold, self._taken)
+        if renewed:
+            self._renewed(hold.valid_until)
+        return renewed
 
     # --- the election loop ------------------------------------------------------------------
 
@@ -207,7 +214,16 @@ class RegionElector:
         )
         self._hold = hold
         log.info("region %s: %s owns it, epoch %d", self.region, self.identity, hold.epoch)
+        self._renewed(hold.valid_until)
         self._notify(hold)
+
+    def _renewed(self, valid_until: float) -> None:
+        if self.on_renewed is None:
+            return
+        try:
+            self.on_renewed(valid_until, time.monotonic())
+        except Exception:
+            log.exception("region %s: on_renewed callback failed", self.region)
 
     def _taken(self, hold: RegionHold) -> None:
         self._lose(hold, "its Lease was taken over, released or deleted meanwhile")

@@ -8,15 +8,21 @@ members, so a replica joining or leaving moves only about ``shards / members`` s
 replica computes the same answer from the same member list without talking to the others.
 
 Every Lease is kept with the Lease primitive (:class:`~.leases.LeaseLock`). A replica takes a
-shard it should hold when the Lease is missing, released or expired, by compare-and-swap
-(resourceVersion precondition), incrementing ``leaseTransitions``: that count is
-the shard's epoch, the fencing token of every commit made under it. A shard that should now be
-someone else's is handed over: the caller's ``drain`` finishes the units in flight, then the Lease
-is released (empty holder) so the new owner takes it at once instead of waiting for expiry.
+shard it should hold when the Lease is missing, released, or held by a replica that is not live
+(see below), by compare-and-swap (resourceVersion precondition), incrementing
+``leaseTransitions``: that count is the shard's epoch, the fencing token of every commit made under
+it. A shard that should now be someone else's is handed over: the caller's ``drain`` finishes the
+units in flight, then the Lease is released (empty holder) so the new owner takes it at once.
 
-All of one replica's Leases are renewed together, every half duration (one patch per Lease per
-period): a crashed replica's member and shard Leases then expire together, and a survivor takes
-its shards within one duration (plus one poll) of its last write.
+A shard Lease is written only when it changes hands: a hold lasts as long as its holder is live.
+A replica is live while its member Lease is unexpired, or while it holds the region Lease (the
+leader's renewals of that Lease keep it live, so it writes no member Lease meanwhile). Idle upkeep
+is therefore one write per half duration per replica, whatever the number of shards. A replica
+counts its own liveness on the local monotonic clock from before each liveness write was sent; a
+liveness write that lands after that deadline passed may have come after a survivor judged it dead
+and took its shards, so every hold is dropped first (and taken again by compare-and-swap, at a new
+epoch, fencing the runs). Others judge liveness from a list of the Leases, against the wall-clock
+time from before the list was sent, so a renewal that landed before the list is never missed.
 
 A Lease under these names without the labels this module writes is someone else's object: it is
 never taken over, released or deleted, only reported (a warning and :attr:`ShardLeases.foreign`).
@@ -140,6 +146,7 @@ class ShardLeases:
         duration_seconds: int = 15,
         drain: Drain | None = None,
         on_change: Callable[[ShardChange], None] | None = None,
+        leading: Callable[[], LeaseHold | None] | None = None,
     ) -> None:
         self.kube = kube
         self.identity = identity
@@ -150,6 +157,8 @@ class ShardLeases:
         self.duration = duration_seconds
         self.drain = drain
         self.on_change = on_change
+        # The region Lease while this replica holds it: its renewals keep the replica live.
+        self.leading = leading or (lambda: None)
         # How often the Leases are listed: a released shard is taken within one poll.
         self.interval = max(0.1, min(1.0, duration_seconds / 8))
         self.members: tuple[str, ...] = ()  # live members at the last poll, self included
@@ -159,8 +168,9 @@ class ShardLeases:
         self._holds: dict[int, ShardHold] = {}
         self._handovers: dict[int, asyncio.Task[None]] = {}
         self._member: LeaseRecord | None = None
-        self._member_ok = False
-        self._renewed_at = float("-inf")
+        self._renewed_at = float("-inf")  # when the member Lease's last write was sent (monotonic)
+        self._alive_until = float("-inf")  # until when no one may judge us dead (monotonic)
+        self._member_lock = asyncio.Lock()
         self._wake = asyncio.Event()
         self._warned: set[str] = set()
 
@@ -197,19 +207,49 @@ class ShardLeases:
         self.task = asyncio.create_task(self._loop(), name=f"shard-leases-{self.region}")
 
     async def stop(self) -> None:
-        """Leave gracefully: delete the member Lease (others stop assigning us shards), drain each
-        held shard, then release it so its new owner takes it without waiting for expiry."""
+        """Leave gracefully: drain each held shard and release it, then delete the member Lease (a
+        released shard is taken by its new owner at once; one still held by a live replica is not
+        taken at all, so nothing is fenced)."""
         handovers = list(self._handovers.values())
         await cancel_all([t for t in (self.task, *handovers) if t is not None])
         self.task = None
         self._handovers.clear()
-        await self._leave()
+        if self.held():  # live by our member Lease while we drain (the region Lease may go first)
+            await self._write_member(raising=False)
         await asyncio.gather(*(self._hand_over(h, leaving=True) for h in list(self.held().values())))
+        await self._leave()
 
     async def renew_now(self, hold: ShardHold) -> bool:
-        """Extend ``hold`` by compare-and-swap; False, and the hold marked lost, if the Lease was
-        taken, released or deleted meanwhile. Other API errors are raised; the hold stays."""
-        return await self.lock.renew(hold, self._taken)
+        """Extend ``hold`` (by a write of our member Lease, which every hold lasts by); False when
+        the hold is lost, or was dropped because our liveness lapsed before the write landed.
+        API errors are raised; the hold stays until it expires."""
+        if hold.lost:
+            return False
+        await self._write_member(raising=True)
+        return hold.valid()
+
+    def alive(self, until: float, landed: float) -> None:
+        """A liveness write of ours (member or region Lease) landed at ``landed``, keeping us live
+        until ``until`` (both monotonic). Landed after our last deadline: a survivor may have
+        judged us dead meanwhile and taken a shard, so every hold is dropped first."""
+        if landed >= self._alive_until:
+            self._lapse("its liveness lapsed before a write of it landed")
+        self._alive_until = max(self._alive_until, until)
+        for hold in self._holds.values():
+            hold.valid_until = self._alive_until
+
+    def _lapse(self, why: str) -> None:
+        holds = list(self.held().values())
+        if holds:
+            log.warning(
+                "shard Leases of region %s: %s dropped %d holds: %s",
+                self.region,
+                self.identity,
+                len(holds),
+                why,
+            )
+        for hold in holds:
+            self._lose(hold, "lost")
 
     # --- the poll -----------------------------------------------------------------------
 
@@ -228,11 +268,11 @@ class ShardLeases:
                 log.exception("shard Leases of region %s: poll failed", self.region)
 
     async def _poll(self) -> None:
+        now = datetime.now(UTC)  # before the list: a write that landed before it is in the list
         seen = await self._list()
-        now = datetime.now(UTC)
-        renew = time.monotonic() >= self._renewed_at + self.duration / 2
-        started = time.monotonic()
-        await self._keep_member(seen.get(member_lease_name(self.region, self.identity)), renew)
+        if time.monotonic() >= self._alive_until:
+            self._lapse("its liveness lapsed")
+        await self._keep_member(seen.get(member_lease_name(self.region, self.identity)))
         self.members = self._live_members(seen, now)
         self.region_view = self._region_view(seen.get(region_lease_name(self.region)), now)
         owners = assignment(self.shards, self.members)
@@ -244,15 +284,11 @@ class ShardLeases:
                 if self._moved(hold, seen.get(name)):
                     self._lose(hold, "lost")
                     continue
-                if renew or not hold.valid(self.duration / 4):
-                    work.append(self._renew_logged(hold))
                 if owners.get(i) != self.identity and i not in self._handovers:
                     self._handovers[i] = asyncio.create_task(self._hand_over(hold), name=f"handover-{i}")
             elif owners.get(i) == self.identity:
                 work.append(self._acquire(i, seen.get(name), now))
         await asyncio.gather(*work)
-        if renew:
-            self._renewed_at = started
 
     async def _list(self) -> dict[str, LeaseRecord]:
         leases = await self.lock.select(self.namespace, f"{REGION_LABEL}={self.region}")
@@ -265,6 +301,8 @@ class ShardLeases:
         return RegionView(record.holder, record.transitions, live)
 
     def _live_members(self, seen: dict[str, LeaseRecord], now: datetime) -> tuple[str, ...]:
+        """Who is live: the holders of unexpired member Leases, and the live holder of the region
+        Lease (the leader is kept live by that Lease); we are while our own deadline lasts."""
         live = {
             s.holder
             for name, s in seen.items()
@@ -272,8 +310,11 @@ class ShardLeases:
             and name == member_lease_name(self.region, s.holder)
             and not s.expired(now)
         }
+        region = self._region_view(seen.get(region_lease_name(self.region)), now)
+        if region is not None and region.live:
+            live.add(region.holder)
         live.discard(self.identity)
-        if self._member_ok:
+        if time.monotonic() < self._alive_until:
             live.add(self.identity)
         return tuple(sorted(live))
 
@@ -307,31 +348,59 @@ class ShardLeases:
             )
         return True
 
-    async def _keep_member(self, seen: LeaseRecord | None, renew: bool) -> None:
-        """Write or renew our member Lease. A failed or raced write keeps what we knew (a member
-        dropping out of its own view for one poll would hand over all its shards)."""
+    async def _keep_member(self, seen: LeaseRecord | None) -> None:
+        """Write our member Lease when it is due: every half duration, unless the region Lease we
+        hold keeps us live (the leader writes no member Lease), and at once when it is missing,
+        released or not ours. A failed write keeps what we knew: our deadline decides."""
+        if seen is not None and self._foreign(seen, "member"):
+            self._member = None
+            return
+        lead = self.leading()
+        covered = lead is not None and lead.valid(self.duration / 4)
+        due = time.monotonic() >= self._renewed_at + self.duration / 2
+        mine = seen is not None and seen.holder == self.identity and not seen.released
+        if mine and (covered or not due):
+            return
+        await self._write_member(raising=False, seen=seen)
+
+    async def _write_member(self, raising: bool, seen: LeaseRecord | None = None) -> None:
+        """Create, take or renew our member Lease, our deadline extended from before the write.
+        ``seen``: the Lease as listed (None: as we last wrote it, or read now)."""
         name = member_lease_name(self.region, self.identity)
-        try:
-            if seen is None:
-                seen = await self.lock.read(self.namespace, name)
-            if seen is None:
-                created = await self.lock.create(self.namespace, name, self._labels("member"), 0)
-                self._member = created.record if created else self._member
-            elif self._foreign(seen, "member"):
-                self._member = None
-            elif renew or seen.holder != self.identity or seen.released:
-                taken = await self.lock.take(seen, seen.transitions)
-                self._member = taken.record if taken is not None else self._member
-            else:
-                self._member = seen
-        except ApiException as err:
-            log.warning(
-                "member Lease %s/%s: write failed (%s %s)", self.namespace, name, err.status, err.reason
-            )
-        self._member_ok = self._member is not None
+        async with self._member_lock:
+            if seen is None and time.monotonic() < self._renewed_at + self.duration / 4:
+                return  # a concurrent caller wrote it just now
+            started = time.monotonic()
+            try:
+                acquired = await self._member_write(name, seen or self._member)
+                if acquired is None:  # our copy was stale (moved, deleted): once more from a read
+                    acquired = await self._member_write(name, None)
+            except ApiException as err:
+                log.warning(
+                    "member Lease %s/%s: write failed (%s %s)", self.namespace, name, err.status, err.reason
+                )
+                if raising:
+                    raise
+                return
+            if acquired is None:
+                return
+            self._member = acquired.record
+            self._renewed_at = started
+            self.alive(acquired.valid_until, time.monotonic())
+
+    async def _member_write(self, name: str, current: LeaseRecord | None) -> Acquired | None:
+        if current is None:
+            current = await self.lock.read(self.namespace, name)
+        if current is None:
+            return await self.lock.create(self.namespace, name, self._labels("member"), 0)
+        if self._foreign(current, "member"):
+            self._member = None
+            return None
+        return await self.lock.take(current, current.transitions)
 
     async def _leave(self) -> None:
-        member, self._member, self._member_ok = self._member, None, False
+        member, self._member = self._member, None
+        self._alive_until = float("-inf")
         if member is not None:
             await self.lock.delete(member)
 
@@ -351,8 +420,8 @@ class ShardLeases:
             self.foreign[shard] = seen.uid
             return
         self.foreign.pop(shard, None)
-        if not seen.expired(now):
-            return  # held by a live holder: it hands over (releases) or expires first
+        if seen.holder and not seen.released and seen.holder != self.identity and seen.holder in self.members:
+            return  # its holder is live: it hands over (releases) or stops being live first
         taken = await self.lock.take(seen, seen.transitions + 1)
         if taken is not None:
             self._took(shard, taken, from_live_holder=not seen.released)
@@ -363,7 +432,7 @@ class ShardLeases:
             shard=shard,
             epoch=record.transitions,
             record=record,
-            valid_until=acquired.valid_until,
+            valid_until=min(acquired.valid_until, self._alive_until),  # as long as we are live
             taken_from_live_holder=from_live_holder,
         )
         self._holds[shard] = hold
@@ -409,9 +478,6 @@ class ShardLeases:
             empty = {"holderIdentity": "", "renewTime": micro_time(datetime.now(UTC))}
             released = await self.lock.cas(hold.record, empty)
             self._lose(hold, "released" if released is not None else "lost")
-
-    def _taken(self, hold: ShardHold) -> None:
-        self._lose(hold, "lost")
 
     def _lose(self, hold: ShardHold, reason: Reason) -> None:
         hold.lost = True

@@ -1,12 +1,13 @@
 """The Leases a live replica reads to judge the runs nobody alive owns
 (:mod:`durable_agents.core.stuck_unowned`).
 
-One list of the operator's member and shard Leases (every region's, in the Lease namespace), only
+One list of the operator's member, region and shard Leases (every region's, in the Lease namespace), only
 on a pass that has a run this replica does not own that has not advanced for the unowned bound,
 and reused for three passes: a replica among others with parked runs makes one list per three
 passes, not one request per run. From it,
-for each region: how many member Leases are live, how many shards it has (its shard Leases) and
-the shard Lease that covers a run.
+for each region: how many replicas are live (an unexpired member Lease, or the live region Lease's
+holder), how many shards it has (its shard Leases) and the shard Lease that covers a run, judged
+by its holder's last liveness write (shard Leases are written only when they change hands).
 
 Who writes: the replica that owns a run writes its ``Stuck`` condition (the owned causes); a run
 that nobody alive owns has no such replica, so every live replica that sees it may write the
@@ -20,13 +21,14 @@ what it sees: the alert takes the ``max`` over replicas, not the sum.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
 from prometheus_client import Gauge
 
 from durable_agents.core import stuck_unowned as core
+from durable_agents.core.regions import region_lease_name
 from durable_agents.shell.ground.kube import Kube
 from durable_agents.shell.ownership.leases import LeaseLock, LeaseRecord
 from durable_agents.shell.ownership.shards import (
@@ -45,41 +47,42 @@ STUCK_UNOWNED = Gauge(
 )
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Region:
-    live_members: int
-    shards: dict[int, LeaseRecord]
+    shards: dict[int, LeaseRecord] = field(default_factory=dict)
+    liveness: dict[str, LeaseRecord] = field(default_factory=dict)  # holder -> its newest live Lease
 
 
-def _seen(record: LeaseRecord) -> core.LeaseSeen:
-    return core.LeaseSeen(
-        record.name, record.holder, record.renew_time, timedelta(seconds=record.duration_seconds)
-    )
+def _newer(a: LeaseRecord | None, b: LeaseRecord) -> bool:
+    return a is None or b.expires_at() > a.expires_at()
 
 
 class LeaseView:
-    """Every region's member and shard Leases, as of the last :meth:`refresh`."""
+    """Every region's member, region and shard Leases, as of the last :meth:`refresh`."""
 
     def __init__(self, kube: Kube, namespace: str) -> None:
         self.namespace = namespace
         self.lock = LeaseLock(kube, "stuck-check", 1)  # reads only
         self._regions: dict[str, _Region] = {}
         self._listed_at: datetime | None = None
+        self._now: datetime | None = None
 
     async def refresh(self, now: datetime, reuse: float = 0.0) -> None:
         """List the Leases again, unless the last list is younger than ``reuse`` seconds."""
         if self._listed_at is not None and (now - self._listed_at).total_seconds() < reuse:
             return
-        leases = await self.lock.select(self.namespace, f"{KIND_LABEL} in (member,shard)")
+        leases = await self.lock.select(self.namespace, f"{KIND_LABEL} in (member,shard,region)")
         self._listed_at = now
         regions: dict[str, _Region] = {}
         for lease in leases:
             region = lease.labels.get(REGION_LABEL, "")
-            seen = regions.setdefault(region, _Region(0, {}))
+            seen = regions.setdefault(region, _Region())
             kind = lease.labels.get(KIND_LABEL)
-            if kind == "member" and lease.name == member_lease_name(region, lease.holder):
-                if not lease.expired(now):
-                    regions[region] = _Region(seen.live_members + 1, seen.shards)
+            liveness = (kind == "member" and lease.name == member_lease_name(region, lease.holder)) or (
+                kind == "region" and lease.name == region_lease_name(region)
+            )
+            if liveness and lease.holder and _newer(seen.liveness.get(lease.holder), lease):
+                seen.liveness[lease.holder] = lease
             elif kind == "shard" and (lease.labels.get(SHARD_LABEL) or "").isdigit():
                 shard = int(lease.labels[SHARD_LABEL])
                 if lease.name == shard_lease_name(region, shard):
@@ -89,12 +92,23 @@ class LeaseView:
     def region(self, region: str, namespace: str, name: str) -> core.RegionSeen:
         """The region's Leases that bear on the run ``namespace/name`` of that region."""
         seen = self._regions.get(region)
-        if seen is None:
+        if seen is None or self._listed_at is None:
             return core.RegionSeen(region, 0, None)
+        live = sum(not lease.expired(self._listed_at) for lease in seen.liveness.values())
         # The region's shard count is its number of shard Leases (each is kept once a member ran).
         count = max(seen.shards, default=-1) + 1
-        lease = seen.shards.get(shard_of(namespace, name, count)) if count else None
-        return core.RegionSeen(region, seen.live_members, _seen(lease) if lease is not None else None)
+        shard = seen.shards.get(shard_of(namespace, name, count)) if count else None
+        if shard is None:
+            return core.RegionSeen(region, live, None)
+        # A shard lasts as long as its holder is live: judged by the holder's last liveness write.
+        kept = seen.liveness.get(shard.holder, shard)
+        return core.RegionSeen(
+            region,
+            live,
+            core.LeaseSeen(
+                shard.name, shard.holder, kept.renew_time, timedelta(seconds=kept.duration_seconds)
+            ),
+        )
 
 
 def set_gauge(counts: dict[tuple[str, str], int], previous: set[tuple[str, str]]) -> set[tuple[str, str]]:

@@ -138,6 +138,7 @@ class RunWorker(Background):
             duration_seconds=self.config.lease_duration,
             drain=self._drain,
             on_change=self._shard_changed,
+            leading=lambda: self.region.leading(),  # the leader is kept live by the region Lease
         )
         self.ownership = RunOwnership(self.shard_leases, self.identity)
         # Region leader election: the holder runs failovers; its epoch is every commit's region epoch.
@@ -148,6 +149,7 @@ class RunWorker(Background):
             self.config.lease_namespace,
             self.config.lease_duration,
             on_change=lambda _hold: self.shard_leases.poke(),
+            on_renewed=self.shard_leases.alive,
         )
         self.legacy_leases = RunLeases(kube, self.identity)  # read only: earlier releases' per-run Leases
         self.reader = EvidenceReader(kube)
