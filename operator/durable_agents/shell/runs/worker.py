@@ -98,8 +98,7 @@ class WorkerConfig:
     region: str = DEFAULT_REGION  # only runs of this home region are advanced here
     lease_namespace: str = "default"  # where the region's shard and member Leases live
     shards: int = 16  # shard Leases of the region: runs are spread over the live replicas by them
-    # With a dispatcher in this process: intents are created under its first claim (the shard we
-    # hold fences the run, so the send needs no separate claim write). None: another process sends.
+    # A dispatcher here: intents created under its first claim (our shard fences the run). None: elsewhere.
     first_claims: FirstClaims | None = field(default=None, repr=False)
     # Recorded in every checkpoint; a run committed by another version passes resume validation.
     operator_version: str = __version__
@@ -167,8 +166,7 @@ class RunWorker(Background):
             untimed_stamps_before=datetime.now(UTC),  # runs that waited across the upgrade
         )
         self.known: set[ObjectKey] = set()  # every run seen: those of a shard we take are enqueued
-        # The newest state version this process committed or saw, per run: a watch event can
-        # arrive after our own later commit, and deciding from it would only earn a 409.
+        # Newest state version committed or seen per run: an older watch event would earn a 409.
         self.versions: dict[ObjectKey, int] = {}
         self.failures = Failures()  # exceptions per run and state version: retried, then quarantined
         self.batches = BatchWriter(self.store, self.reporter, self.failures, self.versions, self.policies)
