@@ -62,6 +62,11 @@ class CommitReporter:
             reason = status.outcome.reason  # why the run was not accepted says more than "Rejected"
         self._post(body, reason, message, warning=warning)
 
+    async def flush(self) -> None:
+        """Let the Events still being posted land (on a graceful stop), for at most 5 s."""
+        if self._background:
+            await asyncio.wait(set(self._background), timeout=5.0)
+
     def _post(self, body: dict[str, Any], reason: str, message: str, *, warning: bool) -> None:
         task = asyncio.create_task(self.events.record(body, reason, message, warning=warning))
         self._background.add(task)

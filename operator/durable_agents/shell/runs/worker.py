@@ -226,6 +226,7 @@ class RunWorker(Background):
             await forever()
         finally:
             await self.queue.stop()
+            await self.reporter.flush()  # the Events of the last commits, not lost on a stop
             await cancel_all(tasks)
             if self.shard_leases.task is not None:
                 await self.shard_leases.stop()  # its shards go to the other replicas at once
@@ -438,8 +439,7 @@ class RunWorker(Background):
                 observed, model_calls = seen, model_calls + sampled_calls(observed, seen)  # MCP samples
                 continue
             if isinstance(decision, NeedModelTurn):
-                # The bound is on calls a crash would repeat: commit before the call past it, so a
-                # wait or an intent the last call led to shares that write instead of its own.
+                # Bound on calls a crash would repeat: commit before the one past it (shared write).
                 if batch and model_calls >= model_calls_per_boundary(settings):
                     out = await self._write_batch(key, right, written, body, batch)
                     if out is None:
