@@ -439,14 +439,6 @@ class ShardLeases:
         log.info("shard %s/%d acquired by %s at epoch %d", self.region, shard, self.identity, hold.epoch)
         self._changed(hold, "expired_takeover" if from_live_holder else "acquired")
 
-    async def _renew_logged(self, hold: ShardHold) -> None:
-        try:
-            await self.renew_now(hold)
-        except ApiException as err:
-            log.warning(
-                "renewing shard %s/%d failed (%s %s)", self.region, hold.shard, err.status, err.reason
-            )
-
     async def _hand_over(self, hold: ShardHold, leaving: bool = False) -> None:
         """Drain the shard's units in flight, then release its Lease (unless, meanwhile, it is
         ours again). A failing drain keeps the shard: the handover is retried at the next poll."""
