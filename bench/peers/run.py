@@ -485,7 +485,9 @@ def profile_rows(
         if pid is None:
             continue  # a peer: not ours to profile
         out = args.profile / f"{spec.name}.svg"
-        command = [spy, "record", "--pid", str(pid), "--subprocesses", "--rate", "100", "--output", str(out)]
+        # --gil: only the thread holding the GIL is sampled, so the graph shows Python CPU, not the
+        # thread pool and sockets waiting (without it, idle pool threads were two thirds of it).
+        command = [spy, "record", "--pid", str(pid), "--subprocesses", "--gil", "--rate", "100", "--output", str(out)]
         recorder = subprocess.Popen([*command, "--format", "flamegraph"], stdout=subprocess.DEVNULL)
         try:
             result = run_one_rep(

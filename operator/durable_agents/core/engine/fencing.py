@@ -40,9 +40,15 @@ def checkpoint_epoch(raw: Any) -> Fencing | None:
     return loaded.checkpoint.fencing if isinstance(loaded, Loaded) else None
 
 
+def snapshot_epoch(run: RunSnapshot) -> Fencing | None:
+    """:func:`checkpoint_epoch` of a read, its checkpoint loaded once per read."""
+    loaded = run.loaded if isinstance(run.raw_checkpoint, dict) else None
+    return loaded.checkpoint.fencing if isinstance(loaded, Loaded) else None
+
+
 def recorded_epoch(run: RunSnapshot) -> tuple[str, int] | None:
     """The (holder, epoch) a run last recorded: its checkpoint's, or (unreadable) its history's."""
-    epoch = checkpoint_epoch(run.raw_checkpoint)
+    epoch = snapshot_epoch(run)
     if epoch is not None:
         return epoch.holder, epoch.lease_transitions
     last = max(

@@ -23,7 +23,6 @@ from durable_agents.core.checkpoint import (
     RuntimeConfig,
     Timestamps,
     dump_checkpoint,
-    load_checkpoint,
     stamp_checkpoint,
     verify_integrity,
     verify_sealed,
@@ -78,7 +77,7 @@ def load_stored(run: RunSnapshot, settings: Settings) -> Loaded | Quarantine:
     still verifies. Without a keyring (pure tests and tools: the operator never runs without one)
     nothing is stamped, so nothing is verified.
     """
-    loaded = load_checkpoint(run.raw_checkpoint)
+    loaded = run.loaded
     if isinstance(loaded, Quarantine):
         return loaded
     keyring = settings.keyring
@@ -89,13 +88,20 @@ def load_stored(run: RunSnapshot, settings: Settings) -> Loaded | Quarantine:
                 "Undecryptable", f"sealed fields ({names}) and this operator has no sealing keyring"
             )
         return loaded
+    if loaded.migrated_from is not None and loaded.migrated_from < FIRST_STAMPED_SCHEMA_VERSION:
+        unsealable = verify_sealed(loaded.checkpoint, keyring=keyring, run_uid=run.run_id)
+        return unsealable or _adopt_legacy(run, loaded, settings)  # settings decide: never kept
+    verified: Loaded | Quarantine = run.memo("verified", keyring, lambda: _verified(run, loaded, keyring))
+    return verified
+
+
+def _verified(run: RunSnapshot, loaded: Loaded, keyring: Keyring) -> Loaded | Quarantine:
+    """A stamped checkpoint's sealed values unsealable, its stamp verified, its position bound."""
     unsealable = verify_sealed(loaded.checkpoint, keyring=keyring, run_uid=run.run_id)
     if unsealable is not None:
         return unsealable
     stored = run.raw_checkpoint
     assert stored is not None  # load_checkpoint quarantines a missing one
-    if loaded.migrated_from is not None and loaded.migrated_from < FIRST_STAMPED_SCHEMA_VERSION:
-        return _adopt_legacy(run, loaded, settings)
     return verify_integrity(stored, keyring=keyring, run_id=run.run_id) or _bound_to_status(run, loaded)
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -19,7 +19,7 @@ from durable_agents.api.v1alpha1 import (
 )
 from durable_agents.api.v1alpha1.states import RunState
 from durable_agents.core.agent.exchange import ModelReply
-from durable_agents.core.checkpoint import KubernetesEvidenceRef
+from durable_agents.core.checkpoint import KubernetesEvidenceRef, Loaded, Quarantine, load_checkpoint
 from durable_agents.core.definitions import DefinitionNow, PinnedDefinition, pinned_of
 from durable_agents.core.sealed_values import DATA_KEY_ANNOTATION
 from durable_agents.core.sealing import Keyring
@@ -74,6 +74,23 @@ class RunSnapshot:
     """A sub-agent run: the Agents above it, as its parent wrote them (believed only with the
     stamp below: core/engine/subagents.py)."""
     agent_path_stamp: str | None = None
+    _memo: dict[str, tuple[object, Any]] = field(default_factory=dict, init=False, repr=False, compare=False)
+    """What was derived from this read once (the checkpoint validated, its stamp verified): a worker
+    decides several times on one read (model turns, observations) and each load cost a whole
+    validation and a canonical JSON of the checkpoint. ``replace`` starts a new one."""
+
+    def memo(self, name: str, given: object, compute: Callable[[], Any]) -> Any:
+        """``compute()`` once per read and per ``given`` (compared by identity: a keyring)."""
+        held = self._memo.get(name)
+        if held is None or held[0] is not given:
+            held = self._memo[name] = (given, compute())
+        return held[1]
+
+    @property
+    def loaded(self) -> Loaded | Quarantine:
+        """The stored checkpoint migrated and validated (never verified: see ``load_stored``)."""
+        result: Loaded | Quarantine = self.memo("loaded", None, lambda: load_checkpoint(self.raw_checkpoint))
+        return result
 
     @classmethod
     def from_object(cls, obj: Mapping[str, Any]) -> RunSnapshot:

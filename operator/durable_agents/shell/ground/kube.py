@@ -21,6 +21,8 @@ import urllib3
 from kubernetes import client, config, dynamic
 from kubernetes.client.rest import ApiException, RESTResponse, contenttype_matches
 
+from durable_agents.shell.ground import fast_json
+
 T = TypeVar("T")
 
 # (namespace, name): how the operator keys a namespaced object in its queues and caches.
@@ -183,15 +185,16 @@ class Kube:
         else:
             response = self._send_json(method, url, headers, body)
         response.read()
+        if 200 <= response.status <= 299 and types.get(str(response.status)) == "object":
+            return fast_json.loads(response.data)  # what ``deserialize(..., "object")`` returns
         return api.response_deserialize(response_data=response, response_types_map=dict(types)).data
 
     def _send_json(
         self, method: str, url: str, headers: dict[str, str], body: dict[str, Any]
     ) -> RESTResponse:
         """What ``RESTClientObject.request`` does with a JSON body, without the body walk before."""
-        try:
-            payload = json.dumps(body)
-        except (TypeError, ValueError):  # not plain JSON (a datetime, a model): the client's conversion
+        payload: bytes | str | None = fast_json.dumps(body)
+        if payload is None:  # not plain JSON (a datetime, a model): the client's conversion
             payload = json.dumps(self.api.sanitize_for_serialization(body))
         try:
             raw = self.api.rest_client.pool_manager.request(

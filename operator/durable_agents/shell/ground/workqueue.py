@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from durable_agents.shell.ground import metrics
+from durable_agents.shell.ground import fast_json, metrics
 from durable_agents.shell.ground.kube import ObjectKey
 from durable_agents.shell.ground.lifecycle import Background, forever
 from durable_agents.shell.ground.scheduler import WakeScheduler
@@ -32,6 +32,10 @@ async def cancel_all(tasks: list[asyncio.Task[None]]) -> None:
         with contextlib.suppress(asyncio.CancelledError):
             await task
     tasks.clear()
+
+
+def _compact(body: dict[str, Any]) -> bytes | str:
+    return fast_json.dumps(body) or json.dumps(body, separators=(",", ":"))
 
 
 class WorkQueue(Background):
@@ -51,7 +55,7 @@ class WorkQueue(Background):
         metrics.SCHEDULED_WAKEUPS.labels(name).set_function(lambda: len(self.scheduler))
         # The latest body per queued key, as compact JSON: a backlog of thousands (a cold start)
         # then costs one string each, not thousands of small objects that fragment the heap.
-        self._latest: dict[ObjectKey, str] = {}
+        self._latest: dict[ObjectKey, bytes | str] = {}
         self._queue: asyncio.Queue[ObjectKey] = asyncio.Queue()
         self._queued: set[ObjectKey] = set()
         self._active: set[ObjectKey] = set()
@@ -75,7 +79,7 @@ class WorkQueue(Background):
 
     def add(self, key: ObjectKey, body: dict[str, Any] | None = None) -> None:
         if body is not None:
-            self._latest[key] = json.dumps(body, separators=(",", ":"))
+            self._latest[key] = _compact(body)
         if key in self._active:
             self._dirty.add(key)
         elif key not in self._queued:
@@ -106,7 +110,7 @@ class WorkQueue(Background):
             self._active.add(key)
             try:
                 raw = self._latest.pop(key, None)
-                await self._process(key, json.loads(raw) if raw is not None else None)
+                await self._process(key, fast_json.loads(raw) if raw is not None else None)
             except Exception:
                 log.exception("%s: processing %s/%s failed; retrying later", self.name, *key)
                 delay = self.retry_backoff * (1 + random.random())

@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import json
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -33,6 +32,7 @@ from kubernetes.client.rest import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
 from durable_agents.api.v1alpha1 import GROUP, VERSION
+from durable_agents.shell.ground import fast_json
 from durable_agents.shell.ground.kube import Kube
 from durable_agents.shell.ground.lifecycle import Background
 
@@ -137,7 +137,7 @@ class RunReflector(Background):
                 if err.status == 410:  # the continue token outlived the snapshot it pages through
                     raise Expired("list continuation expired") from err
                 raise
-            page = json.loads(response.data)
+            page = fast_json.loads(response.data)
             for item in page.get("items") or []:
                 self.deliver(None, item)
             meta = page.get("metadata") or {}
@@ -177,7 +177,7 @@ class RunReflector(Background):
         for line in iter_resp_lines(response):
             if not line:
                 continue
-            event = json.loads(line)
+            event = fast_json.loads(line)
             kind, obj = event.get("type"), event.get("object") or {}
             if kind == "ERROR":
                 if obj.get("code") == 410:

@@ -41,6 +41,10 @@ FENCING = "fencing before advancing (its former holder may have a write in fligh
 FENCED = "fenced: epoch of"
 
 
+class Lost(Exception):
+    """Our lease epoch is no longer the run's: stop touching the run."""
+
+
 @dataclass(frozen=True)
 class Right:
     """The right to advance one run now: a hold of its shard, and the epoch its commits carry."""

@@ -49,7 +49,7 @@ from durable_agents.core.engine import (
     decide,
     fence,
 )
-from durable_agents.core.engine.fencing import checkpoint_epoch, recorded_epoch
+from durable_agents.core.engine.fencing import recorded_epoch, snapshot_epoch
 from durable_agents.core.planner import Planner
 from durable_agents.core.regions import DEFAULT_REGION
 from durable_agents.core.sealing import Keyring
@@ -68,7 +68,7 @@ from durable_agents.shell.observability.events import EventRecorder
 from durable_agents.shell.observability.reporting import CommitReporter
 from durable_agents.shell.ownership.leases import RunLeases
 from durable_agents.shell.ownership.regions import RegionElector
-from durable_agents.shell.ownership.rights import FENCED, FENCING, Right, RunOwnership
+from durable_agents.shell.ownership.rights import FENCED, FENCING, Lost, Right, RunOwnership
 from durable_agents.shell.ownership.shards import ShardChange, ShardLeases
 from durable_agents.shell.runs.batches import Batch, BatchWriter
 from durable_agents.shell.runs.children import ChildRuns
@@ -104,10 +104,6 @@ class WorkerConfig:
     operator_version: str = __version__
     all_events: bool = False  # a Kubernetes Event for every transition, not only the notable ones
     keyring: Keyring | None = field(default=None, repr=False)  # None: sealed checkpoints quarantine
-
-
-class Lost(Exception):
-    """Our lease epoch is no longer the run's: stop touching the run."""
 
 
 TERMINAL = frozenset(s.value for s in RunState if s.terminal)
@@ -418,14 +414,17 @@ class RunWorker(Background):
         unit's bound (:mod:`durable_agents.shell.runs.batches`). A crash before the write repeats the
         batch's reads and decisions, never an effect."""
         written = body  # the record as stored: its resourceVersion is the write's precondition
+        read: dict[str, Any] | None = None  # the record ``base`` was validated from
         batch: Batch = []
         model_calls = 0  # since the last write: a crash repeats them, so they are bounded
         # Each transition may first need a read or an observation: a few steps each, bounded.
         for _ in range(self.config.max_transitions_per_unit * 3):
             if len(batch) >= self.config.max_transitions_per_unit:
                 break
-            snap = self.definitions.snapshot(RunSnapshot.from_object(body))
-            epoch = checkpoint_epoch(snap.raw_checkpoint)
+            if body is not read:  # between model turns the record is the same: validated once
+                read, base = body, RunSnapshot.from_object(body)
+            snap = self.definitions.snapshot(base)
+            epoch = snapshot_epoch(snap)
             if self.ownership.lost(key, right, epoch):
                 raise Lost(f"{key} now at epoch {epoch}")
             now, settings = datetime.now(UTC), self.settings_for(snap)
