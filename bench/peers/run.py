@@ -487,7 +487,8 @@ def profile_rows(
         out = args.profile / f"{spec.name}.svg"
         # --gil: only the thread holding the GIL is sampled, so the graph shows Python CPU, not the
         # thread pool and sockets waiting (without it, idle pool threads were two thirds of it).
-        command = [spy, "record", "--pid", str(pid), "--subprocesses", "--gil", "--rate", "100", "--output", str(out)]
+        command = [spy, "record", "--pid", str(pid), "--subprocesses", "--gil", "--rate", "100"]
+        command += ["--output", str(out)]
         recorder = subprocess.Popen([*command, "--format", "flamegraph"], stdout=subprocess.DEVNULL)
         try:
             result = run_one_rep(
