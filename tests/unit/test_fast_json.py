@@ -113,3 +113,16 @@ def test_a_float_is_written_so_it_reads_back_exactly() -> None:
         back = json.loads(written)["x"]
         assert back == x
         assert math.copysign(1, back) == math.copysign(1, x)
+
+
+def test_a_float_the_api_server_writes_as_digits_is_read_as_json_reads_it() -> None:
+    """The API server writes a float64 below 1e21 without an exponent (integration test
+    test_api_server_numbers): json reads that literal as an int, orjson alone as a float."""
+    text = '{"u64": 18446744073709552000, "negative": -9223372036854776000}'
+    assert repr(typed(fast_json.loads(text))) == repr(typed(json.loads(text)))
+    assert type(fast_json.loads(text)["u64"]) is int
+
+
+def test_a_lone_surrogate_is_read_as_json_reads_it() -> None:
+    text = '{"a": "\\ud800"}'
+    assert fast_json.loads(text) == json.loads(text)

@@ -11,15 +11,16 @@ types its own way (passed through, so ``json``'s rules or its caller's conversio
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 import orjson
 
-# A run of 19 digits or more may be an integer orjson reads as a float; so rare in the operator's
-# objects (resourceVersions, times, UIDs and base64 hold shorter ones) that ``json`` reads those.
-_LONG_NUMBER = re.compile(rb"\d{19,}")
-_LONG_NUMBER_TEXT = re.compile(r"\d{19,}")
+# A run of 19 digits or more may be an integer orjson reads as a float (the API server itself writes
+# a float64 below 1e21 that way: 18446744073709552000); rare in the operator's objects (resourceVersions,
+# times, UIDs and base64 hold shorter runs), so ``json`` reads those. Found by mapping every digit to
+# 0 and looking for 19 zeros: a quarter of orjson's own time, where a regular expression took ten times it.
+_DIGITS_AS_ZERO = bytes.maketrans(b"123456789", b"000000000")
+_LONG_NUMBER = b"0" * 19
 _AS_JSON_WOULD = (
     orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_SUBCLASS
 )
@@ -27,10 +28,13 @@ _AS_JSON_WOULD = (
 
 def loads(data: bytes | bytearray | str) -> Any:
     """``json.loads(data)``, faster."""
-    long = _LONG_NUMBER_TEXT.search(data) if isinstance(data, str) else _LONG_NUMBER.search(data)
-    if long is None:
+    try:
+        raw = data.encode() if isinstance(data, str) else bytes(data)
+    except UnicodeEncodeError:  # a lone surrogate: json's own way (and its own error)
+        return json.loads(data)
+    if _LONG_NUMBER not in raw.translate(_DIGITS_AS_ZERO):
         try:
-            return orjson.loads(data)
+            return orjson.loads(raw)
         except orjson.JSONDecodeError:
             pass  # deep nesting, NaN, 1e400: json reads them, or raises its own error
     return json.loads(data)
