@@ -15,7 +15,7 @@ from tests.unit.builders import DONE, T0, ask, at, checkpoint_of, expect, new_ru
 from durable_agents.api.v1alpha1.states import RunState
 from durable_agents.core.checkpoint import Loaded, Quarantine, seal_field, stamp_checkpoint
 from durable_agents.core.checkpoint import versions as checkpoint_versions
-from durable_agents.core.engine import Settings
+from durable_agents.core.engine import RunSnapshot, Settings
 from durable_agents.core.engine import snapshot as snapshot_module
 from durable_agents.core.engine.fencing import recorded_epoch, snapshot_epoch
 from durable_agents.core.engine.loading import load_stored
@@ -99,3 +99,22 @@ def test_a_tampered_record_read_again_is_quarantined_though_the_first_read_verif
     tampered = copy.deepcopy(obj)
     tampered["status"]["checkpoint"]["answers"] = {"confirm": base64.b64encode(b"forged").decode()}
     assert isinstance(load_stored(snap(tampered), KEYED), Quarantine)
+
+
+def test_the_next_transition_takes_the_validated_spec_when_it_shares_the_record_s_spec() -> None:
+    obj = waiting()
+    first = snap(obj)
+    after_commit = {**obj, "status": {**obj["status"], "stateVersion": obj["status"]["stateVersion"] + 1}}
+    again = RunSnapshot.from_object(after_commit, prior=first)
+    assert again.spec is first.spec, "the same spec object: not validated again"
+    assert again.status.state_version == first.status.state_version + 1, "the status is read anew"
+
+
+def test_a_spec_read_anew_is_validated_anew_even_with_a_prior() -> None:
+    obj = waiting()
+    first = snap(obj)
+    changed = copy.deepcopy(obj)
+    changed["spec"]["answers"] = {"confirm": "no"}
+    again = RunSnapshot.from_object(changed, prior=first)
+    assert again.spec is not first.spec
+    assert again.spec.answers == {"confirm": "no"}

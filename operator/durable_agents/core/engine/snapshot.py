@@ -93,16 +93,22 @@ class RunSnapshot:
         return result
 
     @classmethod
-    def from_object(cls, obj: Mapping[str, Any]) -> RunSnapshot:
+    def from_object(cls, obj: Mapping[str, Any], *, prior: RunSnapshot | None = None) -> RunSnapshot:
+        """``prior``: an earlier read sharing this one's spec object, unchanged (the worker's next
+        transition shares its record's spec and replaces only the status): its validated spec is
+        taken, not validated again. The status and the checkpoint are always read anew."""
         meta = obj["metadata"]
         raw_status = dict(obj.get("status") or {})
         raw_checkpoint = raw_status.pop("checkpoint", None)
-        spec = AgentRunSpec.model_validate(obj["spec"])
+        raw_spec = obj["spec"]
+        held = prior._memo.get("spec") if prior is not None else None
+        same = held is not None and held[0] is raw_spec
+        spec = unpinned = held[1] if held is not None and same else AgentRunSpec.model_validate(raw_spec)
         pinned = pinned_of(raw_checkpoint) if spec.agent_ref else None
         annotations = meta.get("annotations") or {}
         if pinned is not None:  # a run of an Agent acts by the definition it pinned, only
             spec = spec.model_copy(update={"agent": pinned.agent_config()})
-        return cls(
+        read = cls(
             definition=pinned,
             uid=meta["uid"],
             name=meta["name"],
@@ -117,6 +123,8 @@ class RunSnapshot:
             agent_path=annotations.get("durable-agents.io/agent-path"),
             agent_path_stamp=annotations.get("durable-agents.io/agent-path-stamp"),
         )
+        read._memo["spec"] = (raw_spec, unpinned)
+        return read
 
     def with_definition(self, pinned: PinnedDefinition) -> RunSnapshot:
         """This run of an Agent, before it pinned ``pinned``, as it will act once it has."""

@@ -414,15 +414,15 @@ class RunWorker(Background):
         unit's bound (:mod:`durable_agents.shell.runs.batches`). A crash before the write repeats the
         batch's reads and decisions, never an effect."""
         written = body  # the record as stored: its resourceVersion is the write's precondition
-        read: dict[str, Any] | None = None  # the record ``base`` was validated from
+        read, base = body, RunSnapshot.from_object(body)  # a record is validated once (model turns)
         batch: Batch = []
         model_calls = 0  # since the last write: a crash repeats them, so they are bounded
         # Each transition may first need a read or an observation: a few steps each, bounded.
         for _ in range(self.config.max_transitions_per_unit * 3):
             if len(batch) >= self.config.max_transitions_per_unit:
                 break
-            if body is not read:  # between model turns the record is the same: validated once
-                read, base = body, RunSnapshot.from_object(body)
+            if body is not read:  # the same record between model turns; the same spec after a commit
+                read, base = body, RunSnapshot.from_object(body, prior=base)
             snap = self.definitions.snapshot(base)
             epoch = snapshot_epoch(snap)
             if self.ownership.lost(key, right, epoch):
