@@ -45,6 +45,7 @@ from durable_agents.core.sealing import Keyring
 from durable_agents.shell.ground import metrics
 from durable_agents.shell.ground.kube import Kube, ObjectKey
 from durable_agents.shell.ground.lifecycle import Background
+from durable_agents.shell.ground.packed import Packed
 from durable_agents.shell.intake.policies import PolicyCache
 from durable_agents.shell.observability.events import EventRecorder
 from durable_agents.shell.observability.notify_http import (
@@ -128,7 +129,7 @@ class Notifier(Background):
         self.holds, self.region, self.keyring, self.events = holds, region, keyring, events
         self.config = config or NotifyConfig()
         self.entropy = entropy
-        self.runs: dict[ObjectKey, dict[str, Any]] = {}  # slim copies of runs due a notice
+        self.runs: dict[ObjectKey, Packed] = {}  # slim copies of runs due a notice, packed
         self.done: dict[ObjectKey, set[str]] = {}  # delivery keys done here, per run
         self.inflight: dict[str, asyncio.Task[None]] = {}
         # Runs whose every due delivery is recorded, at (resourceVersion, policy, its version): a
@@ -158,9 +159,9 @@ class Notifier(Background):
             self.changed.pop(key, None)
             return
         before = self.runs.get(key)
-        if before is None or before["metadata"].get("resourceVersion") != meta.get("resourceVersion"):
+        if before is None or before.version != meta.get("resourceVersion"):
             self.changed[key] = time.monotonic()
-        self.runs[key] = slim(body)
+        self.runs[key] = Packed(slim(body))
         self.due.add(key)
         self._wake.set()
 
@@ -200,8 +201,8 @@ class Notifier(Background):
             self.due.update(self.runs)
         due, self.due = self.due, set()
         for key in due:
-            body = self.runs.get(key)
-            if body is not None and not await self._look(key, body, now):
+            kept = self.runs.get(key)
+            if kept is not None and not await self._look(key, kept.body(), now):
                 self.due.add(key)
 
     async def _look(self, key: ObjectKey, body: dict[str, Any], now: datetime) -> bool:
@@ -326,7 +327,9 @@ class Notifier(Background):
             return frozenset()
         finally:
             metrics.API_WRITES.labels("agentruns", "patch").inc()
-        current = self.runs.get(key)
-        if current is not None:  # until the watch says so: not written again on the next pass
+        kept = self.runs.get(key)
+        if kept is not None:  # until the watch says so: not written again on the next pass
+            current = kept.body()
             current["metadata"]["annotations"][core.NOTIFIED_ANNOTATION] = value
+            self.runs[key] = Packed(current)
         return frozenset(value.rpartition(core.STAMP_SEPARATOR)[0].split())

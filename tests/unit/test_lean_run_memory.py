@@ -1,0 +1,128 @@
+"""What the AgentRun subscribers keep per parked run (issue 38: 100,000 waiting runs on one
+replica, operator RSS under 1 GiB). Measured with tracemalloc, relative to the size of the run
+itself (never an absolute figure): each run is a real parked AgentRun (``bench/fixtures``),
+decoded afresh and dropped after delivery as the reflector does, so whatever a subscriber still
+holds afterwards is what it keeps. ``python -m bench.memory_per_run`` reports the same per subscriber.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import tracemalloc
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tests.unit.builders import KEYRING
+
+from durable_agents.core.regions import DEFAULT_REGION
+from durable_agents.shell.ground.packed import Packed
+from durable_agents.shell.intake.policies import PolicyCache
+from durable_agents.shell.intake.reflector import lean
+from durable_agents.shell.observability.notifications import Notifier
+from durable_agents.shell.runs.stuck import StuckCheck
+from durable_agents.shell.runs.stuck_view import Kept
+
+FIXTURE = Path(__file__).parents[2] / "bench" / "fixtures" / "parked_run.json"
+TEXT = FIXTURE.read_text()
+RUNS = 300
+# A parked run's JSON as the API server sends it (compact), the unit the bounds are stated in.
+BODY_BYTES = len(json.dumps(json.loads(TEXT), separators=(",", ":")))
+
+
+def body(i: int) -> dict[str, Any]:
+    """The i-th parked run, freshly decoded (its own strings), as the reflector delivers it."""
+    return lean(json.loads(TEXT.replace("w00000", f"p{i:05d}").replace('"274"', f'"{1000 + i}"')))
+
+
+def kept_per_run(deliver: Callable[[str | None, dict[str, Any]], None], after: Callable[[], None]) -> float:
+    """Bytes still allocated per run once ``RUNS`` runs were delivered and ``after`` ran."""
+    deliver(None, body(RUNS + 1))  # warm up: first-use allocations are not per run
+    after()
+    gc.collect()
+    tracemalloc.start()
+    try:
+        start = tracemalloc.get_traced_memory()[0]
+        for i in range(RUNS):
+            deliver(None, body(i))
+        after()
+        gc.collect()
+        return (tracemalloc.get_traced_memory()[0] - start) / RUNS
+    finally:
+        tracemalloc.stop()
+
+
+def test_the_reflector_delivers_runs_without_their_managed_fields_and_one_namespace_string() -> None:
+    raw = json.loads(TEXT)
+    assert raw["metadata"]["managedFields"], "the fixture is a run as the API server sends it"
+    first, second = body(1), body(2)
+    assert "managedFields" not in first["metadata"]
+    assert first["metadata"]["namespace"] is second["metadata"]["namespace"], "interned"
+    assert len(json.dumps(first)) < 0.6 * len(json.dumps(raw)), "managed fields are half a parked run"
+    same = lean(json.loads(TEXT))
+    assert {k: v for k, v in raw["metadata"].items() if k != "managedFields"} == same["metadata"]
+    assert raw["spec"] == same["spec"], "nothing else changed"
+    assert raw["status"] == same["status"], "nothing else changed"
+
+
+def test_the_stuck_check_keeps_a_parked_run_packed_and_not_parsed() -> None:
+    """A parked run with its own expiry is judged once; then the check keeps its slim copy as one
+    packed value and drops the parsed models (before: about three times the run's own size)."""
+    stuck = StuckCheck(
+        None,  # type: ignore[arg-type]  # nothing here reaches the API
+        holds=lambda key: True,
+        region=DEFAULT_REGION,
+        keyring=KEYRING,
+        policies=PolicyCache(None),  # type: ignore[arg-type]
+        events=None,  # type: ignore[arg-type]
+    )
+    per_run = kept_per_run(stuck.observe_run, lambda: asyncio.run(stuck.check_once()))
+    assert stuck.judged == RUNS + 1, "every run was judged"
+    assert len(stuck.settled) == RUNS + 1, "and judged for good: not again until it changes"
+    assert not stuck._parsed, "a run judged for good keeps no parsed models"
+    assert all(isinstance(kept, Kept) and isinstance(kept.packed, bytes) for kept in stuck.runs.values())
+    assert per_run < 0.4 * BODY_BYTES, f"{per_run:.0f} bytes kept per parked run of {BODY_BYTES}"
+
+
+def test_a_changed_run_is_judged_again_from_its_packed_copy() -> None:
+    stuck = StuckCheck(
+        None,  # type: ignore[arg-type]
+        holds=lambda key: True,
+        region=DEFAULT_REGION,
+        keyring=KEYRING,
+        policies=PolicyCache(None),  # type: ignore[arg-type]
+        events=None,  # type: ignore[arg-type]
+    )
+    run = body(1)
+    stuck.observe_run(None, run)
+    asyncio.run(stuck.check_once())
+    changed = json.loads(json.dumps(run))
+    changed["metadata"]["resourceVersion"] = "99999"
+    stuck.observe_run("MODIFIED", changed)
+    key = (run["metadata"]["namespace"], run["metadata"]["name"])
+    assert stuck.runs[key].version == "99999"
+    asyncio.run(stuck.check_once())
+    assert stuck.judged == 2
+    assert stuck.settled[key] == ("99999", None)
+    assert stuck.runs[key].body()["status"]["checkpoint"] == {
+        "pendingInput": {"expiresAt": run["status"]["checkpoint"]["pendingInput"]["expiresAt"]},
+        "retry": {},
+    }
+    assert [c["type"] for c in stuck.runs[key].body()["status"]["conditions"]] == [], "only Stuck is kept"
+
+
+def test_the_notifier_keeps_a_run_due_a_notice_packed() -> None:
+    notifier = Notifier(
+        None,  # type: ignore[arg-type]
+        PolicyCache(None),  # type: ignore[arg-type]
+        holds=lambda key: True,
+        region=DEFAULT_REGION,
+        keyring=KEYRING,
+        events=None,  # type: ignore[arg-type]
+    )
+    per_run = kept_per_run(notifier.observe, lambda: asyncio.run(notifier.pass_once()))
+    assert len(notifier.runs) == RUNS + 1, "a run waiting for input is due a notice: kept"
+    assert all(isinstance(kept, Packed) for kept in notifier.runs.values())
+    assert per_run < 0.25 * BODY_BYTES, f"{per_run:.0f} bytes kept per parked run of {BODY_BYTES}"
