@@ -205,11 +205,77 @@ def measure(names: list[str], runs: int) -> dict[str, float]:
     return {"listed": round(listed / runs), "settled": round(settled / runs)}
 
 
+def measure_owned(runs: int) -> dict[str, float]:
+    """Bytes per run a run worker that owns every run keeps, on a real API server: ``runs`` runs
+    parked by an operator process, then a worker in this process (its shards all its own) fed by a
+    reflector until every run has its wake-up armed. ``peak``: the most allocated meanwhile (the
+    cold start's backlog). Both include the worker's and the client's fixed costs, spread."""
+    from bench.core import await_states, create_runs, environment
+    from bench.resources import ASK
+    from durable_agents_testkit.governance import permissive_default
+    from durable_agents_testkit.scrape import free_port
+
+    with environment() as env:
+        namespace = env.namespace()
+        permissive_default(env.kube.api, namespace)
+        create_runs(env, namespace, {f"w{i:05d}": ASK for i in range(runs)})
+        parking = env.operator(namespace, "parking", DURABLE_AGENTS_WEBHOOK_PORT=str(free_port()))
+        try:
+            await_states(env, namespace, "waiting_input", runs, timeout=1800, interval=1)
+        finally:
+            parking.stop()
+        return asyncio.run(_owned(env.kube.api, namespace, runs))
+
+
+async def _owned(api: client.ApiClient, namespace: str, runs: int) -> dict[str, float]:
+    from durable_agents.shell.ground.kube import Kube
+
+    kube = Kube(api)
+    try:
+        # A first worker, not measured: its imports and schemas built on first use are not per run.
+        await _settle(kube, namespace, runs)
+        gc.collect()
+        tracemalloc.start()
+        start = tracemalloc.get_traced_memory()[0]
+        try:
+            current, peak = await _settle(kube, namespace, runs, tracemalloc.get_traced_memory)
+        finally:
+            tracemalloc.stop()
+    finally:
+        kube.executor.shutdown(wait=False, cancel_futures=True)
+    return {"settled": round((current - start) / runs), "peak": round((peak - start) / runs)}
+
+
+async def _settle(
+    kube: Any, namespace: str, runs: int, measure: Callable[[], tuple[int, int]] = lambda: (0, 0)
+) -> tuple[int, int]:
+    """A worker (fed by its reflector) until every run has its wake-up armed; ``measure`` then."""
+    from durable_agents.shell.intake.reflector import RunReflector
+    from durable_agents.shell.runs.worker import RunWorker, WorkerConfig
+
+    config = WorkerConfig(lease_namespace=namespace, shards=4, keyring=keyring())
+    worker = RunWorker(kube, config)
+    intake = RunReflector(kube, worker.observe, namespace=namespace)
+    worker.start()
+    intake.start()
+    try:
+        while len(worker.queue.scheduler) < runs or not worker.queue.idle:  # noqa: ASYNC110 (polled)
+            await asyncio.sleep(0.5)
+        gc.collect()
+        return measure()
+    finally:
+        await intake.stop()
+        await worker.stop()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=2000)
     parser.add_argument("--only", nargs="*", default=list(SUBJECTS), choices=list(SUBJECTS))
     parser.add_argument("--out", type=Path, help="write the figures as JSON here too")
+    parser.add_argument(
+        "--owned", type=int, default=0, help="also this many runs owned by a worker on a local API server"
+    )
     args = parser.parse_args(argv)
     body_bytes = len(FIXTURE.read_text().encode())
     rows: dict[str, dict[str, float]] = {}
@@ -221,6 +287,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'subscriber':<16}{'listed B/run':>14}{'settled B/run':>15}")
     for name, row in rows.items():
         print(f"{name:<16}{row['listed']:>14,.0f}{row['settled']:>15,.0f}")
+    if args.owned:
+        owned = measure_owned(args.owned)
+        rows["worker, owned"] = owned
+        print(
+            f"worker owning {args.owned} parked runs (real API server): {owned['settled']:,.0f} B/run kept,"
+            f" {owned['peak']:,.0f} B/run at the peak of its cold start"
+        )
     if args.out is not None:
         args.out.write_text(json.dumps({"runs": args.runs, "bytes_per_run": rows}, indent=2) + "\n")
     return 0

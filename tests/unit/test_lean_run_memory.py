@@ -13,15 +13,19 @@ import json
 import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 from tests.unit.builders import KEYRING
 
+from durable_agents.core.checkpoint import Fencing
 from durable_agents.core.regions import DEFAULT_REGION
 from durable_agents.shell.ground.packed import Packed
 from durable_agents.shell.intake.policies import PolicyCache
 from durable_agents.shell.intake.reflector import lean
 from durable_agents.shell.observability.notifications import Notifier
+from durable_agents.shell.ownership.rights import RunOwnership
+from durable_agents.shell.ownership.shards import ShardChange, ShardHold, ShardLeases
 from durable_agents.shell.runs.stuck import StuckCheck
 from durable_agents.shell.runs.stuck_view import Kept
 
@@ -126,3 +130,29 @@ def test_the_notifier_keeps_a_run_due_a_notice_packed() -> None:
     assert len(notifier.runs) == RUNS + 1, "a run waiting for input is due a notice: kept"
     assert all(isinstance(kept, Packed) for kept in notifier.runs.values())
     assert per_run < 0.25 * BODY_BYTES, f"{per_run:.0f} bytes kept per parked run of {BODY_BYTES}"
+
+
+def test_the_runs_of_a_shard_share_one_right_under_a_hold() -> None:
+    """A run owned and parked keeps an entry in the epochs chosen, not a Right and a Fencing model of
+    its own: the runs of a shard at the same epoch share one (frozen), a new hold gets a new one."""
+
+    def hold(epoch: int) -> ShardHold:
+        return cast(ShardHold, SimpleNamespace(shard=0, epoch=epoch, draining=False))
+
+    held = {0: hold(3)}
+    shards = cast(ShardLeases, SimpleNamespace(shards=1, hold=held.get))
+    ownership = RunOwnership(shards, "replica-a")
+    first, second = ownership.right(("ns", "a"), None), ownership.right(("ns", "b"), ("old", 1))
+    assert first is not None
+    assert first is second, "the same shard, hold and epoch: one Right"
+    assert first.epoch == Fencing(holder="replica-a", lease_transitions=3)
+    ahead = ownership.right(("ns", "c"), ("old", 7))
+    assert ahead is not None
+    assert ahead.epoch.lease_transitions == 8, "a run recorded at a higher epoch goes one past it"
+    assert ownership.right(("ns", "a"), None) is first, "chosen once per run and hold"
+    ownership.changed(ShardChange(0, "lost", held[0]))
+    held[0] = hold(4)
+    again = ownership.right(("ns", "a"), None)
+    assert again is not None
+    assert again is not first
+    assert again.epoch.lease_transitions == 4
