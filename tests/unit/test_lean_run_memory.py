@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+import sys
 import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
@@ -20,7 +21,9 @@ from tests.unit.builders import KEYRING
 
 from durable_agents.core.checkpoint import Fencing
 from durable_agents.core.regions import DEFAULT_REGION
+from durable_agents.shell.ground.memory import trim_after_bursts
 from durable_agents.shell.ground.packed import Packed
+from durable_agents.shell.ground.workqueue import WorkQueue
 from durable_agents.shell.intake.policies import PolicyCache
 from durable_agents.shell.intake.reflector import lean
 from durable_agents.shell.observability.notifications import Notifier
@@ -156,3 +159,38 @@ def test_the_runs_of_a_shard_share_one_right_under_a_hold() -> None:
     assert again is not None
     assert again is not first
     assert again.epoch.lease_transitions == 4
+
+
+def test_a_drained_queue_gives_back_what_its_backlog_grew() -> None:
+    """A cold start queues every run at once; once the queue has drained, the worker's memory
+    trimmer makes anew the containers that held the backlog (emptied, a set or a dict keeps the
+    size it grew to)."""
+
+    async def burst() -> tuple[int, int]:
+        async def process(key: Any, body: dict[str, Any] | None) -> None:
+            return None
+
+        queue = WorkQueue("lean-test", process, concurrency=2)
+        for i in range(RUNS * 10):
+            queue.add(("ns", f"r{i}"), {"metadata": {"name": f"r{i}"}})
+        queue.start()
+        while not queue.idle:  # noqa: ASYNC110  (the queue signals no drain)
+            await asyncio.sleep(0.01)
+
+        def size() -> int:
+            return sys.getsizeof(queue._queued) + sys.getsizeof(queue._latest)
+
+        grown = size()
+        trimmer = asyncio.create_task(trim_after_bursts(queue, every=0.01, units=1))
+        for _ in range(200):
+            if size() < grown:
+                break
+            await asyncio.sleep(0.01)
+        trimmer.cancel()
+        compacted = size()
+        await queue.stop()
+        return grown, compacted
+
+    grown, compacted = asyncio.run(burst())
+    assert grown > 30 * RUNS, "the backlog grew them"
+    assert compacted < grown / 100, f"{compacted} bytes left of {grown}"

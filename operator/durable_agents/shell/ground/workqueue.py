@@ -86,6 +86,14 @@ class WorkQueue(Background):
             self._queued.add(key)
             self._queue.put_nowait(key)
 
+    def compact(self) -> None:
+        """Once drained after a burst (a cold start's list): the sets and the dict that held the
+        backlog, made anew. Emptied, they keep the size they grew to (about 130 bytes per run
+        of the burst, for good); only called while :attr:`idle`, when they hold next to nothing."""
+        self._queued = set(self._queued)
+        self._latest = dict(self._latest)
+        self._dirty = set(self._dirty)
+
     def forget(self, key: ObjectKey) -> None:
         self._latest.pop(key, None)
         self.scheduler.schedule(key, None)
