@@ -13,12 +13,16 @@ import json
 import sys
 import tracemalloc
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
 
 from tests.unit.builders import KEYRING
+from tests.unit.test_notifier_pass import NS as NOTIFY_NS
+from tests.unit.test_notifier_pass import notifying_policy, parked
 
+from durable_agents.core import stuck_unowned as unowned
 from durable_agents.core.checkpoint import Fencing
 from durable_agents.core.regions import DEFAULT_REGION
 from durable_agents.shell.ground.memory import trim_after_bursts
@@ -29,7 +33,7 @@ from durable_agents.shell.intake.reflector import lean
 from durable_agents.shell.observability.notifications import Notifier
 from durable_agents.shell.ownership.rights import RunOwnership
 from durable_agents.shell.ownership.shards import ShardChange, ShardHold, ShardLeases
-from durable_agents.shell.runs.stuck import StuckCheck
+from durable_agents.shell.runs.stuck import StuckCheck, StuckConfig
 from durable_agents.shell.runs.stuck_view import Kept
 
 FIXTURE = Path(__file__).parents[2] / "bench" / "fixtures" / "parked_run.json"
@@ -194,3 +198,74 @@ def test_a_drained_queue_gives_back_what_its_backlog_grew() -> None:
     grown, compacted = asyncio.run(burst())
     assert grown > 30 * RUNS, "the backlog grew them"
     assert compacted < grown / 100, f"{compacted} bytes left of {grown}"
+
+
+class LiveOwner:
+    """Every run's shard held by a live replica (not this one), as the Lease list says."""
+
+    async def refresh(self, now: datetime, reuse: float = 0.0) -> None:
+        return None
+
+    def region(self, region: str, namespace: str, name: str) -> unowned.RegionSeen:
+        lease = unowned.LeaseSeen("shard-0", "replica-b", datetime.now(UTC), timedelta(seconds=15))
+        return unowned.RegionSeen(region, 1, lease)
+
+
+def test_the_stuck_check_keeps_another_replicas_runs_unparsed() -> None:
+    """The runs a live replica owns are looked at every pass once past the unowned bound: from the
+    index (region, first sight), never parsed and kept parsed (before: every such run's models)."""
+    stuck = StuckCheck(
+        None,  # type: ignore[arg-type]
+        holds=lambda key: False,
+        region=DEFAULT_REGION,
+        keyring=KEYRING,
+        policies=PolicyCache(None),  # type: ignore[arg-type]
+        events=None,  # type: ignore[arg-type]
+        config=StuckConfig(lease_namespace="leases", unowned_after=0),
+    )
+    stuck.leases = LiveOwner()  # type: ignore[assignment]
+    per_run = kept_per_run(stuck.observe_run, lambda: asyncio.run(stuck.check_once()))
+    assert len(stuck.runs) == RUNS + 1
+    assert not stuck._parsed, "owned by a live replica: not parsed"
+    assert stuck.judged == 0
+    assert per_run < 0.4 * BODY_BYTES, f"{per_run:.0f} bytes kept per parked run of {BODY_BYTES}"
+
+
+def test_the_notifier_does_not_decode_another_replicas_runs_on_every_pass(monkeypatch: Any) -> None:
+    """A run a notifying policy governs on a shard not held here stays due (the shard may come
+    here), but its packed copy is decoded again only once the run, the policies or the shard change."""
+    held: set[tuple[str, str]] = set()
+    policies = PolicyCache(None)  # type: ignore[arg-type]
+    notifier = Notifier(
+        None,  # type: ignore[arg-type]
+        policies,
+        holds=lambda key: key in held,
+        region=DEFAULT_REGION,
+        keyring=KEYRING,
+        events=None,  # type: ignore[arg-type]
+    )
+    policies.observe("ADDED", notifying_policy("notify"))
+    for i in range(20):
+        notifier.observe("ADDED", parked(f"r{i}", "1", policy="notify"))
+    decoded: list[str] = []
+    unpack = Packed.body
+
+    def counted(kept: Packed) -> dict[str, Any]:
+        body = unpack(kept)
+        decoded.append(body["metadata"]["name"])
+        return body
+
+    monkeypatch.setattr(Packed, "body", counted)
+    asyncio.run(notifier.pass_once())
+    assert len(decoded) == 20, "each run looked at once"
+    asyncio.run(notifier.pass_once())
+    assert len(decoded) == 20, "not held here: still due, not decoded again"
+    assert notifier.due == {(NOTIFY_NS, f"r{i}") for i in range(20)}
+    held.add((NOTIFY_NS, "r3"))
+    notifier.observe("MODIFIED", parked("r4", "2", policy="notify"))
+    asyncio.run(notifier.pass_once())
+    assert sorted(decoded[20:]) == ["r3", "r4"], "the shard now held, the run changed: looked at"
+    assert (NOTIFY_NS, "r3") not in notifier.due, "held: nothing due to it (runEnded only), settled"
+    policies.observe("ADDED", notifying_policy("notify", version=2))
+    asyncio.run(notifier.pass_once())
+    assert len(decoded) == 22 + 20, "the policies changed: every run looked at again"

@@ -209,6 +209,7 @@ class StuckCheck(Background):
                 continue
             if not self._owned(key, kept):
                 others.append(key)
+                self._parsed.pop(key, None)  # owned no longer (or not yet): parsed only if judged
                 continue
             version = kept.version
             settled = self.settled.get(key)
@@ -250,13 +251,16 @@ class StuckCheck(Background):
             await self.leases.refresh(now, self.config.cache_seconds)
         for key in keys:
             kept = self.runs.get(key)
-            seen = self._parse(key, kept) if kept is not None else None
-            if kept is None or seen is None or seen[1].state.terminal:
+            if kept is None:
                 continue
-            body = kept.body()
-            verdict = self.unowned_verdict(key, body, now)
+            # From the index alone (its region, its first sight at this stateVersion): a run a live
+            # replica owns is neither decoded nor parsed, nor kept parsed (another replica's runs).
+            verdict = self.unowned_verdict(key, kept.region, now)
             if verdict is None:
                 continue  # a live replica owns it: its own check judges (and clears) it
+            seen = self._parse(key, kept)
+            if seen is None or seen[1].state.terminal:
+                continue
             region = kept.region
             counts[(region, verdict.reason)] = counts.get((region, verdict.reason), 0) + 1
             if core.conditions_with(seen[1].conditions, verdict, now, seen[1].observed_generation):
@@ -267,10 +271,11 @@ class StuckCheck(Background):
         self._unowned_series = set_gauge(counts, self._unowned_series)
         return counts
 
-    def unowned_verdict(self, key: ObjectKey, body: dict[str, Any], now: datetime) -> core.Stuck | None:
+    def unowned_verdict(self, key: ObjectKey, owner: str, now: datetime) -> core.Stuck | None:
+        """The verdict on a run of region ``owner`` (:func:`owning_region_of`) nobody here owns."""
         assert self.leases is not None
         assert self.config.lease_namespace is not None
-        region = self.leases.region(owning_region_of(body, self.keyring), *key)
+        region = self.leases.region(owner, *key)
         since = self.versions.get(key)
         facts = unowned.UnownedFacts(
             now=now,
@@ -417,7 +422,7 @@ class StuckCheck(Background):
         if unowned:
             assert self.leases is not None
             await self.leases.refresh(now)  # fresh before a write: its owner may be back
-            verdict = self.unowned_verdict(key, body, now)
+            verdict = self.unowned_verdict(key, owning_region_of(body, self.keyring), now)
             if verdict is None or status.state.terminal:
                 return
         else:
