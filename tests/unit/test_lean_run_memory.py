@@ -33,6 +33,7 @@ from durable_agents.shell.intake.reflector import lean
 from durable_agents.shell.observability.notifications import Notifier
 from durable_agents.shell.ownership.rights import RunOwnership
 from durable_agents.shell.ownership.shards import ShardChange, ShardHold, ShardLeases
+from durable_agents.shell.runs.policy_status import PolicyStatusWriter
 from durable_agents.shell.runs.stuck import StuckCheck, StuckConfig
 from durable_agents.shell.runs.stuck_view import Kept
 
@@ -269,3 +270,19 @@ def test_the_notifier_does_not_decode_another_replicas_runs_on_every_pass(monkey
     policies.observe("ADDED", notifying_policy("notify", version=2))
     asyncio.run(notifier.pass_once())
     assert len(decoded) == 22 + 20, "the policies changed: every run looked at again"
+
+
+def test_the_policy_status_writer_shares_one_entry_per_policy_and_bucket() -> None:
+    """The writer counts runs per policy and bucket: every run it keeps names one shared value,
+    not a tuple and a copy of its policy's name of its own."""
+    policies = PolicyCache(None)  # type: ignore[arg-type]
+    writer = PolicyStatusWriter(None, asyncio.Event(), governs=policies.governing_key)  # type: ignore[arg-type]
+    per_run = kept_per_run(writer.observe_run, lambda: None)
+    values = {id(value) for value in writer.governed.values()}
+    assert len(writer.governed) == RUNS + 1
+    assert len(values) == 1, "one policy, one bucket: one value"
+    assert per_run < 0.04 * BODY_BYTES, f"{per_run:.0f} bytes kept per parked run of {BODY_BYTES}"
+    policy = next(iter(writer.governed.values()))[0]
+    writer.observe_policy("DELETED", {"metadata": {"namespace": policy[0], "name": policy[1]}})
+    assert not writer._shared, "a policy gone: its shared values go (its runs keep theirs)"
+    assert writer.counts[policy]["running"] == RUNS + 1, "counted as before"
