@@ -286,3 +286,15 @@ def test_the_policy_status_writer_shares_one_entry_per_policy_and_bucket() -> No
     writer.observe_policy("DELETED", {"metadata": {"namespace": policy[0], "name": policy[1]}})
     assert not writer._shared, "a policy gone: its shared values go (its runs keep theirs)"
     assert writer.counts[policy]["running"] == RUNS + 1, "counted as before"
+
+
+def test_a_queued_run_costs_its_json_alone() -> None:
+    """A cold start queues every run with its body (the first read is free): each costs its compact
+    JSON, not the encoder's whole output buffer (orjson's is about twice the JSON)."""
+    queue = WorkQueue("lean-test", lambda key, body: asyncio.sleep(0), concurrency=1)
+    per_run = kept_per_run(
+        lambda kind, run: queue.add((run["metadata"]["namespace"], run["metadata"]["name"]), run),
+        lambda: None,
+    )
+    lean_bytes = len(json.dumps(body(0), separators=(",", ":")))
+    assert per_run < lean_bytes + 600, f"{per_run:.0f} bytes per queued run of JSON {lean_bytes}"

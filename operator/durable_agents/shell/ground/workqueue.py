@@ -35,7 +35,12 @@ async def cancel_all(tasks: list[asyncio.Task[None]]) -> None:
 
 
 def _compact(body: dict[str, Any]) -> bytes | str:
-    return fast_json.dumps(body) or json.dumps(body, separators=(",", ":"))
+    written = fast_json.dumps(body)
+    if written is None:
+        return json.dumps(body, separators=(",", ":"))
+    # orjson hands back its whole output buffer (about twice the JSON's size, measured): a copy of
+    # the JSON alone is what a queued run keeps, thousands at once on a cold start (issue 38).
+    return bytes(memoryview(written))
 
 
 class WorkQueue(Background):
