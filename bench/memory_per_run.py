@@ -14,10 +14,13 @@ The runs are copies of a real one (``bench/fixtures/parked_run.json``: an AgentR
 plane, finalizer and managed fields included), each with its own name, uid, runId and
 resourceVersion.
 
-    .venv/bin/python -m bench.memory_per_run --runs 2000
+    .venv/bin/python -m bench.memory_per_run --runs 2000 [--owned 500]
 
-Not measured: a run the worker owns and takes through a unit of work (it needs the API server:
-its namespace, policy and definitions are read), beyond the wake-up it is left with.
+``--owned N`` adds the run worker as it is for the runs it owns (a unit of work each needs the API
+server: its namespace, policy and definitions are read): N runs parked by an operator process on the
+local control plane (``bench.core.environment``), then a worker in this process over them. Its
+figures include fixed costs spread over N (the list's pages at the peak): two sizes of N give the
+slope per run.
 """
 
 from __future__ import annotations
