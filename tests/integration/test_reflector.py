@@ -92,3 +92,32 @@ async def test_an_expired_resource_version_lists_again_and_loses_nothing(
         )
     finally:
         await asyncio.wait_for(reflector.stop(), 10)
+
+
+async def test_runs_are_delivered_without_their_managed_fields(kube: KubeEnv, namespace: str) -> None:
+    """No subscriber reads managed fields, and every one would hold them while a run is queued or
+    kept (about half of a parked run's bytes): they are dropped before delivery, listed or watched."""
+    stored = agent_run(kube, namespace, "listed")
+    assert stored["metadata"].get("managedFields"), "the API server keeps them"
+    bodies: list[tuple[str | None, dict[str, Any]]] = []
+    reflector = RunReflector(
+        Kube(kube.api), lambda kind, obj: bodies.append((kind, obj)), namespace=namespace
+    )
+    reflector.start()
+    try:
+        await asyncio.wait_for(reflector.synced.wait(), 30)
+        agent_run(kube, namespace, "watched")
+        await eventually_async(
+            polled(lambda: any(kind == "ADDED" for kind, _ in bodies)),
+            Within.COMMIT,
+            "the watch",
+            interval=0.02,
+        )
+        assert [kind for kind, _ in bodies] == [None, "ADDED"]
+        for _, obj in bodies:
+            assert "managedFields" not in obj["metadata"]
+            assert obj["metadata"]["namespace"] == namespace
+            assert obj["metadata"]["resourceVersion"]
+            assert obj["spec"] == stored["spec"]
+    finally:
+        await asyncio.wait_for(reflector.stop(), 10)

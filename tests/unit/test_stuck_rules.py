@@ -18,7 +18,8 @@ from durable_agents.core.regions import DEFAULT_REGION
 from durable_agents.core.statemachine import RunEvent
 from durable_agents.shell.effects.mcp import NO_QUERY
 from durable_agents.shell.ground.kube import ObjectKey
-from durable_agents.shell.runs.stuck import StuckCheck, parsed, slim
+from durable_agents.shell.runs.stuck import StuckCheck
+from durable_agents.shell.runs.stuck_view import parsed, slim
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 NS, RUN = "team-a", "pay-1"

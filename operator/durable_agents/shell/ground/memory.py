@@ -44,4 +44,5 @@ async def trim_after_bursts(queue: WorkQueue, *, every: float = 5, units: int = 
         await asyncio.sleep(every)
         if queue.idle and queue.processed - trimmed_at >= units:
             trimmed_at = queue.processed
+            queue.compact()
             release_memory()

@@ -35,7 +35,12 @@ async def cancel_all(tasks: list[asyncio.Task[None]]) -> None:
 
 
 def _compact(body: dict[str, Any]) -> bytes | str:
-    return fast_json.dumps(body) or json.dumps(body, separators=(",", ":"))
+    written = fast_json.dumps(body)
+    if written is None:
+        return json.dumps(body, separators=(",", ":"))
+    # orjson hands back its whole output buffer (about twice the JSON's size, measured): a copy of
+    # the JSON alone is what a queued run keeps, thousands at once on a cold start (issue 38).
+    return bytes(memoryview(written))
 
 
 class WorkQueue(Background):
@@ -85,6 +90,14 @@ class WorkQueue(Background):
         elif key not in self._queued:
             self._queued.add(key)
             self._queue.put_nowait(key)
+
+    def compact(self) -> None:
+        """Once drained after a burst (a cold start's list): the sets and the dict that held the
+        backlog, made anew. Emptied, they keep the size they grew to (about 130 bytes per run
+        of the burst, for good); only called while :attr:`idle`, when they hold next to nothing."""
+        self._queued = set(self._queued)
+        self._latest = dict(self._latest)
+        self._dirty = set(self._dirty)
 
     def forget(self, key: ObjectKey) -> None:
         self._latest.pop(key, None)

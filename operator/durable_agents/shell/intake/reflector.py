@@ -17,6 +17,11 @@ error (the API server restarting, a dropped connection) backs off and retries, a
 operator. Events reach every subscriber on the event loop, in the order the API server sent them
 and in the order the subscribers subscribed; a subscriber that raises is logged and the others
 still get the event.
+
+What is delivered is the object as the API server sent it, less what no subscriber reads and
+every one would otherwise hold while the run is queued or kept (:func:`lean`): its managed fields
+(server-side apply's bookkeeping, about half of a parked run's bytes), and with its namespace
+interned, one string for all the runs of a namespace (issue 38: 100,000 runs on one replica).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -39,6 +45,19 @@ from durable_agents.shell.ground.lifecycle import Background
 log = logging.getLogger(__name__)
 
 Deliver = Callable[[str | None, dict[str, Any]], None]
+
+
+def lean(obj: dict[str, Any]) -> dict[str, Any]:
+    """``obj`` as delivered: without ``metadata.managedFields`` (no subscriber reads them; a write
+    never sends them back, so the server keeps them), its namespace interned. Changed in place."""
+    meta = obj.get("metadata")
+    if isinstance(meta, dict):
+        meta.pop("managedFields", None)
+        namespace = meta.get("namespace")
+        if isinstance(namespace, str):
+            meta["namespace"] = sys.intern(namespace)
+    return obj
+
 
 MIN_BACKOFF = 0.2
 MAX_BACKOFF = 10.0
@@ -139,7 +158,7 @@ class RunReflector(Background):
                 raise
             page = fast_json.loads(response.data)
             for item in page.get("items") or []:
-                self.deliver(None, item)
+                self.deliver(None, lean(item))
             meta = page.get("metadata") or {}
             token = meta.get("continue")
             if not token:
@@ -187,4 +206,4 @@ class RunReflector(Background):
             if version:
                 self._version = version
             if kind != "BOOKMARK":
-                loop.call_soon_threadsafe(self.deliver, kind, obj)
+                loop.call_soon_threadsafe(self.deliver, kind, lean(obj))

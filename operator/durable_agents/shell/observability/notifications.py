@@ -45,6 +45,7 @@ from durable_agents.core.sealing import Keyring
 from durable_agents.shell.ground import metrics
 from durable_agents.shell.ground.kube import Kube, ObjectKey
 from durable_agents.shell.ground.lifecycle import Background
+from durable_agents.shell.ground.packed import Packed
 from durable_agents.shell.intake.policies import PolicyCache
 from durable_agents.shell.observability.events import EventRecorder
 from durable_agents.shell.observability.notify_http import (
@@ -128,7 +129,7 @@ class Notifier(Background):
         self.holds, self.region, self.keyring, self.events = holds, region, keyring, events
         self.config = config or NotifyConfig()
         self.entropy = entropy
-        self.runs: dict[ObjectKey, dict[str, Any]] = {}  # slim copies of runs due a notice
+        self.runs: dict[ObjectKey, Packed] = {}  # slim copies of runs due a notice, packed
         self.done: dict[ObjectKey, set[str]] = {}  # delivery keys done here, per run
         self.inflight: dict[str, asyncio.Task[None]] = {}
         # Runs whose every due delivery is recorded, at (resourceVersion, policy, its version): a
@@ -139,6 +140,10 @@ class Notifier(Background):
         # flight, a record not written, a shard not held), and every run once the policies
         # changed. A settled or ungoverned run costs nothing until its next watch event.
         self.due: set[ObjectKey] = set()
+        # Runs a notification policy governs that were due but not this replica's at their last look
+        # (its shard not held, or another region's): until the run, the policies or the shard
+        # change, a look would say so again, so their packed copy is not decoded for it.
+        self.elsewhere: set[ObjectKey] = set()
         self._policies_seen: dict[ObjectKey, AgentPolicySpec] | None = None
         self.looked = 0  # runs looked at by passes so far (a parked run, after its first: none)
         self._wake = asyncio.Event()
@@ -150,6 +155,7 @@ class Notifier(Background):
     def observe(self, event_type: str | None, body: dict[str, Any]) -> None:
         meta = body.get("metadata") or {}
         key = (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+        self.elsewhere.discard(key)
         if event_type == "DELETED" or not core.notices_for(body, datetime.now(UTC)):
             self.runs.pop(key, None)
             self.done.pop(key, None)
@@ -158,9 +164,9 @@ class Notifier(Background):
             self.changed.pop(key, None)
             return
         before = self.runs.get(key)
-        if before is None or before["metadata"].get("resourceVersion") != meta.get("resourceVersion"):
+        if before is None or before.version != meta.get("resourceVersion"):
             self.changed[key] = time.monotonic()
-        self.runs[key] = slim(body)
+        self.runs[key] = Packed(slim(body))
         self.due.add(key)
         self._wake.set()
 
@@ -198,10 +204,18 @@ class Notifier(Background):
         if self._policies_seen != self.policies.policies:  # which policy governs, or what it asks
             self._policies_seen = dict(self.policies.policies)
             self.due.update(self.runs)
+            self.elsewhere.clear()
         due, self.due = self.due, set()
         for key in due:
-            body = self.runs.get(key)
-            if body is not None and not await self._look(key, body, now):
+            kept = self.runs.get(key)
+            if kept is None:
+                continue
+            if key in self.elsewhere and not self.holds(key):
+                self.looked += 1  # as a look would find it: governed, not settled, not ours
+                self.due.add(key)
+                continue
+            self.elsewhere.discard(key)
+            if not await self._look(key, kept.body(), now):
                 self.due.add(key)
 
     async def _look(self, key: ObjectKey, body: dict[str, Any], now: datetime) -> bool:
@@ -217,6 +231,7 @@ class Notifier(Background):
         if self.settled.get(key) == marker:
             return True  # checked before the (HMAC) checks below
         if not self.holds(key) or owning_region_of(body, self.keyring) != self.region:
+            self.elsewhere.add(key)
             return False  # looked at again: this replica may hold its shard later
         uid = str(meta.get("uid") or "")
         due = core.deliveries(core.notices_for(body, now), policy.notifications or [])
@@ -326,7 +341,9 @@ class Notifier(Background):
             return frozenset()
         finally:
             metrics.API_WRITES.labels("agentruns", "patch").inc()
-        current = self.runs.get(key)
-        if current is not None:  # until the watch says so: not written again on the next pass
+        kept = self.runs.get(key)
+        if kept is not None:  # until the watch says so: not written again on the next pass
+            current = kept.body()
             current["metadata"]["annotations"][core.NOTIFIED_ANNOTATION] = value
+            self.runs[key] = Packed(current)
         return frozenset(value.rpartition(core.STAMP_SEPARATOR)[0].split())

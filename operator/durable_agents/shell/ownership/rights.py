@@ -58,6 +58,9 @@ class RunOwnership:
         self.shards = shards
         self.identity = identity
         self._epochs: dict[ObjectKey, Right] = {}  # the epoch chosen per run under our hold
+        # One Right per (shard, epoch number) under a hold, shared by its runs (frozen): a run
+        # parked under our hold costs an entry in _epochs, not a Right and a Fencing of its own.
+        self._shared: dict[tuple[int, int], Right] = {}
         self._written: dict[ObjectKey, ShardHold] = {}  # runs this process wrote under a hold
         self._legacy: dict[ObjectKey, LeaseRecord] = {}  # per-run Leases of an earlier release
         self._looked: dict[ObjectKey, ShardHold] = {}  # runs whose per-run Lease we read, per hold
@@ -83,7 +86,10 @@ class RunOwnership:
         number = hold.epoch
         if recorded is not None and recorded[1] >= number:
             number = recorded[1] + 1
-        right = Right(hold, Fencing(holder=self.identity, lease_transitions=number))
+        right = self._shared.get((hold.shard, number))
+        if right is None or right.hold is not hold:
+            right = Right(hold, Fencing(holder=self.identity, lease_transitions=number))
+            self._shared[(hold.shard, number)] = right
         self._epochs[key] = right
         return right
 
@@ -116,6 +122,8 @@ class RunOwnership:
                 del self._written[key]
             for key in [k for k, right in self._epochs.items() if right.hold is change.hold]:
                 del self._epochs[key]
+            for shared in [k for k, right in self._shared.items() if right.hold is change.hold]:
+                del self._shared[shared]
             for key in [k for k, hold in self._looked.items() if hold is change.hold]:
                 del self._looked[key]
 

@@ -57,6 +57,9 @@ class PolicyStatusWriter(Background):
         self.interval = interval
         self.policies: dict[PolicyKey, dict[str, Any]] = {}  # the latest body of each policy
         self.governed: dict[ObjectKey, tuple[PolicyKey, str]] = {}  # run -> (its policy, its bucket)
+        # One (policy, bucket) value shared by every run it names: a run costs its entry above, not
+        # a tuple and a copy of its policy's name of its own (100,000 parked runs, issue 38).
+        self._shared: dict[tuple[PolicyKey, str], tuple[PolicyKey, str]] = {}
         self.counts: dict[PolicyKey, Counter[str]] = {}
         self.dirty: set[PolicyKey] = set()
         self.writes = 0  # status writes made (tests: an idle policy is not written again)
@@ -70,6 +73,8 @@ class PolicyStatusWriter(Background):
         if event_type == "DELETED":
             self.policies.pop(key, None)
             self.dirty.discard(key)
+            for shared in [s for s in self._shared if s[0] == key]:
+                del self._shared[shared]  # the runs it governs keep theirs: only sharing ends
             return
         self.policies[key] = body
         self._mark(key)
@@ -84,7 +89,7 @@ class PolicyStatusWriter(Background):
             policy = self.governs(body) if self.governs is not None else named
             bucket = run_bucket(body.get("status") or {})
             if policy is not None and bucket is not None:
-                after = (policy, bucket)
+                after = self._shared.setdefault((policy, bucket), (policy, bucket))
         if before == after:
             return
         if before is not None:

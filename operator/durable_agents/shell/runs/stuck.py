@@ -57,7 +57,7 @@ from durable_agents.shell.ground.lifecycle import Background
 from durable_agents.shell.intake.policies import PolicyCache
 from durable_agents.shell.observability.events import EventRecorder
 from durable_agents.shell.runs.stuck_unowned import Cached, LeaseView, set_gauge
-from durable_agents.shell.runs.stuck_view import parsed, slim
+from durable_agents.shell.runs.stuck_view import Kept, parsed
 
 log = logging.getLogger(__name__)
 
@@ -117,8 +117,9 @@ class StuckCheck(Background):
         self.policies, self.events = policies, events
         self.config = config or StuckConfig()
         self.bounds = self.config.state_bounds
-        self.runs: dict[ObjectKey, dict[str, Any]] = {}  # slim copies: non-terminal, or marked Stuck
-        # Parsed runs, with the resourceVersion parsed: re-parsed only when the run changed.
+        self.runs: dict[ObjectKey, Kept] = {}  # slim copies, packed: non-terminal, or marked Stuck
+        # Parsed runs being judged, with the resourceVersion parsed: re-parsed only when the run
+        # changed; dropped once the run is judged for good (a parked run keeps its packed copy alone).
         self._parsed: dict[ObjectKey, tuple[str | None, tuple[AgentRunSpec, AgentRunStatus] | None]] = {}
         self.unknown: dict[ObjectKey, dict[str, core.UnknownAction]] = {}  # per run: unknown outcomes
         self.versions: dict[ObjectKey, tuple[int, datetime]] = {}  # stateVersion, first seen at
@@ -153,7 +154,7 @@ class StuckCheck(Background):
             if event_type == "DELETED":
                 self.unknown.pop(key, None)
             return
-        self.runs[key] = slim(body)
+        self.runs[key] = Kept(body, self.keyring)
         raw = status.get("stateVersion")
         version = raw if isinstance(raw, int) else 0
         if key not in self.versions or self.versions[key][0] != version:  # it advanced (or is new)
@@ -191,10 +192,8 @@ class StuckCheck(Background):
             except Exception:  # the API server away for a moment: the next pass tries again
                 log.exception("stuck check pass failed")
 
-    def _owned(self, key: ObjectKey, body: dict[str, Any]) -> bool:
-        if not self.holds(key):
-            return False
-        return owning_region_of(body, self.keyring) == self.region
+    def _owned(self, key: ObjectKey, kept: Kept) -> bool:
+        return self.holds(key) and kept.region == self.region
 
     async def check_once(self) -> dict[str, int]:
         """One pass over the runs this replica owns: the gauge, and the conditions that changed."""
@@ -205,19 +204,20 @@ class StuckCheck(Background):
             self._policies_seen = dict(self.policies.policies)
             self.settled.clear()
         for key in list(self.runs):
-            body = self.runs.get(key)  # as of now: the watch may have delivered during an await
-            if body is None:
+            kept = self.runs.get(key)  # as of now: the watch may have delivered during an await
+            if kept is None:
                 continue
-            if not self._owned(key, body):
+            if not self._owned(key, kept):
                 others.append(key)
+                self._parsed.pop(key, None)  # owned no longer (or not yet): parsed only if judged
                 continue
-            version = (body.get("metadata") or {}).get("resourceVersion")
+            version = kept.version
             settled = self.settled.get(key)
             if settled is not None and settled[0] == version:
                 if settled[1] is not None:
                     counts[settled[1]] += 1
                 continue
-            seen = self._parse(key, body)
+            seen = self._parse(key, kept)
             if seen is None:
                 continue
             spec, status = seen
@@ -229,6 +229,7 @@ class StuckCheck(Background):
                     await self._update(key, now)
                 elif core.judged_for_good(spec, status, self.bounds) and not self.unknown.get(key):
                     self.settled[key] = (version, verdict.reason if verdict is not None else None)
+                    self._parsed.pop(key, None)  # not judged again until it changes: parsed again then
             except ApiException as err:
                 log.warning(
                     "stuck check of run %s/%s failed (%s %s); next pass", *key, err.status, err.reason
@@ -249,14 +250,18 @@ class StuckCheck(Background):
         if keys:  # only runs past the unowned bound cost a list (at most one per few passes)
             await self.leases.refresh(now, self.config.cache_seconds)
         for key in keys:
-            body = self.runs.get(key)
-            seen = self._parse(key, body) if body is not None else None
-            if body is None or seen is None or seen[1].state.terminal:
+            kept = self.runs.get(key)
+            if kept is None:
                 continue
-            verdict = self.unowned_verdict(key, body, now)
+            # From the index alone (its region, its first sight at this stateVersion): a run a live
+            # replica owns is neither decoded nor parsed, nor kept parsed (another replica's runs).
+            verdict = self.unowned_verdict(key, kept.region, now)
             if verdict is None:
                 continue  # a live replica owns it: its own check judges (and clears) it
-            region = owning_region_of(body, self.keyring)
+            seen = self._parse(key, kept)
+            if seen is None or seen[1].state.terminal:
+                continue
+            region = kept.region
             counts[(region, verdict.reason)] = counts.get((region, verdict.reason), 0) + 1
             if core.conditions_with(seen[1].conditions, verdict, now, seen[1].observed_generation):
                 try:
@@ -266,10 +271,11 @@ class StuckCheck(Background):
         self._unowned_series = set_gauge(counts, self._unowned_series)
         return counts
 
-    def unowned_verdict(self, key: ObjectKey, body: dict[str, Any], now: datetime) -> core.Stuck | None:
+    def unowned_verdict(self, key: ObjectKey, owner: str, now: datetime) -> core.Stuck | None:
+        """The verdict on a run of region ``owner`` (:func:`owning_region_of`) nobody here owns."""
         assert self.leases is not None
         assert self.config.lease_namespace is not None
-        region = self.leases.region(owning_region_of(body, self.keyring), *key)
+        region = self.leases.region(owner, *key)
         since = self.versions.get(key)
         facts = unowned.UnownedFacts(
             now=now,
@@ -280,12 +286,12 @@ class StuckCheck(Background):
         )
         return unowned.stuck_unowned(key[0], key[1], facts)
 
-    def _parse(self, key: ObjectKey, body: dict[str, Any]) -> tuple[AgentRunSpec, AgentRunStatus] | None:
+    def _parse(self, key: ObjectKey, kept: Kept) -> tuple[AgentRunSpec, AgentRunStatus] | None:
         """The run parsed, once per resourceVersion (a parse kept for an older one is never used)."""
-        version = (body.get("metadata") or {}).get("resourceVersion")
+        version = kept.version
         cached = self._parsed.get(key)
         if cached is None or cached[0] != version:
-            cached = (version, parsed(body))
+            cached = (version, parsed(kept.body()))
             self._parsed[key] = cached
         return cached[1]
 
@@ -343,7 +349,7 @@ class StuckCheck(Background):
         """Whether the parent run (this name, this uid) is there: from the watch, else one read
         (kept a few passes; a parent that has ended is no longer watched here)."""
         watched = self.runs.get((namespace, name))
-        if watched is not None and (watched.get("metadata") or {}).get("uid") == uid:
+        if watched is not None and watched.uid == uid:
             return True
         hit, value = self._parents.get((namespace, name, uid))
         if hit:
@@ -416,7 +422,7 @@ class StuckCheck(Background):
         if unowned:
             assert self.leases is not None
             await self.leases.refresh(now)  # fresh before a write: its owner may be back
-            verdict = self.unowned_verdict(key, body, now)
+            verdict = self.unowned_verdict(key, owning_region_of(body, self.keyring), now)
             if verdict is None or status.state.terminal:
                 return
         else:
