@@ -473,6 +473,8 @@ class DurableAgentsPeer(PeerSystem):
             "DURABLE_AGENTS_WORKERS": str(self.workers),
             "DURABLE_AGENTS_LEASE_NAMESPACE": LEASE_NAMESPACE,
         }
+        if self.config.get("operator_pythonpath"):  # run.py --base: another revision's operator
+            operator_env["PYTHONPATH"] = str(self.config["operator_pythonpath"])
         kubeconfig = operator_kubeconfig(env, repo)
         leases_only(env, LEASE_NAMESPACE)  # namespaces opt in: the operator's own Leases are here
         self.operator = OperatorProcess(
@@ -493,6 +495,11 @@ class DurableAgentsPeer(PeerSystem):
         return {
             "versions": {
                 "durable-agents": durable_agents.__version__,
+                **(
+                    {"operator revision": self.config["operator_revision"]}
+                    if self.config.get("operator_revision")
+                    else {}
+                ),
                 "kopf": importlib.metadata.version("kopf"),
                 "kubernetes (python client)": importlib.metadata.version("kubernetes"),
                 "control plane binaries": self.plane.bin_dir.name,

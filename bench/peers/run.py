@@ -37,7 +37,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -96,6 +96,11 @@ SYSTEMS: dict[str, SystemSpec] = {
         ),
     )
 }
+
+
+def spec_of(name: str) -> SystemSpec:
+    """A row's system, a ``ROW@base`` row's (``--base``) too."""
+    return SYSTEMS[name.removesuffix("@base")]
 
 
 class WorkerError(RuntimeError):
@@ -347,8 +352,8 @@ def comparison(systems: dict[str, Any]) -> dict[str, Any]:
         value = systems[name]["summary"][key]["median"]
         return float(value) if value is not None else None
 
-    ours = [n for n in systems if not SYSTEMS[n].peer]
-    peers = [n for n in systems if SYSTEMS[n].peer]
+    ours = [n for n in systems if not spec_of(n).peer]
+    peers = [n for n in systems if spec_of(n).peer]
     for mine in ours:
         for peer in peers:
             row: dict[str, float | None] = {}
@@ -410,7 +415,7 @@ def plot(systems: dict[str, Any], path: Path, caption: str) -> bool:
         ("cpu_seconds_per_run", "CPU seconds per run (its processes)"),
     ]
     fig, axes = plt.subplots(1, len(panels), figsize=(3.8 * len(panels), 4.2))
-    colors = ["#1f77b4" if not SYSTEMS[n].peer else "#999999" for n in names]
+    colors = ["#1f77b4" if not spec_of(n).peer else "#999999" for n in names]
     for ax, (key, title) in zip(axes, panels, strict=True):
         med = [systems[n]["summary"][key]["median"] or 0 for n in names]
         lo = [m - (systems[n]["summary"][key]["min"] or m) for n, m in zip(names, med, strict=True)]
@@ -424,6 +429,20 @@ def plot(systems: dict[str, Any], path: Path, caption: str) -> bool:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return True
+
+
+def base_rows(rev: str, specs: list[SystemSpec], tree: Path) -> list[SystemSpec]:
+    """The durable-agents rows again, as ``ROW@base``, served by a worker whose operator imports the
+    source roots of ``rev`` (``git archive``, as the upgrade tests run a previous release)."""
+    from durable_agents_testkit.releases import materialize_release
+
+    release = materialize_release(REPO, rev, tree)
+    base = {"operator_pythonpath": release.pythonpath, "operator_revision": release.sha}
+    return [
+        replace(s, name=f"{s.name}@base", worker="durable-agents@base", config={**s.config, **base})
+        for s in specs
+        if not s.peer
+    ]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -448,6 +467,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--keep-logs", action="store_true", help="keep the workers' logs and work directories"
     )
     parser.add_argument("--rep-timeout", type=float, default=900.0, help="seconds one repetition may take")
+    parser.add_argument(
+        "--base",
+        default=None,
+        metavar="REV",
+        help="each durable-agents row also run by the operator of git revision REV (as ROW@base, its"
+        " own control plane), interleaved with the others: a change's effect measured in one run",
+    )
     parser.add_argument(
         "--profile",
         type=Path,
@@ -518,6 +544,8 @@ def main(argv: list[str] | None = None) -> int:
     began = time.monotonic()
     specs = [SYSTEMS[n] for n in args.system_names]
     work = Path(tempfile.mkdtemp(prefix="peers-bench-"))
+    if args.base is not None:
+        specs += base_rows(args.base, specs, work / "base-tree")
     load_start = procstat.loadavg()
     record: dict[str, Any] = {
         "benchmark": "peers",
@@ -684,7 +712,7 @@ def main(argv: list[str] | None = None) -> int:
             (
                 s["info"].get("versions", {}).get("control plane binaries")
                 for name, s in systems.items()
-                if not SYSTEMS[name].peer and s["info"]
+                if not spec_of(name).peer and s["info"]
             ),
             None,
         ),
