@@ -10,13 +10,14 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from tests.unit.builders import DONE, T0, ask, at, checkpoint_of, expect, new_run, snap
+from tests.unit.builders import DONE, EPOCH, PLANNER, T0, ask, at, checkpoint_of, expect, new_run, snap
 
 from durable_agents.api.v1alpha1.states import RunState
 from durable_agents.core.checkpoint import Loaded, Quarantine, seal_field, stamp_checkpoint
 from durable_agents.core.checkpoint import versions as checkpoint_versions
-from durable_agents.core.engine import RunSnapshot, Settings
+from durable_agents.core.engine import Commit, RunSnapshot, Settings, decide
 from durable_agents.core.engine import snapshot as snapshot_module
+from durable_agents.core.engine.commits import committed_read
 from durable_agents.core.engine.fencing import recorded_epoch, snapshot_epoch
 from durable_agents.core.engine.loading import load_stored
 from durable_agents.core.sealing import Keyring
@@ -118,3 +119,38 @@ def test_a_spec_read_anew_is_validated_anew_even_with_a_prior() -> None:
     again = RunSnapshot.from_object(changed, prior=first)
     assert again.spec is not first.spec
     assert again.spec.answers == {"confirm": "no"}
+
+
+def test_a_unit_s_chain_of_commits_decides_as_reads_from_the_api_server_would(loads: list[int]) -> None:
+    """The worker decides on after a commit without reading it back (``committed_read``): each
+    decision must be the one a fresh read of the same record gives, and take no load of its own."""
+    body = waiting()
+    body["spec"]["answers"] = {"confirm": "yes"}
+    base = snap(body)
+    commits = 0
+    for i in range(12):
+        now = at(2 + i)
+        decision = decide(base, now=now, epoch=EPOCH, planner=PLANNER, settings=KEYED)
+        fresh = decide(snap(copy.deepcopy(body)), now=now, epoch=EPOCH, planner=PLANNER, settings=KEYED)
+        assert decision == fresh, f"decision {i} differs from a fresh read's"
+        if not isinstance(decision, Commit):
+            break
+        assert decision.stamped is not None
+        assert checkpoint_of(decision) == decision.stamped, "the stamped model is what its dump loads as"
+        body = {**body, "status": decision.wire_status()}
+        base = committed_read(body, decision, prior=base)
+        loads.clear()
+        assert isinstance(load_stored(base, KEYED), Loaded)
+        assert loads == [], "the committed checkpoint is not loaded back"
+        commits += 1
+    assert commits >= 3, "the chain went through several commits (answer, validation, completion)"
+
+
+def test_a_committed_read_of_another_checkpoint_is_loaded_as_any_read() -> None:
+    body = waiting()
+    body["spec"]["answers"] = {"confirm": "yes"}
+    decision = decide(snap(body), now=at(2), epoch=EPOCH, planner=PLANNER, settings=KEYED)
+    assert isinstance(decision, Commit)
+    other = {**body, "status": {**decision.wire_status(), "checkpoint": copy.deepcopy(decision.checkpoint)}}
+    read = committed_read(other, decision, prior=snap(body))
+    assert "loaded" not in read._memo, "a checkpoint that is not the commit's own object is read as stored"

@@ -110,7 +110,31 @@ class CommitBuilder:
             outcome=outcome,
             detail=detail,
         )
-        return Commit(event, status, dump_checkpoint(cp), detail, migrated_from=self.migrated_from)
+        stamped = cp if self.keyring is not None else None
+        return Commit(
+            event,
+            status,
+            dump_checkpoint(cp),
+            detail,
+            migrated_from=self.migrated_from,
+            stamped=stamped,
+            stamped_by=self.keyring,
+        )
+
+
+def committed_read(obj: Mapping[str, Any], commit: Commit, *, prior: RunSnapshot) -> RunSnapshot:
+    """The run as the worker holds it right after deciding ``commit`` (``obj``: the record with the
+    commit's status, not read back): ``prior``'s spec, and the checkpoint the commit stamped, known
+    loaded and verified. Loading its dump back gives the same model (the checkpoint's round trip,
+    ``tests/unit/engine/test_engine_read_once.py``); its stamp is this keyring's, its position the
+    status's, its sealed values those the read before it verified or sealed anew."""
+    read = RunSnapshot.from_object(obj, prior=prior)
+    stamped, keyring = commit.stamped, commit.stamped_by
+    if stamped is not None and keyring is not None and read.raw_checkpoint is commit.checkpoint:
+        loaded = Loaded(stamped)
+        read.memo("loaded", None, lambda: loaded)
+        read.memo("verified", keyring, lambda: loaded)
+    return read
 
 
 def data_key_fingerprint(keyring: Keyring | None, run: RunSnapshot) -> str | None:

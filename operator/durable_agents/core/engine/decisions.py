@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -10,8 +10,9 @@ from durable_agents.api.v1alpha1 import ActionRecordSpec, AgentRunStatus, Object
 from durable_agents.api.v1alpha1.states import RunState
 from durable_agents.core.agent.exchange import ModelRequest
 from durable_agents.core.agent.mcp_sampling import SamplingAllowance
-from durable_agents.core.checkpoint import KubernetesEvidenceRef
+from durable_agents.core.checkpoint import Checkpoint, KubernetesEvidenceRef
 from durable_agents.core.planner import ReadTool
+from durable_agents.core.sealing import Keyring
 from durable_agents.core.statemachine import RunEvent
 
 
@@ -87,6 +88,10 @@ class Commit:
     intents: tuple[ActionRecordSpec, ...] = ()  # action records to create right after this commit
     children: tuple[dict[str, Any], ...] = ()  # child runs to create right after this commit
     migrated_from: int | None = None  # the checkpoint was read from this older schema version
+    # The checkpoint as the model it was dumped from, and the keyring that stamped it: the worker's
+    # next decision in the same unit starts from it without reading its own output back.
+    stamped: Checkpoint | None = field(default=None, compare=False, repr=False)
+    stamped_by: Keyring | None = field(default=None, compare=False, repr=False)
 
     @property
     def state(self) -> RunState:

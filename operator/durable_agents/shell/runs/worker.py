@@ -49,6 +49,7 @@ from durable_agents.core.engine import (
     decide,
     fence,
 )
+from durable_agents.core.engine.commits import committed_read
 from durable_agents.core.engine.fencing import recorded_epoch, snapshot_epoch
 from durable_agents.core.planner import Planner
 from durable_agents.core.regions import DEFAULT_REGION
@@ -459,7 +460,8 @@ class RunWorker(Background):
             assert isinstance(decision, Commit)  # every other answer was observed above
             observed = NOTHING_OBSERVED
             batch.append((snap.state, decision, settings.policy))  # checked again right before the write
-            body = {**body, "status": decision.wire_status()}  # the next decision starts here
+            read = body = {**body, "status": decision.wire_status()}  # the next decision starts here,
+            base = committed_read(body, decision, prior=base)  # from the checkpoint it stamped
             if not (decision.intents or decision.children):
                 continue
             out = await self._write_batch(key, right, written, body, batch)
@@ -476,8 +478,7 @@ class RunWorker(Background):
     async def _create(self, snap: RunSnapshot, commit: Commit) -> None:
         """Right after a commit with intents or child runs: the records they stand for."""
         for intent in commit.intents:
-            # The record the dispatcher works from. If it exists already, the API server says so
-            # and the ledger counts a suppressed duplicate.
+            # The dispatcher's record; one that exists already is a suppressed duplicate (counted).
             await self.actions.ensure(snap.namespace, intent, self.config.first_claims)
         for child in commit.children:
             await self.children.create(snap, child)
