@@ -7,24 +7,16 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
 
 import yaml
 from tests.integration.test_crds_api import REPO
+from tests.unit.test_fast_json import typed
 
 from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents.shell.ground import fast_json
 from durable_agents_testkit.cluster import KubeEnv
 
 BIG = {"u64": 18446744073709551615, "past": 10**29 + 7, "negative": -(2**63) - 1, "fits": 2**63 - 1}
-
-
-def typed(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: typed(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [typed(v) for v in value]
-    return (type(value).__name__, value)
 
 
 def test_a_number_past_int64_is_read_as_json_reads_it(kube: KubeEnv, namespace: str) -> None:

@@ -79,17 +79,23 @@ def test_the_reflector_delivers_runs_without_their_managed_fields_and_one_namesp
     assert raw["status"] == same["status"], "nothing else changed"
 
 
-def test_the_stuck_check_keeps_a_parked_run_packed_and_not_parsed() -> None:
-    """A parked run with its own expiry is judged once; then the check keeps its slim copy as one
-    packed value and drops the parsed models (before: about three times the run's own size)."""
-    stuck = StuckCheck(
-        None,  # type: ignore[arg-type]  # nothing here reaches the API
-        holds=lambda key: True,
+def stuck_check(*, holds: bool, **config: Any) -> StuckCheck:
+    """A stuck check with no API behind it (nothing these tests reach calls one)."""
+    return StuckCheck(
+        None,  # type: ignore[arg-type]
+        holds=lambda key: holds,
         region=DEFAULT_REGION,
         keyring=KEYRING,
         policies=PolicyCache(None),  # type: ignore[arg-type]
         events=None,  # type: ignore[arg-type]
+        **config,
     )
+
+
+def test_the_stuck_check_keeps_a_parked_run_packed_and_not_parsed() -> None:
+    """A parked run with its own expiry is judged once; then the check keeps its slim copy as one
+    packed value and drops the parsed models (before: about three times the run's own size)."""
+    stuck = stuck_check(holds=True)
     per_run = kept_per_run(stuck.observe_run, lambda: asyncio.run(stuck.check_once()))
     assert stuck.judged == RUNS + 1, "every run was judged"
     assert len(stuck.settled) == RUNS + 1, "and judged for good: not again until it changes"
@@ -99,14 +105,7 @@ def test_the_stuck_check_keeps_a_parked_run_packed_and_not_parsed() -> None:
 
 
 def test_a_changed_run_is_judged_again_from_its_packed_copy() -> None:
-    stuck = StuckCheck(
-        None,  # type: ignore[arg-type]
-        holds=lambda key: True,
-        region=DEFAULT_REGION,
-        keyring=KEYRING,
-        policies=PolicyCache(None),  # type: ignore[arg-type]
-        events=None,  # type: ignore[arg-type]
-    )
+    stuck = stuck_check(holds=True)
     run = body(1)
     stuck.observe_run(None, run)
     asyncio.run(stuck.check_once())
@@ -215,15 +214,7 @@ class LiveOwner:
 def test_the_stuck_check_keeps_another_replicas_runs_unparsed() -> None:
     """The runs a live replica owns are looked at every pass once past the unowned bound: from the
     index (region, first sight), never parsed and kept parsed (before: every such run's models)."""
-    stuck = StuckCheck(
-        None,  # type: ignore[arg-type]
-        holds=lambda key: False,
-        region=DEFAULT_REGION,
-        keyring=KEYRING,
-        policies=PolicyCache(None),  # type: ignore[arg-type]
-        events=None,  # type: ignore[arg-type]
-        config=StuckConfig(lease_namespace="leases", unowned_after=0),
-    )
+    stuck = stuck_check(holds=False, config=StuckConfig(lease_namespace="leases", unowned_after=0))
     stuck.leases = LiveOwner()  # type: ignore[assignment]
     per_run = kept_per_run(stuck.observe_run, lambda: asyncio.run(stuck.check_once()))
     assert len(stuck.runs) == RUNS + 1
