@@ -23,6 +23,7 @@ from pathlib import Path
 from durable_agents import __version__
 from durable_agents_testkit.cluster import KubeEnv
 from durable_agents_testkit.demo import approve, kubectl, patch_spec, prepare_namespace, say, step, timeline
+from durable_agents_testkit.eventually import Within, eventually
 from durable_agents_testkit.localcluster.controlplane import find_repo_root
 from durable_agents_testkit.localcluster.node import NodeTestBed
 from durable_agents_testkit.operator_rights import opt_in_args
@@ -57,6 +58,32 @@ def helm(bed: NodeTestBed, *args: str) -> None:
         raise SystemExit(f"helm {args[0]} failed: {done.stderr.strip()}\n{diagnosis(bed)}")
 
 
+def await_webhook_service(
+    bed: NodeTestBed, namespace: str = OPERATOR_NS, within: float = Within.TAKEOVER
+) -> None:
+    """Wait until the API server reaches the webhook through its Service: a server-side dry run of
+    the sample policy in ``namespace`` passes the policy webhook. ``helm install --wait`` waits for
+    Ready Pods, not for kube-proxy on the node to carry a Service just made: until it does, the
+    node answers the API server's call to the ClusterIP with no route ("network is unreachable")
+    and every write through the webhook fails. Any other refusal fails at once."""
+    policy = Path(__file__).resolve().parents[2] / "config/samples/agentpolicy-default.yaml"
+    seen: list[str] = []
+
+    def passes() -> bool:
+        done = bed.kubectl("-n", namespace, "apply", "--dry-run=server", "-f", str(policy))
+        if done.returncode == 0:
+            return True
+        seen[:] = [done.stderr.strip()]
+        if "failed calling webhook" not in done.stderr:
+            raise AssertionError(f"a dry run of {policy.name} in {namespace} was refused: {done.stderr}")
+        return False
+
+    try:
+        eventually(passes, within, "the API server to reach the webhook through its Service")
+    except TimeoutError as err:
+        raise AssertionError(f"{err}; the last refusal: {seen[-1] if seen else '-'}") from None
+
+
 def build_image(repo: Path, archive: Path) -> None:
     step("building the operator's image: make image (a debootstrap base, docker build --network none)")
     began = time.monotonic()
@@ -80,6 +107,10 @@ def demo_in_cluster(bed: NodeTestBed, repo: Path) -> None:
         "--create-namespace", "--set", f"image.tag={__version__}", "--set", "image.pullPolicy=Never",
         "--wait", "--timeout", "180s",
     )  # fmt: skip
+    try:
+        await_webhook_service(bed)
+    except AssertionError as err:
+        raise SystemExit(f"{err}\n{diagnosis(bed)}") from None
     say(f"    two replicas Ready in {time.monotonic() - began:.1f}s (webhook serving, caches synced)")
     say(kubectl(kc, "-n", OPERATOR_NS, "get", "pods", "-o", "wide").rstrip())
     say(kubectl(kc, "get", "validatingwebhookconfigurations").rstrip())

@@ -84,6 +84,7 @@ def _install(bed: NodeTestBed, *extra: str) -> None:
         "--set", f"leaseDurationSeconds={LEASE}",
         "--wait", "--timeout", "180s", *extra,
     )  # fmt: skip
+    demo_cluster.await_webhook_service(bed, OPERATOR_NS)
 
 
 @pytest.fixture(scope="module")

@@ -150,6 +150,7 @@ def traced_install(
             node_bed, "install", RELEASE, str(CHART), "--namespace", OPERATOR_NS, "--create-namespace",
             "--values", str(values), "--wait", "--timeout", "180s",
         )  # fmt: skip
+        demo_cluster.await_webhook_service(node_bed, OPERATOR_NS)
     except AssertionError as err:
         raise AssertionError(f"{err}\n{demo_cluster.diagnosis(node_bed, RELEASE, OPERATOR_NS)}") from None
     yield
