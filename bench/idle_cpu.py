@@ -46,27 +46,33 @@ def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
+def recorder(pid: int, out: Path, *, gil: bool = False) -> subprocess.Popen[bytes]:
+    """py-spy recording the operator process into a flame graph until it is sent SIGINT (``gil``:
+    only the thread holding the GIL, the CPU a Python process spends, not its waiting threads)."""
+    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    command = [spy, "record", "--pid", str(pid), "--rate", "100", "--format", "flamegraph"]
+    command += ["--gil"] if gil else []
+    return subprocess.Popen(
+        [*command, "--output", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+
+
+def stop_recorder(recording: subprocess.Popen[bytes]) -> None:
+    recording.send_signal(signal.SIGINT)  # py-spy writes its profile on SIGINT
+    recording.wait(timeout=120)
+
+
 def flame(pid: int, seconds: float, out: Path) -> None:
     """py-spy's flame graph of the operator process over ``seconds`` (idle: the loops' own work)."""
-    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
-    command = [
-        spy,
-        "record",
-        "--pid",
-        str(pid),
-        "--rate",
-        "100",
-        "--format",
-        "flamegraph",
-        "--output",
-        str(out),
-    ]
-    recorder = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    recording = recorder(pid, out)
     try:
         time.sleep(seconds)
     finally:
-        recorder.send_signal(signal.SIGINT)  # py-spy writes its profile on SIGINT
-        recorder.wait(timeout=120)
+        stop_recorder(recording)
+
+
+def shown(path: Path) -> str:
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
 
 
 def measure_round(
@@ -84,9 +90,17 @@ def measure_round(
         DURABLE_AGENTS_WEBHOOK_PORT=str(free_port()),
         **tree,
     )
+    cold_svg = args.out.parent / f"cold_start_{label}.svg"
+    cold_recording = recorder(op.pid, cold_svg, gil=True) if args.flame_cold else None
     try:
-        eventually(lambda: parked(port) >= count, 2 * Within.SETTLE, f"{count} wake-ups armed", interval=0.5)
-        cold = time.perf_counter() - started
+        try:
+            eventually(
+                lambda: parked(port) >= count, 2 * Within.SETTLE, f"{count} wake-ups armed", interval=0.5
+            )
+            cold = time.perf_counter() - started
+        finally:
+            if cold_recording is not None:
+                stop_recorder(cold_recording)
         time.sleep(args.settle)  # the first passes of the periodic loops are start-up, not idle
         windows: list[float] = []
         for _ in range(args.windows):
@@ -108,7 +122,8 @@ def measure_round(
             "samples": windows,
         },
         "window_seconds": args.window,
-        "flame_graph": str(svg.relative_to(REPO)) if svg.is_relative_to(REPO) else str(svg),
+        "flame_graph": shown(svg),
+        **({"cold_start_flame_graph": shown(cold_svg)} if cold_recording is not None else {}),
         "load_after": os.getloadavg(),
     }
 
@@ -121,6 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--windows", type=int, default=6, help="CPU windows per round")
     parser.add_argument("--window", type=float, default=20.0, help="seconds per CPU window")
     parser.add_argument("--flame", type=float, default=30.0, help="seconds py-spy records per round")
+    parser.add_argument(
+        "--flame-cold", action="store_true", help="also a flame graph of each cold start (py-spy --gil)"
+    )
     parser.add_argument("--old-tree", type=Path, help="the previous operator/ and controllers/: rounds old*")
     parser.add_argument(
         "--gated", action="store_true", help="rounds after the first wait for <out>.go-<label>"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 from datetime import UTC, datetime
@@ -126,3 +127,77 @@ def test_a_float_the_api_server_writes_as_digits_is_read_as_json_reads_it() -> N
 def test_a_lone_surrogate_is_read_as_json_reads_it() -> None:
     text = '{"a": "\\ud800"}'
     assert fast_json.loads(text) == json.loads(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"trace": "00-44855ce2f55f79632714308027730061-12950b0b0383bbea-01"}',
+        '{"id": "a12345678901234567890", "hex": "f55f7963271430802773006"}',
+        '{"digits": "12345678901234567890", "x": 1.12345678901234567890123}',
+        '{"at": "2026-12-04T22:05:46.240514123456789012Z"}',
+    ],
+)
+def test_a_long_run_of_digits_inside_a_string_or_a_fraction_is_read_by_orjson(text: str) -> None:
+    """A hex trace ID with 19 digits in a row sent a whole list page to ``json`` (a cold start's
+    profile: 6 % of it); only a number token of 19 digits is, now."""
+    assert not fast_json._may_hold_a_long_integer(text.encode())
+    assert typed(fast_json.loads(text)) == typed(json.loads(text))
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "12345678901234567890",
+        "-12345678901234567890",
+        '{"n":12345678901234567890}',
+        '{"n": -12345678901234567890}',
+        '[1,12345678901234567890]',
+        '{"trace": "00-44855ce2f55f79632714308027730061", "n":\n\t12345678901234567890}',
+        '{"s": "a: 12345678901234567890"}',  # inside a string, but placed as a number: json reads it
+    ],
+)
+def test_a_number_token_of_19_digits_goes_to_json(text: str) -> None:
+    assert fast_json._may_hold_a_long_integer(text.encode())
+    assert repr(typed(fast_json.loads(text))) == repr(typed(json.loads(text)))
+
+
+@given(
+    st.lists(
+        st.one_of(
+            st.integers(min_value=-(10**25), max_value=10**25),
+            st.text(alphabet="0123456789abcdef-:, ", max_size=40),
+            st.floats(allow_nan=False, allow_infinity=False),
+        ),
+        max_size=6,
+    )
+)
+def test_digit_runs_in_strings_and_numbers_read_as_json_reads_them(values: list[Any]) -> None:
+    for text in (json.dumps(values), json.dumps(values, indent=1), json.dumps({"v": values})):
+        assert repr(typed(fast_json.loads(text))) == repr(typed(json.loads(text)))
+
+
+def test_a_list_page_is_read_without_the_collector_s_passes_and_the_collector_is_back_after() -> None:
+    page = json.dumps([{"run": [i, {"state": "waiting_input"}]} for i in range(50_000)]).encode()
+    assert len(page) >= fast_json.QUIET_COLLECTOR_FROM
+    expected = json.loads(page)
+    passes: list[str] = []
+
+    def seen(phase: str, info: dict[str, int]) -> None:
+        passes.append(phase)
+
+    gc.callbacks.append(seen)
+    try:
+        json.loads(page)
+        unpaused = len(passes)
+        passes.clear()
+        got = fast_json.loads(page)
+        paused = len(passes)
+        with pytest.raises(json.JSONDecodeError):
+            fast_json.loads(page[:-1])
+    finally:
+        gc.callbacks.remove(seen)
+    assert unpaused > 0, "the collector runs during a parse this large when not paused"
+    assert paused == 0
+    assert got == expected
+    assert gc.isenabled()

@@ -3,10 +3,11 @@ key (only if it verifies), and which key IDs a change of a keyring Secret takes 
 
 from __future__ import annotations
 
+import asyncio
 import os
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -26,7 +27,9 @@ from durable_agents.core.key_use import keys_in_use, needs_restamp, restamp_stor
 from durable_agents.core.sealed_values import DATA_KEY_ANNOTATION, new_data_key, wrap_data_key
 from durable_agents.core.sealing import Keyring
 from durable_agents.core.stamps import stamp_key_id
+from durable_agents.shell.ground.kube import Kube
 from durable_agents.shell.keys.keyguard import KEYRING_LABEL, removed_keys
+from durable_agents.shell.keys.resealer import PassReport, Resealer
 from durable_agents_controllers.config import ConfigError, OperatorConfig
 
 pytestmark = pytest.mark.unit
@@ -177,3 +180,37 @@ def test_the_rotation_pass_is_configured_by_interval_and_pace(tmp_path: Path) ->
     ):
         with pytest.raises(ConfigError, match=f"DURABLE_AGENTS_{variable}="):
             OperatorConfig.from_env({**keys, f"DURABLE_AGENTS_{variable}": value})
+
+
+class NoApiServer:
+    """Any use of the API server fails the test."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise AssertionError(f"the API server was used: {name}")
+
+
+@pytest.mark.parametrize(
+    ("keyring", "passes"), [(RETIRED, False), (ROTATED, True)], ids=["one-key", "two-keys"]
+)
+async def test_a_keyring_of_one_key_runs_no_rotation_pass(keyring: Keyring, passes: bool) -> None:
+    """Each pass lists every run (a second list beside the worker's at every start); with a keyring
+    of one key nothing could be re-sealed, so none is made."""
+    started = asyncio.Event()
+
+    class Counted(Resealer):
+        async def reseal_all(self) -> PassReport:
+            started.set()
+            return PassReport()
+
+    resealer = Counted(cast(Kube, NoApiServer()), keyring)
+    resealer.start()
+    try:
+        if passes:
+            await asyncio.wait_for(started.wait(), 5)
+        else:
+            for _ in range(20):  # the task's first steps: it would have listed by now
+                await asyncio.sleep(0)
+            assert resealer.running
+            assert not started.is_set()
+    finally:
+        await resealer.stop()
