@@ -152,7 +152,7 @@ def test_a_long_run_of_digits_inside_a_string_or_a_fraction_is_read_by_orjson(te
         "-12345678901234567890",
         '{"n":12345678901234567890}',
         '{"n": -12345678901234567890}',
-        '[1,12345678901234567890]',
+        "[1,12345678901234567890]",
         '{"trace": "00-44855ce2f55f79632714308027730061", "n":\n\t12345678901234567890}',
         '{"s": "a: 12345678901234567890"}',  # inside a string, but placed as a number: json reads it
     ],
