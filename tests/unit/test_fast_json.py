@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import json
 import math
+import sys
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
@@ -201,3 +202,10 @@ def test_a_list_page_is_read_without_the_collector_s_passes_and_the_collector_is
     assert paused == 0
     assert got == expected
     assert gc.isenabled()
+
+
+@given(VALUES)
+def test_a_packed_copy_is_json_s_value_in_bytes_of_its_own_size(value: Any) -> None:
+    kept = fast_json.packed({"v": value})
+    assert typed(json.loads(kept)) == typed({"v": value})
+    assert sys.getsizeof(kept) == sys.getsizeof(b"") + len(kept)  # not orjson's whole buffer

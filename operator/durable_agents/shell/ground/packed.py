@@ -8,8 +8,9 @@ per change. Its resourceVersion, which a part compares on every event, is kept b
 
 from __future__ import annotations
 
-import json
 from typing import Any
+
+from durable_agents.shell.ground import fast_json
 
 
 class Packed:
@@ -17,9 +18,9 @@ class Packed:
 
     def __init__(self, body: dict[str, Any]) -> None:
         self.version: str | None = (body.get("metadata") or {}).get("resourceVersion")
-        self.packed = json.dumps(body, separators=(",", ":")).encode()
+        self.packed = fast_json.packed(body)
 
     def body(self) -> dict[str, Any]:
         """The object, decoded anew (the caller may keep or change it: the packed copy stays)."""
-        decoded: dict[str, Any] = json.loads(self.packed)
+        decoded: dict[str, Any] = fast_json.loads(self.packed)
         return decoded

@@ -10,7 +10,6 @@ beside it, not decoded.
 
 from __future__ import annotations
 
-import json
 import sys
 from typing import Any
 
@@ -19,6 +18,7 @@ from pydantic import ValidationError
 from durable_agents.api.v1alpha1 import AgentRunSpec, AgentRunStatus
 from durable_agents.core.regions import owning_region_of
 from durable_agents.core.sealing import Keyring
+from durable_agents.shell.ground import fast_json
 
 # What the check keeps of a run's checkpoint: where its wait's own expiry is recorded.
 _CHECKPOINT_KEEP = {"pendingInput": ("expiresAt",), "pendingExternal": ("expiresAt",), "retry": ("retryAt",)}
@@ -59,11 +59,11 @@ class Kept:
         self.version: str | None = meta.get("resourceVersion")
         self.uid: str | None = meta.get("uid")
         self.region = sys.intern(owning_region_of(body, keyring))  # the keyring never changes
-        self.packed = json.dumps(slim(body), separators=(",", ":")).encode()
+        self.packed = fast_json.packed(slim(body))
 
     def body(self) -> dict[str, Any]:
         """The slim copy, decoded anew (the caller may keep or change it)."""
-        decoded: dict[str, Any] = json.loads(self.packed)
+        decoded: dict[str, Any] = fast_json.loads(self.packed)
         return decoded
 
 
