@@ -152,11 +152,16 @@ profile: $(BENCH_STAMP) binaries ## flame graphs of the operator (py-spy) under 
 bench-resources: $(BENCH_STAMP) binaries ## the operator container's memory and CPU with 10,000 parked runs and under the peer workload, against the chart's requests/limits -> bench/results/resources.json
 	DURABLE_AGENTS_BIN_DIR=$$(bash hack/build.sh | tail -n1) $(PY) -m bench.resources --out bench/results/resources.json $(BENCH_ARGS)
 
+.PHONY: bench-scale
+bench-scale: $(BENCH_STAMP) binaries ## one replica over 100,000 parked runs (RSS, cold start, idle writes, API server and etcd memory) and 10,000 runs finished under retention (etcd bytes per run) -> bench/results/scale.json (hours; PARKED=, FINISHED=)
+	DURABLE_AGENTS_BIN_DIR=$$(bash hack/build.sh | tail -n1) $(PY) -m bench.scale --parked $(or $(PARKED),100000) \
+		--finished $(or $(FINISHED),10000) --out bench/results/scale.json $(BENCH_ARGS)
+
 .PHONY: bench-idle-cpu
 bench-idle-cpu: $(BENCH_STAMP) binaries ## the idle operator's CPU over parked runs, the previous commit's tree against this one's, with py-spy flame graphs (OLD=<commit>, PARKED=5000) -> bench/results/idle_cpu.json
 	rm -rf $(VENV)/idle-cpu-old && mkdir -p $(VENV)/idle-cpu-old && git archive $(or $(OLD),HEAD~1) operator controllers | tar -x -C $(VENV)/idle-cpu-old
 	DURABLE_AGENTS_BIN_DIR=$$(bash hack/build.sh | tail -n1) $(PY) -m bench.idle_cpu --parked $(or $(PARKED),5000) \
-		--rounds old1,new1,old2,new2 --old-tree $(VENV)/idle-cpu-old --out bench/results/idle_cpu.json $(BENCH_ARGS)
+		--rounds old1,new1,old2,new2 --flame-cold --old-tree $(VENV)/idle-cpu-old --out bench/results/idle_cpu.json $(BENCH_ARGS)
 
 .PHONY: bench-status-shapes
 bench-status-shapes: $(BENCH_STAMP) binaries ## status writes/s by status and CRD shape (issue 14) -> bench/results/status_shapes.json (~10 min)

@@ -151,8 +151,19 @@ def load_checkpoint(
     return Loaded(checkpoint, migrated_from=stored if stored != current else None)
 
 
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
 def plain_copy(value: Any) -> Any:
     """A deep, plain copy (dicts, lists, scalars) of a JSON-like value; the input is left untouched."""
+    kind = type(value)  # the exact builtin types first: what a parsed document holds (a cold start
+    if kind is dict:  # copies every run's checkpoint twice; the ABC checks below were half of it)
+        if all(type(key) is str for key in value):
+            return {key: plain_copy(item) for key, item in value.items()}
+    elif kind is list:
+        return [plain_copy(item) for item in value]
+    elif kind in _SCALARS:
+        return value
     if isinstance(value, Mapping):
         if not all(isinstance(key, str) for key in value):
             raise TypeError("object keys must be strings")

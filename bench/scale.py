@@ -1,0 +1,311 @@
+"""``make bench-scale``: one replica over many waiting runs, and what a finished run leaves in etcd
+once retention has done its work (issue 38, item 4).
+
+Parked (``--parked``, default 100,000): the runs are created (stamped as the webhook stamps them)
+and taken to their wait for input by one operator; once retention's finalizer is on each, that
+operator stops and a fresh one starts cold on them, the webhook on, as the chart installs it:
+
+- the cold start: seconds from the process's start to ready (every run's expiry armed, the
+  ``durable_agents_scheduled_wakeups`` gauge), beside the raw list (the same pages of 200 read by
+  a client that only reads the bytes: the API server's part, the floor of a list);
+- the operator's memory through the cold start and an idle window of ``--window`` seconds (its
+  process tree's PSS, as a container's accounting sees it; the RSS sum beside it);
+- writes per minute in that window, from the API server's audit log, by resource: the runs' own
+  (runs, their status, ActionRecords, Events) apart from the Leases';
+- kube-apiserver's and etcd's RSS, and the bytes etcd holds per parked run (its keyspace).
+
+Finished (``--finished``, default 10,000, created at ``--finished-per-hour``, default 10,000): runs
+of 8 steps that complete at once, under a policy that deletes a run ``--ttl`` after it finishes and
+keeps its AgentRunRecord. Once every run is gone and every record written: the bytes etcd holds per
+finished run (the records, and anything else of the group left behind), and how many finished runs
+etcd's default 2 GB quota and the recommended 8 GB then hold.
+
+    .venv/bin/python -m bench.scale --parked 100000 --finished 10000 --out bench/results/scale.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import threading
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client
+
+from bench.core import OPERATOR_USER, REPO, Env, await_steps, environment, parked, run_body
+from bench.peers import procstat
+from bench.resources import ASK
+from durable_agents import __version__
+from durable_agents.api.v1alpha1 import GROUP, VERSION
+from durable_agents.core.retention import FINALIZER
+from durable_agents_testkit.audit import read_audit
+from durable_agents_testkit.eventually import eventually
+from durable_agents_testkit.keys import admitted
+from durable_agents_testkit.runs import Runs
+from durable_agents_testkit.scrape import free_port
+
+PAGE = 500  # what the bench reads per request: metadata only, so a page stays small
+METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
+QUOTAS = {"default_2GB": 2 * 10**9, "recommended_8GB": 8 * 10**9}
+RUN_RESOURCES = ("agentruns", "actionrecords", "agentrunrecords", "events")
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def pages(env: Env, namespace: str, plural: str, accept: str, limit: int = PAGE) -> list[bytes]:
+    """Every page of a list of ``plural`` in ``namespace``, as the API server sent it."""
+    api = env.kube.api
+    out: list[bytes] = []
+    token: str | None = None
+    while True:
+        query: list[tuple[str, Any]] = [("limit", limit)] + ([("continue", token)] if token else [])
+        method, url, headers, _, _ = api.param_serialize(
+            "GET",
+            f"/apis/{GROUP}/{VERSION}/namespaces/{{namespace}}/{plural}",
+            path_params={"namespace": namespace},
+            query_params=query,
+            header_params={"Accept": accept},
+            auth_settings=["BearerToken"],
+        )
+        response = api.call_api(method, url, header_params=headers)
+        response.read()
+        out.append(response.data)
+        token = json.loads(response.data)["metadata"].get("continue")
+        if not token:
+            return out
+
+
+def metadata(env: Env, namespace: str, plural: str) -> list[dict[str, Any]]:
+    """The objects' metadata alone (a list of 100,000 whole runs is 600 MB to read each time)."""
+    return [
+        item
+        for page in pages(env, namespace, plural, METADATA_LIST)
+        for item in json.loads(page)["items"] or []
+    ]
+
+
+def create_paced(env: Env, namespace: str, specs: dict[str, dict[str, Any]], per_second: float) -> None:
+    """Create the runs (stamped as the webhook stamps them), at most ``per_second`` (0: at once)."""
+    custom = env.custom
+    began = time.monotonic()
+
+    def create(item: tuple[int, tuple[str, dict[str, Any]]]) -> None:
+        index, (name, spec) = item
+        if per_second > 0:
+            time.sleep(max(0.0, began + index / per_second - time.monotonic()))
+        body = run_body(name, spec)
+        body["metadata"]["namespace"] = namespace
+        body["spec"] = {**body["spec"], **admitted("CREATE", body, None)}
+        custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "agentruns", body)
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(create, enumerate(specs.items())))
+
+
+def process_rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    return 0.0
+
+
+def etcd_bytes(env: Env, prefix: str) -> dict[str, int]:
+    """Keys and stored bytes (key and value) under ``prefix``, read from etcd itself."""
+    kept = env.plane.etcd_range(prefix)
+    return {"keys": len(kept), "bytes": sum(len(k) + len(v) for k, v in kept)}
+
+
+def writes_by_resource(env: Env, since: datetime, until: datetime) -> dict[str, int]:
+    entries = read_audit(env.plane.audit_log_path, user=OPERATOR_USER, since=since, until=until)
+    return dict(Counter(e.what for e in entries if e.is_write))
+
+
+def measure_parked(env: Env, count: int, window: float) -> dict[str, Any]:
+    namespace = env.namespace()
+    policy(env, namespace, ttl=None)
+    started = time.perf_counter()
+    create_paced(env, namespace, {f"w{i:06d}": ASK for i in range(count)}, 0)
+    created = time.perf_counter() - started
+    log(f"parked: {count} runs created in {created:.0f} s; parking")
+    port = free_port()
+    op = env.operator(
+        namespace,
+        "parking",
+        DURABLE_AGENTS_METRICS_PORT=str(port),
+        DURABLE_AGENTS_WEBHOOK_PORT=str(free_port()),
+    )
+    started = time.perf_counter()
+    try:
+        eventually(lambda: parked(port) >= count, 6 * 3600, f"{count} runs parked", interval=5)
+        parking = time.perf_counter() - started
+        log(f"parked in {parking:.0f} s; waiting for retention's finalizer on each")
+
+        def finalized() -> bool:
+            return (
+                sum(
+                    FINALIZER in (m["metadata"].get("finalizers") or [])
+                    for m in metadata(env, namespace, "agentruns")
+                )
+                >= count
+            )
+
+        eventually(finalized, 6 * 3600, f"{count} runs with {FINALIZER}", interval=15)
+        finalizing = time.perf_counter() - started
+    finally:
+        op.stop()
+    began = time.perf_counter()
+    raw = pages(env, namespace, "agentruns", "application/json", limit=200)
+    raw_list = time.perf_counter() - began
+    log(f"finalized in {finalizing:.0f} s; raw list {raw_list:.1f} s, {sum(map(len, raw)) / 2**20:.0f} MiB")
+    del raw
+    port = free_port()
+    started = time.perf_counter()
+    op = env.operator(
+        namespace, "cold", DURABLE_AGENTS_METRICS_PORT=str(port), DURABLE_AGENTS_WEBHOOK_PORT=str(free_port())
+    )
+    try:
+        with procstat.RssSampler(op.pid, interval=0.5) as cold:
+            eventually(lambda: parked(port) >= count, 3600, f"{count} wake-ups armed", interval=0.5)
+        cold_seconds = time.perf_counter() - started
+        log(f"cold start {cold_seconds:.1f} s; idle for {window:.0f} s")
+        since = datetime.now(UTC)
+        with procstat.RssSampler(op.pid, interval=1.0) as idle:
+            time.sleep(window)  # the idle window is what is measured
+        until = datetime.now(UTC)
+        time.sleep(2)  # the audit log is written after the response: the window's last entries land
+        writes = writes_by_resource(env, since, until)
+    finally:
+        op.stop()
+    per_minute = {what: round(n * 60 / window, 1) for what, n in sorted(writes.items())}
+    runs_writes = sum(v for k, v in per_minute.items() if k.split("/")[0] in RUN_RESOURCES)
+    kept = etcd_bytes(env, f"/registry/{GROUP}/agentruns/{namespace}/")
+    return {
+        "runs": count,
+        "seconds_to_create": round(created, 1),
+        "seconds_to_park_all": round(parking, 1),
+        "seconds_to_finalize_all": round(finalizing, 1),
+        "raw_list_seconds": round(raw_list, 1),
+        "cold_start_seconds": round(cold_seconds, 1),
+        "cold_start_memory": cold.summary(),
+        "idle_memory": idle.summary(),
+        "idle_window_seconds": window,
+        "idle_writes_per_minute": per_minute,
+        "idle_run_writes_per_minute": runs_writes,
+        "kube_apiserver_rss_mib": process_rss_mib(env.plane.pids["kube-apiserver"]),
+        "etcd_rss_mib": process_rss_mib(env.plane.pids["etcd"]),
+        "etcd_bytes_per_parked_run": round(kept["bytes"] / count),
+    }
+
+
+def policy(env: Env, namespace: str, ttl: str | None) -> None:
+    spec: dict[str, Any] = {"version": "1", "default": True, "approvalRequiredTiers": []}
+    if ttl is not None:
+        spec["retention"] = {"ttlAfterFinished": ttl, "keepRecord": True}
+    body = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "AgentPolicy",
+        "metadata": {"name": "bench"},
+        "spec": spec,
+    }
+    client.CustomObjectsApi(env.kube.api).create_namespaced_custom_object(
+        GROUP, VERSION, namespace, "agentpolicies", body
+    )
+
+
+def measure_finished(env: Env, count: int, per_hour: float, ttl: str) -> dict[str, Any]:
+    namespace = env.namespace()
+    policy(env, namespace, ttl=ttl)
+    op = env.operator(namespace, "retention", DURABLE_AGENTS_WEBHOOK_PORT=str(free_port()))
+    started = time.perf_counter()
+    try:
+        Runs(env.kube, namespace).await_webhook()  # the API server calls this operator's, not the last one's
+        spec = await_steps(8)
+        creating = threading.Thread(
+            target=create_paced,
+            args=(env, namespace, {f"f{i:06d}": spec for i in range(count)}, per_hour / 3600),
+            daemon=True,
+        )
+        creating.start()
+        creating.join()
+        log(f"finished: {count} runs created in {time.perf_counter() - started:.0f} s; awaiting retention")
+
+        def retained() -> bool:
+            return (
+                not metadata(env, namespace, "agentruns")
+                and len(metadata(env, namespace, "agentrunrecords")) >= count
+            )
+
+        eventually(retained, 6 * 3600, f"{count} runs deleted by retention, their records kept", interval=10)
+        seconds = time.perf_counter() - started
+    finally:
+        op.stop()
+    group = etcd_bytes(env, f"/registry/{GROUP}/")
+    records = etcd_bytes(env, f"/registry/{GROUP}/agentrunrecords/{namespace}/")
+    actions = etcd_bytes(env, f"/registry/{GROUP}/actionrecords/{namespace}/")
+    events = etcd_bytes(env, f"/registry/events/{namespace}/")
+    per_run = (records["bytes"] + actions["bytes"]) / count
+    return {
+        "runs": count,
+        "created_per_hour": per_hour,
+        "ttl_after_finished": ttl,
+        "seconds_until_retained": round(seconds, 1),
+        "etcd_records": records,
+        "etcd_action_records_left": actions,
+        "etcd_events_until_their_ttl": events,
+        "etcd_group_bytes_all_namespaces": group["bytes"],
+        "etcd_bytes_per_finished_run": round(per_run),
+        "finished_runs_held": {quota: int(size // per_run) for quota, size in QUOTAS.items()}
+        if per_run
+        else {},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--parked", type=int, default=100_000, help="runs parked in a wait for input")
+    parser.add_argument("--window", type=float, default=120.0, help="idle window, seconds")
+    parser.add_argument(
+        "--finished", type=int, default=10_000, help="runs finished under retention (0: none)"
+    )
+    parser.add_argument("--finished-per-hour", type=float, default=10_000.0, help="their creation rate")
+    parser.add_argument("--ttl", default="1m", help="the policy's retention.ttlAfterFinished")
+    parser.add_argument("--out", type=Path, default=REPO / "bench/results/scale.json")
+    args = parser.parse_args(argv)
+    result: dict[str, Any] = {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": {"cores": os.cpu_count(), "platform": platform.platform()},
+        "operator_version": __version__,
+        "targets": {
+            "operator_rss_mib_under": 1024,
+            "cold_start_seconds_under": 120,
+            "idle_run_writes_per_minute": 0,
+            "etcd_bytes_per_finished_run_at_most": 8192,
+        },
+    }
+    began = time.monotonic()
+    with environment() as env:
+        if args.parked:
+            result["parked"] = measure_parked(env, args.parked, args.window)
+            log(f"parked: {json.dumps(result['parked'])}")
+        if args.finished:
+            result["finished"] = measure_finished(env, args.finished, args.finished_per_hour, args.ttl)
+            log(f"finished: {json.dumps(result['finished'])}")
+    result["seconds"] = round(time.monotonic() - began)
+    result["took"] = str(timedelta(seconds=result["seconds"]))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    log(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
