@@ -44,7 +44,7 @@ from typing import Any
 
 from kubernetes import client
 
-from bench.core import REPO, Env, await_states, create_runs, environment, percentile, proc_sample
+from bench.core import REPO, Env, await_states, create_runs, environment, log, percentile, proc_sample
 from durable_agents import __version__
 from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents_testkit.eventually import Within, eventually
@@ -59,10 +59,6 @@ from durable_agents_testkit.scrape import free_port, scrape
 TERMINAL = ("completed", "canceled", "failed", "quarantined")
 REVIEW_METRIC = "durable_agents_admission_review_seconds"
 CANCEL = {"spec": {"cancellations": {"stop": {"scope": "task"}}}}
-
-
-def log(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
 @dataclass

@@ -50,6 +50,11 @@ OPERATOR_USER = "durable-agents-operator"
 SCALES = {"small": {"idle_runs": 1000}, "full": {"idle_runs": 10000}}
 
 
+def log(message: str) -> None:
+    """A benchmark's progress line, timestamped (runs take minutes to hours)."""
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
 @dataclass
 class Env:
     plane: LocalControlPlane
@@ -111,17 +116,24 @@ def run_body(name: str, spec: dict[str, Any]) -> dict[str, Any]:
     return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "AgentRun", "metadata": {"name": name}, "spec": spec}
 
 
-def create_runs(env: Env, namespace: str, specs: dict[str, dict[str, Any]], threads: int = 8) -> None:
+def create_runs(
+    env: Env, namespace: str, specs: dict[str, dict[str, Any]], threads: int = 8, per_second: float = 0
+) -> None:
+    """Create the runs, stamped as the webhook stamps them; at most ``per_second`` (0: at once)."""
     custom = env.custom
+    began = time.monotonic()
 
-    def create(item: tuple[str, dict[str, Any]]) -> None:
+    def create(numbered: tuple[int, tuple[str, dict[str, Any]]]) -> None:
+        index, item = numbered
+        if per_second > 0:
+            time.sleep(max(0.0, began + index / per_second - time.monotonic()))
         body = run_body(*item)
         body["metadata"]["namespace"] = namespace
         body["spec"] = {**body["spec"], **admitted("CREATE", body, None)}  # as the webhook stamps it
         custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "agentruns", body)
 
     with ThreadPoolExecutor(threads) as pool:
-        list(pool.map(create, specs.items()))
+        list(pool.map(create, enumerate(specs.items())))
 
 
 def list_runs(env: Env, namespace: str) -> list[dict[str, Any]]:
@@ -483,7 +495,6 @@ def main(argv: list[str] | None = None) -> int:
         "etcd_fsync": True,
     }
     with environment() as env:
-        log = lambda message: print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)  # noqa: E731
         log("transitions per second")
         transitions = [bench_transitions(env, args.runs) for _ in range(args.repeat)]
         status = transitions[0].pop("sample_status")

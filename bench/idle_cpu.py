@@ -35,15 +35,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench.core import REPO, await_finalized, await_states, create_runs, environment, parked, proc_sample
+from bench.core import REPO, await_finalized, await_states, create_runs, environment, log, parked, proc_sample
 from bench.resources import ASK
 from durable_agents_testkit.eventually import Within, eventually
 from durable_agents_testkit.governance import permissive_default
 from durable_agents_testkit.scrape import free_port
-
-
-def log(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
 def recorder(pid: int, out: Path, *, gil: bool = False) -> subprocess.Popen[bytes]:

@@ -34,7 +34,7 @@ from typing import Any
 
 import yaml
 
-from bench.core import REPO, await_finalized, await_states, create_runs, environment, parked, proc_sample
+from bench.core import REPO, await_finalized, await_states, create_runs, environment, log, parked, proc_sample
 from bench.peers import procstat
 from bench.peers import run as peers
 from durable_agents import __version__
@@ -173,7 +173,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=REPO / "bench/results/resources.json")
     args = parser.parse_args(argv)
     resources = chart_resources()
-    log = lambda message: print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)  # noqa: E731
     log(f"parked: {args.parked} runs, cold start then {args.window:.0f} s idle")
     parked_run = measure_parked(args.parked, args.window)
     log(f"parked: {json.dumps(parked_run)}")

@@ -29,17 +29,15 @@ import argparse
 import json
 import os
 import platform
-import threading
 import time
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from kubernetes import client
 
-from bench.core import OPERATOR_USER, REPO, Env, await_steps, environment, parked, run_body
+from bench.core import OPERATOR_USER, REPO, Env, await_steps, create_runs, environment, log, parked
 from bench.peers import procstat
 from bench.resources import ASK
 from durable_agents import __version__
@@ -47,7 +45,6 @@ from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents.core.retention import FINALIZER
 from durable_agents_testkit.audit import read_audit
 from durable_agents_testkit.eventually import eventually
-from durable_agents_testkit.keys import admitted
 from durable_agents_testkit.runs import Runs
 from durable_agents_testkit.scrape import free_port
 
@@ -55,10 +52,6 @@ PAGE = 500  # what the bench reads per request: metadata only, so a page stays s
 METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
 QUOTAS = {"default_2GB": 2 * 10**9, "recommended_8GB": 8 * 10**9}
 RUN_RESOURCES = ("agentruns", "actionrecords", "agentrunrecords", "events")
-
-
-def log(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
 def pages(env: Env, namespace: str, plural: str, accept: str, limit: int = PAGE) -> list[bytes]:
@@ -93,24 +86,6 @@ def metadata(env: Env, namespace: str, plural: str) -> list[dict[str, Any]]:
     ]
 
 
-def create_paced(env: Env, namespace: str, specs: dict[str, dict[str, Any]], per_second: float) -> None:
-    """Create the runs (stamped as the webhook stamps them), at most ``per_second`` (0: at once)."""
-    custom = env.custom
-    began = time.monotonic()
-
-    def create(item: tuple[int, tuple[str, dict[str, Any]]]) -> None:
-        index, (name, spec) = item
-        if per_second > 0:
-            time.sleep(max(0.0, began + index / per_second - time.monotonic()))
-        body = run_body(name, spec)
-        body["metadata"]["namespace"] = namespace
-        body["spec"] = {**body["spec"], **admitted("CREATE", body, None)}
-        custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "agentruns", body)
-
-    with ThreadPoolExecutor(8) as pool:
-        list(pool.map(create, enumerate(specs.items())))
-
-
 def process_rss_mib(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -133,7 +108,7 @@ def measure_parked(env: Env, count: int, window: float) -> dict[str, Any]:
     namespace = env.namespace()
     policy(env, namespace, ttl=None)
     started = time.perf_counter()
-    create_paced(env, namespace, {f"w{i:06d}": ASK for i in range(count)}, 0)
+    create_runs(env, namespace, {f"w{i:06d}": ASK for i in range(count)})
     created = time.perf_counter() - started
     log(f"parked: {count} runs created in {created:.0f} s; parking")
     port = free_port()
@@ -229,13 +204,7 @@ def measure_finished(env: Env, count: int, per_hour: float, ttl: str) -> dict[st
     try:
         Runs(env.kube, namespace).await_webhook()  # the API server calls this operator's, not the last one's
         spec = await_steps(8)
-        creating = threading.Thread(
-            target=create_paced,
-            args=(env, namespace, {f"f{i:06d}": spec for i in range(count)}, per_hour / 3600),
-            daemon=True,
-        )
-        creating.start()
-        creating.join()
+        create_runs(env, namespace, {f"f{i:06d}": spec for i in range(count)}, per_second=per_hour / 3600)
         log(f"finished: {count} runs created in {time.perf_counter() - started:.0f} s; awaiting retention")
 
         def retained() -> bool:
