@@ -36,7 +36,7 @@ hack-gomod: ## regenerate hack/*/go.mod after changing hack/versions.env
 
 .PHONY: crds
 crds: $(STAMP) ## generate crds/*.yaml and docs/reference/crds.md from the pydantic API types, and the chart's webhook configurations
-	$(PY) -m durable_agents.api.crdgen crds charts/durable-agents/crds
+	$(PY) -m durable_agents.api.crdgen crds charts/durable-agents/crds --policy charts/durable-agents/files
 	$(PY) -m durable_agents.api.crdref docs/reference/crds.md
 	$(PY) -m durable_agents.shell.admission.manifests charts/durable-agents/files
 

@@ -100,4 +100,71 @@ def install_crds(api: client.ApiClient, crd_dir: Path, timeout: float = Within.T
 
     for name in names:
         eventually(partial(served, name), timeout, f"{name} to be served", interval=0.1)
+    policy = crd_dir.resolve().parent / "charts/durable-agents/files/agentrun-spec-policy.yaml"
+    if not policy.is_file():  # the chart's own crds/: the policy is in its files/
+        policy = crd_dir.resolve().parent / "files/agentrun-spec-policy.yaml"
+    if any(name.startswith("agentruns.") for name in names) and policy.is_file():
+        install_spec_policy(api, policy, timeout)
     return names
+
+
+SPEC_POLICY = "agentrun-spec.durable-agents.io"
+
+
+def install_spec_policy(api: client.ApiClient, body_file: Path, timeout: float = Within.TAKEOVER) -> None:
+    """The ValidatingAdmissionPolicy (and its binding, cluster-wide) that checks the AgentRun
+    spec's CEL rules, as the chart makes it (templates/agentrun-spec-policy.yaml), and wait until
+    the API server enforces it: a server-side dry run of a run with two kinds in one step is refused."""
+    adm = client.AdmissionregistrationV1Api(api)
+    spec = yaml.safe_load(body_file.read_text())
+    objects: list[tuple[Any, Any, Any, dict[str, Any]]] = [
+        (
+            adm.create_validating_admission_policy,
+            adm.read_validating_admission_policy,
+            adm.replace_validating_admission_policy,
+            {"metadata": {"name": SPEC_POLICY}, "spec": spec},
+        ),
+        (
+            adm.create_validating_admission_policy_binding,
+            adm.read_validating_admission_policy_binding,
+            adm.replace_validating_admission_policy_binding,
+            {
+                "metadata": {"name": SPEC_POLICY},
+                "spec": {"policyName": SPEC_POLICY, "validationActions": ["Deny"]},
+            },
+        ),
+    ]
+    for create, read, replace, body in objects:
+        try:
+            create(body)
+        except ApiException as err:
+            if err.status != 409:
+                raise
+            body["metadata"]["resourceVersion"] = read(SPEC_POLICY).metadata.resource_version
+            replace(SPEC_POLICY, body)
+    custom = client.CustomObjectsApi(api)
+    probe = {
+        "apiVersion": "durable-agents.io/v1alpha1",
+        "kind": "AgentRun",
+        "metadata": {"name": "spec-policy-probe", "namespace": "default"},
+        "spec": {
+            "taskType": "probe",
+            "objective": "two kinds in one step",
+            "steps": [{"name": "both", "complete": {"result": "x"}, "await": {"event": "x"}}],
+        },
+    }
+
+    def enforced() -> bool:
+        try:
+            custom.create_namespaced_custom_object(
+                "durable-agents.io", "v1alpha1", "default", "agentruns", probe, dry_run="All"
+            )
+        except ApiException as err:
+            if err.status == 422 and "exactly one of" in str(err.body):
+                return True
+            if err.status in (403, 422, 500) and "webhook" in str(err.body):
+                return True  # an admission webhook of a test refused it first: the policy is known
+            raise
+        return False
+
+    eventually(enforced, timeout, f"the ValidatingAdmissionPolicy {SPEC_POLICY} to be enforced", interval=0.1)

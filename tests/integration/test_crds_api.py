@@ -9,10 +9,11 @@ from typing import Any
 
 import pytest
 import yaml
+from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from durable_agents.api.v1alpha1 import GROUP, VERSION
-from durable_agents_testkit.cluster import KubeEnv
+from durable_agents_testkit.cluster import SPEC_POLICY, KubeEnv
 
 REPO = Path(__file__).resolve().parents[2]
 PLURALS = {"AgentRun": "agentruns", "ActionRecord": "actionrecords", "AgentPolicy": "agentpolicies"}
@@ -74,8 +75,49 @@ def test_step_with_two_kinds_is_rejected(kube: KubeEnv, namespace: str) -> None:
     body = sample("agentrun-read-ask-complete.yaml")
     body["spec"]["steps"][0]["complete"] = {"result": "x"}
     message = rejection(kube, namespace, body)
-    assert "spec.steps[0]" in message
-    assert "exactly one of read, ask, await, effect, complete" in message
+    # Refused by the spec's ValidatingAdmissionPolicy (api/spec_policy.py), which names the field,
+    # not the item; the CRD no longer carries the rule (it would be evaluated on every status write).
+    assert "spec.steps[]: exactly one of read, ask, await, effect, complete" in message
+    assert "ValidatingAdmissionPolicy" in message
+
+
+def _rules_in(node: Any) -> list[Any]:
+    if isinstance(node, dict):
+        found = [node["x_kubernetes_validations"]] if node.get("x_kubernetes_validations") else []
+        return found + [rule for child in node.values() for rule in _rules_in(child)]
+    if isinstance(node, list):
+        return [rule for child in node for rule in _rules_in(child)]
+    return []
+
+
+def test_creation_rules_are_not_evaluated_on_status_writes(kube: KubeEnv, namespace: str) -> None:
+    """The AgentRun CRD's spec carries only its transition rules (immutability): the creation rules
+    are the policy's, matching CREATE of agentruns, so the API server does not evaluate them on
+    status writes; and the transition rules still refuse a change of the steps."""
+    crd = client.ApiextensionsV1Api(kube.api).read_custom_resource_definition("agentruns.durable-agents.io")
+    spec = crd.to_dict()["spec"]["versions"][0]["schema"]["open_apiv3_schema"]["properties"]["spec"]
+    rules = [rule["rule"] for found in _rules_in(spec) for rule in found]
+    assert rules
+    assert all("oldSelf" in rule for rule in rules)
+    policy = client.AdmissionregistrationV1Api(kube.api).read_validating_admission_policy(SPEC_POLICY)
+    assert [(r.resources, r.operations) for r in policy.spec.match_constraints.resource_rules] == [
+        (["agentruns"], ["CREATE"])
+    ]
+    body = sample("agentrun-read-ask-complete.yaml")
+    body["metadata"]["name"] = "immutable-steps"
+    custom = client.CustomObjectsApi(kube.api)
+    custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "agentruns", body)
+    with pytest.raises(ApiException) as refused:
+        custom.patch_namespaced_custom_object(
+            GROUP,
+            VERSION,
+            namespace,
+            "agentruns",
+            "immutable-steps",
+            {"spec": {"steps": body["spec"]["steps"][:1]}},
+        )
+    assert refused.value.status == 422
+    assert "steps is immutable" in str(refused.value.body)
 
 
 def test_oversized_field_is_rejected(kube: KubeEnv, namespace: str) -> None:

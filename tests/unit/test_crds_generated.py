@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import yaml
 
-from durable_agents.api import crdgen
+from durable_agents.api import crdgen, spec_policy
 from durable_agents.api import v1alpha1 as api
 
 REPO = Path(__file__).resolve().parents[2]
@@ -113,3 +113,70 @@ def _missing(given: Any, kept: Any, path: str = "spec") -> list[str]:
             return [path]
         return [m for i, v in enumerate(given) for m in _missing(v, kept[i], f"{path}[{i}]")]
     return [] if kept == given or str(kept) == str(given) else [path]
+
+
+def test_committed_spec_policy_matches_the_api_types() -> None:
+    committed = (REPO / "charts/durable-agents/files" / spec_policy.POLICY_FILE).read_text()
+    assert committed == crdgen.render_policy(), "the AgentRun spec policy drifted: run `make crds`"
+
+
+def test_every_creation_rule_moved_to_the_policy_and_none_is_lost() -> None:
+    """The CRD's spec keeps its transition rules only; the policy has one validation per creation
+    rule the API types declare, on CREATE of agentruns (never agentruns/status)."""
+    (kind,) = [k for k in crdgen.KINDS if k.spec_rules_in_policy]
+    declared = _rules_of(crdgen.openapi_schema(kind.spec))
+    stored = _rules_of(kind.crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"])
+    assert stored == [r for r in declared if "oldSelf" in r]
+    assert len(stored) > 30
+    policy = yaml.safe_load((REPO / "charts/durable-agents/files" / spec_policy.POLICY_FILE).read_text())
+    assert len(policy["validations"]) == len(declared) - len(stored) > 10
+    assert policy["matchConstraints"]["resourceRules"][0]["resources"] == ["agentruns"]
+    assert policy["matchConstraints"]["resourceRules"][0]["operations"] == ["CREATE"]
+
+
+def _rules_of(node: Any) -> list[str]:
+    if isinstance(node, dict):
+        own = [r["rule"] for r in node.get("x-kubernetes-validations", [])]
+        return own + [
+            rule
+            for key, child in node.items()
+            if key != "x-kubernetes-validations"
+            for rule in _rules_of(child)
+        ]
+    if isinstance(node, list):
+        return [rule for child in node for rule in _rules_of(child)]
+    return []
+
+
+def test_creation_rules_read_only_fields_that_cannot_change() -> None:
+    """A rule the policy checks on CREATE only is sound only if no update can make it false: every
+    spec field it reads can be neither changed nor added nor removed after creation (the CRD's
+    transition rules, which stay in the CRD, say so)."""
+    (kind,) = [k for k in crdgen.KINDS if k.spec_rules_in_policy]
+    schema = crdgen.openapi_schema(kind.spec)
+    transition = [
+        spec_policy.Located(((("field", name),) if name else ()), rule)
+        for name, node in [("", schema), *schema["properties"].items()]
+        for rule in node.get("x-kubernetes-validations", [])
+        if "oldSelf" in rule["rule"]
+    ]
+    unchanged = {r.path[0][1] for r in transition if r.path and r.rule["rule"] == "self == oldSelf"}
+    present = {
+        r.rule["fieldPath"].lstrip(".")
+        for r in transition
+        if not r.path and "cannot be added or removed" in r.rule["message"]
+    }
+    assert {"steps", "agent", "agentRef"} <= unchanged & present
+    assert list(spec_policy.unguarded_reads(kind.spec_rules(), unchanged & present)) == []
+
+
+def test_a_creation_rule_becomes_a_guarded_expression_on_the_object() -> None:
+    exactly_one = {"rule": "(has(self.a) ? 1 : 0) + (has(self.b) ? 1 : 0) == 1", "message": "m"}
+    located = spec_policy.Located((("field", "steps"), ("item", "")), exactly_one)
+    assert spec_policy.expression(located) == (
+        "(!has(object.spec.steps) || object.spec.steps.all(x0, "
+        "(has(x0.a) ? 1 : 0) + (has(x0.b) ? 1 : 0) == 1))"
+    )
+    immutable = spec_policy.Located((("field", "steps"),), {"rule": "self == oldSelf", "message": "m"})
+    with pytest.raises(ValueError, match="stays in the CRD"):
+        spec_policy.expression(immutable)

@@ -135,7 +135,7 @@ def _table(kind: crdgen.Kind, path: str, node: JsonSchema) -> list[str]:
 
 
 def _kind_section(kind: crdgen.Kind) -> list[str]:
-    crd = kind.crd()
+    crd = kind.crd(documented=True)
     names, version = crd["spec"]["names"], crd["spec"]["versions"][0]
     root = version["schema"]["openAPIV3Schema"]
     lines = [
