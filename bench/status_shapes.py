@@ -44,6 +44,7 @@ from bench.core import (
     summary,
 )
 from durable_agents import __version__
+from durable_agents.api import crdgen
 from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents_testkit.eventually import Within, eventually
 from durable_agents_testkit.refsystem import ReferenceSystemThread
@@ -61,7 +62,8 @@ class Variant:
     name: str
     opaque_history: bool = False
     opaque_approval: bool = False
-    no_cel: bool = False  # every x-kubernetes-validations rule removed (they all sit on spec)
+    no_cel: bool = False  # every x-kubernetes-validations rule removed
+    spec_rules_in_crd: bool = False  # the CRD before issue 38: every spec rule in it, none in a policy
 
 
 def strip_cel(node: Any) -> Any:
@@ -74,7 +76,7 @@ def strip_cel(node: Any) -> Any:
 
 def variant_crd(base: dict[str, Any], variant: Variant) -> dict[str, Any]:
     """The AgentRun CRD with the variant's status schema; ``base`` is left as it is."""
-    crd = copy.deepcopy(base)
+    crd = copy.deepcopy(documented_crd() if variant.spec_rules_in_crd else base)
     for version in crd["spec"]["versions"]:
         schema = version["schema"]["openAPIV3Schema"]
         if variant.no_cel:
@@ -86,6 +88,13 @@ def variant_crd(base: dict[str, Any], variant: Variant) -> dict[str, Any]:
             status["approvalRequest"] = dict(OPAQUE)
         status[MARKER] = {"type": "string", "enum": [variant.name]}
     return crd
+
+
+def documented_crd() -> dict[str, Any]:
+    """The AgentRun CRD with every spec rule where the API types declare it (as it was stored
+    before the rules moved to the spec policy, api/spec_policy.py)."""
+    (kind,) = [k for k in crdgen.KINDS if k.spec_rules_in_policy]
+    return kind.crd(documented=True)
 
 
 def load_base_crd() -> dict[str, Any]:
@@ -165,6 +174,7 @@ BASE = Variant("base")
 OPAQUE_HISTORY = Variant("opaque-history", opaque_history=True)
 PROPOSED = Variant("opaque-history-approval", opaque_history=True, opaque_approval=True)
 NO_CEL = Variant("no-spec-cel", no_cel=True)
+SPEC_RULES_IN_CRD = Variant("spec-rules-in-crd", spec_rules_in_crd=True)
 OPAQUE_NO_CEL = Variant("opaque-history-approval-no-cel", True, True, True)
 
 # (label, status, CRD variant); grouped by variant so that a round swaps the CRD 5 times.
@@ -183,6 +193,8 @@ PLAN: list[tuple[str, str, Variant]] = [
     ("8a minimal, spec CEL rules removed", "minimal", NO_CEL),
     ("8b current, spec CEL rules removed", "current", NO_CEL),
     ("8c 7c without spec CEL rules", "with_approval", OPAQUE_NO_CEL),
+    ("1b minimal, spec rules in the CRD (before issue 38)", "minimal", SPEC_RULES_IN_CRD),
+    ("2b current, spec rules in the CRD (before issue 38)", "current", SPEC_RULES_IN_CRD),
 ]
 
 

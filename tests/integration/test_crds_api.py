@@ -90,18 +90,17 @@ def _rules_in(node: Any) -> list[Any]:
     return []
 
 
-def test_creation_rules_are_not_evaluated_on_status_writes(kube: KubeEnv, namespace: str) -> None:
-    """The AgentRun CRD's spec carries only its transition rules (immutability): the creation rules
-    are the policy's, matching CREATE of agentruns, so the API server does not evaluate them on
-    status writes; and the transition rules still refuse a change of the steps."""
+def test_spec_rules_are_not_evaluated_on_status_writes(kube: KubeEnv, namespace: str) -> None:
+    """The AgentRun CRD's spec keeps only the rules of ``region``: the others are the spec policy's,
+    matching CREATE and UPDATE of agentruns (not agentruns/status), so the API server does not
+    evaluate them on status writes; and the policy still refuses a change of the steps."""
     crd = client.ApiextensionsV1Api(kube.api).read_custom_resource_definition("agentruns.durable-agents.io")
     spec = crd.to_dict()["spec"]["versions"][0]["schema"]["open_apiv3_schema"]["properties"]["spec"]
-    rules = [rule["rule"] for found in _rules_in(spec) for rule in found]
-    assert rules
-    assert all("oldSelf" in rule for rule in rules)
+    rules = sorted(rule["rule"] for found in _rules_in(spec) for rule in found)
+    assert rules == ["!has(oldSelf.region) || has(self.region)", "self == oldSelf"]
     policy = client.AdmissionregistrationV1Api(kube.api).read_validating_admission_policy(SPEC_POLICY)
     assert [(r.resources, r.operations) for r in policy.spec.match_constraints.resource_rules] == [
-        (["agentruns"], ["CREATE"])
+        (["agentruns"], ["CREATE", "UPDATE"])
     ]
     body = sample("agentrun-read-ask-complete.yaml")
     body["metadata"]["name"] = "immutable-steps"
@@ -117,7 +116,8 @@ def test_creation_rules_are_not_evaluated_on_status_writes(kube: KubeEnv, namesp
             {"spec": {"steps": body["spec"]["steps"][:1]}},
         )
     assert refused.value.status == 422
-    assert "steps is immutable" in str(refused.value.body)
+    assert "spec.steps: steps is immutable" in str(refused.value.body)
+    assert "ValidatingAdmissionPolicy" in str(refused.value.body)
 
 
 def test_oversized_field_is_rejected(kube: KubeEnv, namespace: str) -> None:

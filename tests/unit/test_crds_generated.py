@@ -120,18 +120,17 @@ def test_committed_spec_policy_matches_the_api_types() -> None:
     assert committed == crdgen.render_policy(), "the AgentRun spec policy drifted: run `make crds`"
 
 
-def test_every_creation_rule_moved_to_the_policy_and_none_is_lost() -> None:
-    """The CRD's spec keeps its transition rules only; the policy has one validation per creation
-    rule the API types declare, on CREATE of agentruns (never agentruns/status)."""
+def test_every_spec_rule_moved_to_the_policy_and_none_is_lost() -> None:
+    """The CRD's spec keeps the rules of ``region`` only; the policy has one validation per other
+    rule the API types declare, on CREATE and UPDATE of agentruns (never agentruns/status)."""
     (kind,) = [k for k in crdgen.KINDS if k.spec_rules_in_policy]
     declared = _rules_of(crdgen.openapi_schema(kind.spec))
     stored = _rules_of(kind.crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"])
-    assert stored == [r for r in declared if "oldSelf" in r]
-    assert len(stored) > 30
+    assert sorted(stored) == ["!has(oldSelf.region) || has(self.region)", "self == oldSelf"]
     policy = yaml.safe_load((REPO / "charts/durable-agents/files" / spec_policy.POLICY_FILE).read_text())
-    assert len(policy["validations"]) == len(declared) - len(stored) > 10
+    assert len(policy["validations"]) == len(declared) - len(stored) > 40
     assert policy["matchConstraints"]["resourceRules"][0]["resources"] == ["agentruns"]
-    assert policy["matchConstraints"]["resourceRules"][0]["operations"] == ["CREATE"]
+    assert policy["matchConstraints"]["resourceRules"][0]["operations"] == ["CREATE", "UPDATE"]
 
 
 def _rules_of(node: Any) -> list[str]:
@@ -174,9 +173,19 @@ def test_a_creation_rule_becomes_a_guarded_expression_on_the_object() -> None:
     exactly_one = {"rule": "(has(self.a) ? 1 : 0) + (has(self.b) ? 1 : 0) == 1", "message": "m"}
     located = spec_policy.Located((("field", "steps"), ("item", "")), exactly_one)
     assert spec_policy.expression(located) == (
-        "(!has(object.spec.steps) || object.spec.steps.all(x0, "
+        "request.operation != 'CREATE' || (!has(object.spec.steps) || object.spec.steps.all(x0, "
         "(has(x0.a) ? 1 : 0) + (has(x0.b) ? 1 : 0) == 1))"
     )
-    immutable = spec_policy.Located((("field", "steps"),), {"rule": "self == oldSelf", "message": "m"})
-    with pytest.raises(ValueError, match="stays in the CRD"):
-        spec_policy.expression(immutable)
+
+
+def test_a_transition_rule_is_checked_only_when_both_objects_have_the_field() -> None:
+    located = spec_policy.Located((("field", "steps"),), {"rule": "self == oldSelf", "message": "m"})
+    assert spec_policy.expression(located) == (
+        "request.operation != 'UPDATE' || !(has(object.spec) && has(oldObject.spec) && "
+        "has(object.spec.steps) && has(oldObject.spec.steps)) || object.spec.steps == oldObject.spec.steps"
+    )
+    nested = spec_policy.Located(
+        (("field", "steps"), ("item", "")), {"rule": "self == oldSelf", "message": "m"}
+    )
+    with pytest.raises(ValueError, match="under a list"):
+        spec_policy.expression(nested)

@@ -1,31 +1,30 @@
-"""The AgentRun spec's creation rules as a ValidatingAdmissionPolicy instead of in the CRD.
+"""The AgentRun spec's CEL rules as a ValidatingAdmissionPolicy instead of in the CRD.
 
 Why: the API server evaluates a CRD's CEL rules on every write of the object, and a status write is
 one (the status subresource validates the whole object, its spec copied unchanged from the stored
-one, so every spec rule is evaluated only to pass). Measured on this machine (issue 38, a
-throw-away control plane, 20 writers, 1,200 status writes a sample): taking the spec's rules that
-do not read ``oldSelf`` out of the CRD cuts the API server's CPU per status write by about 1.5 ms
-of a 4.6-5.5 ms minimal write, and by about 2 ms of a 12 ms write of a finished 8-step run's status
-(per-step "exactly one kind" rules, the unique-name rule, duration bounds: evaluated per step on
-every status write). A ValidatingAdmissionPolicy matching ``agentruns`` (not
-``agentruns/status``) evaluates the same rules, in the API server, on CREATE only.
-
-Only those rules move: each reads fields that are immutable once the run exists (the transition
-rules that say so stay in the CRD, :func:`unguarded_reads` proves it), so checking them at
-creation is checking them for good, and a run stored under older rules is never refused a request
-for it (the CRD's ratcheting). The immutability and append-only rules (``oldSelf``) stay in the
-CRD: they guard who may change what a run does, and the CRD is always installed (a policy is a
-configuration a cluster can lack). Without the policy (CRDs applied without the chart), a step
-naming two kinds runs as the first of them (read, ask, await, effect, complete, child), a duration
-over a year fails the run's attempt (``InvalidDuration``), and the rest (one name for two steps,
-both ``agent`` and ``agentRef``) the operator reads as it reads any spec: no check of who may do
-what depends on these rules, and the admission webhook, where installed, checks durations too.
+one, so every spec rule is evaluated only to pass). Measured on this machine (issue 38: a
+throw-away control plane, 20 writers, 1,200 status writes a sample, the API server's CPU per
+write): a minimal status write 4.6-5.5 ms with the spec's rules in the CRD, 2.7-2.9 ms without;
+a finished 8-step run's status 12.1-12.2 ms, 9.1-10.4 ms without. A ValidatingAdmissionPolicy
+matching ``agentruns`` (not ``agentruns/status``) evaluates the same rules, in the API server, on
+writes of the spec only.
 
 The API types keep declaring the rules where they apply (``x-kubernetes-validations`` on the
 field, :mod:`durable_agents.api.v1alpha1`); :func:`split_rules` takes them out of the CRD's spec
 schema and :func:`policy_spec` writes each as one validation of the policy, the rule's ``self``
-replaced by the path of its field in ``object``, each optional field on the way guarded by
-``has``, each list or map on the way by ``all``.
+(and ``oldSelf``) replaced by the path of its field in ``object`` (and ``oldObject``), each
+optional field on the way guarded by ``has``, each list or map on the way by ``all``:
+
+- a transition rule (it reads ``oldSelf``; only on spec-level fields) is checked on UPDATE when
+  both the old and the new object have the field, as the API server checks one in a CRD;
+- any other rule is checked on CREATE only: every field those rules read is immutable (a
+  transition rule says so, :func:`unguarded_reads` proves it), so an update cannot make them false,
+  and a run stored under older rules is never refused a request for it (the CRD's ratcheting).
+
+The rules of ``region`` stay in the CRD (two cheap ones; a run's region decides which deployment
+serves it, and nothing else records it). The policy is the first line, and a cluster can lack it
+(CRDs applied without the chart): the operator records what it accepted (the checkpoint's
+``plan``, :mod:`durable_agents.core.plan_guard`) and quarantines a run whose spec changed since.
 """
 
 from __future__ import annotations
@@ -92,8 +91,18 @@ class Located:
         return out
 
 
+IN_CRD: Final = frozenset({"region"})
+"""Spec fields whose rules stay in the CRD (see the module docstring)."""
+
+
+def _stays(path: tuple[Segment, ...], rule: dict[str, Any]) -> bool:
+    if path:
+        return path[0][1] in IN_CRD
+    return any(re.search(rf"\b(self|oldSelf)\.{name}\b", rule["rule"]) for name in IN_CRD)
+
+
 def split_rules(schema: JsonSchema) -> tuple[JsonSchema, list[Located]]:
-    """The spec ``schema`` without its creation rules (a copy; transition rules stay), and those
+    """The spec ``schema`` without its rules (a copy; those of :data:`IN_CRD` stay), and those
     rules with where each was."""
     bare = copy.deepcopy(schema)
     found: list[Located] = []
@@ -102,8 +111,8 @@ def split_rules(schema: JsonSchema) -> tuple[JsonSchema, list[Located]]:
         if not isinstance(node, dict):
             return
         rules = node.pop("x-kubernetes-validations", [])
-        kept = [rule for rule in rules if "oldSelf" in rule["rule"]]
-        found.extend(Located(path, rule) for rule in rules if "oldSelf" not in rule["rule"])
+        kept = [rule for rule in rules if _stays(path, rule)]
+        found.extend(Located(path, rule) for rule in rules if not _stays(path, rule))
         if kept:
             node["x-kubernetes-validations"] = kept
         for name, child in (node.get("properties") or {}).items():
@@ -123,17 +132,17 @@ def _field(name: str) -> str:
     return name
 
 
-def _bound(rule: str, path: str) -> str:
-    """``rule`` with ``self`` replaced by the path it stands for (a path needs no parentheses:
-    ``has()`` takes a field selection, not a parenthesised one)."""
+def _bound(rule: str, names: dict[str, str]) -> str:
+    """``rule`` with ``self`` / ``oldSelf`` replaced by the paths they stand for (paths need no
+    parentheses: ``has()`` takes a field selection, not a parenthesised one)."""
     if "'self'" in rule or '"self"' in rule:
         raise ValueError(f"rule {rule!r} quotes self")
-    return re.sub(r"\bself\b", path, rule)
+    return re.sub(r"\b(oldSelf|self)\b", lambda m: names[m.group(1)], rule)
 
 
 def _navigate(var: str, path: tuple[Segment, ...], rule: str, depth: int = 0) -> str:
     if not path:
-        return _bound(rule, var)
+        return _bound(rule, {"self": var})
     (kind, name), rest = path[0], path[1:]
     if kind == "field":
         reached = f"{var}.{_field(name)}"
@@ -145,10 +154,18 @@ def _navigate(var: str, path: tuple[Segment, ...], rule: str, depth: int = 0) ->
 
 
 def expression(located: Located) -> str:
-    """The policy's expression for one creation rule of the spec (see the module docstring)."""
-    if located.transition:
-        raise ValueError(f"a transition rule ({located.where}) stays in the CRD")
-    return _navigate("object.spec", located.path, located.rule["rule"])
+    """The policy's expression for one rule of the spec (see the module docstring)."""
+    rule = located.rule["rule"]
+    if not located.transition:
+        return f"request.operation != 'CREATE' || {_navigate('object.spec', located.path, rule)}"
+    if any(kind != "field" for kind, _ in located.path):
+        raise ValueError(f"transition rule under a list or map ({located.where}): not expressible here")
+    names = [_field(name) for _, name in located.path]
+    prefixes = ["spec", *("spec." + ".".join(names[: i + 1]) for i in range(len(names)))]
+    guards = " && ".join(f"has(object.{p}) && has(oldObject.{p})" for p in prefixes)
+    at = ".".join(["spec", *names])
+    bound = _bound(rule, {"self": f"object.{at}", "oldSelf": f"oldObject.{at}"})
+    return f"request.operation != 'UPDATE' || !({guards}) || {bound}"
 
 
 def validations(rules: list[Located]) -> list[dict[str, Any]]:
@@ -168,7 +185,7 @@ def validations(rules: list[Located]) -> list[dict[str, Any]]:
 
 
 def policy_spec(rules: list[Located], *, group: str, plural: str) -> dict[str, Any]:
-    """The ValidatingAdmissionPolicy's spec: the rules, on CREATE of the object."""
+    """The ValidatingAdmissionPolicy's spec: the rules, on CREATE and UPDATE of the object itself."""
     return {
         "failurePolicy": "Fail",
         "matchConstraints": {
@@ -177,7 +194,7 @@ def policy_spec(rules: list[Located], *, group: str, plural: str) -> dict[str, A
                     "apiGroups": [group],
                     "apiVersions": ["*"],
                     "resources": [plural],  # not plural/status: the point of the policy
-                    "operations": ["CREATE"],
+                    "operations": ["CREATE", "UPDATE"],
                 }
             ]
         },
@@ -186,9 +203,11 @@ def policy_spec(rules: list[Located], *, group: str, plural: str) -> dict[str, A
 
 
 def unguarded_reads(rules: list[Located], immutable: set[str]) -> Iterator[str]:
-    """The spec fields a creation rule reads that are not in ``immutable`` (none, or the policy
+    """The spec fields a CREATE-only rule reads that are not in ``immutable`` (none, or the policy
     would let an update make such a rule false)."""
     for located in rules:
+        if located.transition:
+            continue
         if located.path:
             top = {located.path[0][1]}
         else:  # a spec-level rule: the fields it names

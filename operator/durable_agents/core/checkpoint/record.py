@@ -298,6 +298,10 @@ class Checkpoint(_Contract):
     (:mod:`durable_agents.core.positions`). Added within version 3, omitted when None."""
     data_key_digest: Annotated[str, StringConstraints(max_length=80)] | None = None
     """The run's data key's fingerprint once it had one: answers must be sealed with it (deliveries.py)."""
+    plan: Digest | None = None
+    """What the operator accepted the run to do: the digest of its immutable spec fields
+    (:mod:`durable_agents.core.plan_guard`), compared at every decision. Added within version 3,
+    omitted when None (a run accepted before it records it at its next commit)."""
     integrity: Stamp | None = None
     """The operator's stamp over :func:`integrity_payload`; None only where no keyring stamps."""
 

@@ -39,6 +39,7 @@ QuarantineReason = Literal[
     "MigrationFailed",
     "Undecryptable",
     "IntegrityFailed",
+    "SpecChanged",
 ]
 
 

@@ -73,6 +73,8 @@ class CommitBuilder:
         )
         if cp.position.step > self.cp.position.step:
             cp = cp.model_copy(update={"retry": RetryState()})  # attempts are counted per step
+        if cp.plan is None:  # accepted by a release before plans were recorded: from now on
+            cp = cp.model_copy(update={"plan": run.plan})
         runtime = cp.runtime_config
         if self.operator_version is not None:
             runtime = runtime.model_copy(update={"operator": self.operator_version})

@@ -57,6 +57,7 @@ from durable_agents.core.engine.waits import (
     leave_external_wait,
     leave_input_wait,
 )
+from durable_agents.core.plan_guard import SPEC_CHANGED, changed_since_accepted
 from durable_agents.core.planner import Planner
 from durable_agents.core.positions import stamp_position
 from durable_agents.core.reconciliations import reconciliation_to_refuse
@@ -139,6 +140,11 @@ def _decide(
     forged = forged_position(run, settings)
     if forged is not None:
         return enter_quarantine(run, now, epoch, forged)
+    # A cancellation in progress finishes (it starts nothing new); anything else only on the spec
+    # the run was accepted with (core/plan_guard.py: the spec policy's second line).
+    changed = None if state is RunState.CANCEL_REQUESTED else spec_changed(run, loaded.checkpoint)
+    if changed is not None:
+        return enter_quarantine(run, now, epoch, changed)
     builder = CommitBuilder(run, loaded, now, epoch, settings)
     if past_deadline:
         assert run.spec.deadline is not None
@@ -219,6 +225,13 @@ def _reject(builder: CommitBuilder, problem: Unproven) -> Commit:
     return builder.commit(
         RunEvent.REJECTED, outcome=_not_authorized(problem), detail=f"not accepted: {problem.message}"
     )
+
+
+def spec_changed(run: RunSnapshot, checkpoint: Checkpoint) -> Quarantine | None:
+    """An accepted run whose spec is not the plan its checkpoint recorded at acceptance."""
+    if checkpoint.plan is None or checkpoint.plan == run.plan:
+        return None
+    return Quarantine(SPEC_CHANGED, changed_since_accepted(checkpoint.plan, run.as_created) or "")
 
 
 def _not_authorized(problem: Unproven) -> Outcome:

@@ -61,6 +61,7 @@ def initial_checkpoint(run: RunSnapshot, now: datetime, epoch: Fencing, settings
         else None,
         timestamps=Timestamps(created_at=now, updated_at=now, entered_state_at=now),
         definition=settings.definition if run.spec.agent_ref else None,
+        plan=run.plan,
     )
     if settings.keyring is not None:  # a takeover's fencing write stores it as it is
         cp = stamp_checkpoint(cp, keyring=settings.keyring, run_id=run.run_id)

@@ -21,6 +21,7 @@ from durable_agents.api.v1alpha1.states import RunState
 from durable_agents.core.agent.exchange import ModelReply
 from durable_agents.core.checkpoint import KubernetesEvidenceRef, Loaded, Quarantine, load_checkpoint
 from durable_agents.core.definitions import DefinitionNow, PinnedDefinition, pinned_of
+from durable_agents.core.plan_guard import plan_digest
 from durable_agents.core.sealed_values import DATA_KEY_ANNOTATION
 from durable_agents.core.sealing import Keyring
 
@@ -74,6 +75,8 @@ class RunSnapshot:
     """A sub-agent run: the Agents above it, as its parent wrote them (believed only with the
     stamp below: core/engine/subagents.py)."""
     agent_path_stamp: str | None = None
+    stored_spec: AgentRunSpec | None = None
+    """A run of an Agent: its spec as stored, before the pinned definition was put in ``spec``."""
     _memo: dict[str, tuple[object, Any]] = field(default_factory=dict, init=False, repr=False, compare=False)
     """What was derived from this read once (the checkpoint validated, its stamp verified): a worker
     decides several times on one read (model turns, observations) and each load cost a whole
@@ -122,14 +125,28 @@ class RunSnapshot:
             created_at=creation_time(meta),
             agent_path=annotations.get("durable-agents.io/agent-path"),
             agent_path_stamp=annotations.get("durable-agents.io/agent-path-stamp"),
+            stored_spec=unpinned if pinned is not None else None,
         )
         read._memo["spec"] = (raw_spec, unpinned)
+        if same and prior is not None and "plan" in prior._memo:  # digested from this spec already
+            read._memo["plan"] = prior._memo["plan"]
         return read
+
+    @property
+    def as_created(self) -> AgentRunSpec:
+        """The spec as stored, an Agent's definition not put in: what acceptance records."""
+        return self.stored_spec or self.spec
+
+    @property
+    def plan(self) -> str:
+        """:func:`durable_agents.core.plan_guard.plan_digest` of the spec as stored, once per spec."""
+        digest: str = self.memo("plan", None, lambda: plan_digest(self.as_created))
+        return digest
 
     def with_definition(self, pinned: PinnedDefinition) -> RunSnapshot:
         """This run of an Agent, before it pinned ``pinned``, as it will act once it has."""
         spec = self.spec.model_copy(update={"agent": pinned.agent_config()})
-        return replace(self, spec=spec, definition=pinned)
+        return replace(self, spec=spec, definition=pinned, stored_spec=self.as_created)
 
     @property
     def pinned(self) -> PinnedDefinition | None:
