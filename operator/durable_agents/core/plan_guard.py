@@ -16,21 +16,21 @@ from typing import Final
 from durable_agents.api.v1alpha1 import AgentRunSpec
 from durable_agents.core.digest import canonical_digest
 
-PLAN_FIELDS: Final = frozenset(
-    {
-        "task_type",
-        "objective",
-        "owner",
-        "tenant",
-        "service_account_name",
-        "policy_ref",
-        "agent",
-        "agent_ref",
-        "deadline",
-        "steps",
-        "parent_ref",
-    }
+DEFINING_FIELDS: Final = (
+    "task_type",
+    "objective",
+    "owner",
+    "tenant",
+    "service_account_name",
+    "policy_ref",
+    "agent",
+    "agent_ref",
+    "deadline",
+    "steps",
 )
+"""What makes a run do what it was asked (an adopted child must match its step on each too)."""
+
+PLAN_FIELDS: Final = frozenset({*DEFINING_FIELDS, "parent_ref"})
 """Every spec field fixed at creation that decides what the run does. Not ``createdBy`` (its
 stamp is verified at acceptance, which it decides; after that it is a record for people), nor
 ``region`` (its own rules stay in the CRD), nor the requests to a live run (answers, approvals,
@@ -47,10 +47,10 @@ def plan_digest(spec: AgentRunSpec) -> str:
     return canonical_digest(fields)
 
 
-def changed_since_accepted(recorded: str | None, spec: AgentRunSpec) -> str | None:
-    """Why ``spec`` is not what was accepted (``recorded``: the checkpoint's plan), or None (the
-    same, or nothing recorded yet)."""
-    if recorded is None or plan_digest(spec) == recorded:
+def changed_since_accepted(recorded: str | None, current: str) -> str | None:
+    """Why a spec whose :func:`plan_digest` is ``current`` is not what was accepted (``recorded``:
+    the checkpoint's plan), or None (the same, or nothing recorded yet)."""
+    if recorded is None or current == recorded:
         return None
     fields = ", ".join(sorted(_camel(name) for name in PLAN_FIELDS))
     return (

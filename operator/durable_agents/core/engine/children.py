@@ -28,6 +28,7 @@ from durable_agents.core.digest import canonical_digest
 from durable_agents.core.engine.commits import CommitBuilder
 from durable_agents.core.engine.decisions import Commit, Decision, Idle, NeedChildren
 from durable_agents.core.engine.snapshot import ChildObservation, RunSnapshot
+from durable_agents.core.plan_guard import DEFINING_FIELDS
 from durable_agents.core.planner import StartChild
 from durable_agents.core.sealing import Keyring
 from durable_agents.core.stamps import Purpose, stamp, verify
@@ -44,20 +45,6 @@ CHILD_NOT_PERMITTED = "ChildNotPermitted"
 """The run's ServiceAccount may not create AgentRuns (403 on the child's creation)."""
 CHILD_INVALID = "ChildInvalid"
 """The API server refused the child as invalid (422 on its creation)."""
-
-# What makes a child do what its parent asked: an adopted child must match the step on each.
-_DEFINING_FIELDS = (
-    "task_type",
-    "objective",
-    "owner",
-    "tenant",
-    "service_account_name",
-    "policy_ref",
-    "agent",
-    "agent_ref",
-    "deadline",
-    "steps",
-)
 
 
 LABEL_VALUE_MAX = 63
@@ -178,7 +165,7 @@ def foreign_child(
     if spec.parent_ref is None or spec.parent_ref.name != parent_name:
         return f"its parentRef does not name {parent_name!r}"
     if wanted is not None:
-        differs = [f for f in _DEFINING_FIELDS if getattr(spec, f) != getattr(wanted, f)]
+        differs = [f for f in DEFINING_FIELDS if getattr(spec, f) != getattr(wanted, f)]
         if differs:
             return f"its spec differs from the step's child in {', '.join(differs)}"
     return None

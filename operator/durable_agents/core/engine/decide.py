@@ -229,9 +229,8 @@ def _reject(builder: CommitBuilder, problem: Unproven) -> Commit:
 
 def spec_changed(run: RunSnapshot, checkpoint: Checkpoint) -> Quarantine | None:
     """An accepted run whose spec is not the plan its checkpoint recorded at acceptance."""
-    if checkpoint.plan is None or checkpoint.plan == run.plan:
-        return None
-    return Quarantine(SPEC_CHANGED, changed_since_accepted(checkpoint.plan, run.as_created) or "")
+    problem = changed_since_accepted(checkpoint.plan, run.plan)
+    return None if problem is None else Quarantine(SPEC_CHANGED, problem)
 
 
 def _not_authorized(problem: Unproven) -> Outcome:
