@@ -143,7 +143,7 @@ bench-peers: $(BENCH_STAMP) binaries ## the peer workload on durable-agents, DBO
 	$(PY) -m bench.figure
 
 .PHONY: profile
-profile: $(BENCH_STAMP) binaries ## flame graphs of the operator (py-spy) under the peer workload's durable-agents rows -> bench/results/profile/<row>.svg
+profile: $(BENCH_STAMP) binaries ## flame graphs of the operator (py-spy) and kube-apiserver's CPU profile (pprof, broken down by request and work) under the peer workload's durable-agents rows -> bench/results/profile/<row>.svg, <row>.apiserver.{pb.gz,txt}
 	DURABLE_AGENTS_BIN_DIR=$$(bash hack/build.sh | tail -n1) $(PY) -m bench.peers.run \
 		--systems durable-agents-boundaries,durable-agents-model --repeat 1 --unloaded-runs 0 \
 		--profile bench/results/profile --out bench/results/profile/peers.json $(BENCH_ARGS)

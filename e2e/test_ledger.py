@@ -74,13 +74,22 @@ def test_effect_is_applied_once_and_its_outcome_becomes_evidence(
         # Let the last Events and the Lease deletion land, then count the operator's writes.
         eventually(lambda: runs.leases() == [], Within.COMMIT, "the run's Lease to be released")
 
+        found: list[AuditEntry] = []
+
         def operator_writes() -> list[AuditEntry] | None:
             # A write is logged as its request ends: a moment after a reader can see its effect.
-            found = read_audit(log, user="durable-agents-operator", since=started, offset=offset)
+            found[:] = read_audit(log, user="durable-agents-operator", since=started, offset=offset)
             writes = [e for e in found if e.is_write and e.namespace == runs.namespace]
             return writes if count_by(writes)["update agentruns/status"] >= 2 else None
 
         writes = eventually(operator_writes, Within.COMMIT, "the run's status writes in the audit log")
+        finished = datetime.fromisoformat(done["status"]["stateSince"])
+        reads = [e for e in found if e.verb == "get" and e.resource == "agentruns" and e.name == name]
+        # A finished run under no retention policy is not read to learn that nothing is to be done
+        # (retention reads a finished run only when its policy deletes it some time after).
+        assert [e.at for e in reads if e.at >= finished] == [], (
+            f"the run was read after it finished at {finished}"
+        )
         print(f"\nwrites for one run with one effect (5 transitions): {len(writes)} {dict(count_by(writes))}")
         by_kind = count_by(writes)
         # Writes at semantic boundaries: accepted + the intent; the outcome + revalidated + succeeded.

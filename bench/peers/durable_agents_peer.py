@@ -531,6 +531,8 @@ class DurableAgentsPeer(PeerSystem):
             "uncounted_processes": uncounted,
             # What `--profile` (make profile) records with py-spy: the operator (its webhook child too).
             "operator_pid": self.operator.pid,
+            # ... and kube-apiserver's Go profile, read with the admin's credentials.
+            "apiserver_kubeconfig": str(self.plane.kubeconfig_path),
         }
 
     def _grant_approvers(self) -> None:
@@ -706,11 +708,18 @@ class DurableAgentsPeer(PeerSystem):
             if e.namespace == LEASE_NAMESPACE and e.what == "leases" and 200 <= e.code < 300
         ]
         by_kind = Counter(f"{e.user} {e.verb} {e.what}" for e in ok)
+        # Reads and watches too (any namespace): the API server's CPU is not only its writes.
+        reads = Counter(
+            f"{e.user} {e.verb} {e.what}"
+            for e in read_audit(self.plane.audit_log_path, offset=offset, since=window_start)
+            if not e.is_write
+        )
         refused = Counter(f"{e.user} {e.verb} {e.what} {e.code}" for e in writes if e.code >= 300)
         op_delta = _delta(op_after, op_before)
         detail = {
             "audit_writes_by_kind": dict(by_kind.most_common()),
             "refused_writes": dict(refused),
+            "audit_reads_by_kind": dict(reads.most_common()),
             "operator_metric_delta": op_delta,
             "etcd_delta": _delta(etcd_after, etcd_before),
             "leases_left_after_runs": leftover,

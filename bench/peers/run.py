@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from bench.peers import procstat
+from bench.peers.apiserver_pprof import ApiServerProfile
 from bench.peers.workload import IN_FLIGHT, RESULT_MARK, percentile, summary
 
 if TYPE_CHECKING:
@@ -516,6 +517,12 @@ def profile_rows(
         command = [spy, "record", "--pid", str(pid), "--subprocesses", "--gil", "--rate", "100"]
         command += ["--output", str(out)]
         recorder = subprocess.Popen([*command, "--format", "flamegraph"], stdout=subprocess.DEVNULL)
+        kubeconfig = workers[spec.worker].info.get("apiserver_kubeconfig")
+        apiserver = (
+            ApiServerProfile(Path(kubeconfig), args.profile / f"{spec.name}.apiserver").start()
+            if kubeconfig
+            else None
+        )
         try:
             result = run_one_rep(
                 spec,
@@ -530,6 +537,8 @@ def profile_rows(
         finally:
             recorder.send_signal(signal.SIGINT)  # py-spy writes its profile on SIGINT
             recorder.wait(timeout=120)
+            if apiserver is not None:
+                result["apiserver_profile"] = apiserver.stop()
         result.pop("latencies_ms")
         systems[spec.name]["profiled"] = result
         written[spec.name] = str(out)

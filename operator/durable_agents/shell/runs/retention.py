@@ -14,7 +14,8 @@ The rules are the core's (:mod:`durable_agents.core.retention`); this module doe
   run's ActionRecords (they carry no ownerReference) and removes the finalizer; for a finished
   run whose TTL has passed deletes its children and then the run (which comes back here, being
   deleted, for its record). A run not due yet is looked at again when it is; a blocked one (an
-  unsettled action, a running child) every ``retry`` seconds.
+  unsettled action, a running child) every ``retry`` seconds. A finished run whose policy sets
+  no TTL (or that has none) is not read at all: nothing is to be done for it.
 
 Writes are paced (``writes_per_second``), each carries the read resourceVersion (a 409 looks
 again), and a record is created once by name, so two operator processes doing this agree.
@@ -95,6 +96,9 @@ class RetentionController(Background):
         self._queued: set[Key] = set()
         self._active: set[Key] = set()
         self._slim: dict[Key, dict[str, Any]] = {}
+        # A finished run's event, and nothing more to look at: the key of the policy governing it
+        # (None: none). Its run is read only if that policy keeps finished runs for a time.
+        self._finished: dict[Key, tuple[str, str] | None] = {}
         self._queue: asyncio.Queue[Key] = asyncio.Queue()
         self._later: list[tuple[float, Key]] = []
         self._scheduled: dict[Key, float] = {}
@@ -117,6 +121,7 @@ class RetentionController(Background):
         meta = run.get("metadata") or {}
         if event_type == "DELETED":
             self._slim.pop((meta.get("namespace"), meta.get("name")), None)  # type: ignore[arg-type]
+            self._finished.pop((meta.get("namespace"), meta.get("name")), None)  # type: ignore[arg-type]
             return
         finalizers = meta.get("finalizers") or []
         deleting = meta.get("deletionTimestamp") is not None
@@ -131,7 +136,12 @@ class RetentionController(Background):
             self._slim[key]["metadata"]["finalizers"] = list(finalizers)
         else:
             self._slim.pop(key, None)
-        if wanted or finishing or (not deleting and is_terminal(run) and not is_child(run)):
+        finished = not deleting and is_terminal(run) and not is_child(run)
+        if finished and not (wanted or finishing):
+            self._finished[key] = self.policies.governing_key(run)
+        else:
+            self._finished.pop(key, None)
+        if wanted or finishing or finished:
             self.enqueue(key)
 
     def enqueue(self, key: Key) -> None:
@@ -186,6 +196,8 @@ class RetentionController(Background):
         if slim is not None:  # a conflict (409) brings it back, read afresh
             await self._add_finalizer(slim)
             return
+        if key in self._finished and not await self._keeps_for_a_time(self._finished.pop(key)):
+            return  # finished under no TTL: nothing to do, and no read of the run for it
         run = await self._get("agentruns", *key)
         if run is None:
             return
@@ -320,6 +332,13 @@ class RetentionController(Background):
         )
 
     # -- reads and writes ------------------------------------------------------------------------
+
+    async def _keeps_for_a_time(self, governing: tuple[str, str] | None) -> bool:
+        """Whether the policy ``governing`` a finished run deletes it some time after (a TTL)."""
+        if governing is None:
+            return False
+        policy = await self.policies.read(*governing, absent_for=self.config.policy_cache)
+        return policy is not None and ttl_of(policy.retention) is not None
 
     async def _retention(self, run: dict[str, Any]) -> Retention:
         key = self.policies.governing_key(run)  # named, or its namespace's or the cluster's default
