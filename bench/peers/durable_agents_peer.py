@@ -702,18 +702,15 @@ class DurableAgentsPeer(PeerSystem):
         # The region's Leases (in the operator's Lease namespace) are kept whatever the runs do: the
         # replica's liveness renewed, a shard Lease written when it changes hands. Their writes in
         # this window are counted too, shared by its runs.
+        window = read_audit(self.plane.audit_log_path, offset=offset, since=window_start)
         region = [
             e
-            for e in read_audit_from(self.plane.audit_log_path, offset, window_start)
-            if e.namespace == LEASE_NAMESPACE and e.what == "leases" and 200 <= e.code < 300
+            for e in window
+            if e.is_write and e.namespace == LEASE_NAMESPACE and e.what == "leases" and 200 <= e.code < 300
         ]
         by_kind = Counter(f"{e.user} {e.verb} {e.what}" for e in ok)
         # Reads and watches too (any namespace): the API server's CPU is not only its writes.
-        reads = Counter(
-            f"{e.user} {e.verb} {e.what}"
-            for e in read_audit(self.plane.audit_log_path, offset=offset, since=window_start)
-            if not e.is_write
-        )
+        reads = Counter(f"{e.user} {e.verb} {e.what}" for e in window if not e.is_write)
         refused = Counter(f"{e.user} {e.verb} {e.what} {e.code}" for e in writes if e.code >= 300)
         op_delta = _delta(op_after, op_before)
         detail = {

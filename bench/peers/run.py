@@ -537,8 +537,9 @@ def profile_rows(
         finally:
             recorder.send_signal(signal.SIGINT)  # py-spy writes its profile on SIGINT
             recorder.wait(timeout=120)
-            if apiserver is not None:
-                result["apiserver_profile"] = apiserver.stop()
+            pprof = apiserver.stop() if apiserver is not None else None
+        if pprof is not None:
+            result["apiserver_profile"] = pprof
         result.pop("latencies_ms")
         systems[spec.name]["profiled"] = result
         written[spec.name] = str(out)
