@@ -58,9 +58,13 @@ def agent_spec(
     return spec
 
 
-def approve(runs: Runs, name: str) -> dict[str, Any]:
+def approve(runs: Runs, name: str, unsent: Callable[[], dict[str, int]] | None = None) -> dict[str, Any]:
+    """Approve the request the run waits on; `unsent` is checked empty before the approval is
+    written (after it, the operator may apply the effect before the test looks)."""
     run = runs.wait_state(name, "waiting_approval", timeout=60)
     request: dict[str, Any] = run["status"]["approvalRequest"]
+    if unsent is not None:
+        assert unsent() == {}, "nothing is sent before the approval"
     runs.patch_spec(
         name, {"approvals": {request["requestId"]: {"digest": request["digest"], "decision": "approve"}}}
     )
@@ -78,11 +82,10 @@ def test_a_model_driven_run_reads_proposes_waits_for_approval_and_acts_once(
 ) -> None:
     op = start_operator("agent")
     name = runs.create(agent_spec(model, refsystem, protocol))
-    request = approve(runs, name)
+    request = approve(runs, name, unsent=refsystem.counts)
     proposal = request["proposal"]
     assert (proposal["tool"], proposal["turn"]) == ("refund", 1), "the approver sees the model's call"
     assert "durable-agents.io/sealed" in proposal["reason"], "the model's words are sealed"
-    assert refsystem.counts() == {}, "nothing is sent before the approval"
     done = runs.wait_state(name, "completed", timeout=90)
     assert list(refsystem.counts().values()) == [1], "the approved call is applied exactly once"
     facts = done["status"]["checkpoint"]["agent"]
@@ -163,11 +166,10 @@ def test_mcp_tools_a_read_is_called_freely_a_consequential_call_is_approved_and_
         trust_lookups(runs, tickets)
         start_operator("agent-mcp")
         name = runs.create(mcp_spec(model, refsystem, tickets))
-        request = approve(runs, name)
+        request = approve(runs, name, unsent=tickets.counts)
         assert request["effect"] == "mcp.call"
         assert request["target"] == {"server": "tickets", "url": tickets.url, "tool": "close_ticket"}
         assert request["proposal"]["tool"] == "close_ticket"
-        assert tickets.counts() == {}, "the consequential MCP call waits for its approval"
         done = runs.wait_state(name, "completed", timeout=90)
         counts = tickets.counts()
         assert list(counts.values()) == [1], f"applied exactly once under one key: {counts}"
