@@ -117,9 +117,15 @@ def run_body(name: str, spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def create_runs(
-    env: Env, namespace: str, specs: dict[str, dict[str, Any]], threads: int = 8, per_second: float = 0
+    env: Env,
+    namespace: str,
+    specs: dict[str, dict[str, Any]],
+    threads: int = 8,
+    per_second: float = 0,
+    finalizers: tuple[str, ...] = (),
 ) -> None:
-    """Create the runs, stamped as the webhook stamps them; at most ``per_second`` (0: at once)."""
+    """Create the runs, stamped as the webhook stamps them; at most ``per_second`` (0: at once);
+    with ``finalizers`` already in their metadata."""
     custom = env.custom
     began = time.monotonic()
 
@@ -129,6 +135,8 @@ def create_runs(
             time.sleep(max(0.0, began + index / per_second - time.monotonic()))
         body = run_body(*item)
         body["metadata"]["namespace"] = namespace
+        if finalizers:
+            body["metadata"]["finalizers"] = list(finalizers)
         body["spec"] = {**body["spec"], **admitted("CREATE", body, None)}  # as the webhook stamps it
         custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "agentruns", body)
 

@@ -64,6 +64,7 @@ class Variant:
     opaque_approval: bool = False
     no_cel: bool = False  # every x-kubernetes-validations rule removed
     spec_rules_in_crd: bool = False  # the CRD before issue 38: every spec rule in it, none in a policy
+    atomic_checkpoint: bool = False  # status.checkpoint one field to managedFields, not one per leaf
 
 
 def strip_cel(node: Any) -> Any:
@@ -86,6 +87,8 @@ def variant_crd(base: dict[str, Any], variant: Variant) -> dict[str, Any]:
             status["history"]["items"] = dict(OPAQUE)
         if variant.opaque_approval:
             status["approvalRequest"] = dict(OPAQUE)
+        if variant.atomic_checkpoint:
+            status["checkpoint"] = {**status["checkpoint"], "x-kubernetes-map-type": "atomic"}
         status[MARKER] = {"type": "string", "enum": [variant.name]}
     return crd
 
@@ -176,6 +179,7 @@ PROPOSED = Variant("opaque-history-approval", opaque_history=True, opaque_approv
 NO_CEL = Variant("no-spec-cel", no_cel=True)
 SPEC_RULES_IN_CRD = Variant("spec-rules-in-crd", spec_rules_in_crd=True)
 OPAQUE_NO_CEL = Variant("opaque-history-approval-no-cel", True, True, True)
+ATOMIC_CHECKPOINT = Variant("atomic-checkpoint", atomic_checkpoint=True)
 
 # (label, status, CRD variant); grouped by variant so that a round swaps the CRD 5 times.
 PLAN: list[tuple[str, str, Variant]] = [
@@ -195,6 +199,9 @@ PLAN: list[tuple[str, str, Variant]] = [
     ("8c 7c without spec CEL rules", "with_approval", OPAQUE_NO_CEL),
     ("1b minimal, spec rules in the CRD (before issue 38)", "minimal", SPEC_RULES_IN_CRD),
     ("2b current, spec rules in the CRD (before issue 38)", "current", SPEC_RULES_IN_CRD),
+    ("9a minimal, checkpoint atomic", "minimal", ATOMIC_CHECKPOINT),
+    ("9b current, checkpoint atomic", "current", ATOMIC_CHECKPOINT),
+    ("9c current + approvalRequest, checkpoint atomic", "with_approval", ATOMIC_CHECKPOINT),
 ]
 
 
@@ -291,7 +298,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=3, help="rounds; every shape once per round")
     parser.add_argument("--writes", type=int, default=1200, help="status writes per sample (all writers)")
     parser.add_argument("--out", type=Path, default=REPO / "bench/results/status_shapes.json")
+    parser.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        help="measure only the shapes whose label starts with this (repeatable; '1 minimal' is always in)",
+    )
     args = parser.parse_args(argv)
+    wanted = ("1 minimal", *args.only)
+    plan = [row for row in PLAN if not args.only or row[0].startswith(wanted)]
     log: Callable[[str], None] = lambda m: print(f"[{time.strftime('%H:%M:%S')}] {m}", flush=True)  # noqa: E731
     base = load_base_crd()
     began = time.perf_counter()
@@ -302,17 +317,17 @@ def main(argv: list[str] | None = None) -> int:
         statuses["with_approval_8"] = {**statuses["with_approval"], "history": current["history"][-8:]}
         probe_ns = env.namespace()
         create_runs(env, probe_ns, {"probe": await_steps(1)})
-        samples: dict[str, list[dict[str, float]]] = {label: [] for label, _, _ in PLAN}
+        samples: dict[str, list[dict[str, float]]] = {label: [] for label, _, _ in plan}
         for round_ in range(args.repeat):
             installed: Variant | None = None
-            for label, shape, variant in PLAN:
+            for label, shape, variant in plan:
                 if variant != installed:
                     install_variant(env, base, variant, probe_ns)
                     installed = variant
                 samples[label].append(timed_writes(env, statuses[shape], args.writes))
                 log(f"round {round_ + 1}: {label}: {samples[label][-1]['writes_per_second']:.0f} writes/s")
     rows = []
-    for label, shape, variant in PLAN:
+    for label, shape, variant in plan:
         metrics = samples[label]
         row: dict[str, Any] = {
             "shape": label,

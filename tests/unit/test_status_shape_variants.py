@@ -43,3 +43,14 @@ def test_shapes_keep_the_current_status_apart() -> None:
     assert [h["stateVersion"] for h in shapes["history_8"]["history"]] == list(range(18, 26))
     assert shapes["with_approval"]["approvalRequest"] == {"requestId": "r"}
     assert len(history) == 26  # the input is not modified
+
+
+def test_atomic_checkpoint_variant_marks_only_the_checkpoint_atomic() -> None:
+    base = load_base_crd()
+    crd = variant_crd(base, Variant("v", atomic_checkpoint=True))
+    status, before = status_schema(crd), status_schema(base)
+    assert status["checkpoint"]["x-kubernetes-map-type"] == "atomic"
+    assert "x-kubernetes-map-type" not in before["checkpoint"], "the loaded CRD is not modified"
+    rest = {k: v for k, v in status["checkpoint"].items() if k != "x-kubernetes-map-type"}
+    assert rest == before["checkpoint"]
+    assert status["history"] == before["history"]
