@@ -52,6 +52,7 @@ from durable_agents_testkit.scrape import free_port
 PAGE = 500  # what the bench reads per request: metadata only, so a page stays small
 METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
 QUOTAS = {"default_2GB": 2 * 10**9, "recommended_8GB": 8 * 10**9}
+ETCD_QUOTA = 2 * 2**30  # etcd's --quota-backend-bytes default, which the local control plane keeps
 RUN_RESOURCES = ("agentruns", "actionrecords", "agentrunrecords", "events")
 
 
@@ -96,8 +97,11 @@ def process_rss_mib(pid: int) -> float:
 
 def etcd_bytes(env: Env, prefix: str) -> dict[str, int]:
     """Keys and stored bytes (key and value) under ``prefix``, read from etcd itself."""
-    kept = env.plane.etcd_range(prefix)
-    return {"keys": len(kept), "bytes": sum(len(k) + len(v) for k, v in kept)}
+    keys = size = 0
+    for page in env.plane.etcd_pages(prefix, 1000):
+        keys += len(page)
+        size += sum(len(k) + len(v) for k, v in page)
+    return {"keys": keys, "bytes": size}
 
 
 def writes_by_resource(env: Env, since: datetime, until: datetime) -> dict[str, int]:
@@ -128,10 +132,17 @@ class MemoryWatch:
         self.env, self.floor_mib = env, floor_mib
         self.peak: dict[str, float] = {"kube-apiserver": 0.0, "etcd": 0.0}
         self.least_available_mib = float("inf")
+        self.peak_db_bytes = 0
 
     def check(self) -> None:
         for name in self.peak:
             self.peak[name] = max(self.peak[name], process_rss_mib(self.env.plane.pids[name]))
+        self.peak_db_bytes = max(self.peak_db_bytes, self.env.plane.etcd_status()["dbSize"])
+        if self.peak_db_bytes > 0.95 * ETCD_QUOTA:
+            raise MemoryError(
+                f"etcd's database is {self.peak_db_bytes / 2**20:.0f} MiB, near its quota of "
+                f"{ETCD_QUOTA / 2**20:.0f} MiB: past it etcd refuses every write"
+            )
         available = memory_available_mib()
         self.least_available_mib = min(self.least_available_mib, available)
         if available < self.floor_mib:
@@ -146,6 +157,7 @@ class MemoryWatch:
             "kube_apiserver_peak_rss_mib": self.peak["kube-apiserver"],
             "etcd_peak_rss_mib": self.peak["etcd"],
             "least_available_mib": round(self.least_available_mib),
+            "etcd_peak_db_mib": round(self.peak_db_bytes / 2**20),
         }
 
 
@@ -223,6 +235,10 @@ def measure_parked(
         op.stop()
     per_minute = {what: round(n * 60 / window, 1) for what, n in sorted(writes.items())}
     runs_writes = sum(v for k, v in per_minute.items() if k.split("/")[0] in RUN_RESOURCES)
+    # The control plane's memory before the keyspace is read (a read of every run grows etcd's).
+    apiserver_rss = process_rss_mib(env.plane.pids["kube-apiserver"])
+    etcd_rss = process_rss_mib(env.plane.pids["etcd"])
+    db = env.plane.etcd_status()
     kept = etcd_bytes(env, f"/registry/{GROUP}/agentruns/{namespace}/")
     return {
         "runs": count,
@@ -236,8 +252,9 @@ def measure_parked(
         "idle_window_seconds": window,
         "idle_writes_per_minute": per_minute,
         "idle_run_writes_per_minute": runs_writes,
-        "kube_apiserver_rss_mib": process_rss_mib(env.plane.pids["kube-apiserver"]),
-        "etcd_rss_mib": process_rss_mib(env.plane.pids["etcd"]),
+        "kube_apiserver_rss_mib": apiserver_rss,
+        "etcd_rss_mib": etcd_rss,
+        "etcd_db_mib": {k: round(v / 2**20) for k, v in db.items()},
         "etcd_bytes_per_parked_run": round(kept["bytes"] / count),
         "finalizer_at_create": finalizer_at_create,
         "control_plane_while_parked": watch.summary(),

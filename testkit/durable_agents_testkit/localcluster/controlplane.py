@@ -775,27 +775,44 @@ class LocalControlPlane:
         ctx.load_cert_chain(str(self.etcd_certs_dir / "client.crt"), str(self.etcd_certs_dir / "client.key"))
         return ctx
 
-    def etcd_range(self, prefix: str) -> list[tuple[str, bytes]]:
-        """Every key under ``prefix`` and its raw stored value, read from etcd's gRPC gateway."""
-        end = prefix[:-1] + chr(ord(prefix[-1]) + 1)
-        body = json.dumps(
-            {
-                "key": base64.b64encode(prefix.encode()).decode(),
-                "range_end": base64.b64encode(end.encode()).decode(),
-            }
-        ).encode()
+    def _etcd_call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """One call to etcd's gRPC gateway (``/v3/...``) with this plane's client certificate."""
         request = urllib.request.Request(
-            self.etcd_url + "/v3/kv/range", data=body, headers={"Content-Type": "application/json"}
+            self.etcd_url + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
         )
         opener = urllib.request.build_opener(
             urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=self.etcd_ssl_context())
         )
-        with opener.open(request, timeout=10) as resp:
-            answer = json.loads(resp.read())
-        return [
-            (base64.b64decode(kv["key"]).decode(), base64.b64decode(kv.get("value", "")))
-            for kv in answer.get("kvs", [])
-        ]
+        with opener.open(request, timeout=60) as resp:
+            answer: dict[str, Any] = json.loads(resp.read())
+        return answer
+
+    def etcd_range(self, prefix: str) -> list[tuple[str, bytes]]:
+        """Every key under ``prefix`` and its raw stored value, read from etcd's gRPC gateway."""
+        return [kv for page in self.etcd_pages(prefix, 0) for kv in page]
+
+    def etcd_pages(self, prefix: str, page: int = 1000) -> Iterator[list[tuple[str, bytes]]]:
+        """The keys under ``prefix`` and their raw values, ``page`` at a time (0: all at once; a
+        range of 100,000 runs is close to a gigabyte)."""
+        end = base64.b64encode((prefix[:-1] + chr(ord(prefix[-1]) + 1)).encode()).decode()
+        start = prefix.encode()
+        while True:
+            body: dict[str, Any] = {"key": base64.b64encode(start).decode(), "range_end": end}
+            if page:
+                body["limit"] = page
+            answer = self._etcd_call("/v3/kv/range", body)
+            kvs = answer.get("kvs", [])
+            yield [
+                (base64.b64decode(kv["key"]).decode(), base64.b64decode(kv.get("value", ""))) for kv in kvs
+            ]
+            if not page or not answer.get("more") or not kvs:
+                return
+            start = base64.b64decode(kvs[-1]["key"]) + b"\x00"
+
+    def etcd_status(self) -> dict[str, int]:
+        """etcd's database size on disk and in use, bytes (its maintenance status)."""
+        answer = self._etcd_call("/v3/maintenance/status", {})
+        return {"dbSize": int(answer.get("dbSize", 0)), "dbSizeInUse": int(answer.get("dbSizeInUse", 0))}
 
     def _write_component_kubeconfigs(self) -> None:
         # Written once ports are known (the server URL is in them).
