@@ -65,6 +65,7 @@ class Variant:
     no_cel: bool = False  # every x-kubernetes-validations rule removed
     spec_rules_in_crd: bool = False  # the CRD before issue 38: every spec rule in it, none in a policy
     atomic_checkpoint: bool = False  # status.checkpoint one field to managedFields, not one per leaf
+    atomic_status: bool = False  # the whole status one field to managedFields
 
 
 def strip_cel(node: Any) -> Any:
@@ -89,6 +90,8 @@ def variant_crd(base: dict[str, Any], variant: Variant) -> dict[str, Any]:
             status["approvalRequest"] = dict(OPAQUE)
         if variant.atomic_checkpoint:
             status["checkpoint"] = {**status["checkpoint"], "x-kubernetes-map-type": "atomic"}
+        if variant.atomic_status:
+            schema["properties"]["status"]["x-kubernetes-map-type"] = "atomic"
         status[MARKER] = {"type": "string", "enum": [variant.name]}
     return crd
 
@@ -180,6 +183,7 @@ NO_CEL = Variant("no-spec-cel", no_cel=True)
 SPEC_RULES_IN_CRD = Variant("spec-rules-in-crd", spec_rules_in_crd=True)
 OPAQUE_NO_CEL = Variant("opaque-history-approval-no-cel", True, True, True)
 ATOMIC_CHECKPOINT = Variant("atomic-checkpoint", atomic_checkpoint=True)
+ATOMIC_STATUS = Variant("atomic-status", atomic_status=True)
 
 # (label, status, CRD variant); grouped by variant so that a round swaps the CRD 5 times.
 PLAN: list[tuple[str, str, Variant]] = [
@@ -202,6 +206,8 @@ PLAN: list[tuple[str, str, Variant]] = [
     ("9a minimal, checkpoint atomic", "minimal", ATOMIC_CHECKPOINT),
     ("9b current, checkpoint atomic", "current", ATOMIC_CHECKPOINT),
     ("9c current + approvalRequest, checkpoint atomic", "with_approval", ATOMIC_CHECKPOINT),
+    ("9d current, status atomic", "current", ATOMIC_STATUS),
+    ("9e current + approvalRequest, status atomic", "with_approval", ATOMIC_STATUS),
 ]
 
 

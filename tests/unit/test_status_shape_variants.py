@@ -54,3 +54,11 @@ def test_atomic_checkpoint_variant_marks_only_the_checkpoint_atomic() -> None:
     rest = {k: v for k, v in status["checkpoint"].items() if k != "x-kubernetes-map-type"}
     assert rest == before["checkpoint"]
     assert status["history"] == before["history"]
+
+
+def test_atomic_status_variant_marks_the_status_atomic_and_nothing_below() -> None:
+    base = load_base_crd()
+    crd = variant_crd(base, Variant("v", atomic_status=True))
+    props = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]
+    assert props["status"]["x-kubernetes-map-type"] == "atomic"
+    assert "x-kubernetes-map-type" not in status_schema(crd)["checkpoint"]
