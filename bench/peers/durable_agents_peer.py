@@ -456,7 +456,7 @@ class DurableAgentsPeer(PeerSystem):
         self.plane.start()
         plane_seconds = time.monotonic() - started
         env = KubeEnv.local(self.plane)
-        install_crds(env.api, repo / "crds")
+        install_crds(env.api, Path(self.config.get("crd_dir") or repo / "crds"))  # a base row: its own
         self.api = api_client(Path(self.plane.kubeconfig_path))
         self.custom = client.CustomObjectsApi(self.api)
         self.core = client.CoreV1Api(self.api)

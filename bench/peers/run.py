@@ -438,7 +438,16 @@ def base_rows(rev: str, specs: list[SystemSpec], tree: Path) -> list[SystemSpec]
     from durable_agents_testkit.releases import materialize_release
 
     release = materialize_release(REPO, rev, tree)
-    base = {"operator_pythonpath": release.pythonpath, "operator_revision": release.sha}
+    # The base's own CRDs too: a change of the stored schema is part of what is compared.
+    crds = tree / "crds"
+    crds.mkdir(parents=True, exist_ok=True)
+    archive = subprocess.run(
+        ["git", "-C", str(REPO), "archive", "--format=tar", release.sha, "crds"],
+        capture_output=True,
+        check=True,
+    )
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
+    base = {"operator_pythonpath": release.pythonpath, "operator_revision": release.sha, "crd_dir": str(crds)}
     return [
         replace(s, name=f"{s.name}@base", worker="durable-agents@base", config={**s.config, **base})
         for s in specs
