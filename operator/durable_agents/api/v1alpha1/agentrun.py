@@ -390,6 +390,9 @@ class AgentRunStatus(ApiModel):
         description="The typed checkpoint contract; validated by the operator, never by the API server.",
         json_schema_extra={
             "x-kubernetes-preserve-unknown-fields": True,
+            # One field to the API server's managedFields, not one per leaf: only the operator
+            # writes it, always whole, and tracking every leaf costs each status write.
+            "x-kubernetes-map-type": "atomic",
             "required": ["schemaVersion"],
             "properties": {
                 "schemaVersion": {
