@@ -255,3 +255,69 @@ def test_an_intent_under_a_first_claim_cannot_be_claimed(kube: KubeEnv, namespac
     given_up = {"state": "outcome_unknown", "attempts": 1, "reason": "ClaimExpired"}
     assert _status_write(kube, namespace, "first-claimed", given_up)["status"]["state"] == "outcome_unknown"
     assert _status_write(kube, namespace, "first-claimed", claim)["status"]["state"] == "dispatching"
+
+
+def status_fields(run: dict[str, Any]) -> dict[str, Any]:
+    """What managedFields record for the status subresource's writes (fieldsV1, under f:status)."""
+    (entry,) = [m for m in run["metadata"]["managedFields"] if m.get("subresource") == "status"]
+    fields: dict[str, Any] = entry["fieldsV1"]["f:status"]
+    return fields
+
+
+CHECKPOINT = {
+    "schemaVersion": 1,
+    "evidence": [{"source": "kubernetes.read", "digest": "sha256:" + "a" * 64}],
+    "toolCalls": [{"tool": "kubernetes.read", "step": "read", "at": "2026-12-05T08:00:00Z"}],
+    "agent": {"turns": [{"tool": "refund", "outcome": "succeeded"}], "usageTotal": {"inputTokens": 9}},
+}
+
+
+def test_the_checkpoint_is_one_field_to_managed_fields(kube: KubeEnv, namespace: str) -> None:
+    """The API server tracks the checkpoint as one field (x-kubernetes-map-type: atomic), not one
+    per leaf: every status write would otherwise build and store a field set as large as it."""
+    body = sample("agentrun-read-ask-complete.yaml")
+    created = create(kube, namespace, body)
+    created["status"] = {"state": "ready", "stateVersion": 1, "checkpoint": CHECKPOINT}
+    written = kube.custom().replace_namespaced_custom_object_status(
+        GROUP, VERSION, namespace, "agentruns", body["metadata"]["name"], created
+    )
+    assert written["status"]["checkpoint"] == CHECKPOINT
+    assert status_fields(written)["f:checkpoint"] == {}, "no leaf of the checkpoint is tracked"
+    assert "f:stateVersion" in status_fields(written)
+
+
+def test_a_run_written_under_the_granular_checkpoint_takes_status_writes(
+    kube: KubeEnv, namespace: str
+) -> None:
+    """The upgrade: a run stored by the previous release carries managedFields naming each leaf
+    of its checkpoint. Under the atomic checkpoint its status writes still succeed, whole."""
+    body = sample("agentrun-read-ask-complete.yaml")
+    name = body["metadata"]["name"]
+    custom = kube.custom()
+    created = create(kube, namespace, body)
+    created["status"] = {"state": "ready", "stateVersion": 1, "checkpoint": CHECKPOINT}
+    written = custom.replace_namespaced_custom_object_status(
+        GROUP, VERSION, namespace, "agentruns", name, created
+    )
+    # What the previous release's CRD left: a field set with every leaf of the checkpoint.
+    granular: dict[str, Any] = {
+        "f:schemaVersion": {},
+        "f:evidence": {},
+        "f:toolCalls": {},
+        "f:agent": {"f:turns": {}, "f:usageTotal": {"f:inputTokens": {}}},
+    }
+    managed = copy.deepcopy(written["metadata"]["managedFields"])
+    for entry in managed:
+        if entry.get("subresource") == "status":
+            entry["fieldsV1"]["f:status"]["f:checkpoint"] = granular
+    written["metadata"]["managedFields"] = managed
+    old = custom.replace_namespaced_custom_object(GROUP, VERSION, namespace, "agentruns", name, written)
+    assert status_fields(old)["f:checkpoint"] == granular, "stored as the previous release left it"
+
+    later = {**CHECKPOINT, "agent": {"turns": [], "usageTotal": {"inputTokens": 10}}, "evidence": []}
+    old["status"] = {"state": "completed", "stateVersion": 2, "checkpoint": later}
+    now = custom.replace_namespaced_custom_object_status(GROUP, VERSION, namespace, "agentruns", name, old)
+    assert now["status"]["checkpoint"] == later, "the checkpoint is replaced whole, nothing merged"
+    assert now["status"]["stateVersion"] == 2
+    again = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, "agentruns", name)
+    assert again["status"]["checkpoint"] == later

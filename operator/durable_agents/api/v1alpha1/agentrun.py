@@ -387,7 +387,8 @@ class AgentRunStatus(ApiModel):
     )
     checkpoint: dict[str, Any] | None = Field(
         default=None,
-        description="The typed checkpoint contract; validated by the operator, never by the API server.",
+        description="The typed checkpoint contract; validated by the operator, never by the API server, "
+        "and written whole: one field to managedFields, not one per leaf.",
         json_schema_extra={
             "x-kubernetes-preserve-unknown-fields": True,
             # One field to the API server's managedFields, not one per leaf: only the operator
