@@ -14,6 +14,7 @@ from kubernetes.client.rest import ApiException
 
 from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents_testkit.cluster import SPEC_POLICY, KubeEnv
+from durable_agents_testkit.eventually import Within, eventually
 
 REPO = Path(__file__).resolve().parents[2]
 PLURALS = {"AgentRun": "agentruns", "ActionRecord": "actionrecords", "AgentPolicy": "agentpolicies"}
@@ -258,9 +259,9 @@ def test_an_intent_under_a_first_claim_cannot_be_claimed(kube: KubeEnv, namespac
 
 
 def status_fields(run: dict[str, Any]) -> dict[str, Any]:
-    """What managedFields record for the status subresource's writes (fieldsV1, under f:status)."""
+    """What managedFields record for the status subresource's writes (its fieldsV1)."""
     (entry,) = [m for m in run["metadata"]["managedFields"] if m.get("subresource") == "status"]
-    fields: dict[str, Any] = entry["fieldsV1"]["f:status"]
+    fields: dict[str, Any] = entry["fieldsV1"]
     return fields
 
 
@@ -270,54 +271,103 @@ CHECKPOINT = {
     "toolCalls": [{"tool": "kubernetes.read", "step": "read", "at": "2026-12-05T08:00:00Z"}],
     "agent": {"turns": [{"tool": "refund", "outcome": "succeeded"}], "usageTotal": {"inputTokens": 9}},
 }
+CONDITION = {
+    "type": "Ready",
+    "status": "True",
+    "reason": "Completed",
+    "message": "done",
+    "lastTransitionTime": "2026-12-05T08:00:00Z",
+}
 
 
-def test_the_checkpoint_is_one_field_to_managed_fields(kube: KubeEnv, namespace: str) -> None:
-    """The API server tracks the checkpoint as one field (x-kubernetes-map-type: atomic), not one
-    per leaf: every status write would otherwise build and store a field set as large as it."""
+def test_the_status_is_one_field_to_managed_fields(kube: KubeEnv, namespace: str) -> None:
+    """The API server tracks the status as one field (x-kubernetes-map-type: atomic), not one per
+    leaf: every status write would otherwise build and store a field set as large as the status."""
     body = sample("agentrun-read-ask-complete.yaml")
     created = create(kube, namespace, body)
-    created["status"] = {"state": "ready", "stateVersion": 1, "checkpoint": CHECKPOINT}
+    status = {"state": "ready", "stateVersion": 1, "checkpoint": CHECKPOINT, "conditions": [CONDITION]}
+    created["status"] = status
     written = kube.custom().replace_namespaced_custom_object_status(
         GROUP, VERSION, namespace, "agentruns", body["metadata"]["name"], created
     )
-    assert written["status"]["checkpoint"] == CHECKPOINT
-    assert status_fields(written)["f:checkpoint"] == {}, "no leaf of the checkpoint is tracked"
-    assert "f:stateVersion" in status_fields(written)
+    assert written["status"] == status
+    assert status_fields(written) == {"f:status": {}}, "no leaf of the status is tracked"
 
 
-def test_a_run_written_under_the_granular_checkpoint_takes_status_writes(
-    kube: KubeEnv, namespace: str
-) -> None:
-    """The upgrade: a run stored by the previous release carries managedFields naming each leaf
-    of its checkpoint. Under the atomic checkpoint its status writes still succeed, whole."""
-    body = sample("agentrun-read-ask-complete.yaml")
-    name = body["metadata"]["name"]
-    custom = kube.custom()
-    created = create(kube, namespace, body)
-    created["status"] = {"state": "ready", "stateVersion": 1, "checkpoint": CHECKPOINT}
-    written = custom.replace_namespaced_custom_object_status(
-        GROUP, VERSION, namespace, "agentruns", name, created
-    )
-    # What the previous release's CRD left: a field set with every leaf of the checkpoint.
-    granular: dict[str, Any] = {
-        "f:schemaVersion": {},
-        "f:evidence": {},
-        "f:toolCalls": {},
-        "f:agent": {"f:turns": {}, "f:usageTotal": {"f:inputTokens": {}}},
-    }
-    managed = copy.deepcopy(written["metadata"]["managedFields"])
-    for entry in managed:
-        if entry.get("subresource") == "status":
-            entry["fieldsV1"]["f:status"]["f:checkpoint"] = granular
-    written["metadata"]["managedFields"] = managed
-    old = custom.replace_namespaced_custom_object(GROUP, VERSION, namespace, "agentruns", name, written)
-    assert status_fields(old)["f:checkpoint"] == granular, "stored as the previous release left it"
+UPGRADE_GROUP = "upgrade-probe.durable-agents.test"
 
-    later = {**CHECKPOINT, "agent": {"turns": [], "usageTotal": {"inputTokens": 10}}, "evidence": []}
-    old["status"] = {"state": "completed", "stateVersion": 2, "checkpoint": later}
-    now = custom.replace_namespaced_custom_object_status(GROUP, VERSION, namespace, "agentruns", name, old)
-    assert now["status"]["checkpoint"] == later, "the checkpoint is replaced whole, nothing merged"
-    assert now["status"]["stateVersion"] == 2
-    again = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, "agentruns", name)
-    assert again["status"]["checkpoint"] == later
+
+def upgrade_probe_crd(atomic: bool) -> dict[str, Any]:
+    """The AgentRun CRD under a group of this test's own (the shared one is left alone), with the
+    status atomic as now or a field per leaf as the previous release stored it."""
+    crd: dict[str, Any] = yaml.safe_load((REPO / "crds" / "durable-agents.io_agentruns.yaml").read_text())
+    crd["metadata"] = {"name": f"agentruns.{UPGRADE_GROUP}"}
+    crd["spec"]["group"] = UPGRADE_GROUP
+    for version in crd["spec"]["versions"]:
+        status = version["schema"]["openAPIV3Schema"]["properties"]["status"]
+        assert status.get("x-kubernetes-map-type") == "atomic", "the CRD as generated"
+        if not atomic:
+            del status["x-kubernetes-map-type"]
+    return crd
+
+
+def test_a_run_stored_with_a_field_per_leaf_takes_status_writes_whole(kube: KubeEnv, namespace: str) -> None:
+    """The upgrade: runs stored under the previous release's CRD carry managedFields naming each
+    leaf of their status. Once the CRD makes the status atomic, their status writes still succeed
+    and replace the status whole, and the field set collapses to one field."""
+    ext = client.ApiextensionsV1Api(kube.api)
+    crd = upgrade_probe_crd(atomic=False)
+    name = crd["metadata"]["name"]
+    ext.create_custom_resource_definition(crd)
+    try:
+        custom = kube.custom()
+        body = sample("agentrun-read-ask-complete.yaml")
+        body["apiVersion"] = f"{UPGRADE_GROUP}/{VERSION}"
+
+        def created() -> dict[str, Any] | None:
+            try:
+                out: dict[str, Any] = custom.create_namespaced_custom_object(
+                    UPGRADE_GROUP, VERSION, namespace, "agentruns", body
+                )
+            except ApiException as err:
+                if err.status == 404:  # not served yet
+                    return None
+                raise
+            return out
+
+        run = eventually(created, Within.TAKEOVER, "the probe CRD to serve", interval=0.1)
+        run_name = run["metadata"]["name"]
+        status = {"state": "ready", "stateVersion": 1, "checkpoint": CHECKPOINT, "conditions": [CONDITION]}
+        run["status"] = status
+        run = custom.replace_namespaced_custom_object_status(
+            UPGRADE_GROUP, VERSION, namespace, "agentruns", run_name, run
+        )
+        leaves = status_fields(run)["f:status"]
+        assert "f:schemaVersion" in leaves["f:checkpoint"], "stored as the previous release stores it"
+        assert 'k:{"type":"Ready"}' in leaves["f:conditions"]
+
+        current = ext.read_custom_resource_definition(name)
+        atomic = upgrade_probe_crd(atomic=True)
+        atomic["metadata"]["resourceVersion"] = current.metadata.resource_version
+        ext.replace_custom_resource_definition(name, atomic)
+
+        version = 1
+
+        def written_whole() -> bool:
+            # Each write under either schema must succeed; the field set says which one served it.
+            nonlocal run, version
+            version += 1
+            later = {"state": "completed", "stateVersion": version, "checkpoint": {"schemaVersion": 1}}
+            run["status"] = later
+            run = custom.replace_namespaced_custom_object_status(
+                UPGRADE_GROUP, VERSION, namespace, "agentruns", run_name, run
+            )
+            assert run["status"] == later, "the status is replaced whole, nothing merged from before"
+            return status_fields(run) == {"f:status": {}}
+
+        eventually(written_whole, Within.TAKEOVER, "a status write under the atomic status", interval=0.1)
+        stored = custom.get_namespaced_custom_object(UPGRADE_GROUP, VERSION, namespace, "agentruns", run_name)
+        assert stored["status"] == run["status"]
+        assert "conditions" not in stored["status"]
+    finally:
+        ext.delete_custom_resource_definition(name)

@@ -303,7 +303,14 @@ HISTORY_LIMIT = 64
 
 
 class AgentRunStatus(ApiModel):
-    """The operator's authoritative record. Written only by the operator, one write per transition."""
+    """The operator's authoritative record. Written only by the operator, one write per transition,
+    always whole: to the API server's managedFields it is one field, not one per leaf."""
+
+    # Tracking every leaf of the status (checkpoint, history, approval request) in managedFields
+    # costs each status write about a fifth of the API server's CPU (bench/status_shapes.py, 9d),
+    # for field ownership nobody else may claim: only the operator writes status (the admission
+    # policy in charts/durable-agents/files/admission-policy.yaml, and its second line).
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-map-type": "atomic"})
 
     state: RunState = RunState.PENDING
     """The run's position in its state machine."""
@@ -387,13 +394,9 @@ class AgentRunStatus(ApiModel):
     )
     checkpoint: dict[str, Any] | None = Field(
         default=None,
-        description="The typed checkpoint contract; validated by the operator, never by the API server, "
-        "and written whole: one field to managedFields, not one per leaf.",
+        description="The typed checkpoint contract; validated by the operator, never by the API server.",
         json_schema_extra={
             "x-kubernetes-preserve-unknown-fields": True,
-            # One field to the API server's managedFields, not one per leaf: only the operator
-            # writes it, always whole, and tracking every leaf costs each status write.
-            "x-kubernetes-map-type": "atomic",
             "required": ["schemaVersion"],
             "properties": {
                 "schemaVersion": {
