@@ -210,6 +210,16 @@ class Kube:
             self._dynamic = dynamic.DynamicClient(self.api)
         return self._dynamic
 
+    def dedicated(self, name: str, threads: int = 2) -> Kube:
+        """A handle on the same API server, as the same user, with its own connections and
+        threads: a call made through it never waits behind this handle's calls, however many are
+        queued (the Leases that keep this process's ownership must not wait behind run work or a
+        burst of Events). The caller closes it."""
+        api = client.ApiClient(self.api.configuration)
+        api.default_headers.update(self.api.default_headers)
+        pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix=f"kube-{name}")
+        return Kube(api, pool)
+
     def close(self) -> None:
         self.executor.shutdown(wait=False, cancel_futures=True)
         self.api.close()

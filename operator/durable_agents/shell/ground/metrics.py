@@ -143,6 +143,10 @@ OWNERSHIP_CHANGES = Counter(
     "Shard and region ownership changes seen by this process (gained or lost), by kind",
     ["kind"],
 )
+EVENTS_DROPPED = Counter(
+    "durable_agents_events_dropped_total",
+    "Events of committed transitions not posted because too many were waiting (the status history has them)",
+)
 REGION_OWNED = Gauge(
     "durable_agents_region_owned", "1 while this process owns the region, else 0", ["region"]
 )

@@ -4,6 +4,11 @@ A refused request (a :class:`~durable_agents.core.engine.commits.Refusal`, writt
 request) always gets a Warning Event ``RequestRefused`` naming it; a run rejected at acceptance
 gets its Event under the outcome's reason (``ServiceAccountNotAuthorized``). Nothing here can
 change what was committed; an Event that fails to post is logged and dropped.
+
+The Events of commits are posted in the background, a few at a time (:data:`IN_FLIGHT`), so a
+burst of them (100,000 runs parking at once) never takes the threads run work needs; past
+:data:`MAX_PENDING` waiting, a new one is dropped and counted (``durable_agents_events_dropped_total``),
+as client-go's recorder drops on a full queue: the run's status history has the transition.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ from durable_agents.shell.observability.commit_metrics import observe_commit
 from durable_agents.shell.observability.events import NOTABLE, EventRecorder, reason_of
 
 log = logging.getLogger("durable_agents.shell.runs.worker")
+IN_FLIGHT = 4  # Events of commits posted at once
+MAX_PENDING = 1000  # Events of commits waiting or in flight, past which a new one is dropped
 
 
 class CommitReporter:
@@ -30,6 +37,8 @@ class CommitReporter:
         self.events = events
         self.all_events = all_events  # an Event for every transition, not only the notable ones
         self._background: set[asyncio.Task[None]] = set()
+        self._sending = asyncio.Semaphore(IN_FLIGHT)
+        self._dropping = False  # since the backlog was last full: said once per burst
 
     def report(self, body: dict[str, Any], before: RunState, commit: Commit) -> None:
         if isinstance(commit, StatusNote):  # no transition: nothing to count, one log line
@@ -68,9 +77,25 @@ class CommitReporter:
             await asyncio.wait(set(self._background), timeout=5.0)
 
     def _post(self, body: dict[str, Any], reason: str, message: str, *, warning: bool) -> None:
-        task = asyncio.create_task(self.events.record(body, reason, message, warning=warning))
+        if len(self._background) >= MAX_PENDING:
+            metrics.EVENTS_DROPPED.inc()
+            if not self._dropping:
+                self._dropping = True
+                log.warning(
+                    "%d Kubernetes Events are waiting to be posted: new ones are dropped until fewer"
+                    " wait (the runs' status history has every transition)",
+                    len(self._background),
+                )
+            return
+        if len(self._background) < MAX_PENDING // 2:
+            self._dropping = False
+        task = asyncio.create_task(self._send(body, reason, message, warning))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+    async def _send(self, body: dict[str, Any], reason: str, message: str, warning: bool) -> None:
+        async with self._sending:
+            await self.events.record(body, reason, message, warning=warning)
 
     @staticmethod
     def _count(commit: Commit) -> None:

@@ -125,8 +125,10 @@ class RunWorker(Background):
         self.actions = ActionStore(kube, self.config.keyring)  # stamps its writes, verifies its reads
         self.events = EventRecorder(kube, self.identity)
         self.children = ChildRuns(kube, self.store, self.events, self.config.keyring)
+        # Lease writes on connections and threads of their own: a renewal never queues behind run work.
+        self.lease_kube = kube.dedicated("leases")
         self.shard_leases = ShardLeases(
-            kube,
+            self.lease_kube,
             self.identity,
             self.config.region,
             self.config.lease_namespace,
@@ -139,7 +141,7 @@ class RunWorker(Background):
         self.ownership = RunOwnership(self.shard_leases, self.identity)
         # Region leader election: the holder runs failovers; its epoch is every commit's region epoch.
         self.region = RegionElector(
-            kube,
+            self.lease_kube,
             self.identity,
             self.config.region,
             self.config.lease_namespace,
@@ -228,6 +230,7 @@ class RunWorker(Background):
             if self.shard_leases.task is not None:
                 await self.shard_leases.stop()  # its shards go to the other replicas at once
             await self.region.stop()  # released: another replica leads the region at once
+            self.lease_kube.close()
 
     async def _join(self) -> None:
         """Join the region's replicas (member Lease, our share of the shards), retrying on errors."""
@@ -237,13 +240,8 @@ class RunWorker(Background):
                 await self.shard_leases.start()
                 return
             except ApiException as err:
-                log.warning(
-                    "joining region %s failed (%s %s); again in %.1fs",
-                    self.config.region,
-                    err.status,
-                    err.reason,
-                    delay,
-                )
+                region, status, reason = self.config.region, err.status, err.reason
+                log.warning("joining region %s failed (%s %s); again in %.1fs", region, status, reason, delay)
             await asyncio.sleep(delay)
             delay = min(delay * 2, self.config.lease_duration / 2)
 
