@@ -435,18 +435,11 @@ def plot(systems: dict[str, Any], path: Path, caption: str) -> bool:
 def base_rows(rev: str, specs: list[SystemSpec], tree: Path) -> list[SystemSpec]:
     """The durable-agents rows again, as ``ROW@base``, served by a worker whose operator imports the
     source roots of ``rev`` (``git archive``, as the upgrade tests run a previous release)."""
-    from durable_agents_testkit.releases import materialize_release
+    from durable_agents_testkit.releases import SOURCE_ROOTS, materialize_release
 
-    release = materialize_release(REPO, rev, tree)
     # The base's own CRDs too: a change of the stored schema is part of what is compared.
+    release = materialize_release(REPO, rev, tree, parts=(*SOURCE_ROOTS, "crds"))
     crds = tree / "crds"
-    crds.mkdir(parents=True, exist_ok=True)
-    archive = subprocess.run(
-        ["git", "-C", str(REPO), "archive", "--format=tar", release.sha, "crds"],
-        capture_output=True,
-        check=True,
-    )
-    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
     base = {"operator_pythonpath": release.pythonpath, "operator_revision": release.sha, "crd_dir": str(crds)}
     return [
         replace(s, name=f"{s.name}@base", worker="durable-agents@base", config={**s.config, **base})

@@ -71,9 +71,9 @@ def _git(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def materialize_release(repo: Path, sha: str, dest: Path) -> Release:
-    """Write the source roots of commit ``sha`` of ``repo`` into ``dest``; ReleaseUnavailable if
-    the commit is not in the clone."""
+def materialize_release(repo: Path, sha: str, dest: Path, parts: tuple[str, ...] = SOURCE_ROOTS) -> Release:
+    """Write ``parts`` of commit ``sha`` of ``repo`` (its source roots, by default) into ``dest``;
+    ReleaseUnavailable if the commit is not in the clone or lacks one of them."""
     if shutil.which("git") is None:
         raise ReleaseUnavailable(f"git is not installed: cannot materialize release {sha}")
     if _git(repo, "cat-file", "-e", f"{sha}^{{commit}}").returncode != 0:
@@ -86,7 +86,7 @@ def materialize_release(repo: Path, sha: str, dest: Path) -> Release:
         )
     dest.mkdir(parents=True, exist_ok=True)
     archive = subprocess.Popen(
-        ["git", "-C", str(repo), "archive", "--format=tar", sha, *SOURCE_ROOTS],
+        ["git", "-C", str(repo), "archive", "--format=tar", sha, *parts],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
@@ -102,7 +102,7 @@ def materialize_release(repo: Path, sha: str, dest: Path) -> Release:
         )
     if archive.stderr:
         archive.stderr.close()
-    missing = [part for part in SOURCE_ROOTS if not (dest / part).is_dir()]
+    missing = [part for part in parts if not (dest / part).is_dir()]
     if missing:
         raise ReleaseUnavailable(f"release {sha} has no {', '.join(missing)} directory")
     return Release(sha, dest)
