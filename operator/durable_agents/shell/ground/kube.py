@@ -210,7 +210,7 @@ class Kube:
             self._dynamic = dynamic.DynamicClient(self.api)
         return self._dynamic
 
-    def dedicated(self, name: str, threads: int = 2) -> Kube:
+    def dedicated(self, name: str, threads: int = 4) -> Kube:
         """A handle on the same API server, as the same user, with its own connections and
         threads: a call made through it never waits behind this handle's calls, however many are
         queued (the Leases that keep this process's ownership must not wait behind run work or a
