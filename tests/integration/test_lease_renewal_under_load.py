@@ -5,7 +5,7 @@ renewal waited in the same thread pool as run work and a burst of Event posts. T
 Leases now go through connections and threads of their own (``Kube.dedicated``). Here the worker
 (built as the operator builds it, on a real API server) holds its region and shards; then its run
 pool is filled with real, slow API requests (watches that the server ends after a few seconds),
-queued several Lease durations deep; through that window the region and both shards stay held, at
+queued longer than the Lease lasts; through that window the region and both shards stay held, at
 the same epoch, and the Leases keep being renewed.
 """
 
@@ -24,9 +24,9 @@ from durable_agents_testkit.cluster import KubeEnv
 from durable_agents_testkit.eventually import Within, eventually_async
 from durable_agents_testkit.keys import session_keyring
 
-LEASE = 2  # seconds: renewed every second
+LEASE = 4  # seconds: renewed every 2 s, 2 s of margin for a loaded machine
 WATCH_SECONDS = 3  # how long one slow request holds a thread of the run pool
-WINDOW = 4 * LEASE  # seconds watched while the pool is full
+WINDOW = 2 * LEASE  # seconds watched while the pool is full (its queue: 4 x 3 s deep)
 
 
 def slow_request(core: client.CoreV1Api, namespace: str) -> None:
@@ -70,7 +70,7 @@ async def test_a_replica_keeps_its_region_and_shards_while_its_run_pool_is_full(
         epoch = worker.region.leading().epoch  # type: ignore[union-attr]
         writes_before = worker.region.lock.writes.total()
 
-        # Every thread of the run pool busy, and a queue several Lease durations deep behind them.
+        # Every thread of the run pool busy, and a queue longer than the Lease lasts behind them.
         threads = api.executor._max_workers
         busy = [
             asyncio.ensure_future(api.call(slow_request, api.core, namespace)) for _ in range(4 * threads)
