@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import subprocess
 import time
 from collections import Counter
@@ -164,8 +165,16 @@ class MemoryWatch:
 def ownership_account(logged: str, metrics_text: str) -> dict[str, float]:
     """What the operator that parked the runs says of its ownership meanwhile (pure): the region
     and shard changes it counted (taking the region and every shard at its start are changes), the
-    shard holds it lost, the lapses it logged, and the Events of commits it dropped."""
+    shard holds it lost, the lapses it logged, the Events of commits it dropped, and the pauses of
+    its garbage collector (the full collections, those of a second or more, the longest logged)."""
     changes = "durable_agents_ownership_changes_total"
+    pause = "durable_agents_gc_pause_seconds"
+    long_pauses = sum(
+        metric(metrics_text, f'{pause}_count{{generation="{g}"}}', 0.0)
+        - metric(metrics_text, f'{pause}_bucket{{generation="{g}",le="1.0"}}', 0.0)
+        for g in "012"
+    )
+    logged_pauses = [float(s) for s in re.findall(r"held this process for ([\d.]+) s", logged)]
     shard_changes = "durable_agents_shard_ownership_changes_total"
     return {
         "region_changes": metric(metrics_text, changes + '{kind="region"}', 0.0),
@@ -173,6 +182,9 @@ def ownership_account(logged: str, metrics_text: str) -> dict[str, float]:
         "shards_lost": metric(metrics_text, shard_changes + '{reason="lost"}', 0.0),
         "lapses_logged": logged.count("not renewed in time") + logged.count("liveness lapsed"),
         "events_dropped": metric(metrics_text, "durable_agents_events_dropped_total", 0.0),
+        "full_collections": metric(metrics_text, f'{pause}_count{{generation="2"}}', 0.0),
+        "gc_pauses_over_1s": long_pauses,
+        "longest_gc_pause_logged": max(logged_pauses, default=0.0),
     }
 
 

@@ -25,7 +25,7 @@ from tests.unit.test_notifier_pass import notifying_policy, parked
 from durable_agents.core import stuck_unowned as unowned
 from durable_agents.core.checkpoint import Fencing
 from durable_agents.core.regions import DEFAULT_REGION
-from durable_agents.shell.ground.memory import trim_after_bursts
+from durable_agents.shell.ground.memory import keep_memory
 from durable_agents.shell.ground.packed import Packed
 from durable_agents.shell.ground.workqueue import WorkQueue
 from durable_agents.shell.intake.policies import PolicyCache
@@ -185,7 +185,7 @@ def test_a_drained_queue_gives_back_what_its_backlog_grew() -> None:
             return sys.getsizeof(queue._queued) + sys.getsizeof(queue._latest)
 
         grown = size()
-        trimmer = asyncio.create_task(trim_after_bursts(queue, every=0.01, units=1))
+        trimmer = asyncio.create_task(keep_memory(queue, every=0.01, units=1))
         for _ in range(200):
             if size() < grown:
                 break

@@ -12,10 +12,16 @@ durable_agents_ownership_changes_total{kind="shard"} 48.0
 durable_agents_shard_ownership_changes_total{reason="acquired"} 32.0
 durable_agents_shard_ownership_changes_total{reason="lost"} 16.0
 durable_agents_events_dropped_total 250.0
+durable_agents_gc_pause_seconds_bucket{generation="0",le="1.0"} 900.0
+durable_agents_gc_pause_seconds_count{generation="0"} 900.0
+durable_agents_gc_pause_seconds_bucket{generation="2",le="1.0"} 10.0
+durable_agents_gc_pause_seconds_count{generation="2"} 12.0
 """
 LOG = """\
 region default: parking no longer owns it (epoch 0): it was not renewed in time
 region default: dropped 16 holds: its liveness lapsed before a write of it landed
+a garbage collection (generation 2) held this process for 1.2 s: nothing else ran meanwhile
+a garbage collection (generation 2) held this process for 3.4 s: nothing else ran meanwhile
 bench-1/w000001 input_requested: task=... running -> waiting_input
 """
 
@@ -28,6 +34,9 @@ def test_a_lapse_is_counted_from_the_metrics_and_the_log() -> None:
         "shards_lost": 16.0,
         "lapses_logged": 2,
         "events_dropped": 250.0,
+        "full_collections": 12.0,
+        "gc_pauses_over_1s": 2.0,
+        "longest_gc_pause_logged": 3.4,
     }
 
 
@@ -38,3 +47,5 @@ def test_an_operator_that_held_throughout_has_only_its_start_to_say() -> None:
     assert account["lapses_logged"] == 0
     assert account["shards_lost"] == 0.0  # not exported until counted: read as none
     assert account["events_dropped"] == 0.0
+    assert account["gc_pauses_over_1s"] == 0.0
+    assert account["longest_gc_pause_logged"] == 0.0

@@ -150,3 +150,14 @@ EVENTS_DROPPED = Counter(
 REGION_OWNED = Gauge(
     "durable_agents_region_owned", "1 while this process owns the region, else 0", ["region"]
 )
+GC_PAUSES = Histogram(
+    "durable_agents_gc_pause_seconds",
+    "How long a collection of Python's cyclic garbage collector held the process (nothing else ran,"
+    " Lease renewals included), by generation",
+    ["generation"],
+    buckets=(0.001, 0.005, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10),
+)
+GC_FROZEN = Gauge(
+    "durable_agents_gc_frozen_objects",
+    "Long-lived objects frozen out of the garbage collector's passes (gc.freeze after each burst)",
+)
