@@ -105,7 +105,6 @@ class CollectorPauses:
                     generation,
                     seconds,
                 )
-        metrics.GC_FROZEN.set(gc.get_freeze_count())
 
 
 async def keep_memory(

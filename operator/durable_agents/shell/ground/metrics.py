@@ -157,7 +157,9 @@ GC_PAUSES = Histogram(
     ["generation"],
     buckets=(0.001, 0.005, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10),
 )
-GC_FROZEN = Gauge(
-    "durable_agents_gc_frozen_objects",
-    "Long-lived objects frozen out of the garbage collector's passes (gc.freeze after each burst)",
+LOOP_STALLS = Histogram(
+    "durable_agents_event_loop_stall_seconds",
+    "How long the event loop stood still (it starts every request, Lease renewals included), for each"
+    " stall of 2 s or more",
+    buckets=(2, 3, 5, 7.5, 10, 15, 30, 60),
 )

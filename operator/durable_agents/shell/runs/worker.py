@@ -59,6 +59,7 @@ from durable_agents.shell.agent.resolver import AgentResolver, model_calls_per_b
 from durable_agents.shell.effects.plugins import load_effects, load_planners
 from durable_agents.shell.ground.kube import ImpersonationRefused, Kube, ObjectKey
 from durable_agents.shell.ground.lifecycle import Background, forever
+from durable_agents.shell.ground.loop_watch import LoopWatch
 from durable_agents.shell.ground.memory import keep_memory
 from durable_agents.shell.ground.store import Conflict, Gone, RunStore
 from durable_agents.shell.ground.workqueue import WorkQueue, cancel_all
@@ -218,6 +219,7 @@ class RunWorker(Background):
     async def run(self) -> None:
         self.queue.start()
         tasks = [asyncio.create_task(keep_memory(self.queue), name="memory-keeper")]
+        tasks.append(asyncio.create_task(LoopWatch().run(), name="loop-watch"))
         if self.config.concurrency > 0:  # a webhook- or dispatcher-only process holds no shard
             tasks.append(asyncio.create_task(self.region.start(), name="region-elector-start"))
             tasks.append(asyncio.create_task(self._join(), name="shard-leases-join"))
