@@ -34,6 +34,9 @@ def test_a_stall_is_logged_with_where_the_loop_stood_and_measured(caplog: pytest
     standing = [m for m in messages if "has not run for" in m]
     assert len(standing) == 1, messages
     assert "hold_the_loop" in standing[0], "the stack names the callback that holds the loop"
+    ran_again = [m for m in messages if "ran again after standing still" in m]
+    assert len(ran_again) == 1, messages
+    assert "hold_the_loop" in ran_again[0], "the stacks sampled while it stood name the callback"
     assert len(watch.stalls) == 1
     assert 1.5 < watch.stalls[0] < 6, watch.stalls
 
