@@ -95,3 +95,30 @@ def test_a_verdict_that_time_or_an_unknown_outcome_can_change_is_derived_on_ever
     assert stuck.unknown, "the action's outcome is unknown"
     assert judged(stuck)[0] == 2, "an action of it has an unknown outcome: judged again"
     assert judged(stuck)[0] == 2, "and on every pass while it is unknown (it may stay unanswered)"
+
+
+def test_a_pass_over_many_runs_gives_the_event_loop_turns() -> None:
+    """A pass is synchronous between awaits that need the API: over 100,000 runs it would hold the
+    event loop (and every Lease renewal) for its whole length without the turns it gives."""
+    stuck, _ = check()
+    for i in range(1_200):
+        stuck.observe_run("ADDED", run(f"r{i}", "1"))
+
+    async def pass_beside_another_task() -> int:
+        turns = 0
+
+        async def other() -> None:
+            nonlocal turns
+            while True:
+                turns += 1
+                await asyncio.sleep(0)
+
+        beside = asyncio.create_task(other())
+        await asyncio.sleep(0)
+        before = turns
+        await stuck.check_once()
+        during = turns - before
+        beside.cancel()
+        return during
+
+    assert asyncio.run(pass_beside_another_task()) >= 2, "the other task never ran during the pass"

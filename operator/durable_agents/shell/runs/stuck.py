@@ -76,6 +76,7 @@ for _reason in unowned.REASONS:
     STUCK_DETECTIONS.labels(_reason)
 
 TERMINAL = frozenset(s.value for s in RunState if s.terminal)
+TURN_EVERY = 500  # runs looked at between two turns given to the event loop
 UNKNOWN = ActionState.OUTCOME_UNKNOWN.value
 
 
@@ -203,7 +204,9 @@ class StuckCheck(Background):
         if self._policies_seen != self.policies.policies:  # a policy gone (or back) may change verdicts
             self._policies_seen = dict(self.policies.policies)
             self.settled.clear()
-        for key in list(self.runs):
+        for looked, key in enumerate(list(self.runs), 1):
+            if looked % TURN_EVERY == 0:  # a pass over 100,000 runs: the loop's other work goes on
+                await asyncio.sleep(0)
             kept = self.runs.get(key)  # as of now: the watch may have delivered during an await
             if kept is None:
                 continue
