@@ -166,7 +166,8 @@ def ownership_account(logged: str, metrics_text: str) -> dict[str, float]:
     """What the operator that parked the runs says of its ownership meanwhile (pure): the region
     and shard changes it counted (taking the region and every shard at its start are changes), the
     shard holds it lost, the lapses it logged, the Events of commits it dropped, and the pauses of
-    its garbage collector (the full collections, those of a second or more, the longest logged)."""
+    its garbage collector (the full collections, those of a second or more, the longest logged) and
+    its event loop's stalls of 2 s or more."""
     changes = "durable_agents_ownership_changes_total"
     pause = "durable_agents_gc_pause_seconds"
     long_pauses = sum(
@@ -185,6 +186,7 @@ def ownership_account(logged: str, metrics_text: str) -> dict[str, float]:
         "full_collections": metric(metrics_text, f'{pause}_count{{generation="2"}}', 0.0),
         "gc_pauses_over_1s": long_pauses,
         "longest_gc_pause_logged": max(logged_pauses, default=0.0),
+        "loop_stalls": metric(metrics_text, "durable_agents_event_loop_stall_seconds_count", 0.0),
     }
 
 
