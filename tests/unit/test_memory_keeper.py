@@ -1,6 +1,6 @@
 """The memory keeper (``shell/ground/memory.py``): what survives a burst is frozen out of the
-garbage collector's passes, so a full collection no longer walks the runs a replica keeps (a region
-Lease lapsed behind one over 100,000 parked runs); a deep collection still frees the cycles frozen
+garbage collector's passes, so a full collection no longer walks the runs a replica keeps (2.2 s
+over 100,000 parked runs, idle); a deep collection still frees the cycles frozen
 while alive; malloc_trim runs off the event loop; each collection's pause is measured."""
 
 from __future__ import annotations

@@ -6,8 +6,8 @@ dropped. ``malloc_trim`` (glibc) returns it; elsewhere that is a no-op.
 
 Two costs grow with the runs a replica knows, and either one held on the event loop stops the Lease
 renewals it starts: a full pass of Python's cyclic garbage collector walks every long-lived object
-holding the GIL (2.2 s over 100,000 parked runs on an idle machine, seen with py-spy; a region Lease
-lapsed behind one on a loaded machine), and ``malloc_trim`` walks the C heap. So what survives a
+holding the GIL (2.2 s over 100,000 parked runs on an idle machine, seen with py-spy), and
+``malloc_trim`` walks the C heap. So what survives a
 burst is frozen (``gc.freeze``): after a full collection of what was made since the last look
 (bounded by the work done in between, not by the runs kept), no later collection walks it again.
 ``malloc_trim`` runs in a thread (ctypes lets go of the GIL). The price of freezing: a frozen object
@@ -67,8 +67,7 @@ def deep_collect() -> None:
     reference cycles that became garbage after their objects were frozen. Its pause grows with
     the heap: only while idle, rarely."""
     gc.unfreeze()
-    gc.collect()
-    gc.freeze()
+    settle()
 
 
 class CollectorPauses:
