@@ -22,6 +22,7 @@ import pytest
 
 from durable_agents.api.v1alpha1 import GROUP, VERSION
 from durable_agents.core.ledger import TERMINAL_ACTION_STATES, action_record_name, idempotency_key
+from durable_agents.shell.ground import metrics
 from durable_agents.shell.ground.kube import Kube
 from durable_agents.shell.intake.reflector import RunReflector
 from durable_agents.shell.ledger.actions import FirstClaims
@@ -233,3 +234,34 @@ async def test_two_dispatchers_racing_for_the_same_intents_send_each_once(
     assert {r["status"]["state"] for r in records} == {"succeeded"}
     claimers = {r["status"].get("claimedBy") for r in records}
     assert claimers <= {sender.config.identity for sender in loop.dispatchers}, claimers
+
+
+async def test_a_parked_runs_own_write_is_not_decided_again_and_an_answer_still_moves_it(
+    kube: KubeEnv, namespace: str, operator_loop: InProcess
+) -> None:
+    """The worker parks the run (a status write) and decides it waits; the watch then brings that
+    write back. The queue skips it: the worker already decided from exactly that record
+    (shell/runs/own_writes.py). The person's answer is another write, and it is decided."""
+    runs = Runs(kube, namespace)
+    worker = operator_loop.worker
+    skipped = metrics.OWN_WRITES_SKIPPED.labels(worker.queue.name)
+    before = skipped._value.get()
+    question = {"name": "confirm", "ask": {"question": "go on?", "expiresIn": "10m"}}
+    spec = {"taskType": "parked", "objective": "ask", "steps": [question, {"name": "done", "complete": {}}]}
+    name = await asyncio.to_thread(runs.create, spec)
+    parked = await eventually_async(
+        lambda: state_of(runs, name, "waiting_input"), Within.COMMIT, f"run {name} to park"
+    )
+
+    async def echo_skipped() -> bool:
+        return skipped._value.get() >= before + 1 and worker.queue.idle
+
+    await eventually_async(echo_skipped, Within.COMMIT, "the parking write's echo skipped, the queue idle")
+    assert len(worker.own_writes) == 0, "the entry was taken by its echo"
+    processed = worker.queue.processed
+    await asyncio.to_thread(runs.patch_spec, name, {"answers": {"confirm": "yes"}})
+    done = await eventually_async(
+        lambda: state_of(runs, name, "completed"), Within.COMMIT, f"run {name} to end"
+    )
+    assert worker.queue.processed > processed, "the answer was decided by a unit of work"
+    assert done["status"]["stateVersion"] > parked["status"]["stateVersion"]

@@ -78,6 +78,11 @@ SCHEDULED_WAKEUPS = Gauge(
     "Keys with a pending wake-up (parked runs, retries, claims)",
     ["queue"],
 )
+OWN_WRITES_SKIPPED = Counter(
+    "durable_agents_own_writes_skipped_total",
+    "Watch events of the operator's own writes not decided again (already decided from them)",
+    ["queue"],
+)
 RESEALED = Counter(
     "durable_agents_resealed_total",
     "Writes of the key rotation pass: data keys rewrapped, checkpoints re-stamped under the active key",

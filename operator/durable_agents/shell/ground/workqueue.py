@@ -3,6 +3,11 @@
 Watch events put keys in; the latest body seen for a key rides along so the first read is free.
 A key that is re-added while being processed is processed once more afterwards. Failures are
 retried later through the wake scheduler, never in a tight loop.
+
+A key whose only reason to run is a body the consumer already decided from (``own_write``: the
+worker's own status write, coming back through the watch) is not processed. Any add without a
+body (a timer, an ActionRecord's outcome, a shard taken, a retry) is a reason of its own: such a
+key is always processed, whatever body rides along.
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ class WorkQueue(Background):
         *,
         concurrency: int,
         retry_backoff: float = 2.0,
+        own_write: Callable[[ObjectKey, str], bool] | None = None,
     ) -> None:
         self.name = name
         self._process = process
@@ -60,6 +66,11 @@ class WorkQueue(Background):
         self._active: set[ObjectKey] = set()
         self._finished = asyncio.Condition()  # notified whenever a unit of work ends
         self._dirty: set[ObjectKey] = set()
+        # Whether the latest body of a key is the consumer's own write, asked by resourceVersion;
+        # keys added without a body since they were last taken (those always run).
+        self._own_write = own_write
+        self._versions: dict[ObjectKey, str] = {}
+        self._nudged: set[ObjectKey] = set()
         self.processed = 0  # units of work done, ever
 
     @property
@@ -77,8 +88,15 @@ class WorkQueue(Background):
         return not self._queued and not self._active
 
     def add(self, key: ObjectKey, body: dict[str, Any] | None = None) -> None:
-        if body is not None:
+        if body is None:
+            self._nudged.add(key)
+        else:
             self._latest[key] = _compact(body)
+            if self._own_write is not None:
+                self._versions[key] = str((body.get("metadata") or {}).get("resourceVersion") or "")
+        self._requeue(key)
+
+    def _requeue(self, key: ObjectKey) -> None:
         if key in self._active:
             self._dirty.add(key)
         elif key not in self._queued:
@@ -92,9 +110,12 @@ class WorkQueue(Background):
         self._queued = set(self._queued)
         self._latest = dict(self._latest)
         self._dirty = set(self._dirty)
+        self._versions = dict(self._versions)
+        self._nudged = set(self._nudged)
 
     def forget(self, key: ObjectKey) -> None:
         self._latest.pop(key, None)
+        self._versions.pop(key, None)
         self.scheduler.schedule(key, None)
 
     def wake_at(self, key: ObjectKey, at: datetime | None) -> None:
@@ -110,6 +131,14 @@ class WorkQueue(Background):
         finally:
             await cancel_all(tasks)
 
+    def _already_decided(self, key: ObjectKey, raw: bytes | None) -> bool:
+        """Taken now: whether its only reason to run is a body the consumer decided from already."""
+        nudged, version = key in self._nudged, self._versions.pop(key, "")
+        self._nudged.discard(key)
+        if raw is None or nudged or self._own_write is None or not version:
+            return False
+        return self._own_write(key, version)
+
     async def _consume(self) -> None:
         while True:
             key = await self._queue.get()
@@ -117,7 +146,10 @@ class WorkQueue(Background):
             self._active.add(key)
             try:
                 raw = self._latest.pop(key, None)
-                await self._process(key, fast_json.loads(raw) if raw is not None else None)
+                if self._already_decided(key, raw):
+                    metrics.OWN_WRITES_SKIPPED.labels(self.name).inc()
+                else:
+                    await self._process(key, fast_json.loads(raw) if raw is not None else None)
             except Exception:
                 log.exception("%s: processing %s/%s failed; retrying later", self.name, *key)
                 delay = self.retry_backoff * (1 + random.random())
@@ -129,7 +161,7 @@ class WorkQueue(Background):
                     self._finished.notify_all()
                 if key in self._dirty:
                     self._dirty.discard(key)
-                    self.add(key)
+                    self._requeue(key)  # its reasons (a body, a nudge) were kept as they came
             # A unit that never suspends (a parked run's own write coming back: decided idle from
             # memory) would let this loop drain thousands of keys at once, the event loop standing
             # still meanwhile, Lease renewals included (5.5 s at the end of parking 30,000 runs, 15 s

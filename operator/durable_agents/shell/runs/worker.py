@@ -80,6 +80,7 @@ from durable_agents.shell.runs.evidence import EvidenceReader
 from durable_agents.shell.runs.failures import Failures
 from durable_agents.shell.runs.internal_errors import InternalErrors
 from durable_agents.shell.runs.observing import Observers, sampled_calls
+from durable_agents.shell.runs.own_writes import OwnWrites
 from durable_agents.shell.runs.policy_wait import PolicyWait
 from durable_agents.shell.runs.region_epochs import RegionEpochs
 from durable_agents.shell.runs.unmanaged import NamespaceGate
@@ -153,7 +154,9 @@ class RunWorker(Background):
         self.legacy_leases = RunLeases(kube, self.identity)  # read only: earlier releases' per-run Leases
         self.reader = EvidenceReader(kube)
         self.reporter = CommitReporter(self.events, all_events=self.config.all_events)
-        self.queue = WorkQueue("run-worker", self.process, concurrency=self.config.concurrency)
+        self.own_writes = OwnWrites()  # a record a unit decided from, back through the watch: skipped
+        decided, concurrency = self.own_writes.already_decided, self.config.concurrency
+        self.queue = WorkQueue("run-worker", self.process, concurrency=concurrency, own_write=decided)
         self.agents = AgentResolver(kube, self.config.keyring, load_planners())
         self.model_turns = ModelTurns(self.agents.endpoint)
         effect_tiers = {name: effect.tier for name, effect in load_effects().items()}
@@ -174,16 +177,8 @@ class RunWorker(Background):
         self.controls = Controls(kube, self.store, self.events, self.config.keyring, held)  # on-call controls
         self.observers = Observers(self.reader, self.actions, self.children, self.model_turns)
         self.region_epochs = RegionEpochs(self.shard_leases, self.config.region, self.config.keyring)
-        self.internal_errors = InternalErrors(
-            self.failures,
-            self.queue,
-            self.store,
-            self.ownership,
-            self.region_epochs,
-            self.batches,
-            self.events,
-            self.config.keyring,
-        )
+        parts = (self.failures, self.queue, self.store, self.ownership, self.region_epochs, self.batches)
+        self.internal_errors = InternalErrors(*parts, self.events, self.config.keyring)
         wait = (self.policies, self.events, self.store, self.enqueue, self.internal_errors.policy_deleted)
         self.policy_wait = PolicyWait(*wait)  # a run waits for its policy (quarantined if force-deleted)
         self.namespaces = NamespaceGate(kube, self.store, self.events, self.queue.wake_at, self.enqueue)
@@ -196,14 +191,12 @@ class RunWorker(Background):
         meta = body.get("metadata") or {}
         key = (meta.get("namespace", ""), meta.get("name", ""))
         if event_type == "DELETED":
-            self.queue.forget(key)
             self.versions.pop(key, None)
             self.known.discard(key)
-            self.failures.forget(key)
-            self.ownership.forget(key)
-            self.agents.forget(key)
-            self.definitions.forget(key)
+            for part in (self.queue, self.failures, self.ownership, self.agents, self.definitions):
+                part.forget(key)
             self.controls.forget(key)
+            self.own_writes.forget(key)
             return
         self.known.add(key)
         self.queue.add(key, body)
@@ -452,9 +445,11 @@ class RunWorker(Background):
                 model_calls += 1
                 continue
             if isinstance(decision, Idle):
-                if batch and await self._write_batch(key, right, written, body, batch) is None:
+                out = await self._write_batch(key, right, written, body, batch) if batch else written
+                if out is None:
                     self.enqueue(key)  # 409: the computation is thrown away; decide again
                     return
+                self.own_writes.decided(key, out)
                 self.queue.wake_at(key, decision.wake_at)
                 return
             assert isinstance(decision, Commit)  # every other answer was observed above
