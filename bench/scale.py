@@ -167,7 +167,8 @@ def ownership_account(logged: str, metrics_text: str) -> dict[str, float]:
     and shard changes it counted (taking the region and every shard at its start are changes), the
     shard holds it lost, the lapses it logged, the Events of commits it dropped, and the pauses of
     its garbage collector (the full collections, those of a second or more, the longest logged) and
-    its event loop's stalls of 2 s or more."""
+    its event loop's stalls of 2 s or more; and what the parking cost it: its CPU seconds from its
+    start, and the watch events of its own writes it did not decide again."""
     changes = "durable_agents_ownership_changes_total"
     pause = "durable_agents_gc_pause_seconds"
     long_pauses = sum(
@@ -187,6 +188,10 @@ def ownership_account(logged: str, metrics_text: str) -> dict[str, float]:
         "gc_pauses_over_1s": long_pauses,
         "longest_gc_pause_logged": max(logged_pauses, default=0.0),
         "loop_stalls": metric(metrics_text, "durable_agents_event_loop_stall_seconds_count", 0.0),
+        "cpu_seconds": metric(metrics_text, "process_cpu_seconds_total", 0.0),
+        "own_writes_skipped": metric(
+            metrics_text, 'durable_agents_own_writes_skipped_total{queue="run-worker"}', 0.0
+        ),
     }
 
 

@@ -17,6 +17,9 @@ durable_agents_gc_pause_seconds_count{generation="0"} 900.0
 durable_agents_gc_pause_seconds_bucket{generation="2",le="1.0"} 10.0
 durable_agents_gc_pause_seconds_count{generation="2"} 12.0
 durable_agents_event_loop_stall_seconds_count 1.0
+durable_agents_own_writes_skipped_total{queue="run-worker"} 29990.0
+durable_agents_own_writes_skipped_total{queue="dispatcher"} 5.0
+process_cpu_seconds_total 812.5
 """
 LOG = """\
 region default: parking no longer owns it (epoch 0): it was not renewed in time
@@ -39,6 +42,8 @@ def test_a_lapse_is_counted_from_the_metrics_and_the_log() -> None:
         "gc_pauses_over_1s": 2.0,
         "longest_gc_pause_logged": 3.4,
         "loop_stalls": 1.0,
+        "cpu_seconds": 812.5,
+        "own_writes_skipped": 29990.0,
     }
 
 
@@ -52,3 +57,4 @@ def test_an_operator_that_held_throughout_has_only_its_start_to_say() -> None:
     assert account["gc_pauses_over_1s"] == 0.0
     assert account["longest_gc_pause_logged"] == 0.0
     assert account["loop_stalls"] == 0.0
+    assert account["own_writes_skipped"] == 0.0  # an operator from before the skip
