@@ -269,6 +269,20 @@ def documents(text: str) -> list[dict[str, Any]]:
     return found
 
 
+def _interruptible() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@contextlib.contextmanager
+def _killed_on_failure(process: subprocess.Popen[str]) -> Iterator[None]:
+    """A failure inside the block kills the process: leaving the ``Popen`` block waits for it."""
+    try:
+        yield
+    except BaseException:
+        process.kill()
+        raise
+
+
 def test_watch_prints_the_inbox_again_when_it_changes_and_ends_cleanly_on_ctrl_c(
     kube: KubeEnv,
     webhook_operator: Callable[..., OperatorProcess],
@@ -283,7 +297,19 @@ def test_watch_prints_the_inbox_again_when_it_changes_and_ends_cleanly_on_ctrl_c
     request = runs.wait_state("watched", "waiting_approval", timeout=Within.RUN)["status"]["approvalRequest"]
     argv = [sys.executable, "-m", "durable_agents.kubectl.main", "inbox", "-n", ns1, "-o", "json", "--watch"]
     env = {**os.environ, "KUBECONFIG": str(people["bob"])}
-    with subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as bob:
+    # Ctrl-C as a terminal sends it: whatever the suite's own launcher did with SIGINT (a background
+    # job's children inherit it ignored, and the plugin then rightly keeps ignoring it).
+    with (
+        subprocess.Popen(
+            argv,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            preexec_fn=_interruptible,
+        ) as bob,
+        _killed_on_failure(bob),
+    ):
         printed: list[str] = []
         reader = threading.Thread(target=lambda: printed.extend(iter(bob.stdout.readline, "")), daemon=True)  # type: ignore[union-attr]
         reader.start()
