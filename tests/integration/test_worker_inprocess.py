@@ -241,7 +241,7 @@ async def test_a_parked_runs_own_write_is_not_decided_again_and_an_answer_still_
 ) -> None:
     """The worker parks the run (a status write) and decides it waits; the watch then brings that
     write back. The queue skips it: the worker already decided from exactly that record
-    (shell/runs/own_writes.py). The person's answer is another write, and it is decided."""
+    (WorkQueue.decided, shell/ground/workqueue.py). The person's answer is another write: decided."""
     runs = Runs(kube, namespace)
     worker = operator_loop.worker
     skipped = metrics.OWN_WRITES_SKIPPED.labels(worker.queue.name)
@@ -257,7 +257,7 @@ async def test_a_parked_runs_own_write_is_not_decided_again_and_an_answer_still_
         return skipped._value.get() >= before + 1 and worker.queue.idle
 
     await eventually_async(echo_skipped, Within.COMMIT, "the parking write's echo skipped, the queue idle")
-    assert len(worker.own_writes) == 0, "the entry was taken by its echo"
+    assert worker.queue.decided_pending == 0, "the entry was taken by its echo"
     processed = worker.queue.processed
     await asyncio.to_thread(runs.patch_spec, name, {"answers": {"confirm": "yes"}})
     done = await eventually_async(

@@ -1,5 +1,5 @@
 """A run's own write coming back through the watch is not decided again
-(``shell/runs/own_writes.py``, ``shell/ground/workqueue.py``): the work queue skips a key only when
+(``WorkQueue.decided``, ``shell/ground/workqueue.py``): the work queue skips a key only when
 the body it carries is the record the last unit decided from, and nothing else asked for the run.
 Any add without a body (a timer, an ActionRecord's outcome, a shard taken) runs it, whatever body
 rides along, and so does any other resourceVersion."""
@@ -12,7 +12,6 @@ from typing import Any
 
 from durable_agents.shell.ground import metrics
 from durable_agents.shell.ground.workqueue import WorkQueue
-from durable_agents.shell.runs.own_writes import OwnWrites
 
 KEY = ("ns", "run-a")
 
@@ -29,12 +28,9 @@ class Harness:
     """A queue whose units record the body they got; a unit may 'write' (decide from a version)."""
 
     def __init__(self) -> None:
-        self.own = OwnWrites()
         self.seen: list[str | None] = []
         self.during: Callable[[], Awaitable[None]] | None = None  # runs inside the next unit
-        self.queue = WorkQueue(
-            "own-writes-test", self.process, concurrency=1, own_write=self.own.already_decided
-        )
+        self.queue = WorkQueue("own-writes-test", self.process, concurrency=1)
 
     async def process(self, key: Any, body: dict[str, Any] | None) -> None:
         self.seen.append(None if body is None else body["metadata"]["resourceVersion"])
@@ -69,19 +65,19 @@ def test_the_echo_of_the_record_decided_from_is_skipped_and_counted() -> None:
     async def scenario(h: Harness) -> None:
         h.queue.add(KEY, _record("10"))
         await h.drained()
-        h.own.decided(KEY, _record("11"))  # the unit wrote 11 and found the run waiting
+        h.queue.decided(KEY, _record("11"))  # the unit wrote 11 and found the run waiting
         h.queue.add(KEY, _record("11"))  # its echo
         await h.drained()
 
     h = run(scenario)
     assert h.seen == ["10"], f"the echo was decided again: {h.seen}"
     assert _skipped() == before + 1
-    assert len(h.own) == 0, "the entry is taken by its echo"
+    assert h.queue.decided_pending == 0, "the entry is taken by its echo"
 
 
 def test_another_version_runs() -> None:
     async def scenario(h: Harness) -> None:
-        h.own.decided(KEY, _record("11"))
+        h.queue.decided(KEY, _record("11"))
         h.queue.add(KEY, _record("12"))  # somebody else wrote after us: an approval, a cancel
         await h.drained()
 
@@ -90,7 +86,7 @@ def test_another_version_runs() -> None:
 
 def test_an_add_without_a_body_runs_the_key_though_the_echo_rides_along() -> None:
     async def scenario(h: Harness) -> None:
-        h.own.decided(KEY, _record("11"))
+        h.queue.decided(KEY, _record("11"))
         h.queue.add(KEY)  # e.g. its ActionRecord's outcome: enqueue without a body
         h.queue.add(KEY, _record("11"))  # the echo, coalesced with it
         await h.drained()
@@ -103,7 +99,7 @@ def test_a_nudge_while_the_unit_runs_is_kept_for_its_next_run() -> None:
         async def during() -> None:
             h.queue.add(KEY, _record("11"))  # the echo arrives before the unit has finished
             h.queue.add(KEY)  # and so does an outcome to look at
-            h.own.decided(KEY, _record("11"))  # then the unit ends, the run waiting
+            h.queue.decided(KEY, _record("11"))  # then the unit ends, the run waiting
 
         h.during = during
         h.queue.add(KEY, _record("10"))
@@ -116,7 +112,7 @@ def test_the_echo_arriving_while_its_unit_runs_is_skipped_after_it() -> None:
     async def scenario(h: Harness) -> None:
         async def during() -> None:
             h.queue.add(KEY, _record("11"))  # the watch is faster than the unit's end
-            h.own.decided(KEY, _record("11"))
+            h.queue.decided(KEY, _record("11"))
 
         h.during = during
         h.queue.add(KEY, _record("10"))
@@ -127,7 +123,7 @@ def test_the_echo_arriving_while_its_unit_runs_is_skipped_after_it() -> None:
 
 def test_a_wake_up_runs_the_key() -> None:
     async def scenario(h: Harness) -> None:
-        h.own.decided(KEY, _record("11"))
+        h.queue.decided(KEY, _record("11"))
         h.queue.add(KEY, _record("11"))
         await h.drained()
         h.queue.scheduler.schedule(KEY, None)
@@ -137,7 +133,7 @@ def test_a_wake_up_runs_the_key() -> None:
     assert run(scenario).seen == [None]
 
 
-def test_a_queue_without_the_question_runs_every_body() -> None:
+def test_a_queue_never_told_of_a_decision_runs_every_body() -> None:
     async def main() -> list[str]:
         seen: list[str] = []
 
@@ -158,12 +154,16 @@ def test_a_queue_without_the_question_runs_every_body() -> None:
 
 
 def test_the_entry_is_asked_once_and_forgotten_with_the_run() -> None:
-    own = OwnWrites()
-    own.decided(KEY, _record("11"))
-    assert own.already_decided(KEY, "11")
-    assert not own.already_decided(KEY, "11"), "a second delivery (a relist) after the echo runs"
-    own.decided(KEY, _record("12"))
-    own.forget(KEY)
-    assert len(own) == 0
-    own.decided(KEY, {"metadata": {}})  # no version: nothing to recognize it by
-    assert len(own) == 0
+    async def scenario(h: Harness) -> None:
+        h.queue.decided(KEY, _record("11"))
+        h.queue.add(KEY, _record("11"))
+        await h.drained()
+        h.queue.add(KEY, _record("11"))  # a second delivery (a relist) after the echo runs
+        await h.drained()
+        h.queue.decided(KEY, _record("12"))
+        h.queue.forget(KEY)
+        assert h.queue.decided_pending == 0
+        h.queue.decided(KEY, {"metadata": {}})  # no version: nothing to recognize it by
+        assert h.queue.decided_pending == 0
+
+    assert run(scenario).seen == ["11"]

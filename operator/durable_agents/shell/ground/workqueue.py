@@ -4,10 +4,10 @@ Watch events put keys in; the latest body seen for a key rides along so the firs
 A key that is re-added while being processed is processed once more afterwards. Failures are
 retried later through the wake scheduler, never in a tight loop.
 
-A key whose only reason to run is a body the consumer already decided from (``own_write``: the
-worker's own status write, coming back through the watch) is not processed. Any add without a
-body (a timer, an ActionRecord's outcome, a shard taken, a retry) is a reason of its own: such a
-key is always processed, whatever body rides along.
+A key whose only reason to run is a body the consumer already decided from (:meth:`WorkQueue.decided`:
+the run worker's own status write, coming back through the watch) is not processed. Any add
+without a body (a timer, an ActionRecord's outcome, a shard taken, a retry) is a reason of its own:
+such a key is always processed, whatever body rides along.
 """
 
 from __future__ import annotations
@@ -50,7 +50,6 @@ class WorkQueue(Background):
         *,
         concurrency: int,
         retry_backoff: float = 2.0,
-        own_write: Callable[[ObjectKey, str], bool] | None = None,
     ) -> None:
         self.name = name
         self._process = process
@@ -66,10 +65,9 @@ class WorkQueue(Background):
         self._active: set[ObjectKey] = set()
         self._finished = asyncio.Condition()  # notified whenever a unit of work ends
         self._dirty: set[ObjectKey] = set()
-        # Whether the latest body of a key is the consumer's own write, asked by resourceVersion;
-        # keys added without a body since they were last taken (those always run).
-        self._own_write = own_write
-        self._versions: dict[ObjectKey, str] = {}
+        # The resourceVersion a key's last unit decided from, until the key is next taken; keys
+        # added without a body since they were last taken (those always run).
+        self._decided: dict[ObjectKey, str] = {}
         self._nudged: set[ObjectKey] = set()
         self.processed = 0  # units of work done, ever
 
@@ -92,8 +90,6 @@ class WorkQueue(Background):
             self._nudged.add(key)
         else:
             self._latest[key] = _compact(body)
-            if self._own_write is not None:
-                self._versions[key] = str((body.get("metadata") or {}).get("resourceVersion") or "")
         self._requeue(key)
 
     def _requeue(self, key: ObjectKey) -> None:
@@ -110,13 +106,26 @@ class WorkQueue(Background):
         self._queued = set(self._queued)
         self._latest = dict(self._latest)
         self._dirty = set(self._dirty)
-        self._versions = dict(self._versions)
         self._nudged = set(self._nudged)
 
     def forget(self, key: ObjectKey) -> None:
         self._latest.pop(key, None)
-        self._versions.pop(key, None)
+        self._decided.pop(key, None)
+        self._nudged.discard(key)
         self.scheduler.schedule(key, None)
+
+    def decided(self, key: ObjectKey, record: dict[str, Any]) -> None:
+        """The unit of work on ``key`` ended decided from ``record`` as stored: should that record
+        come back (the watch delivering the consumer's own write) as the key's only reason to run,
+        it is not processed. Asked once, when the key is next taken."""
+        version = (record.get("metadata") or {}).get("resourceVersion")
+        if version:
+            self._decided[key] = str(version)
+
+    @property
+    def decided_pending(self) -> int:
+        """Keys whose last decided record has not been looked for yet."""
+        return len(self._decided)
 
     def wake_at(self, key: ObjectKey, at: datetime | None) -> None:
         self.scheduler.schedule(key, at)
@@ -131,13 +140,13 @@ class WorkQueue(Background):
         finally:
             await cancel_all(tasks)
 
-    def _already_decided(self, key: ObjectKey, raw: bytes | None) -> bool:
+    def _already_decided(self, key: ObjectKey, body: dict[str, Any] | None) -> bool:
         """Taken now: whether its only reason to run is a body the consumer decided from already."""
-        nudged, version = key in self._nudged, self._versions.pop(key, "")
+        nudged, version = key in self._nudged, self._decided.pop(key, None)
         self._nudged.discard(key)
-        if raw is None or nudged or self._own_write is None or not version:
+        if body is None or nudged or version is None:
             return False
-        return self._own_write(key, version)
+        return str((body.get("metadata") or {}).get("resourceVersion")) == version
 
     async def _consume(self) -> None:
         while True:
@@ -146,10 +155,11 @@ class WorkQueue(Background):
             self._active.add(key)
             try:
                 raw = self._latest.pop(key, None)
-                if self._already_decided(key, raw):
+                body = fast_json.loads(raw) if raw is not None else None
+                if self._already_decided(key, body):
                     metrics.OWN_WRITES_SKIPPED.labels(self.name).inc()
                 else:
-                    await self._process(key, fast_json.loads(raw) if raw is not None else None)
+                    await self._process(key, body)
             except Exception:
                 log.exception("%s: processing %s/%s failed; retrying later", self.name, *key)
                 delay = self.retry_backoff * (1 + random.random())

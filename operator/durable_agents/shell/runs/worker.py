@@ -80,7 +80,6 @@ from durable_agents.shell.runs.evidence import EvidenceReader
 from durable_agents.shell.runs.failures import Failures
 from durable_agents.shell.runs.internal_errors import InternalErrors
 from durable_agents.shell.runs.observing import Observers, sampled_calls
-from durable_agents.shell.runs.own_writes import OwnWrites
 from durable_agents.shell.runs.policy_wait import PolicyWait
 from durable_agents.shell.runs.region_epochs import RegionEpochs
 from durable_agents.shell.runs.unmanaged import NamespaceGate
@@ -154,9 +153,7 @@ class RunWorker(Background):
         self.legacy_leases = RunLeases(kube, self.identity)  # read only: earlier releases' per-run Leases
         self.reader = EvidenceReader(kube)
         self.reporter = CommitReporter(self.events, all_events=self.config.all_events)
-        self.own_writes = OwnWrites()  # a record a unit decided from, back through the watch: skipped
-        decided, concurrency = self.own_writes.already_decided, self.config.concurrency
-        self.queue = WorkQueue("run-worker", self.process, concurrency=concurrency, own_write=decided)
+        self.queue = WorkQueue("run-worker", self.process, concurrency=self.config.concurrency)
         self.agents = AgentResolver(kube, self.config.keyring, load_planners())
         self.model_turns = ModelTurns(self.agents.endpoint)
         effect_tiers = {name: effect.tier for name, effect in load_effects().items()}
@@ -196,7 +193,6 @@ class RunWorker(Background):
             for part in (self.queue, self.failures, self.ownership, self.agents, self.definitions):
                 part.forget(key)
             self.controls.forget(key)
-            self.own_writes.forget(key)
             return
         self.known.add(key)
         self.queue.add(key, body)
@@ -449,7 +445,7 @@ class RunWorker(Background):
                 if out is None:
                     self.enqueue(key)  # 409: the computation is thrown away; decide again
                     return
-                self.own_writes.decided(key, out)
+                self.queue.decided(key, out)  # its echo through the watch is not decided again
                 self.queue.wake_at(key, decision.wake_at)
                 return
             assert isinstance(decision, Commit)  # every other answer was observed above
