@@ -160,6 +160,10 @@ def shapes_of(current: dict[str, Any], request: dict[str, Any]) -> dict[str, dic
     """Every status measured, by name (pure)."""
     no_history = {k: v for k, v in current.items() if k != "history"}
     bounded = {**current, "history": current["history"][-8:]}
+    checkpoint_as_string = {
+        "schemaVersion": current["checkpoint"]["schemaVersion"],
+        "document": json.dumps(current["checkpoint"], separators=(",", ":"), ensure_ascii=False),
+    }
     waiting = {**current, "state": "waiting_approval", "approvalRequest": request}
     return {
         "minimal": {"state": current["state"], "stateVersion": 1},
@@ -167,6 +171,9 @@ def shapes_of(current: dict[str, Any], request: dict[str, Any]) -> dict[str, dic
         "no_history": no_history,
         "history_8": bounded,
         "with_approval": waiting,
+        # Only the checkpoint as one string (the rest as it is): what a v4 checkpoint would save.
+        "checkpoint_string": {**current, "checkpoint": checkpoint_as_string},
+        "checkpoint_string_8": {**bounded, "checkpoint": checkpoint_as_string},
         # The same bytes as `current`, one string in the (already opaque) checkpoint: the floor.
         "one_string": {
             "state": current["state"],
@@ -208,6 +215,8 @@ PLAN: list[tuple[str, str, Variant]] = [
     ("9c current + approvalRequest, checkpoint atomic", "with_approval", ATOMIC_CHECKPOINT),
     ("9d current, status atomic", "current", ATOMIC_STATUS),
     ("9e current + approvalRequest, status atomic", "with_approval", ATOMIC_STATUS),
+    ("10a current, checkpoint one string", "checkpoint_string", BASE),
+    ("10b current, checkpoint one string, history bounded to 8", "checkpoint_string_8", BASE),
 ]
 
 

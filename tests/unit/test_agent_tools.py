@@ -118,6 +118,27 @@ def test_a_bad_schema_is_refused_when_declared(parameters: dict[str, Any]) -> No
         effect_tool("e", "", effect="http.post", target={}, parameters=parameters)
 
 
+def test_a_schema_is_checked_once_and_a_bad_one_refused_every_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model run declares its tools at every turn: a schema once checked is remembered by its
+    JSON text (key order aside), and a bad one is refused at each declaration all the same."""
+    from durable_agents.core.agent import tools
+
+    checked: list[Any] = []
+    real = tools.Draft202012Validator.check_schema
+    monkeypatch.setattr(tools.Draft202012Validator, "check_schema", lambda s: checked.append(s) or real(s))
+    tools._checked_text.cache_clear()
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}}}
+    reordered = {"properties": {"b": {"type": "string"}, "a": {"type": "integer"}}, "type": "object"}
+    for parameters in (schema, schema, reordered):
+        effect_tool("e", "", effect="http.post", target={}, parameters=parameters)
+    assert len(checked) == 1
+    bad = {"type": "object", "properties": {"a": {"type": "no-such-type"}}}
+    for _ in range(2):
+        with pytest.raises(ToolDeclarationError, match="no-such-type"):
+            effect_tool("e", "", effect="http.post", target={}, parameters=bad)
+    assert len(checked) == 2
+
+
 def test_two_tools_of_one_name_are_refused() -> None:
     tools = [ask_human_tool("same", "a"), await_event_tool("same", "b")]
     with pytest.raises(ToolDeclarationError, match="two tools"):

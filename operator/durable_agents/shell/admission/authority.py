@@ -96,10 +96,8 @@ async def may(
             "resourceAttributes": attributes,
         },
     }
-    from kubernetes import client
-
-    review = await kube.call(client.AuthorizationV1Api(kube.api).create_subject_access_review, body)
-    return bool(review.status.allowed)
+    review = await kube.call(kube.create_subject_access_review, body)
+    return (review.get("status") or {}).get("allowed") is True
 
 
 def denied(user: Identity, verb: str, resource: str, namespace: str, name: str, group: str = GROUP) -> str:

@@ -25,15 +25,7 @@ class EvidenceReader:
         self.kube = kube
 
     def _get(self, api_version: str, kind: str, name: str, namespace: str, user: str) -> dict[str, Any]:
-        dyn = self.kube.dynamic()
-        resource = dyn.resources.get(api_version=api_version, kind=kind)
-        obj = dyn.get(
-            resource,
-            name=name,
-            namespace=namespace if resource.namespaced else None,
-            header_params={"Impersonate-User": user},
-        )
-        out: dict[str, Any] = obj.to_dict()
+        out: dict[str, Any] = self.kube.get_as(api_version, kind, name, namespace, user)
         return out
 
     async def reread(
