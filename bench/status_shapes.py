@@ -174,6 +174,9 @@ def shapes_of(current: dict[str, Any], request: dict[str, Any]) -> dict[str, dic
         # Only the checkpoint as one string (the rest as it is): what a v4 checkpoint would save.
         "checkpoint_string": {**current, "checkpoint": checkpoint_as_string},
         "checkpoint_string_8": {**bounded, "checkpoint": checkpoint_as_string},
+        "checkpoint_string_no_history": {**no_history, "checkpoint": checkpoint_as_string},
+        # What the typed fields alone cost: the status without its checkpoint and history.
+        "no_checkpoint_no_history": {k: v for k, v in no_history.items() if k != "checkpoint"},
         # The same bytes as `current`, one string in the (already opaque) checkpoint: the floor.
         "one_string": {
             "state": current["state"],
@@ -217,6 +220,8 @@ PLAN: list[tuple[str, str, Variant]] = [
     ("9e current + approvalRequest, status atomic", "with_approval", ATOMIC_STATUS),
     ("10a current, checkpoint one string", "checkpoint_string", BASE),
     ("10b current, checkpoint one string, history bounded to 8", "checkpoint_string_8", BASE),
+    ("10c current, checkpoint one string, no history", "checkpoint_string_no_history", BASE),
+    ("10d current, no checkpoint, no history", "no_checkpoint_no_history", BASE),
 ]
 
 
