@@ -160,9 +160,10 @@ def shapes_of(current: dict[str, Any], request: dict[str, Any]) -> dict[str, dic
     """Every status measured, by name (pure)."""
     no_history = {k: v for k, v in current.items() if k != "history"}
     bounded = {**current, "history": current["history"][-8:]}
+    checkpoint = current.get("checkpoint") or {}
     checkpoint_as_string = {
-        "schemaVersion": current["checkpoint"]["schemaVersion"],
-        "document": json.dumps(current["checkpoint"], separators=(",", ":"), ensure_ascii=False),
+        "schemaVersion": checkpoint.get("schemaVersion", 1),
+        "document": json.dumps(checkpoint, separators=(",", ":"), ensure_ascii=False),
     }
     waiting = {**current, "state": "waiting_approval", "approvalRequest": request}
     return {

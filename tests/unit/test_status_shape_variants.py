@@ -45,6 +45,20 @@ def test_shapes_keep_the_current_status_apart() -> None:
     assert len(history) == 26  # the input is not modified
 
 
+def test_the_checkpoint_as_one_string_holds_the_same_checkpoint() -> None:
+    checkpoint = {"schemaVersion": 3, "position": {"state": "completed", "stateVersion": 26}}
+    history = [{"stateVersion": i} for i in range(26)]
+    current: dict[str, Any] = {"state": "completed", "history": history, "checkpoint": checkpoint}
+    shapes = shapes_of(current, {"requestId": "r"})
+    stored = shapes["checkpoint_string"]["checkpoint"]
+    assert stored["schemaVersion"] == 3
+    assert json.loads(stored["document"]) == checkpoint
+    assert shapes["checkpoint_string"]["history"] == history
+    assert len(shapes["checkpoint_string_8"]["history"]) == 8
+    assert "history" not in shapes["checkpoint_string_no_history"]
+    assert shapes["no_checkpoint_no_history"] == {"state": "completed"}
+
+
 def test_atomic_checkpoint_variant_marks_only_the_checkpoint_atomic() -> None:
     base = load_base_crd()
     crd = variant_crd(base, Variant("v", atomic_checkpoint=True))
