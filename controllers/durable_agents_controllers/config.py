@@ -81,7 +81,12 @@ VARIABLES: tuple[Variable, ...] = (
     ),
     Variable("DISPATCH_TIMEOUT", "5", "seconds before a dispatch's answer is an unknown outcome"),
     Variable("METRICS_PORT", "(off)", "port of the Prometheus metrics endpoint"),
-    Variable("LOG_LEVEL", "INFO", "`DEBUG`, `INFO`, `WARNING` or `ERROR`"),
+    Variable(
+        "LOG_LEVEL",
+        "INFO",
+        "`DEBUG`, `INFO`, `WARNING` or `ERROR` (the webhook's line per admission review only at `DEBUG`: "
+        "the API server's audit log records each)",
+    ),
     Variable("LOG_FORMAT", "text", "`text` or `json` (one JSON object a line; the chart sets `json`)"),
     Variable("WATCH_TIMEOUT", "300", "seconds of one watch request before it is renewed"),
     Variable("LIST_CHUNK", "200", "page size of list requests (bounds the start-up memory peak)"),
