@@ -51,9 +51,8 @@ def _diff_within(
             continue
         before = {key: base[key]} if key in base else {}
         after = copy.deepcopy(before)
-        patch._apply_patch(
-            cast(bodies.RawBody, after), (key,), value
-        )  # kopf's own merge: its lists, nulls and errors
+        # kopf's own merge: its lists, its nulls and its errors
+        patch._apply_patch(cast(bodies.RawBody, after), (key,), value)
         for op in jsonpatch.JsonPatch.from_diff(before, after).patch:
             moved = {**op, "path": pointer + op["path"]}
             if "from" in op:

@@ -139,6 +139,21 @@ def test_a_schema_is_checked_once_and_a_bad_one_refused_every_time(monkeypatch: 
     assert len(checked) == 2
 
 
+def test_a_large_schema_is_checked_every_time_not_remembered(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An MCP server chooses its tools' schemas: large ones are not kept in memory."""
+    from durable_agents.core.agent import tools
+
+    checked: list[Any] = []
+    real = tools.Draft202012Validator.check_schema
+    monkeypatch.setattr(tools.Draft202012Validator, "check_schema", lambda s: checked.append(s) or real(s))
+    tools._checked_text.cache_clear()
+    big = {"type": "object", "description": "x" * tools.REMEMBERED_SCHEMA_BYTES}
+    for _ in range(2):
+        effect_tool("e", "", effect="http.post", target={}, parameters=big)
+    assert len(checked) == 2
+    assert tools._checked_text.cache_info().currsize == 0
+
+
 def test_two_tools_of_one_name_are_refused() -> None:
     tools = [ask_human_tool("same", "a"), await_event_tool("same", "b")]
     with pytest.raises(ToolDeclarationError, match="two tools"):

@@ -170,12 +170,20 @@ class ToolDeclaration:
 def _schema_problem(schema: Mapping[str, Any]) -> str | None:
     """Why ``schema`` is not a JSON Schema (draft 2020-12), or None. A model run declares its tools
     at every turn, each time from the same few schemas: the check is remembered by their JSON
-    text (it was 4 % of the operator's CPU in the model row's profile, issue 38)."""
+    text (it was 4 % of the operator's CPU in the model row's profile, issue 38). Only a schema of
+    at most :data:`REMEMBERED_SCHEMA_BYTES` is remembered: an MCP server chooses its tools'
+    schemas, and one listing large new ones every time must not grow the memory."""
     try:
         text = json.dumps(schema, sort_keys=True, separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError, RecursionError):
         return _checked_schema(schema)  # not plain JSON: checked, not remembered
+    if len(text) > REMEMBERED_SCHEMA_BYTES:
+        return _checked_schema(schema)
     return _checked_text(text)
+
+
+REMEMBERED_SCHEMA_BYTES: Final = 16 * 1024
+"""At most 1,024 schemas of at most this size are remembered (16 MiB)."""
 
 
 @functools.lru_cache(maxsize=1024)

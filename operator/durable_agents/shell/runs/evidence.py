@@ -24,10 +24,6 @@ class EvidenceReader:
     def __init__(self, kube: Kube) -> None:
         self.kube = kube
 
-    def _get(self, api_version: str, kind: str, name: str, namespace: str, user: str) -> dict[str, Any]:
-        out: dict[str, Any] = self.kube.get_as(api_version, kind, name, namespace, user)
-        return out
-
     async def reread(
         self, run: RunSnapshot, ref: KubernetesEvidenceRef, now: datetime
     ) -> KubernetesEvidenceRef | None:
@@ -50,7 +46,9 @@ class EvidenceReader:
         sa = run.spec.service_account_name
         user = service_account_user(run.namespace, sa)
         try:
-            obj = await self.kube.call(self._get, ref.api_version, ref.kind, ref.name, namespace, user)
+            obj: dict[str, Any] = await self.kube.call(
+                self.kube.get_as, ref.api_version, ref.kind, ref.name, namespace, user
+            )
         except ResourceNotFoundError:
             return ReadResult(
                 need.step_index,
