@@ -108,7 +108,7 @@ def test_the_sbom_lists_what_is_installed_at_its_versions(shipped: dict[str, Any
     )
     # The runtime dependencies pyproject.toml pins are there, each with a package URL a scanner
     # matches against advisories.
-    for dependency in ("kopf", "kubernetes", "pydantic", "cryptography", "aiohttp", "openai", "mcp"):
+    for dependency in ("kopf", "kubernetes", "pydantic", "cryptography", "aiohttp", "anthropic", "mcp"):
         assert dependency in listed, dependency
     purls = {c["purl"] for c in sbom["components"]}
     assert f"pkg:pypi/kopf@{listed['kopf']}" in purls

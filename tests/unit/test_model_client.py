@@ -12,7 +12,12 @@ import pytest
 
 from durable_agents.core.agent.exchange import ModelRequest
 from durable_agents.shell.agent.credentials import Unresolvable, header_value
-from durable_agents.shell.agent.model_client import ModelCallFailed, ModelClient, ModelEndpoint
+from durable_agents.shell.agent.model_client import (
+    ModelCallFailed,
+    ModelClient,
+    ModelEndpoint,
+    status_failure,
+)
 from durable_agents_testkit.modelserver import ModelServerThread
 
 pytestmark = pytest.mark.unit
@@ -187,6 +192,54 @@ async def test_a_key_no_header_can_carry_is_a_model_error_not_an_exception(
     assert failed.value.reason == "ModelEndpointInvalid"
     assert failed.value.message == f"the request to {server.base_url} cannot be sent: UnicodeEncodeError"
     assert server.calls()["total"] == 0
+
+
+@pytest.mark.parametrize("status", [302, 400, 401, 403, 404, 409, 418, 422, 429, 500, 503])
+def test_a_status_is_named_as_the_openai_client_names_it(status: int) -> None:
+    """The call no longer goes through the ``openai`` client (its HTTP path was a fifth of the
+    operator's CPU in the model row, issue 38), but runs' messages keep its names for a status."""
+    import httpx2
+    import openai
+
+    sdk = openai.AsyncOpenAI(api_key="k", base_url="http://127.0.0.1:9/v1")
+    response = httpx2.Response(
+        status, request=httpx2.Request("POST", "http://127.0.0.1:9/v1/chat/completions")
+    )
+    named = type(sdk._make_status_error("m", body=None, response=response)).__name__
+    assert status_failure(status)[0] == named
+
+
+async def test_a_refused_connection_is_unreachable_and_names_the_endpoint(client: ModelClient) -> None:
+    import socket
+
+    with socket.socket() as closed:  # a port nothing listens on: bound, never listened
+        closed.bind(("127.0.0.1", 0))
+        base_url = f"http://127.0.0.1:{closed.getsockname()[1]}/v1"
+        with pytest.raises(ModelCallFailed) as failed:
+            await client.complete(ModelEndpoint(base_url=base_url, api_key=KEY, timeout_seconds=5), REQUEST)
+    assert failed.value.reason == "ModelUnreachable"
+    assert failed.value.retryable is True
+    assert f"({base_url}, timeout 5s)" in failed.value.message
+    assert KEY not in failed.value.message
+
+
+async def test_the_proxy_in_the_environment_carries_the_call(
+    server: ModelServerThread, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``HTTP(S)_PROXY`` is how a platform team sends the operator's egress through its proxy (the
+    chart's ``env``): the call to a host only the proxy knows reaches the model through it."""
+    monkeypatch.setenv("HTTP_PROXY", server.base_url.removesuffix("/v1"))
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    proxied = ModelClient()
+    try:
+        reply = await proxied.complete(
+            ModelEndpoint(base_url="http://model.invalid/v1", api_key=KEY, timeout_seconds=5), REQUEST
+        )
+    finally:
+        await proxied.close()
+    assert reply.content == "The settings decide the surge."
+    assert server.calls()["total"] == 1
 
 
 @pytest.mark.parametrize("raw", ["ключ".encode(), b"\xff\xfe", b"sk-a\nb", b"sk-a\x00"])

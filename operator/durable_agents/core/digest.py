@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import hashlib
-import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
+import orjson
 import rfc8785
 
 # The metadata that belongs to what an object says (the rest is server bookkeeping).
@@ -16,11 +17,13 @@ _CONTENT_METADATA = ("labels", "annotations")
 _INT_MAX = 2**53 - 1
 _INT_MIN = -(2**53) + 1
 
-# The standard library's C encoder, set up to write what RFC 8785 writes for the values
-# :func:`_json_exact` admits: no whitespace, keys sorted, strings escaped as ECMAScript does
-# (only '"', '\\' and control characters, the same short forms, lowercase \u00XX).
-_encode = json.JSONEncoder(ensure_ascii=False, allow_nan=False, sort_keys=True, separators=(",", ":")).encode
-_BMP_END = "\U00010000"
+# orjson, keys sorted, writes what RFC 8785 writes for the values :func:`_json_exact` admits: no
+# whitespace, strings in UTF-8 escaped as ECMAScript does (only '"', '\\' and control characters,
+# the same short forms, lowercase \u00XX), keys in code point order, which is RFC 8785's UTF-16
+# order when no character lies beyond the BMP (a 4-byte UTF-8 sequence, which starts F0-F4).
+# tests/unit/test_canonical_json.py holds it to ``rfc8785`` on generated values.
+_SORTED = orjson.OPT_SORT_KEYS
+_BEYOND_BMP = re.compile(rb"[\xf0-\xff]")
 
 
 def _json_exact(value: Any) -> bool:
@@ -49,19 +52,17 @@ def canonical_json(value: Any) -> bytes:
     """RFC 8785 canonical JSON: one byte string for equal content.
 
     The pure-Python ``rfc8785`` writer was a measurable share of the operator's CPU (every
-    checkpoint is stamped and verified over it), so plain values go through the C encoder; its
-    output is taken only where it is byte-for-byte the canonical one (key order by UTF-16 code
-    units equals Python's when no character lies beyond the BMP). Anything else (floats, other
+    checkpoint is stamped and verified over it), so plain values go through orjson (ten times the
+    standard library's C encoder, which was 7 % of the operator in the model row, issue 38); its
+    output is taken only where it is byte-for-byte the canonical one. Anything else (floats, other
     types, a lone surrogate, nesting too deep) is written, or refused, by ``rfc8785`` itself.
     """
     try:
         if _json_exact(value):
-            text = _encode(value)
-            if text.isascii():
-                return text.encode("ascii")
-            if max(text) < _BMP_END:
-                return text.encode("utf-8")
-    except (RecursionError, UnicodeEncodeError):
+            raw = orjson.dumps(value, option=_SORTED)
+            if raw.isascii() or _BEYOND_BMP.search(raw) is None:
+                return raw
+    except (RecursionError, TypeError):  # orjson: a lone surrogate, nesting past 254 levels
         pass
     return bytes(rfc8785.dumps(value))
 

@@ -139,6 +139,9 @@ def test_a_unit_s_chain_of_commits_decides_as_reads_from_the_api_server_would(lo
         assert checkpoint_of(decision) == decision.stamped, "the stamped model is what its dump loads as"
         body = {**body, "status": decision.wire_status()}
         base = committed_read(body, decision, prior=base)
+        assert base.status == snap(copy.deepcopy(body)).status, (
+            "the commit's status is what its dump validates as"
+        )
         loads.clear()
         assert isinstance(load_stored(base, KEYED), Loaded)
         assert loads == [], "the committed checkpoint is not loaded back"
@@ -154,3 +157,4 @@ def test_a_committed_read_of_another_checkpoint_is_loaded_as_any_read() -> None:
     other = {**body, "status": {**decision.wire_status(), "checkpoint": copy.deepcopy(decision.checkpoint)}}
     read = committed_read(other, decision, prior=snap(body))
     assert "loaded" not in read._memo, "a checkpoint that is not the commit's own object is read as stored"
+    assert read.status is not decision.status, "and so is the status beside it"

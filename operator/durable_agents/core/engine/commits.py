@@ -126,11 +126,14 @@ class CommitBuilder:
 
 def committed_read(obj: Mapping[str, Any], commit: Commit, *, prior: RunSnapshot) -> RunSnapshot:
     """The run as the worker holds it right after deciding ``commit`` (``obj``: the record with the
-    commit's status, not read back): ``prior``'s spec, and the checkpoint the commit stamped, known
-    loaded and verified. Loading its dump back gives the same model (the checkpoint's round trip,
+    commit's status, ``commit.wire_status()``, not read back): ``prior``'s spec, the commit's status
+    model (validating its own dump gives it back), and the checkpoint the commit stamped, known
+    loaded and verified (loading its dump back gives the same model: the checkpoint's round trip,
     ``tests/unit/engine/test_engine_read_once.py``); its stamp is this keyring's, its position the
-    status's, its sealed values those the read before it verified or sealed anew."""
-    read = RunSnapshot.from_object(obj, prior=prior)
+    status's, its sealed values those the read before it verified or sealed anew. A status that
+    does not hold the commit's own checkpoint object was not made by ``wire_status``: read as stored."""
+    own = (obj.get("status") or {}).get("checkpoint") is commit.checkpoint
+    read = RunSnapshot.from_object(obj, prior=prior, status=commit.status if own else None)
     stamped, keyring = commit.stamped, commit.stamped_by
     if stamped is not None and keyring is not None and read.raw_checkpoint is commit.checkpoint:
         loaded = Loaded(stamped)

@@ -96,10 +96,14 @@ class RunSnapshot:
         return result
 
     @classmethod
-    def from_object(cls, obj: Mapping[str, Any], *, prior: RunSnapshot | None = None) -> RunSnapshot:
+    def from_object(
+        cls, obj: Mapping[str, Any], *, prior: RunSnapshot | None = None, status: AgentRunStatus | None = None
+    ) -> RunSnapshot:
         """``prior``: an earlier read sharing this one's spec object, unchanged (the worker's next
         transition shares its record's spec and replaces only the status): its validated spec is
-        taken, not validated again. The status and the checkpoint are always read anew."""
+        taken, not validated again. ``status``: the model ``obj``'s status was dumped from (the
+        worker's own commit, :func:`durable_agents.core.engine.commits.committed_read`); otherwise
+        the status is validated anew. The checkpoint is always read anew."""
         meta = obj["metadata"]
         raw_status = dict(obj.get("status") or {})
         raw_checkpoint = raw_status.pop("checkpoint", None)
@@ -119,7 +123,7 @@ class RunSnapshot:
             generation=int(meta.get("generation", 1)),
             resource_version=meta["resourceVersion"],
             spec=spec,
-            status=AgentRunStatus.model_validate(raw_status),
+            status=status if status is not None else AgentRunStatus.model_validate(raw_status),
             raw_checkpoint=raw_checkpoint,
             data_key=annotations.get(DATA_KEY_ANNOTATION),
             created_at=creation_time(meta),

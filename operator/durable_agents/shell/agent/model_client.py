@@ -1,25 +1,32 @@
-"""The model call: one chat-completions request through the official ``openai`` client (an
-endpoint whose protocol is ``anthropic-messages`` is called by :mod:`.messages_client`).
+"""The model call: one chat-completions request, ``POST {baseUrl}/chat/completions``, sent with
+aiohttp (an endpoint whose protocol is ``anthropic-messages`` is called by :mod:`.messages_client`).
 
-Retries are off in the client: a failed call is a failed attempt of the run, and the run's retry
-policy decides when (and whether) to call again, so a model endpoint that times out or fails is a
-retry window, never a silent failure and never a hidden loop of paid calls. The client is built
-once per endpoint and credential and kept (its connection pool is the expensive part).
+The request is the core's plain JSON body and the reply is read raw and classified here
+(:mod:`.model_replies`), so of the ``openai`` client only its HTTP path was left, and that path
+was a fifth of the operator's CPU in the model row's profile (about 1 ms of CPU a call against
+0.1 ms through aiohttp, issue 38). What the client did for this call is kept:
 
-The reply is read raw and classified here (:mod:`.model_replies`), not parsed by the SDK: the
-SDK hands back an HTML page as a string and lets a JSON content type with another body raise a
-``JSONDecodeError``, which used to escape as the operator's internal error. Every failure of the
-endpoint is a :class:`ModelCallFailed` that names the endpoint and the kind of reply (never the
-key): retried under the run's policy, never an internal-error quarantine.
+- no retries: a failed call is a failed attempt of the run, and the run's retry policy decides
+  when (and whether) to call again; never a hidden loop of paid calls;
+- redirects are not followed: one could land on a host outside the policy's ``modelEndpoints``;
+- the key goes as ``Authorization: Bearer``; a key no header can carry is refused before sending;
+- TLS trusts what it trusted (``httpx2.create_ssl_context``: ``SSL_CERT_FILE``/``SSL_CERT_DIR``,
+  else certifi's bundle), and ``HTTPS_PROXY``/``NO_PROXY`` are honoured;
+- a reply with a status that is not 2xx is named by the same classes the client used
+  (``AuthenticationError (HTTP 401)``), so the runs' reasons and messages read as before.
+
+Every failure of the endpoint is a :class:`ModelCallFailed` that names the endpoint and the kind of
+reply (never the key): retried under the run's policy, never an internal-error quarantine. The
+endpoint's timeout bounds the whole call. One session (its connection pool) is kept per endpoint.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+import ssl
+from typing import Final
 
-if TYPE_CHECKING:  # imported when the first model call is made: the client costs ~1 s and ~16 MB
-    import openai
+import aiohttp
 
 from durable_agents.core.agent.exchange import ModelReply, ModelRequest
 from durable_agents.core.agent.messages_api import ANTHROPIC_MESSAGES
@@ -32,119 +39,110 @@ from durable_agents.shell.agent.model_replies import (
     sanitized,
     shown_endpoint,
 )
+from durable_agents.shell.ground import fast_json
 
 log = logging.getLogger(__name__)
 
-NO_KEY = "unused"  # the client insists on a key; a local server without auth ignores it
-# What ``with_raw_response.create`` asks of the client: the raw reply (the key as a bearer token is
-# asked by ``security``, as ``create`` does).
-_RAW = {"X-Stainless-Raw-Response": "true"}
+CONNECTIONS_PER_ENDPOINT: Final = 100
+"""Connections kept open to one endpoint (the ``openai`` client kept 100 alive)."""
+
+# A reply's status that is not 2xx: the name the ``openai`` client gave it, the run's reason, and
+# whether the run's retry policy may try again (a refused request will not heal; a wrong key is
+# fixed in its Secret, read again within the resolver's TTL).
+_STATUS: Final[dict[int, tuple[str, str, bool]]] = {
+    400: ("BadRequestError", "ModelRequestRefused", False),
+    401: ("AuthenticationError", "ModelAuthFailed", True),
+    403: ("PermissionDeniedError", "ModelAuthFailed", True),
+    404: ("NotFoundError", "ModelNotFound", False),
+    409: ("ConflictError", "ModelError", True),
+    422: ("UnprocessableEntityError", "ModelRequestRefused", False),
+    429: ("RateLimitError", "ModelRateLimited", True),
+}
 
 
-def _failures() -> tuple[tuple[type[openai.OpenAIError], str, bool], ...]:
-    """The client's exception classes, most specific first, and what each means for the run."""
-    import openai
+def status_failure(status: int) -> tuple[str, str, bool]:
+    """(name, reason, retryable) of a reply whose status is not 2xx."""
+    if status in _STATUS:
+        return _STATUS[status]
+    if status >= 500:
+        return "InternalServerError", "ModelError", True
+    return "APIStatusError", "ModelError", True  # a 3xx not followed, another 4xx
 
-    return (
-        (openai.APITimeoutError, "ModelTimeout", True),
-        (openai.APIConnectionError, "ModelUnreachable", True),
-        (openai.RateLimitError, "ModelRateLimited", True),
-        # A wrong key is fixed in its Secret (re-read within the resolver's TTL): retryable.
-        (openai.AuthenticationError, "ModelAuthFailed", True),
-        (openai.PermissionDeniedError, "ModelAuthFailed", True),
-        (openai.BadRequestError, "ModelRequestRefused", False),
-        (openai.UnprocessableEntityError, "ModelRequestRefused", False),
-        (openai.NotFoundError, "ModelNotFound", False),
-        (openai.APIStatusError, "ModelError", True),
-        (openai.APIResponseValidationError, "ModelReplyInvalid", True),
-    )
+
+def _trusted() -> ssl.SSLContext:
+    import httpx2  # the trust the ``openai`` client's transport had, from the same function
+
+    return httpx2.create_ssl_context()
 
 
 class ModelClient:
-    """Model calls for the worker: chat completions, one ``AsyncOpenAI`` per (base URL, key,
-    timeout); an endpoint speaking the Messages API goes to :class:`MessagesClient`."""
+    """Model calls for the worker: chat completions, one session per (base URL, key, timeout);
+    an endpoint speaking the Messages API goes to :class:`MessagesClient`."""
 
     def __init__(self) -> None:
-        self._clients: dict[ModelEndpoint, openai.AsyncOpenAI] = {}
+        self._sessions: dict[ModelEndpoint, aiohttp.ClientSession] = {}
         self._messages = MessagesClient()
+        self._tls: ssl.SSLContext | None = None
 
-    def _client(self, endpoint: ModelEndpoint) -> openai.AsyncOpenAI:
-        import openai
-
-        client = self._clients.get(endpoint)
-        if client is None:
-            client = openai.AsyncOpenAI(
-                base_url=endpoint.base_url,
-                api_key=endpoint.api_key or NO_KEY,
-                max_retries=0,
-                timeout=endpoint.timeout_seconds,
-                # A redirect is not followed (the SDK's default would): it could land on a host
-                # outside the policy's modelEndpoints; it reaches the run as a failed call.
-                http_client=openai.DefaultAsyncHttpxClient(follow_redirects=False),
+    def _session(self, endpoint: ModelEndpoint) -> aiohttp.ClientSession:
+        session = self._sessions.get(endpoint)
+        if session is None or session.closed:
+            if self._tls is None:
+                self._tls = _trusted()
+            session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=CONNECTIONS_PER_ENDPOINT, ssl=self._tls),
+                timeout=aiohttp.ClientTimeout(total=endpoint.timeout_seconds),
+                trust_env=True,  # HTTPS_PROXY, NO_PROXY (the chart's env documents them)
             )
-            self._clients[endpoint] = client
-        return client
+            self._sessions[endpoint] = session
+        return session
 
     async def complete(self, endpoint: ModelEndpoint, request: ModelRequest) -> ModelReply:
         """One model call; :class:`ModelCallFailed` when it brought no usable answer."""
         if endpoint.protocol == ANTHROPIC_MESSAGES:
             return await self._messages.complete(endpoint, request)
-        import openai
-        from openai._base_client import make_request_options
-        from openai.types.chat import ChatCompletion
-
-        sent = request.body()
-        try:  # the SDK wraps every transport error (a URL it refuses too) in APIConnectionError
-            # ``chat.completions.with_raw_response.create(**sent)`` without its parameter transform:
-            # the body is plain JSON already, and the transform's walk of every message was a
-            # third of the SDK's cost per call in the model row's profile (issue 38).
-            options = make_request_options(extra_headers=_RAW, security={"bearer_auth": True})
-            raw: Any = await self._client(endpoint).post(
-                "/chat/completions", body=sent, cast_to=ChatCompletion, options=options
-            )
-        except openai.OpenAIError as err:
-            raise failure_of(err, endpoint) from None
-        except ValueError as err:  # a header it cannot encode (a key the resolver would refuse now)
-            message = (
-                f"the request to {shown_endpoint(endpoint.base_url)} cannot be sent: {type(err).__name__}"
-            )
+        where = shown_endpoint(endpoint.base_url)
+        try:  # a key no header can carry (the resolver refuses such a Secret now): never sent
+            auth = f"Bearer {endpoint.api_key}".encode("ascii").decode() if endpoint.api_key else None
+        except UnicodeEncodeError as err:
+            message = f"the request to {where} cannot be sent: {type(err).__name__}"
             raise ModelCallFailed("ModelEndpointInvalid", message, True) from None
-        response = raw.http_response
-        try:  # read already (not streamed); should it be cut now, that is the endpoint's failure too
-            body = await response.aread()
-        except Exception as err:  # the transport's own classes are the SDK's internals
-            message = f"{type(err).__name__} while reading the reply of {shown_endpoint(endpoint.base_url)}"
-            raise ModelCallFailed("ModelUnreachable", message, True) from None
-        return reply_of(endpoint.base_url, response.status_code, response.headers, body, endpoint.api_key)
+        headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        if auth is not None:
+            headers["Authorization"] = auth
+        url = endpoint.base_url.rstrip("/") + "/chat/completions"
+        body = fast_json.packed(request.body())
+        try:
+            async with self._session(endpoint).post(
+                url, data=body, headers=headers, allow_redirects=False
+            ) as response:
+                status, reply_headers = response.status, response.headers
+                content = await response.read()
+        except TimeoutError as err:  # aiohttp's own timeouts are TimeoutErrors too
+            raise ModelCallFailed("ModelTimeout", _lost(err, endpoint, "no reply in time"), True) from None
+        except (aiohttp.InvalidURL, ValueError) as err:  # refused before anything was sent
+            message = f"the request to {where} cannot be sent: {type(err).__name__}"
+            raise ModelCallFailed("ModelEndpointInvalid", message, True) from None
+        except (aiohttp.ClientError, ConnectionError, OSError) as err:
+            raise ModelCallFailed("ModelUnreachable", _lost(err, endpoint, "connection lost"), True) from None
+        if not 200 <= status < 300:
+            name, reason, retryable = status_failure(status)
+            kind = reply_kind(reply_headers, content, endpoint.api_key)
+            raise ModelCallFailed(reason, f"{name} (HTTP {status}) from {where}: {kind}", retryable)
+        return reply_of(endpoint.base_url, status, reply_headers, content, endpoint.api_key)
 
     async def close(self) -> None:
-        for client in self._clients.values():
-            await client.close()
-        self._clients.clear()
+        for session in self._sessions.values():
+            await session.close()
+        self._sessions.clear()
         await self._messages.close()
 
 
-def failure_of(err: openai.OpenAIError, endpoint: ModelEndpoint) -> ModelCallFailed:
-    """The run's reason for the client's exception, with the endpoint and the kind of reply named
-    (a status error's body described, bounded and sanitized; never the key)."""
-    import openai
-
-    reason, retryable = "ModelError", True
-    for cls, known, may_retry in _failures():
-        if isinstance(err, cls):
-            reason, retryable = known, may_retry
-            break
+def _lost(err: BaseException, endpoint: ModelEndpoint, what: str) -> str:
+    """A timeout's or a lost connection's message: the error, the endpoint and the limit."""
+    text = sanitized(str(err), endpoint.api_key) or what
     where = shown_endpoint(endpoint.base_url)
-    if isinstance(err, openai.APIStatusError):
-        response = err.response
-        kind = reply_kind(response.headers, response.content, endpoint.api_key)
-        message = f"{type(err).__name__} (HTTP {response.status_code}) from {where}: {kind}"
-    elif isinstance(err, openai.APIConnectionError):  # a timeout is one too: say which limit
-        text = sanitized(str(err), endpoint.api_key)
-        message = f"{type(err).__name__}: {text} ({where}, timeout {endpoint.timeout_seconds:g}s)"
-    else:
-        message = f"{type(err).__name__} from {where}: {sanitized(str(err), endpoint.api_key)}"
-    return ModelCallFailed(reason, message, retryable)
+    return f"{type(err).__name__}: {text} ({where}, timeout {endpoint.timeout_seconds:g}s)"
 
 
-__all__ = ["ModelCallFailed", "ModelClient", "ModelEndpoint", "failure_of"]
+__all__ = ["ModelCallFailed", "ModelClient", "ModelEndpoint", "status_failure"]
