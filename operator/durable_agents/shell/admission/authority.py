@@ -124,9 +124,7 @@ async def refused_verb(
 
 async def _namespace_policies(kube: Kube, namespace: str) -> dict[str, AgentPolicySpec]:
     """The namespace's AgentPolicies as the API server has them now (invalid ones left out)."""
-    listed = await kube.call(
-        kube.custom.list_namespaced_custom_object, GROUP, VERSION, namespace, "agentpolicies"
-    )
+    listed = await kube.call(kube.list_namespaced_objects, GROUP, VERSION, namespace, "agentpolicies")
     out: dict[str, AgentPolicySpec] = {}
     for item in listed.get("items") or []:
         try:
@@ -148,7 +146,7 @@ async def _inherited(kube: Kube, spec: AgentRunSpec, namespace: str, user: Ident
         return False
     try:
         body = await kube.call(
-            kube.custom.get_namespaced_custom_object, GROUP, VERSION, namespace, "agentruns", parent.name
+            kube.get_namespaced_object, GROUP, VERSION, namespace, "agentruns", parent.name
         )
     except ApiException:
         return False

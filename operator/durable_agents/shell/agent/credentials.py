@@ -28,11 +28,10 @@ async def read_key(kube: Kube, namespace: str, service_account: str, kind: str, 
     read it, it does not exist or has no such key; a Secret's value must be printable ASCII (it is
     sent in an HTTP header). Any other API error is raised as is (retried with backoff).
     """
-    headers = {"Impersonate-User": service_account_user(namespace, service_account)}
-    core = kube.core
-    read = core.read_namespaced_config_map if kind == "ConfigMap" else core.read_namespaced_secret
+    user = service_account_user(namespace, service_account)
+    plural = "configmaps" if kind == "ConfigMap" else "secrets"
     try:
-        obj = await kube.call(read, ref.name, namespace, _headers=headers)
+        obj = await kube.call(kube.read_core_as, plural, ref.name, namespace, user)
     except ApiException as err:
         if err.status == 403:
             raise Unresolvable(
@@ -41,7 +40,7 @@ async def read_key(kube: Kube, namespace: str, service_account: str, kind: str, 
         if err.status == 404:
             raise Unresolvable(f"{kind} {namespace}/{ref.name} not found") from err
         raise
-    data: dict[str, str] = obj.data or {}
+    data: dict[str, str] = obj.get("data") or {}
     if ref.key not in data:
         raise Unresolvable(f"{kind} {namespace}/{ref.name} has no key {ref.key!r}")
     if kind == "Secret":

@@ -118,13 +118,17 @@ class ModelClient:
             ) as response:
                 status, reply_headers = response.status, response.headers
                 content = await response.read()
-        except TimeoutError as err:  # aiohttp's own timeouts are TimeoutErrors too
-            raise ModelCallFailed("ModelTimeout", _lost(err, endpoint, "no reply in time"), True) from None
+        except TimeoutError:  # aiohttp's own timeouts are TimeoutErrors too
+            raise ModelCallFailed(
+                "ModelTimeout", _lost("APITimeoutError", "Request timed out.", endpoint), True
+            ) from None
         except (aiohttp.InvalidURL, ValueError) as err:  # refused before anything was sent
             message = f"the request to {where} cannot be sent: {type(err).__name__}"
             raise ModelCallFailed("ModelEndpointInvalid", message, True) from None
         except (aiohttp.ClientError, ConnectionError, OSError) as err:
-            raise ModelCallFailed("ModelUnreachable", _lost(err, endpoint, "connection lost"), True) from None
+            raise ModelCallFailed(
+                "ModelUnreachable", _lost("APIConnectionError", _cause(err), endpoint), True
+            ) from None
         if not 200 <= status < 300:
             name, reason, retryable = status_failure(status)
             kind = reply_kind(reply_headers, content, endpoint.api_key)
@@ -138,11 +142,21 @@ class ModelClient:
         await self._messages.close()
 
 
-def _lost(err: BaseException, endpoint: ModelEndpoint, what: str) -> str:
-    """A timeout's or a lost connection's message: the error, the endpoint and the limit."""
-    text = sanitized(str(err), endpoint.api_key) or what
+def _lost(name: str, text: str, endpoint: ModelEndpoint) -> str:
+    """A timeout's or a lost connection's message, as the ``openai`` client worded it (its class
+    and text), with the endpoint and the limit."""
     where = shown_endpoint(endpoint.base_url)
-    return f"{type(err).__name__}: {text} ({where}, timeout {endpoint.timeout_seconds:g}s)"
+    return f"{name}: {sanitized(text, endpoint.api_key)} ({where}, timeout {endpoint.timeout_seconds:g}s)"
+
+
+def _cause(err: BaseException) -> str:
+    """What was lost: the client's "Connection error." and the transport's own words."""
+    said = str(err)
+    return (
+        f"Connection error. {type(err).__name__}: {said}"
+        if said
+        else f"Connection error. {type(err).__name__}"
+    )
 
 
 __all__ = ["ModelCallFailed", "ModelClient", "ModelEndpoint", "status_failure"]

@@ -31,6 +31,7 @@ ObjectKey = tuple[str, str]
 _JSON = "application/json"
 _MERGE_PATCH = "application/merge-patch+json"
 _OBJECT_PATH = "/apis/{group}/{version}/namespaces/{namespace}/{plural}/{name}"
+_COLLECTION_PATH = "/apis/{group}/{version}/namespaces/{namespace}/{plural}"
 # The response types of the generated methods: what a status is deserialized as (a plain object
 # for a custom object); a non-2xx status raises ApiException either way.
 _GOT: Mapping[str, str | None] = {"200": "object", "401": None}
@@ -155,6 +156,48 @@ class Kube:
                 group, version, namespace, plural, name, body, _content_type=_MERGE_PATCH
             )
         return self.request_json("PATCH", _OBJECT_PATH, path, body, content_type=_MERGE_PATCH, types=_GOT)
+
+    def list_namespaced_objects(self, group: str, version: str, namespace: str, plural: str) -> Any:
+        """``CustomObjectsApi.list_namespaced_custom_object`` without options (the webhook lists a
+        namespace's AgentPolicies at every run it admits)."""
+        path = {"group": group, "version": version, "namespace": namespace, "plural": plural}
+        if not _plain_path(path):
+            return self.custom.list_namespaced_custom_object(group, version, namespace, plural)
+        return self.request_json("GET", _COLLECTION_PATH, path, types=_GOT)
+
+    def create_namespaced_object(
+        self, group: str, version: str, namespace: str, plural: str, body: dict[str, Any]
+    ) -> Any:
+        """``CustomObjectsApi.create_namespaced_custom_object`` (an ActionRecord per effect)."""
+        path = {"group": group, "version": version, "namespace": namespace, "plural": plural}
+        if not _plain_path(path) or not _plain_body(body):
+            return self.custom.create_namespaced_custom_object(group, version, namespace, plural, body)
+        return self.request_json("POST", _COLLECTION_PATH, path, body, content_type=_JSON, types=_CREATED)
+
+    def create_event(self, namespace: str, body: dict[str, Any]) -> Any:
+        """``CoreV1Api.create_namespaced_event``, answered as a dict (one or more per run)."""
+        if type(namespace) is not str or not _plain_body(body):
+            return self.core.create_namespaced_event(namespace, body)
+        path = {"namespace": namespace}
+        return self.request_json(
+            "POST", "/api/v1/namespaces/{namespace}/events", path, body, content_type=_JSON, types=_CREATED
+        )
+
+    def read_core_as(self, plural: str, name: str, namespace: str, user: str) -> Any:
+        """A ConfigMap or Secret (``plural``) read as ``user`` (impersonated), as a dict: a model
+        run's prompt and key, an MCP server's credentials (``CoreV1Api.read_namespaced_*``)."""
+        if plural not in ("configmaps", "secrets"):
+            raise ValueError(f"read_core_as reads configmaps or secrets, not {plural}")
+        path = {"namespace": namespace, "name": name}
+        if not _plain_path(path):
+            raise ValueError("read_core_as: the name and namespace are strings")
+        return self.request_json(
+            "GET",
+            "/api/v1/namespaces/{namespace}/" + plural + "/{name}",
+            path,
+            headers={"Impersonate-User": user},
+            types=_GOT,
+        )
 
     def create_subject_access_review(self, body: dict[str, Any]) -> Any:
         """``AuthorizationV1Api.create_subject_access_review``, answered as a dict (the webhook asks

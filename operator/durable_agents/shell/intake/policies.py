@@ -189,12 +189,7 @@ class PolicyCache:
             )
         return dict(
             await self.kube.call(
-                self.kube.custom.get_namespaced_custom_object,
-                GROUP,
-                VERSION,
-                namespace,
-                "agentpolicies",
-                name,
+                self.kube.get_namespaced_object, GROUP, VERSION, namespace, "agentpolicies", name
             )
         )
 

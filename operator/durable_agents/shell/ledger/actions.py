@@ -131,7 +131,7 @@ class ActionStore(StatusStore):
             self.faults.before()
             try:
                 out: dict[str, Any] = await self.kube.call(
-                    self.kube.custom.create_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, body
+                    self.kube.create_namespaced_object, GROUP, VERSION, namespace, PLURAL, body
                 )
             except ApiException as err:
                 metrics.API_WRITES.labels("actionrecords", "create").inc()

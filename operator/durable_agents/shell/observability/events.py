@@ -85,7 +85,7 @@ class EventRecorder:
             "count": 1,
         }
         try:
-            await self.kube.call(self.kube.core.create_namespaced_event, meta["namespace"], body)
+            await self.kube.call(self.kube.create_event, meta["namespace"], body)
             metrics.API_WRITES.labels("events", "create").inc()
         except Exception:  # events are best effort; the status history is authoritative
             log.warning("could not record event %s on %s/%s", reason, meta["namespace"], meta["name"])
