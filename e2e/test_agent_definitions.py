@@ -222,7 +222,7 @@ def test_a_missing_agent_is_waited_for_saying_so_and_a_deleted_prompt_does_not_m
         Within.TAKEOVER * 3,
         "the run to say it waits for its Agent",
     )
-    assert "AgentNotFound" in {e.reason for e in runs.events(name)}
+    runs.wait_event(name, "AgentNotFound")
     define_agent(runs, model, refsystem)
     request = runs.wait_state(name, "waiting_approval", timeout=90)["status"]["approvalRequest"]
     client.CoreV1Api(kube.api).delete_namespaced_config_map("refund-agent-prompt", runs.namespace)

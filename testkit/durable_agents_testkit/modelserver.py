@@ -38,7 +38,8 @@ an API key configured, ``/v1/*`` needs ``Authorization: Bearer <key>``, else 401
     closes the connection; ``html`` answers 200 with an HTML page; ``not_json`` 200 with an
     ``application/json`` body that is not JSON; ``not_a_completion`` 200 with JSON that has no
     choices; ``unauthorized`` 401, echoing the key it was given; ``empty`` 200 with a completion
-    that has no content and no tool calls; ``overloaded`` 529.
+    that has no content and no tool calls; ``overloaded`` 529; ``huge`` 200 with 16 MiB of JSON,
+    chunked (no ``Content-Length``).
     ``GET /faults`` lists pending faults, ``DELETE /faults`` clears them.
 ``GET /calls``
     ``{"total", "unmatched", "byRule": {"<index>": n}, "byProtocol": {"openai-chat" |
@@ -201,11 +202,14 @@ class FaultMode(enum.StrEnum):
     UNAUTHORIZED = "unauthorized"  # 401, echoing the key it was given (as careless servers do)
     EMPTY = "empty"  # 200, a completion with no content and no tool calls
     OVERLOADED = "overloaded"  # 529, the Anthropic API's "overloaded_error"
+    HUGE = "huge"  # 200, application/json, chunked (no Content-Length): HUGE_BYTES of a JSON string
 
 
 # The modes that answer without a rule, with what they answer.
 BROKEN = frozenset({FaultMode.ERROR, FaultMode.DROP, FaultMode.HTML, FaultMode.NOT_JSON})
 BROKEN |= {FaultMode.NOT_A_COMPLETION, FaultMode.UNAUTHORIZED, FaultMode.EMPTY, FaultMode.OVERLOADED}
+BROKEN |= {FaultMode.HUGE}
+HUGE_BYTES = 16 * 1024 * 1024
 PROXY_PAGE = (
     "<!DOCTYPE html>\n<html><head><title>Sign in to continue - Example Proxy</title></head>"
     "<body><h1>Authentication required</h1><p>Your session has expired.</p></body></html>"
@@ -424,6 +428,11 @@ def broken_reply(mode: FaultMode, authorization: str) -> web.Response | None:
     if mode is FaultMode.UNAUTHORIZED:
         given = authorization.removeprefix("Bearer ")
         return _error(401, f"Incorrect API key provided: {given}.", code="invalid_api_key")
+    if mode is FaultMode.HUGE:  # valid JSON, endless to a client that reads all of it
+        padding = b"x" * HUGE_BYTES
+        huge = web.Response(body=b'{"padding": "' + padding + b'"}', content_type="application/json")
+        huge.enable_chunked_encoding()
+        return huge
     return None
 
 

@@ -139,6 +139,15 @@ class Runs:
             .items
         )
 
+    def wait_event(self, name: str, reason: str, within: Within | float = Within.COMMIT) -> list[Any]:
+        """The Events of reason about name, awaited: the operator tells an Event after the write it
+        reports, so a test that saw the write may read the Events before the Event exists."""
+        return eventually(
+            lambda: [e for e in self.events(name) if e.reason == reason] or None,
+            within,
+            f"a {reason} Event about {name}",
+        )
+
     def shard_leases(self) -> list[Any]:
         """The region's shard Leases in this namespace (where the tests' operators keep them)."""
         return list(

@@ -113,7 +113,7 @@ async def test_a_key_is_read_as_the_run_s_service_account_or_refused_naming_it(
             },
         )
         user = service_account_user(namespace, "runner")
-        read = ours.read_core_as("configmaps", "prompt", namespace, user)
+        read = ours.get_as("v1", "ConfigMap", "prompt", namespace, user)
         assert type(read) is dict
         assert read["data"] == {"system": "Be brief."}
         assert await read_key(
@@ -129,5 +129,5 @@ async def test_a_key_is_read_as_the_run_s_service_account_or_refused_naming_it(
             await read_key(ours, namespace, "runner", "Secret", KeyReference(name="keys", key="other"))
     finally:
         ours.executor.shutdown(wait=False)
-    with pytest.raises(ValueError, match="configmaps or secrets"):
-        ours.read_core_as("pods", "x", namespace, "u")
+    with pytest.raises(ValueError, match="a ConfigMap or a Secret, not a Pod"):
+        await read_key(ours, namespace, "runner", "Pod", KeyReference(name="x", key="y"))

@@ -13,6 +13,7 @@ import pytest
 from durable_agents.core.agent.exchange import ModelRequest
 from durable_agents.shell.agent.credentials import Unresolvable, header_value
 from durable_agents.shell.agent.model_client import (
+    REPLY_MAX_BYTES,
     ModelCallFailed,
     ModelClient,
     ModelEndpoint,
@@ -173,6 +174,22 @@ async def test_every_broken_reply_is_a_retryable_model_error_naming_the_endpoint
     assert kind in failed.value.message, failed.value.message
     assert KEY not in failed.value.message, "the 401 fault echoes the key it was given"
     assert len(failed.value.message) <= 400, "a bounded excerpt, never the whole body"
+
+
+async def test_a_reply_past_the_bound_is_cut_and_refused_not_read_into_memory(
+    client: ModelClient, server: ModelServerThread
+) -> None:
+    """A body without a Content-Length that never ends (here 16 MiB, four times the bound) is not
+    read whole: past REPLY_MAX_BYTES the call fails, named and retryable; the next call is answered."""
+    server.inject("huge")
+    with pytest.raises(ModelCallFailed) as failed:
+        await client.complete(endpoint(server), REQUEST)
+    assert failed.value.reason == "ModelReplyTooLarge"
+    assert failed.value.retryable is True
+    said = f"HTTP 200 from {server.base_url}: the reply is larger than {REPLY_MAX_BYTES} bytes"
+    assert failed.value.message.startswith(said), failed.value.message
+    reply = await client.complete(endpoint(server), REQUEST)
+    assert reply.tool_calls, "the session is usable after a cut reply"
 
 
 async def test_an_unknown_model_is_named(client: ModelClient, server: ModelServerThread) -> None:

@@ -28,10 +28,11 @@ async def read_key(kube: Kube, namespace: str, service_account: str, kind: str, 
     read it, it does not exist or has no such key; a Secret's value must be printable ASCII (it is
     sent in an HTTP header). Any other API error is raised as is (retried with backoff).
     """
+    if kind not in ("ConfigMap", "Secret"):
+        raise ValueError(f"read_key reads a ConfigMap or a Secret, not a {kind}")
     user = service_account_user(namespace, service_account)
-    plural = "configmaps" if kind == "ConfigMap" else "secrets"
     try:
-        obj = await kube.call(kube.read_core_as, plural, ref.name, namespace, user)
+        obj = await kube.call(kube.get_as, "v1", kind, ref.name, namespace, user)
     except ApiException as err:
         if err.status == 403:
             raise Unresolvable(

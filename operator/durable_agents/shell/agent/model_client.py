@@ -12,6 +12,7 @@ was a fifth of the operator's CPU in the model row's profile (about 1 ms of CPU 
 - the key goes as ``Authorization: Bearer``; a key no header can carry is refused before sending;
 - TLS trusts what it trusted (``httpx2.create_ssl_context``: ``SSL_CERT_FILE``/``SSL_CERT_DIR``,
   else certifi's bundle), and ``HTTPS_PROXY``/``NO_PROXY`` are honoured;
+- a reply's body is read up to :data:`REPLY_MAX_BYTES`, never further (``ModelReplyTooLarge``);
 - a reply with a status that is not 2xx is named by the same classes the client used
   (``AuthenticationError (HTTP 401)``), so the runs' reasons and messages read as before.
 
@@ -45,6 +46,11 @@ log = logging.getLogger(__name__)
 
 CONNECTIONS_PER_ENDPOINT: Final = 100
 """Connections kept open to one endpoint (the ``openai`` client kept 100 alive)."""
+
+REPLY_MAX_BYTES: Final = 4 * 1024 * 1024
+"""A reply body read past this many bytes (decompressed) is cut and refused (``ModelReplyTooLarge``):
+a completion the run can use is a few KiB, and a broken or hostile endpoint must not fill the
+worker's memory (the bound of an MCP server's response, ``mcp_notices.RESPONSE_MAX_BYTES``)."""
 
 # A reply's status that is not 2xx: the name the ``openai`` client gave it, the run's reason, and
 # whether the run's retry policy may try again (a refused request will not heal; a wrong key is
@@ -117,7 +123,7 @@ class ModelClient:
                 url, data=body, headers=headers, allow_redirects=False
             ) as response:
                 status, reply_headers = response.status, response.headers
-                content = await response.read()
+                content = await _bounded(response, where)
         except TimeoutError:  # aiohttp's own timeouts are TimeoutErrors too
             raise ModelCallFailed(
                 "ModelTimeout", _lost("APITimeoutError", "Request timed out.", endpoint), True
@@ -140,6 +146,23 @@ class ModelClient:
             await session.close()
         self._sessions.clear()
         await self._messages.close()
+
+
+async def _bounded(response: aiohttp.ClientResponse, where: str) -> bytes:
+    """The reply's body, read up to :data:`REPLY_MAX_BYTES`; past it the connection is dropped."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.content.iter_chunked(64 * 1024):
+        size += len(chunk)
+        if size > REPLY_MAX_BYTES:
+            response.close()  # not read further, and the connection is not reused
+            message = (
+                f"HTTP {response.status} from {where}: the reply is larger than {REPLY_MAX_BYTES} bytes,"
+                " not read further"
+            )
+            raise ModelCallFailed("ModelReplyTooLarge", message, True)
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _lost(name: str, text: str, endpoint: ModelEndpoint) -> str:

@@ -183,22 +183,6 @@ class Kube:
             "POST", "/api/v1/namespaces/{namespace}/events", path, body, content_type=_JSON, types=_CREATED
         )
 
-    def read_core_as(self, plural: str, name: str, namespace: str, user: str) -> Any:
-        """A ConfigMap or Secret (``plural``) read as ``user`` (impersonated), as a dict: a model
-        run's prompt and key, an MCP server's credentials (``CoreV1Api.read_namespaced_*``)."""
-        if plural not in ("configmaps", "secrets"):
-            raise ValueError(f"read_core_as reads configmaps or secrets, not {plural}")
-        path = {"namespace": namespace, "name": name}
-        if not _plain_path(path):
-            raise ValueError("read_core_as: the name and namespace are strings")
-        return self.request_json(
-            "GET",
-            "/api/v1/namespaces/{namespace}/" + plural + "/{name}",
-            path,
-            headers={"Impersonate-User": user},
-            types=_GOT,
-        )
-
     def create_subject_access_review(self, body: dict[str, Any]) -> Any:
         """``AuthorizationV1Api.create_subject_access_review``, answered as a dict (the webhook asks
         one or two per review: the generated method's validation and model were a tenth of its CPU)."""
