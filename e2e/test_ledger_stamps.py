@@ -130,8 +130,7 @@ def test_a_forged_status_on_an_intent_never_sent_is_asked_about_and_sent_once(
     assert settled.get("outcome") != FORGED_OUTCOME
     assert settled["queries"] >= 1, "the reference system was asked before the send"
     assert [c["outcome"] for c in done["status"]["checkpoint"]["toolCalls"]] == ["succeeded"]
-    reasons = [e.reason for e in runs.events(record["metadata"]["name"])]
-    assert "IntegrityFailed" in reasons, reasons
+    runs.wait_event(record["metadata"]["name"], "IntegrityFailed")
 
 
 @pytest.mark.local_plane("users")

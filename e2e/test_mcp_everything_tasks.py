@@ -152,6 +152,6 @@ def test_canceling_the_run_cancels_the_reference_servers_task_in_its_session(
     [final] = records(runs)
     status = final["status"]
     assert (status["state"], status["reason"]) == ("failed", "McpTaskCancelled"), status
-    answers = [e.message for e in runs.events(final["metadata"]["name"]) if e.reason == "TaskCancelRequested"]
+    answers = [e.message for e in runs.wait_event(final["metadata"]["name"], "TaskCancelRequested")]
     assert any(f"task {task['id']}: cancelled" in str(said) for said in answers), answers
     assert not recorded.requests("tasks/result"), "a canceled task's result is not fetched"

@@ -211,7 +211,7 @@ def test_each_cause_marks_the_run_stuck_why_names_the_fix_and_removing_it_clears
         for reason in REASONS:
             assert metric(text, f'durable_agents_stuck_runs{{reason="{reason}"}}') == 1, reason
             assert metric(text, f'durable_agents_stuck_detections_total{{reason="{reason}"}}') == 1, reason
-        events = [e for e in runs.events(orphan) if e.reason == "Stuck"]
+        events = runs.wait_event(orphan, "Stuck")
         assert [e.type for e in events] == ["Warning"], "one Event when it became stuck"
         assert "AgentPolicy 'late'" in events[0].message
 
