@@ -407,7 +407,9 @@ def test_zombie_worker(lab: Lab) -> None:
             )
             for i in range(SIZE.zombie_runs)
         ]
-        nth = rng.randint(2, 3 * SIZE.zombie_runs)
+        # A run here is about 3 writes of the worker, the last ones ending runs: freezing at the
+        # very last write (CI failed so, seed 838331) would leave it holding nothing in flight.
+        nth = rng.randint(2, 2 * SIZE.zombie_runs)
         port = free_port()
         zombie = lab.operator(
             ns,
