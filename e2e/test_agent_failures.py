@@ -413,7 +413,7 @@ def test_a_model_endpoint_that_stays_broken_is_shown_waiting_for_its_retry_then_
         events = [e.message or "" for e in runs.events(name)]
         return events if any(model.base_url in m and "HTTP 401" in m for m in events) else None
 
-    events = eventually(failed_event, 30, "the AttemptFailed Event naming the endpoint and the 401")
+    events = eventually(failed_event, 30, "an Event naming the endpoint and the 401")
     assert all(API_KEY not in m for m in events), "the API key is in an Event"
     assert_no_internal_error(op, failed)
 

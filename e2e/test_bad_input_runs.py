@@ -40,10 +40,6 @@ def pay(url: str, query_url: str | None = None) -> dict[str, Any]:
     }
 
 
-def events_with(runs: Runs, name: str, reason: str) -> list[Any]:
-    return [e for e in runs.events(name) if e.reason == reason]
-
-
 def a_valid_run_completes(runs: Runs, op: OperatorProcess) -> None:
     assert op.alive, f"the operator exited:\n{op.log_tail()}"
     name = runs.create(VALID)
@@ -105,9 +101,7 @@ def test_a_child_whose_service_account_may_not_create_agentruns_fails_the_step(
     assert status["state"] == "failed", status
     assert status["outcome"]["reason"] == "ChildNotPermitted"
     assert "may not create AgentRuns" in status["outcome"]["message"]
-    refused = eventually(
-        lambda: events_with(runs, name, "ChildNotPermitted"), Within.COMMIT, "a ChildNotPermitted Event"
-    )
+    refused = runs.wait_event(name, "ChildNotPermitted")
     assert refused[0].type == "Warning"
     assert "403" in refused[0].message
     child_name = child_run_name(name, "sub")
@@ -134,9 +128,7 @@ def test_an_internal_error_is_retried_a_bounded_number_of_times_then_quarantines
     conditions = {c["type"]: c for c in status["conditions"]}
     quarantined = conditions["Quarantined"]
     assert (quarantined["status"], quarantined["reason"]) == ("True", "InternalError")
-    event = eventually(
-        lambda: events_with(runs, name, "InternalError"), Within.COMMIT, "an InternalError Event"
-    )
+    event = runs.wait_event(name, "InternalError")
     assert event[0].type == "Warning"
     # Bounded: five tracebacks, then it stays quarantined (the injection still fires on any commit).
     assert op.log_path.read_text().count("Traceback") == 5, op.log_tail(80)
@@ -151,7 +143,9 @@ def test_an_internal_error_is_retried_a_bounded_number_of_times_then_quarantines
         "the retry to be attempted",
     )
     again = eventually(
-        lambda: [e for e in events_with(runs, name, "InternalError") if "quarantined run" in e.message],
+        lambda: [
+            e for e in runs.events(name) if e.reason == "InternalError" and "quarantined run" in e.message
+        ],
         Within.COMMIT,
         "an InternalError Event for the failed retry",
     )

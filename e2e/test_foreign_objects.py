@@ -87,10 +87,6 @@ def as_soon_as_allowed(create: Callable[[], Any], what: str) -> Any:
     return eventually(attempt, Within.MOMENT, what)
 
 
-def events(runs: Runs, name: str, reason: str) -> list[Any]:
-    return [e for e in runs.events(name) if e.reason == reason]
-
-
 def conditions(run: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {c["type"]: c for c in (run.get("status") or {}).get("conditions") or []}
 
@@ -137,7 +133,7 @@ def test_a_child_run_created_first_by_another_user_is_not_adopted(
     cp = status["checkpoint"]
     assert cp["position"]["step"] == 0, "the parent did not go on past its child step"
     assert cp["children"] == [{"name": child, "stepIndex": 0, "outcome": "failed", "reason": "ForeignChild"}]
-    warned = eventually(lambda: events(runs, parent, "ForeignChild"), Within.COMMIT, "a ForeignChild Event")
+    warned = runs.wait_event(parent, "ForeignChild")
     assert f"{namespace}/{child}" in warned[0].message
     assert warned[0].type == "Warning"
     # The foreign run is left as its creator made it: not re-stamped, not replaced.
@@ -193,7 +189,7 @@ def test_the_operators_own_child_is_adopted_across_a_crash(
     assert done["status"]["checkpoint"]["children"] == [
         {"name": child, "stepIndex": 0, "outcome": "completed", "reason": "Completed"}
     ]
-    assert events(runs, parent, "ForeignChild") == []
+    assert [e for e in runs.events(parent) if e.reason == "ForeignChild"] == []
 
 
 # --- leases ------------------------------------------------------------------------------------

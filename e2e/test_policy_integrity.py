@@ -111,15 +111,6 @@ def asking(policy: str) -> dict[str, Any]:
     }
 
 
-def event_reasons(runs: Runs, name: str) -> list[str]:
-    return [str(e.reason) for e in runs.events(name)]
-
-
-def told(runs: Runs, name: str, reason: str) -> None:
-    """Wait for an Event with ``reason`` on the run (recorded right after the write it reports)."""
-    eventually(lambda: reason in event_reasons(runs, name), Within.COMMIT, f"a {reason} Event on {name}")
-
-
 def policy_known(op: OperatorProcess, runs: Runs, name: str, version: str) -> None:
     eventually(
         lambda: op.logged(f"AgentPolicy {runs.namespace}/{name} version {version} known"),
@@ -201,11 +192,7 @@ def test_the_operator_does_not_use_a_version_reused_with_other_content(
         "the operator to refuse the policy's reused version",
     )
     runs.patch_spec(name, {"answers": {"confirm": "yes"}})
-    eventually(
-        lambda: "PolicyVersionConflict" in event_reasons(runs, name),
-        Within.COMMIT,
-        "the run to say it waits for a usable version of its policy",
-    )
+    runs.wait_event(name, "PolicyVersionConflict")  # it says it waits for a usable version
     assert runs.state(name) == "waiting_input", "the answer is not taken in without a usable policy"
     assert refsystem.counts() == {}, "nothing is sent under a version that names other content"
 
@@ -305,7 +292,7 @@ def test_a_forced_deletion_quarantines_its_runs_and_nothing_is_sent(
         outcome = run["status"]["outcome"]
         assert outcome["reason"] == "PolicyDeleted", outcome
         assert "AgentPolicy 'payments' was force-deleted (INC-7" in outcome["message"], outcome
-        told(runs, name, "PolicyDeleted")
+        runs.wait_event(name, "PolicyDeleted")
     assert refsystem.counts() == {}, "nothing is sent without the policy"
     records = runs.custom.list_namespaced_custom_object(GROUP, VERSION, ns, "actionrecords")["items"]
     assert records == [], "not even intended"
@@ -346,11 +333,7 @@ def test_a_policy_deleted_without_review_leaves_its_runs_waiting(
         "the operator to see the policy deleted",
     )
     runs.patch_spec(name, {"answers": {"confirm": "yes"}})
-    eventually(
-        lambda: "PolicyNotFound" in event_reasons(runs, name),
-        Within.COMMIT,
-        "the run to say it waits for its policy",
-    )
+    runs.wait_event(name, "PolicyNotFound")  # it says it waits for its policy
     assert runs.state(name) == "waiting_input"
     assert refsystem.counts() == {}, "nothing is sent without the policy"
 
