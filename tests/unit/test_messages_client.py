@@ -6,14 +6,18 @@ kind of reply (never the key)."""
 
 from __future__ import annotations
 
+import gzip
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
+from aiohttp import web
 from tests.unit.test_model_client import MODEL, REQUEST, SCRIPT
 
 from durable_agents.core.agent.exchange import ModelRequest
 from durable_agents.shell.agent.model_client import ModelCallFailed, ModelClient, ModelEndpoint
-from durable_agents_testkit.modelserver import ModelServerThread
+from durable_agents.shell.agent.model_replies import REPLY_MAX_BYTES, shown_endpoint
+from durable_agents_testkit.loopback import RunningApp
+from durable_agents_testkit.modelserver import HUGE_BYTES, ModelServerThread
 
 pytestmark = pytest.mark.unit
 
@@ -126,3 +130,54 @@ async def test_a_model_the_server_does_not_have_is_not_retried(
     with pytest.raises(ModelCallFailed) as caught:
         await client.complete(endpoint(server), request)
     assert (caught.value.reason, caught.value.retryable) == ("ModelNotFound", False)
+
+
+async def test_a_reply_past_the_bound_is_cut_and_refused_not_read_into_memory(
+    server: ModelServerThread, client: ModelClient
+) -> None:
+    """The ``anthropic`` client reads a body whole before handing it over: the bound sits under it.
+    16 MiB without a Content-Length fails past REPLY_MAX_BYTES, named and retryable, and the next
+    call is answered."""
+    server.inject("huge")
+    with pytest.raises(ModelCallFailed) as failed:
+        await client.complete(endpoint(server), REQUEST)
+    assert (failed.value.reason, failed.value.retryable) == ("ModelReplyTooLarge", True)
+    where = shown_endpoint(endpoint(server).base_url)
+    said = f"HTTP 200 from {where}: the reply is larger than {REPLY_MAX_BYTES} bytes, not read further"
+    assert failed.value.message == said
+    reply = await client.complete(endpoint(server), REQUEST)
+    assert reply.tool_calls, "the client is usable after a cut reply"
+
+
+async def huge_error(request: web.Request) -> web.StreamResponse:
+    """A 500 whose body is 16 MiB: the client reads an error's body whole too, to quote it."""
+    reply = web.Response(status=500, body=b"x" * HUGE_BYTES, content_type="text/plain")
+    reply.enable_chunked_encoding()
+    return reply
+
+
+async def gzip_bomb(request: web.Request) -> web.StreamResponse:
+    """16 KiB on the wire, 16 MiB once decoded, though the client asked for no encoding."""
+    assert request.headers.get("Accept-Encoding") == "identity", request.headers
+    body = gzip.compress(b" " * HUGE_BYTES)
+    return web.Response(body=body, headers={"Content-Encoding": "gzip", "Content-Type": "application/json"})
+
+
+@pytest.mark.parametrize(
+    ("handler", "reason", "said"),
+    [
+        (huge_error, "ModelReplyTooLarge", f"HTTP 500 from {{}}: the reply is larger than {REPLY_MAX_BYTES}"),
+        (gzip_bomb, "ModelReplyInvalid", "HTTP 200 from {}: the reply is encoded (gzip) though none"),
+    ],
+)
+async def test_an_errors_body_and_an_encoded_body_are_bounded_too(
+    client: ModelClient, handler: web.Handler, reason: str, said: str
+) -> None:
+    app = web.Application()
+    app.router.add_post("/v1/messages", handler)
+    async with RunningApp(app) as running:
+        target = ModelEndpoint(running.url, KEY, 10.0, PROTOCOL)
+        with pytest.raises(ModelCallFailed) as failed:
+            await client.complete(target, REQUEST)
+    assert (failed.value.reason, failed.value.retryable) == (reason, True)
+    assert failed.value.message.startswith(said.format(shown_endpoint(target.base_url))), failed.value.message

@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 import httpx2
+
+from durable_agents.shell.agent.bounded_body import bound_body
 
 log = logging.getLogger("durable_agents.mcp.server_log")
 
@@ -125,26 +127,14 @@ class ProgressSeen:
             log.debug("a progress notification could not be kept", exc_info=True)
 
 
-class _CountedStream(httpx2.AsyncByteStream):
-    def __init__(self, inner: httpx2.AsyncByteStream, url: str, cut: list[str]) -> None:
-        self._inner, self._url, self._cut, self._read = inner, url, cut, 0
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        async for chunk in self._inner:
-            self._read += len(chunk)
-            if self._read > RESPONSE_MAX_BYTES:
-                self._cut.append(self._url)
-                raise ResponseTooLarge(self._url)
-            yield chunk
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
-
-
 def bound_response(response: httpx2.Response, cut: list[str]) -> None:
     """Read ``response`` (from a response event hook: its body not read yet) up to
     :data:`RESPONSE_MAX_BYTES`; a cut response's URL goes into ``cut`` (the SDK reports the
-    failure in its own words). A hook, not a transport: it also bounds a proxy's responses."""
-    stream = response.stream
-    if isinstance(stream, httpx2.AsyncByteStream):
-        response.stream = _CountedStream(stream, str(response.request.url), cut)
+    failure in its own words)."""
+    url = str(response.request.url)
+
+    def refuse() -> Exception:
+        cut.append(url)
+        return ResponseTooLarge(url)
+
+    bound_body(response, RESPONSE_MAX_BYTES, refuse)

@@ -7,30 +7,59 @@ client; the twin of :mod:`.model_client` (chat completions), with the same rules
   digest, the model and the prompt and tool-set digests are recorded as for chat completions);
 - the reply is read raw and classified by :mod:`.model_replies`: every failure of the endpoint
   (a body that is not JSON, 401, 500, 529 overloaded, a timeout) is a :class:`ModelCallFailed`
-  naming the endpoint and the kind of reply, never the key, never an internal error.
+  naming the endpoint and the kind of reply, never the key, never an internal error;
+- a reply's body, an error's too, is read up to :data:`.model_replies.REPLY_MAX_BYTES`, never
+  further (``ModelReplyTooLarge``): the client reads a body whole before it hands it over, so the
+  bound sits under it (:mod:`.bounded_body`, from its HTTP client's response hook). No encoding is asked
+  for (``Accept-Encoding: identity``) and a reply encoded anyway is refused unread
+  (``ModelReplyInvalid``): decoded, a few KiB on the wire can be gigabytes.
 
 The key from the run's Secret goes as ``x-api-key``, the header the Messages API reads.
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
+
+import httpx2
 
 if TYPE_CHECKING:  # imported at the first call of such an endpoint, as the openai client is
     import anthropic
 
 from durable_agents.core.agent.exchange import ModelReply, ModelRequest
 from durable_agents.core.agent.messages_api import ANTHROPIC_MESSAGES, MAX_TOKENS, messages_body
+from durable_agents.shell.agent.bounded_body import bound_body
 from durable_agents.shell.agent.model_endpoint import ModelEndpoint
 from durable_agents.shell.agent.model_replies import (
+    REPLY_MAX_BYTES,
     ModelCallFailed,
     reply_kind,
     reply_of,
+    reply_too_large,
     sanitized,
     shown_endpoint,
 )
 
 NO_KEY = "unused"  # the client insists on a key; a local server without auth ignores it
+
+
+def bounding_hook(where: str) -> Callable[[httpx2.Response], Awaitable[None]]:
+    """The HTTP client's response hook: it runs before the body is read."""
+
+    async def bound(response: httpx2.Response) -> None:
+        coding = response.headers.get("Content-Encoding", "identity").strip().lower()
+        if coding != "identity":
+            message = (
+                f"HTTP {response.status_code} from {where}: the reply is encoded"
+                f" ({sanitized(coding, None)}) though none was asked for: not decoded, its size"
+                " could not be bounded"
+            )
+            raise ModelCallFailed("ModelReplyInvalid", message, True)
+        status = response.status_code
+        bound_body(response, REPLY_MAX_BYTES, lambda: reply_too_large(status, where))
+
+    return bound
 
 
 def _failures() -> tuple[tuple[type[anthropic.AnthropicError], str, bool], ...]:
@@ -68,8 +97,12 @@ class MessagesClient:
                 api_key=endpoint.api_key or NO_KEY,
                 max_retries=0,
                 timeout=endpoint.timeout_seconds,
+                default_headers={"Accept-Encoding": "identity"},  # what is counted is what is kept
                 # A redirect could land outside the policy's modelEndpoints: not followed.
-                http_client=anthropic.DefaultAsyncHttpxClient(follow_redirects=False),
+                http_client=anthropic.DefaultAsyncHttpxClient(
+                    follow_redirects=False,
+                    event_hooks={"response": [bounding_hook(shown_endpoint(endpoint.base_url))]},
+                ),
             )
             self._clients[endpoint] = client
         return client
@@ -82,6 +115,8 @@ class MessagesClient:
         try:
             raw = await self._client(endpoint).messages.with_raw_response.create(**sent)
         except anthropic.AnthropicError as err:
+            if isinstance(err.__cause__, ModelCallFailed):  # the body's bound, under the client
+                raise err.__cause__ from None
             raise failure_of(err, endpoint) from None
         except ValueError as err:  # a header it cannot encode
             message = (

@@ -34,9 +34,11 @@ from durable_agents.core.agent.messages_api import ANTHROPIC_MESSAGES
 from durable_agents.shell.agent.messages_client import MessagesClient
 from durable_agents.shell.agent.model_endpoint import ModelEndpoint
 from durable_agents.shell.agent.model_replies import (
+    REPLY_MAX_BYTES,
     ModelCallFailed,
     reply_kind,
     reply_of,
+    reply_too_large,
     sanitized,
     shown_endpoint,
 )
@@ -46,11 +48,6 @@ log = logging.getLogger(__name__)
 
 CONNECTIONS_PER_ENDPOINT: Final = 100
 """Connections kept open to one endpoint (the ``openai`` client kept 100 alive)."""
-
-REPLY_MAX_BYTES: Final = 4 * 1024 * 1024
-"""A reply body read past this many bytes (decompressed) is cut and refused (``ModelReplyTooLarge``):
-a completion the run can use is a few KiB, and a broken or hostile endpoint must not fill the
-worker's memory (the bound of an MCP server's response, ``mcp_notices.RESPONSE_MAX_BYTES``)."""
 
 # A reply's status that is not 2xx: the name the ``openai`` client gave it, the run's reason, and
 # whether the run's retry policy may try again (a refused request will not heal; a wrong key is
@@ -156,11 +153,7 @@ async def _bounded(response: aiohttp.ClientResponse, where: str) -> bytes:
         size += len(chunk)
         if size > REPLY_MAX_BYTES:
             response.close()  # not read further, and the connection is not reused
-            message = (
-                f"HTTP {response.status} from {where}: the reply is larger than {REPLY_MAX_BYTES} bytes,"
-                " not read further"
-            )
-            raise ModelCallFailed("ModelReplyTooLarge", message, True)
+            raise reply_too_large(response.status, where)
         chunks.append(chunk)
     return b"".join(chunks)
 

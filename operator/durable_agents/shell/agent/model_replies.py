@@ -35,6 +35,10 @@ MESSAGE_MAX: Final = 1024
 TOKENS_MAX: Final = 2**32 - 1
 """The most tokens one reply may claim (no model spends that many; it keeps the run's totals,
 summed over its calls, far within their bound)."""
+REPLY_MAX_BYTES: Final = 4 * 1024 * 1024
+"""A reply body read past this many bytes is cut and refused (``ModelReplyTooLarge``), by both
+clients: a completion the run can use is a few KiB, and a broken or hostile endpoint must not fill
+the worker's memory (the bound of an MCP server's response, ``mcp_notices.RESPONSE_MAX_BYTES``)."""
 REDACTED: Final = "[redacted]"
 # Bearer tokens, OpenAI-style keys (sk-..., also masked "sk-ab***yz"), key=value credentials.
 _CREDENTIAL = re.compile(
@@ -53,6 +57,14 @@ class ModelCallFailed(Exception):
         self.reason = reason
         self.message = message[:MESSAGE_MAX]
         self.retryable = retryable
+
+
+def reply_too_large(status: int, where: str) -> ModelCallFailed:
+    """The failure of a reply cut at :data:`REPLY_MAX_BYTES`: the endpoint's, retryable."""
+    message = (
+        f"HTTP {status} from {where}: the reply is larger than {REPLY_MAX_BYTES} bytes, not read further"
+    )
+    return ModelCallFailed("ModelReplyTooLarge", message, True)
 
 
 def shown_endpoint(base_url: str) -> str:
