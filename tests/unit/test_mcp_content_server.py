@@ -5,16 +5,19 @@ result a clear failure that says its size, a progress flood and a log flood fail
 
 from __future__ import annotations
 
+import gzip
 import logging
 from collections.abc import Iterator
 
 import pytest
+from aiohttp import web
 
 from durable_agents.core.agent.mcp_content import NOT_FETCHED, NOT_SHOWN, SCHEMA_MISMATCH
 from durable_agents.core.digest import canonical_json
 from durable_agents.shell.agent.mcp_notices import LOG_BURST, RESPONSE_MAX_BYTES, Progress
-from durable_agents.shell.agent.mcp_tools import McpCallUnknown, McpResult, call_tool
+from durable_agents.shell.agent.mcp_tools import McpCallUnknown, McpResult, McpUnreachable, call_tool
 from durable_agents_testkit import mcpcontent
+from durable_agents_testkit.loopback import RunningApp
 from durable_agents_testkit.mcpcontent import ContentServerThread
 
 pytestmark = pytest.mark.unit
@@ -95,6 +98,34 @@ async def test_a_result_of_50_mib_is_cut_at_the_bound_and_said(server: ContentSe
     small = await show(server, "show_large", mebibytes=1)
     assert not small.is_error
     assert len(small.content) == 1024 * 1024
+
+
+async def test_a_response_encoded_though_none_was_asked_for_is_not_decoded() -> None:
+    """16 KiB of gzip on the wire is 16 MiB decoded (a bomb is gigabytes): counted on the wire it
+    would pass the bound. Every request asks for no encoding; a response encoded anyway is refused
+    unread, and the failure says so. Here the refusal is the answer to ``initialize``: the call
+    itself was never sent."""
+    asked: list[str | None] = []
+
+    async def bomb(request: web.Request) -> web.StreamResponse:
+        asked.append(request.headers.get("Accept-Encoding"))
+        body = gzip.compress(b" " * (16 * 1024 * 1024))
+        return web.Response(
+            body=body, headers={"Content-Encoding": "gzip", "Content-Type": "application/json"}
+        )
+
+    app = web.Application()
+    app.router.add_post("/mcp", bomb)
+    async with RunningApp(app) as running:
+        with pytest.raises(McpUnreachable) as raised:
+            await call_tool(
+                running.url + "/mcp", "any", {}, idempotency_key=None, timeout=TIMEOUT, server="bomb"
+            )
+    message = str(raised.value)
+    assert ": not sent: " in message, message
+    assert "the server's response was encoded (gzip) though none was asked for and was not read" in message
+    assert asked, "the server was asked"
+    assert set(asked) == {"identity"}, asked
 
 
 async def test_a_progress_flood_and_a_log_flood_fail_nothing_and_are_bounded(

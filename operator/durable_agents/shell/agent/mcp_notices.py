@@ -12,7 +12,9 @@ the call nor cost the operator unbounded memory, log volume or API writes:
   per notification. Who shows it decides how often it is written (:mod:`.mcp_progress`).
 * Every HTTP response body the connection reads is counted; past :data:`RESPONSE_MAX_BYTES` the
   stream is cut (:class:`ResponseTooLarge`), so a result of 50 MiB is a clear failure that says
-  its size, not 50 MiB parsed into memory.
+  its size, not 50 MiB parsed into memory. The connection asks for no encoding (:func:`unencoded`)
+  and a response encoded anyway is refused unread: what is counted are the bytes on the wire, and
+  a gzip bomb of 4 MiB is gigabytes decoded.
 
 A callback that raises would reach the SDK's receive loop, so every callback here swallows its own
 failures: a notification can never fail a call.
@@ -22,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -42,10 +44,7 @@ PROGRESS_MESSAGE_MAX_CHARS: Final = 256
 
 
 class ResponseTooLarge(Exception):
-    """A response of the server passed :data:`RESPONSE_MAX_BYTES`; it was not read further."""
-
-    def __init__(self, url: str) -> None:
-        super().__init__(f"the response of {url} is larger than {RESPONSE_MAX_BYTES} bytes: not read")
+    """A response of the server passed :data:`RESPONSE_MAX_BYTES`, or came encoded; not read."""
 
 
 @dataclass
@@ -127,14 +126,26 @@ class ProgressSeen:
             log.debug("a progress notification could not be kept", exc_info=True)
 
 
+def unencoded(headers: Mapping[str, str]) -> dict[str, str]:
+    """The headers of every request to a server: its configured ones, and no encoding asked for."""
+    kept = {name: value for name, value in headers.items() if name.lower() != "accept-encoding"}
+    return {**kept, "Accept-Encoding": "identity"}
+
+
 def bound_response(response: httpx2.Response, cut: list[str]) -> None:
     """Read ``response`` (from a response event hook: its body not read yet) up to
-    :data:`RESPONSE_MAX_BYTES`; a cut response's URL goes into ``cut`` (the SDK reports the
-    failure in its own words)."""
-    url = str(response.request.url)
+    :data:`RESPONSE_MAX_BYTES`, an encoded one not at all; why a response was cut goes into
+    ``cut`` (the SDK reports the failure in its own words). Refused as the body is read, as the
+    bound is, so the SDK meets both on the path it meets a lost stream on."""
+    coding = response.headers.get("Content-Encoding", "identity").strip().lower()
+    if coding == "identity":
+        limit, why = RESPONSE_MAX_BYTES, f"the server's response was larger than {RESPONSE_MAX_BYTES} bytes"
+    else:
+        limit = 0
+        why = f"the server's response was encoded ({coding[:40]}) though none was asked for"
 
     def refuse() -> Exception:
-        cut.append(url)
-        return ResponseTooLarge(url)
+        cut.append(why)
+        return ResponseTooLarge(f"{why}: {response.request.url} not read")
 
-    bound_body(response, RESPONSE_MAX_BYTES, refuse)
+    bound_body(response, limit, refuse)

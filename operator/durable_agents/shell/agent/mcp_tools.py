@@ -78,11 +78,11 @@ from durable_agents.shell.agent.mcp_elicitation import (
     retried_while_state_only,
 )
 from durable_agents.shell.agent.mcp_notices import (
-    RESPONSE_MAX_BYTES,
     ProgressSeen,
     ProgressSink,
     ServerLog,
     bound_response,
+    unencoded,
 )
 from durable_agents.shell.agent.mcp_sampling import refuse_sampling
 from durable_agents.shell.agent.mcp_tool_entries import McpTool
@@ -153,9 +153,9 @@ def _verify(access: McpAccess) -> ssl.SSLContext | bool:
 @dataclass
 class _Seen:
     """What a connection observed besides its answers: refusals of its credentials (401/403: the
-    SDK reports them only as "an error response", which would not say why), responses cut at
-    their size bound, the server's log notifications; the MCP session, kept open when a call
-    is answered with a 2025-11-25 task (``keep_session``: it lives there)."""
+    SDK reports them only as "an error response", which would not say why), why responses were
+    cut (their size bound, an encoding), the server's log notifications; the MCP session, kept
+    open when a call is answered with a 2025-11-25 task (``keep_session``: it lives there)."""
 
     server_log: ServerLog
     refused: list[int] = field(default_factory=list)
@@ -190,7 +190,7 @@ async def _connect(
 
     info = Implementation(name="durable-agents", version="1")
     http = httpx2.AsyncClient(
-        headers=dict(access.headers),
+        headers=unencoded(access.headers),
         timeout=_HTTP_TIMEOUT,
         verify=_verify(access),
         event_hooks={"response": [note]},
@@ -244,7 +244,7 @@ def _leaves(exc: BaseException) -> list[BaseException]:
 def _describe(exc: BaseException, seen: _Seen | None = None) -> str:
     said = "; ".join(f"{type(leaf).__name__}: {leaf}" for leaf in _leaves(exc))
     if seen is not None and seen.cut:
-        return f"the server's response was larger than {RESPONSE_MAX_BYTES} bytes and was not read; {said}"
+        return f"{seen.cut[-1]} and was not read; {said}"
     if seen is not None and seen.refused:
         return f"the server refused the request's credentials (HTTP {seen.refused[-1]}); {said}"
     return said
