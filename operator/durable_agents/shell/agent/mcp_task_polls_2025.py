@@ -17,6 +17,7 @@ from typing import Any
 import httpx2
 
 from durable_agents.shell.agent.mcp_elicitation import HoldOpen
+from durable_agents.shell.agent.mcp_notices import bound_response, unencoded
 from durable_agents.shell.agent.mcp_task_handles import McpTask, McpTaskUnknown, TaskPoll, task_of
 from durable_agents.shell.agent.mcp_task_questions import result_answering
 from durable_agents.shell.agent.mcp_task_sessions import SessionAnswered, session_request
@@ -36,7 +37,18 @@ _MESSAGE_MAX = 512
 
 
 def _http(access: McpAccess) -> httpx2.AsyncClient:
-    return httpx2.AsyncClient(headers=dict(access.headers), timeout=_HTTP_TIMEOUT, verify=_verify(access))
+    """A client bounded as the SDK's connection is: every body (a single answer to a
+    ``tasks/result`` too, read whole) up to 4 MiB, none encoded; a cut says why in its exception."""
+
+    async def bound(response: httpx2.Response) -> None:
+        bound_response(response, [])
+
+    return httpx2.AsyncClient(
+        headers=unencoded(access.headers),
+        timeout=_HTTP_TIMEOUT,
+        verify=_verify(access),
+        event_hooks={"response": [bound]},
+    )
 
 
 async def poll_in_session(
