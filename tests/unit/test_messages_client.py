@@ -181,3 +181,17 @@ async def test_an_errors_body_and_an_encoded_body_are_bounded_too(
             await client.complete(target, REQUEST)
     assert (failed.value.reason, failed.value.retryable) == (reason, True)
     assert failed.value.message.startswith(said.format(shown_endpoint(target.base_url))), failed.value.message
+
+
+@pytest.mark.parametrize(
+    ("header", "coding"), [(None, None), ("", None), (" Identity ", None), ("GZIP", "gzip"), ("br", "br")]
+)
+def test_the_coding_refused_is_the_one_the_http_client_would_decode(
+    header: str | None, coding: str | None
+) -> None:
+    import httpx2
+
+    from durable_agents.shell.agent.bounded_body import encoding_of
+
+    headers = {} if header is None else {"Content-Encoding": header}
+    assert encoding_of(httpx2.Response(200, headers=headers)) == coding

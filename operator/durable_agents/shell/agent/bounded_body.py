@@ -6,14 +6,26 @@ it wraps the body's stream, which raises the caller's failure past ``limit`` byt
 client then closes the response, so the connection is dropped, not reused. A hook, not a
 transport: it also bounds what a proxy answers. What is counted are the bytes on the wire (an
 encoded body is decoded after this stream): a caller that must bound the decoded size asks for no
-encoding and refuses an encoded reply.
+encoding (:func:`unencoded`) and refuses a body :func:`encoding_of` names.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 
 import httpx2
+
+
+def unencoded(headers: Mapping[str, str]) -> dict[str, str]:
+    """``headers`` with no encoding asked for (any ``Accept-Encoding`` of theirs replaced)."""
+    kept = {name: value for name, value in headers.items() if name.lower() != "accept-encoding"}
+    return {**kept, "Accept-Encoding": "identity"}
+
+
+def encoding_of(response: httpx2.Response) -> str | None:
+    """The content coding the HTTP client would decode the body from; None for none."""
+    coding = response.headers.get("Content-Encoding", "").strip().lower()
+    return None if coding in ("", "identity") else coding
 
 
 class BoundedBody(httpx2.AsyncByteStream):

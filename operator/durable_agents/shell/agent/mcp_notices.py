@@ -12,7 +12,7 @@ the call nor cost the operator unbounded memory, log volume or API writes:
   per notification. Who shows it decides how often it is written (:mod:`.mcp_progress`).
 * Every HTTP response body the connection reads is counted; past :data:`RESPONSE_MAX_BYTES` the
   stream is cut (:class:`ResponseTooLarge`), so a result of 50 MiB is a clear failure that says
-  its size, not 50 MiB parsed into memory. The connection asks for no encoding (:func:`unencoded`)
+  its size, not 50 MiB parsed into memory. The connection asks for no encoding (``bounded_body.unencoded``)
   and a response encoded anyway is refused unread: what is counted are the bytes on the wire, and
   a gzip bomb of 4 MiB is gigabytes decoded.
 
@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 import httpx2
 
-from durable_agents.shell.agent.bounded_body import bound_body
+from durable_agents.shell.agent.bounded_body import bound_body, encoding_of
 
 log = logging.getLogger("durable_agents.mcp.server_log")
 
@@ -126,19 +126,13 @@ class ProgressSeen:
             log.debug("a progress notification could not be kept", exc_info=True)
 
 
-def unencoded(headers: Mapping[str, str]) -> dict[str, str]:
-    """The headers of every request to a server: its configured ones, and no encoding asked for."""
-    kept = {name: value for name, value in headers.items() if name.lower() != "accept-encoding"}
-    return {**kept, "Accept-Encoding": "identity"}
-
-
 def bound_response(response: httpx2.Response, cut: list[str]) -> None:
     """Read ``response`` (from a response event hook: its body not read yet) up to
     :data:`RESPONSE_MAX_BYTES`, an encoded one not at all; why a response was cut goes into
     ``cut`` (the SDK reports the failure in its own words). Refused as the body is read, as the
     bound is, so the SDK meets both on the path it meets a lost stream on."""
-    coding = response.headers.get("Content-Encoding", "identity").strip().lower()
-    if coding == "identity":
+    coding = encoding_of(response)
+    if coding is None:
         limit, why = RESPONSE_MAX_BYTES, f"the server's response was larger than {RESPONSE_MAX_BYTES} bytes"
     else:
         limit = 0

@@ -16,8 +16,9 @@ from typing import Any
 
 import httpx2
 
+from durable_agents.shell.agent.bounded_body import unencoded
 from durable_agents.shell.agent.mcp_elicitation import HoldOpen
-from durable_agents.shell.agent.mcp_notices import bound_response, unencoded
+from durable_agents.shell.agent.mcp_notices import bound_response
 from durable_agents.shell.agent.mcp_task_handles import McpTask, McpTaskUnknown, TaskPoll, task_of
 from durable_agents.shell.agent.mcp_task_questions import result_answering
 from durable_agents.shell.agent.mcp_task_sessions import SessionAnswered, session_request

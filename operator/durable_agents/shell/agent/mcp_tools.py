@@ -60,6 +60,7 @@ import httpx2
 from durable_agents.core.agent.mcp_content import model_content, schema_mismatch
 from durable_agents.core.agent.mcp_tasks import TASK_FORM_2025, TASK_TTL_MS
 from durable_agents.core.digest import canonical_digest
+from durable_agents.shell.agent.bounded_body import unencoded
 from durable_agents.shell.agent.mcp_answers import (
     OUTCOME_MAX_BYTES,
     McpCallUnknown,
@@ -82,7 +83,6 @@ from durable_agents.shell.agent.mcp_notices import (
     ProgressSink,
     ServerLog,
     bound_response,
-    unencoded,
 )
 from durable_agents.shell.agent.mcp_sampling import refuse_sampling
 from durable_agents.shell.agent.mcp_tool_entries import McpTool

@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # imported at the first call of such an endpoint, as the open
 
 from durable_agents.core.agent.exchange import ModelReply, ModelRequest
 from durable_agents.core.agent.messages_api import ANTHROPIC_MESSAGES, MAX_TOKENS, messages_body
-from durable_agents.shell.agent.bounded_body import bound_body
+from durable_agents.shell.agent.bounded_body import bound_body, encoding_of, unencoded
 from durable_agents.shell.agent.model_endpoint import ModelEndpoint
 from durable_agents.shell.agent.model_replies import (
     REPLY_MAX_BYTES,
@@ -48,8 +48,8 @@ def bounding_hook(where: str) -> Callable[[httpx2.Response], Awaitable[None]]:
     """The HTTP client's response hook: it runs before the body is read."""
 
     async def bound(response: httpx2.Response) -> None:
-        coding = response.headers.get("Content-Encoding", "identity").strip().lower()
-        if coding != "identity":
+        coding = encoding_of(response)
+        if coding is not None:
             message = (
                 f"HTTP {response.status_code} from {where}: the reply is encoded"
                 f" ({sanitized(coding, None)}) though none was asked for: not decoded, its size"
@@ -97,7 +97,7 @@ class MessagesClient:
                 api_key=endpoint.api_key or NO_KEY,
                 max_retries=0,
                 timeout=endpoint.timeout_seconds,
-                default_headers={"Accept-Encoding": "identity"},  # what is counted is what is kept
+                default_headers=unencoded({}),  # what is counted is what is kept
                 # A redirect could land outside the policy's modelEndpoints: not followed.
                 http_client=anthropic.DefaultAsyncHttpxClient(
                     follow_redirects=False,
