@@ -42,8 +42,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from bench.peers import procstat
+from bench.peers import budget, operator_parts, procstat
 from bench.peers.apiserver_pprof import ApiServerProfile
+from bench.peers.budget import OPERATOR as OPERATOR_PROCESSES
 from bench.peers.workload import IN_FLIGHT, RESULT_MARK, percentile, summary
 
 if TYPE_CHECKING:
@@ -542,11 +543,25 @@ def profile_rows(
             pprof = apiserver.stop() if apiserver is not None else None
         if pprof is not None:
             result["apiserver_profile"] = pprof
+        if out.exists():
+            result["operator_parts"] = _operator_parts(out, result)
         result.pop("latencies_ms")
         systems[spec.name]["profiled"] = result
         written[spec.name] = str(out)
         print(f"  profiled {spec.name:<26} -> {out} ok={result['ok']}", flush=True)
     return written
+
+
+def _operator_parts(svg: Path, result: dict[str, Any]) -> dict[str, Any]:
+    """The flame graph's parts (operator_parts.breakdown), as shares of its samples and as CPU s
+    per run of the operator's two processes in this repetition."""
+    shares = operator_parts.breakdown(svg.read_text())
+    cpu = result["cpu_by_process"]
+    per_run = sum(cpu.get(name, 0.0) for name in OPERATOR_PROCESSES) / max(result["runs"], 1)
+    return {
+        "share": {part: round(share, 4) for part, share in shares.items()},
+        "cpu_seconds_per_run": {part: round(share * per_run, 5) for part, share in shares.items()},
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -716,6 +731,7 @@ def main(argv: list[str] | None = None) -> int:
             r.pop("latencies_ms")
     record["systems"] = systems
     record["comparison"] = comparison({n: d for n, d in systems.items() if d["reps"]})
+    record["budget"] = budget.records(budget.budgets(record))  # issue 38's targets, what they leave
     record["versions"] = {
         "python": platform.python_version(),
         "postgresql": (record.get("postgres") or {}).get("server_version"),
