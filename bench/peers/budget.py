@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -66,7 +67,7 @@ def budgets(peers: dict[str, Any]) -> list[Budget]:
     systems = {name: data for name, data in peers["systems"].items() if data.get("reps")}
     if PEER not in systems:
         return []
-    cores = int(peers["machine"].get("cores") or peers["machine"].get("cpu_count") or 2)
+    cores = int(peers["machine"]["cores"])
     peer = float(systems[PEER]["summary"]["runs_per_second"]["median"])
     out = []
     for row, target in TARGETS.items():
@@ -95,27 +96,23 @@ def budgets(peers: dict[str, Any]) -> list[Budget]:
 
 
 def records(rows: list[Budget]) -> list[dict[str, Any]]:
-    """The budgets as peers.json keeps them (``budget``)."""
+    """The budgets as peers.json keeps them (``budget``): each bound at the row's busy fraction
+    (``as_measured``) and with every core busy (``all_cores``)."""
+
+    def both(b: Budget, of: Callable[[float], float], digits: int) -> dict[str, float]:
+        return {"as_measured": round(of(b.busy), digits), "all_cores": round(of(1.0), digits)}
+
     return [
         {
             "row": b.row,
             "target_x_peer": b.target,
             "target_runs_per_second": round(b.target_runs_per_second, 2),
             "busy_fraction": round(b.busy, 3),
-            "cpu_seconds_per_run_allowed": {
-                "as_measured": round(b.per_run(b.busy), 4),
-                "all_cores": round(b.per_run(1.0), 4),
-            },
+            "cpu_seconds_per_run_allowed": both(b, b.per_run, 4),
             "kubernetes_cpu_seconds_per_run": round(b.kubernetes, 4),
             "operator_cpu_seconds_per_run": round(b.operator, 4),
-            "operator_cut_needed": {
-                "as_measured": round(b.operator_cut(b.busy), 3),
-                "all_cores": round(b.operator_cut(1.0), 3),
-            },
-            "x_peer_with_an_operator_costing_nothing": {
-                "as_measured": round(b.without_operator(b.busy), 3),
-                "all_cores": round(b.without_operator(1.0), 3),
-            },
+            "operator_cut_needed": both(b, b.operator_cut, 3),
+            "x_peer_with_an_operator_costing_nothing": both(b, b.without_operator, 3),
         }
         for b in rows
     ]
